@@ -1,0 +1,89 @@
+// Batched GEMM on OpenBLAS (sgemm / dgemm). Operands with a unit stride in either of their
+// last two dims go to BLAS directly (as N or T); others are packed first.
+#include <cblas.h>
+
+#include <vector>
+
+#include "kernels/reference.h"
+#include "runtime/error.h"
+
+namespace kiln::kernels {
+namespace {
+
+template <class T>
+struct Mat {
+  const T* p;
+  CBLAS_TRANSPOSE trans;
+  int64_t ld;
+};
+
+// Describes a [rows, cols] matrix at p with strides (rs, cs) for BLAS, packing into `buf` if needed.
+template <class T, class S>
+Mat<T> prepare(const S* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, std::vector<T>& buf) {
+  if constexpr (std::is_same_v<T, S>) {
+    if (cs == 1 && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) return {p, CblasNoTrans, std::max<int64_t>({rs, cols, 1})};
+    if (rs == 1 && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) return {p, CblasTrans, std::max<int64_t>({cs, rows, 1})};
+  }
+  buf.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) buf[i * cols + j] = static_cast<T>(static_cast<compute_t<S>>(p[i * rs + j * cs]));
+  return {buf.data(), CblasNoTrans, std::max<int64_t>(cols, 1)};
+}
+
+template <class T>
+void gemm(const Mat<T>& a, const Mat<T>& b, T* c, int64_t m, int64_t n, int64_t k, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0f, a.p, a.ld, b.p, b.ld, 0.0f, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0, a.p, a.ld, b.p, b.ld, 0.0, c, ldc);
+}
+
+template <class S>
+void matmul_typed(const Operand& out, const Operand& a, const Operand& b) {
+  using T = std::conditional_t<std::is_same_v<S, double>, double, float>;  // compute type
+  const size_t r = out.sizes.size();
+  const int64_t m = out.sizes[r - 2], n = out.sizes[r - 1], k = a.sizes[r - 1];
+  std::vector<int64_t> batch(out.sizes.begin(), out.sizes.end() - 2);
+  auto bst = [&](const Operand& o) { return std::vector<int64_t>(o.strides.begin(), o.strides.end() - 2); };
+  const int64_t ars = a.strides[r - 2], acs = a.strides[r - 1], brs = b.strides[r - 2], bcs = b.strides[r - 1];
+  const int64_t ors = out.strides[r - 2];
+  nd_for<3>(
+      batch, {bst(out), bst(a), bst(b)},
+      [&](const std::array<int64_t, 3>& off, int64_t cnt, const std::array<int64_t, 3>& st) {
+        std::vector<T> abuf, bbuf, cbuf;
+        for (int64_t i = 0; i < cnt; ++i) {
+          const S* ap = a.ptr<S>() + off[1] + i * st[1];
+          const S* bp = b.ptr<S>() + off[2] + i * st[2];
+          S* cp = out.ptr<S>() + off[0] + i * st[0];
+          Mat<T> A = prepare<T, S>(ap, m, k, ars, acs, abuf);
+          Mat<T> B = prepare<T, S>(bp, k, n, brs, bcs, bbuf);
+          if constexpr (std::is_same_v<S, T>) {
+            if (k == 0) {
+              for (int64_t x = 0; x < m * n; ++x) cp[(x / n) * ors + x % n] = 0;
+            } else {
+              gemm<T>(A, B, cp, m, n, k, ors);
+            }
+          } else {
+            cbuf.assign(static_cast<size_t>(m * n), T(0));
+            if (k > 0) gemm<T>(A, B, cbuf.data(), m, n, k, std::max<int64_t>(n, 1));
+            for (int64_t x = 0; x < m * n; ++x) cp[(x / n) * ors + x % n] = static_cast<S>(cbuf[x]);
+          }
+        }
+      },
+      /*serial=*/true);
+}
+
+}  // namespace
+
+void matmul(const Operand& out, const Operand& a, const Operand& b) {
+  if (out.numel() == 0) return;
+  switch (out.dtype) {
+    case DType::Float32: return matmul_typed<float>(out, a, b);
+    case DType::Float64: return matmul_typed<double>(out, a, b);
+    case DType::Float16: return matmul_typed<Half>(out, a, b);
+    case DType::BFloat16: return matmul_typed<BFloat16>(out, a, b);
+    default: throw Error(detail::cat("matmul: unsupported dtype ", dtype_name(out.dtype)));
+  }
+}
+
+}  // namespace kiln::kernels

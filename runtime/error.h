@@ -1,0 +1,30 @@
+// kiln::Error: the one exception type kiln throws for bad input and failed operations.
+#pragma once
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace kiln {
+
+// Thrown for every user-facing failure; the message says what was expected and what was given.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+namespace detail {
+template <class... Args>
+std::string cat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace kiln
+
+// Throws kiln::Error with the streamed arguments when `cond` is false.
+#define KILN_CHECK(cond, ...)                                   \
+  do {                                                          \
+    if (!(cond)) throw ::kiln::Error(::kiln::detail::cat(__VA_ARGS__)); \
+  } while (0)

@@ -1,0 +1,91 @@
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/error.h"
+#include "runtime/executor.h"
+#include "runtime/node.h"
+
+namespace kiln {
+
+const char* op_name(OpKind op) {
+  static const char* names[] = {
+      "leaf", "full", "arange", "rand_uniform", "rand_normal", "randint",
+      "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log1p", "sqrt", "rsqrt",
+      "reciprocal", "sin", "cos", "tan", "atan", "tanh", "sigmoid", "relu", "erf", "floor",
+      "ceil", "round", "sign", "isnan", "isfinite", "logical_not", "bitwise_not", "cast",
+      "add", "sub", "mul", "div", "pow", "maximum", "minimum", "atan2", "remainder", "fmod",
+      "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
+      "bitwise_and", "bitwise_or", "bitwise_xor", "where",
+      "sum", "prod", "amax", "amin", "argmax", "argmin", "cumsum",
+      "view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "flip",
+      "contiguous", "cat", "view_scatter", "gather", "scatter", "scatter_add", "index_select",
+      "index_add", "matmul", "im2col", "col2im"};
+  static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(OpKind::NumOps));
+  return names[static_cast<size_t>(op)];
+}
+
+bool is_view_op(OpKind op) { return op >= OpKind::View && op <= OpKind::Flip; }
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
+  KILN_CHECK(device.type == DeviceType::CPU, "Storage::allocate: no allocator for device ",
+             device.str());
+  auto s = std::make_shared<Storage>();
+  size_t n = (nbytes + 63) / 64 * 64;
+  s->data = std::aligned_alloc(64, n == 0 ? 64 : n);
+  KILN_CHECK(s->data != nullptr, "out of memory allocating ", nbytes, " bytes");
+  s->nbytes = nbytes;
+  s->device = device;
+  s->deleter = [](void* p) { std::free(p); };
+  return s;
+}
+
+Node::Node() {
+  detail::count_recorded();
+  detail::pending_add(1);
+}
+
+Node::~Node() {
+  if (!storage) detail::pending_add(-1);
+  // Release long input chains iteratively so deep graphs cannot overflow the stack.
+  std::vector<NodePtr> stack = std::move(inputs);
+  while (!stack.empty()) {
+    NodePtr n = std::move(stack.back());
+    stack.pop_back();
+    if (n && n.use_count() == 1) {
+      for (auto& in : n->inputs) stack.push_back(std::move(in));
+      n->inputs.clear();
+    }
+  }
+}
+
+void Node::set_storage(std::shared_ptr<Storage> s) {
+  if (!storage) detail::pending_add(-1);
+  storage = std::move(s);
+  inputs.clear();
+}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape st(shape.size());
+  SymInt acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    st[i] = acc;
+    acc = acc * shape[i];
+  }
+  return st;
+}
+
+bool is_contiguous_layout(const Shape& shape, const Shape& strides) {
+  SymInt expected = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    auto one = sym_eq(shape[i], 1);
+    if (one && *one) continue;
+    auto zero = sym_eq(shape[i], 0);
+    if (zero && *zero) return true;
+    auto same = sym_eq(strides[i], expected);
+    if (!same || !*same) return false;
+    expected = expected * shape[i];
+  }
+  return true;
+}
+
+}  // namespace kiln

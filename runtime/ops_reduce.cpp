@@ -1,0 +1,148 @@
+// Reductions: primitives (sum, prod, amax, amin, argmax, argmin, cumsum) and composites.
+#include <cmath>
+#include <limits>
+
+#include "runtime/ops.h"
+#include "runtime/record.h"
+
+namespace kiln {
+using detail::record;
+using detail::str;
+
+namespace {
+Tensor reduce(OpKind op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out,
+              const char* name, bool needs_nonempty) {
+  KILN_CHECK(x.defined(), name, ": got an undefined tensor");
+  std::vector<int64_t> ds = detail::wrap_dims(dims, x.dim(), name);
+  if (needs_nonempty) {
+    if (x.dim() == 0) {
+    } else {
+      for (int64_t d : ds) {
+        auto z = sym_eq(x.shape()[d], 0);
+        KILN_CHECK(!(z && *z), name, "(): expected reduction dim ", d, " to have non-zero size (input shape ",
+                   str(x.shape()), ")");
+      }
+    }
+  }
+  Attrs a;
+  a.ints = ds;
+  return record(op, {x}, a, out, detail::reduced_shape(x.shape(), ds, keepdim));
+}
+
+DType sum_type(DType t) { return is_floating(t) ? t : kInt64; }
+Tensor as_float(const Tensor& x) { return is_floating(x.dtype()) ? x : detail::cast(x, kFloat32); }
+
+SymInt reduced_count(const Tensor& x, const std::vector<int64_t>& dims) {
+  SymInt n = 1;
+  for (int64_t d : detail::wrap_dims(dims, x.dim(), "reduce")) n = n * x.shape()[d];
+  return n;
+}
+Tensor count_tensor(const Tensor& x, const std::vector<int64_t>& dims, DType t) {
+  return full_shape(Shape{}, static_cast<double>(reduced_count(x, dims).as_int()), t, x.device());
+}
+}  // namespace
+
+Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim, std::optional<DType> dtype) {
+  DType t = dtype.value_or(sum_type(x.defined() ? x.dtype() : kFloat32));
+  return reduce(OpKind::Sum, detail::cast(x, t), dims, keepdim, t, "sum", false);
+}
+
+Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "mean(): could not infer output dtype. Input dtype must be a ",
+             "floating point dtype, got ", x.defined() ? dtype_name(x.dtype()) : "undefined");
+  return div(sum(x, dims, keepdim), count_tensor(x, dims, x.dtype()));
+}
+
+Tensor prod(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  DType t = sum_type(x.dtype());
+  return reduce(OpKind::Prod, detail::cast(x, t), dims, keepdim, t, "prod", false);
+}
+
+Tensor amax(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(OpKind::Amax, x, dims, keepdim, x.dtype(), "amax", true);
+}
+Tensor amin(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return reduce(OpKind::Amin, x, dims, keepdim, x.dtype(), "amin", true);
+}
+
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (!dim) {
+    KILN_CHECK(x.numel() > 0, "argmax(): expected a non-empty tensor");
+    Tensor r = reduce(OpKind::ArgMax, x, {}, false, kInt64, "argmax", true);
+    return keepdim ? reshape(r, std::vector<int64_t>(x.dim(), 1)) : r;
+  }
+  return reduce(OpKind::ArgMax, x, {*dim}, keepdim, kInt64, "argmax", true);
+}
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (!dim) {
+    KILN_CHECK(x.numel() > 0, "argmin(): expected a non-empty tensor");
+    Tensor r = reduce(OpKind::ArgMin, x, {}, false, kInt64, "argmin", true);
+    return keepdim ? reshape(r, std::vector<int64_t>(x.dim(), 1)) : r;
+  }
+  return reduce(OpKind::ArgMin, x, {*dim}, keepdim, kInt64, "argmin", true);
+}
+
+std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
+  return {amax(x, {dim}, keepdim), argmax(x, dim, keepdim)};
+}
+std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
+  return {amin(x, {dim}, keepdim), argmin(x, dim, keepdim)};
+}
+Tensor max(const Tensor& x) {
+  KILN_CHECK(x.numel() > 0, "max(): expected a non-empty tensor (there is no identity for max)");
+  return amax(x);
+}
+Tensor min(const Tensor& x) {
+  KILN_CHECK(x.numel() > 0, "min(): expected a non-empty tensor (there is no identity for min)");
+  return amin(x);
+}
+
+Tensor all(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  Tensor zeros_count = sum(eq(x, 0), dims, keepdim);
+  return eq(zeros_count, 0);
+}
+Tensor any(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  Tensor nonzero_count = sum(ne(x, 0), dims, keepdim);
+  return gt(nonzero_count, 0);
+}
+
+Tensor var(const Tensor& x, std::vector<int64_t> dims, double correction, bool keepdim) {
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "var(): expected a floating point tensor, got ",
+             x.defined() ? dtype_name(x.dtype()) : "undefined");
+  Tensor m = mean(x, dims, true);
+  Tensor d = sub(x, m);
+  Tensor ss = sum(mul(d, d), dims, keepdim);
+  double n = static_cast<double>(reduced_count(x, dims).as_int());
+  return div(ss, std::max(n - correction, 0.0));
+}
+Tensor std(const Tensor& x, std::vector<int64_t> dims, double correction, bool keepdim) {
+  return sqrt(var(x, dims, correction, keepdim));
+}
+
+Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
+  Tensor x = as_float(xin);
+  Tensor m = amax(x, dims, true);
+  m = where(eq(abs(m), std::numeric_limits<double>::infinity()), detail::constant(0, m.dtype(), m.device()), m);
+  Tensor s = log(sum(exp(sub(x, m)), dims, keepdim));
+  Tensor mk = m;
+  if (!keepdim) mk = reshape(m, concrete(s.shape()));
+  return add(s, mk);
+}
+
+Tensor norm(const Tensor& xin, double p, std::vector<int64_t> dims, bool keepdim) {
+  Tensor x = as_float(xin);
+  if (p == 2) return sqrt(sum(mul(x, x), dims, keepdim));
+  if (p == 1) return sum(abs(x), dims, keepdim);
+  if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
+  if (p == 0) return sum(detail::cast(ne(x, 0), x.dtype()), dims, keepdim);
+  return pow(sum(pow(abs(x), p), dims, keepdim), 1.0 / p);
+}
+
+Tensor cumsum(const Tensor& x, int64_t dim) {
+  DType t = sum_type(x.dtype());
+  Attrs a;
+  a.ints = {detail::wrap_dim(dim, x.dim(), "cumsum")};
+  return record(OpKind::Cumsum, {detail::cast(x, t)}, a, t, x.shape());
+}
+
+}  // namespace kiln

@@ -1,0 +1,246 @@
+#include "runtime/record.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace kiln::detail {
+
+namespace {
+void maybe_flush(const NodePtr& n) {
+  if (stats().pending > pending_limit()) materialize({n});
+}
+}  // namespace
+
+Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, Shape shape,
+              Device device) {
+  auto n = std::make_shared<Node>();
+  n->op = op;
+  n->inputs = std::move(inputs);
+  n->attrs = std::move(attrs);
+  n->dtype = dtype;
+  n->device = device;
+  n->strides = contiguous_strides(shape);
+  n->shape = std::move(shape);
+  n->offset = 0;
+  static std::atomic<uint64_t> next_id{1};
+  n->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  maybe_flush(n);
+  return Tensor::from_node(std::move(n));
+}
+
+Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape) {
+  std::vector<NodePtr> ins;
+  ins.reserve(inputs.size());
+  Device dev = inputs.empty() ? cpu() : inputs[0].device();
+  for (const auto& t : inputs) {
+    KILN_CHECK(t.defined(), op_name(op), ": got an undefined tensor");
+    KILN_CHECK(t.device() == dev, op_name(op), ": expected all tensors on ", dev.str(), ", got one on ",
+               t.device().str());
+    ins.push_back(t.node());
+  }
+  return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
+}
+
+NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
+                         SymInt offset) {
+  auto n = std::make_shared<Node>();
+  n->op = op;
+  n->inputs = {in};
+  n->attrs = std::move(attrs);
+  n->dtype = in->dtype;
+  n->device = in->device;
+  n->shape = std::move(shape);
+  n->strides = std::move(strides);
+  n->offset = std::move(offset);
+  static std::atomic<uint64_t> next_id{1ull << 62};
+  n->id = next_id.fetch_add(1, std::memory_order_relaxed);
+  // A view of materialized storage is itself materialized: it only names other memory.
+  if (in->materialized()) n->set_storage(in->storage);
+  return n;
+}
+
+std::string str(const Shape& s) { return shape_str(s); }
+std::string str(const std::vector<int64_t>& v) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
+  os << "]";
+  return os.str();
+}
+
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
+  int64_t n = std::max<int64_t>(ndim, 1);
+  KILN_CHECK(dim >= -n && dim < n, op, ": dimension out of range (expected to be in range of [", -n,
+             ", ", n - 1, "], but got ", dim, ")");
+  return dim < 0 ? dim + n : dim;
+}
+
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t i = 0; i < ndim; ++i) out.push_back(i);
+    return out;
+  }
+  for (int64_t d : dims) {
+    int64_t w = wrap_dim(d, ndim, op);
+    KILN_CHECK(std::find(out.begin(), out.end(), w) == out.end(), op, ": dim ", d,
+               " appears multiple times in the list of dims");
+    out.push_back(w);
+  }
+  if (ndim == 0) out.clear();
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  size_t n = std::max(a.size(), b.size());
+  Shape out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const SymInt* x = i < n - a.size() ? nullptr : &a[i - (n - a.size())];
+    const SymInt* y = i < n - b.size() ? nullptr : &b[i - (n - b.size())];
+    if (!x) { out[i] = *y; continue; }
+    if (!y) { out[i] = *x; continue; }
+    auto x1 = sym_eq(*x, 1), y1 = sym_eq(*y, 1), same = sym_eq(*x, *y);
+    if (same && *same) out[i] = *x;
+    else if (x1 && *x1) out[i] = *y;
+    else if (y1 && *y1) out[i] = *x;
+    else
+      throw Error(cat(op, ": shapes ", str(a), " and ", str(b),
+                      " cannot be broadcast (expected equal sizes or 1 at dim ", i, ", got ", x->str(),
+                      " and ", y->str(), ")"));
+  }
+  return out;
+}
+
+Tensor cast(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  Attrs a;
+  return record(OpKind::Cast, {t}, a, dtype, t.shape());
+}
+
+Tensor expand_to(const Tensor& t, const Shape& shape) {
+  const Shape& s = t.shape();
+  if (s.size() == shape.size()) {
+    bool same = true;
+    for (size_t i = 0; i < s.size() && same; ++i) {
+      auto e = sym_eq(s[i], shape[i]);
+      same = e && *e;
+    }
+    if (same) return t;
+  }
+  return t.expand_sym(shape);
+}
+
+Tensor constant(Scalar v, DType dtype, Device device) {
+  Attrs a;
+  a.f0 = v.to_double();
+  if (v.kind() != Scalar::Kind::Float) a.ints = {v.to_int()};  // exact for large int64
+  return record(OpKind::Full, std::vector<NodePtr>{}, a, dtype, Shape{}, device);
+}
+
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape out;
+  for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
+    bool r = std::find(dims.begin(), dims.end(), i) != dims.end();
+    if (!r) out.push_back(s[i]);
+    else if (keepdim) out.push_back(1);
+  }
+  return out;
+}
+
+NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
+  const Shape& sh = in->shape;
+  const Shape& st = in->strides;
+  const auto& ints = step.attrs.ints;
+  Shape shape, strides;
+  SymInt offset = in->offset;
+  switch (step.op) {
+    case OpKind::Permute:
+      for (int64_t d : ints) {
+        shape.push_back(sh[d]);
+        strides.push_back(st[d]);
+      }
+      break;
+    case OpKind::Expand: {
+      shape = step.shape;
+      size_t lead = shape.size() - sh.size();
+      strides.assign(shape.size(), SymInt(0));
+      for (size_t i = 0; i < sh.size(); ++i) {
+        auto same = sym_eq(sh[i], shape[lead + i]);
+        strides[lead + i] = (same && *same) ? st[i] : SymInt(0);
+      }
+      break;
+    }
+    case OpKind::Slice: {  // {dim, start, stop, step}, already clamped
+      shape = sh;
+      strides = st;
+      int64_t d = ints[0], start = ints[1], stop = ints[2], stp = ints[3];
+      shape[d] = SymInt((std::max<int64_t>(stop - start, 0) + stp - 1) / stp);
+      strides[d] = st[d] * stp;
+      offset = offset + st[d] * start;
+      break;
+    }
+    case OpKind::Select: {
+      int64_t d = ints[0];
+      offset = offset + st[d] * ints[1];
+      for (size_t i = 0; i < sh.size(); ++i)
+        if (static_cast<int64_t>(i) != d) {
+          shape.push_back(sh[i]);
+          strides.push_back(st[i]);
+        }
+      break;
+    }
+    case OpKind::Squeeze: {
+      int64_t d = ints[0];
+      for (size_t i = 0; i < sh.size(); ++i)
+        if (static_cast<int64_t>(i) != d) {
+          shape.push_back(sh[i]);
+          strides.push_back(st[i]);
+        }
+      break;
+    }
+    case OpKind::Unsqueeze: {
+      int64_t d = ints[0];
+      shape = sh;
+      strides = st;
+      SymInt s = d < static_cast<int64_t>(sh.size()) ? sh[d] * st[d] : SymInt(1);
+      shape.insert(shape.begin() + d, SymInt(1));
+      strides.insert(strides.begin() + d, s);
+      break;
+    }
+    case OpKind::Flip:
+      shape = sh;
+      strides = st;
+      for (int64_t d : ints) {
+        offset = offset + (sh[d] - 1) * st[d];
+        strides[d] = -st[d];
+      }
+      break;
+    case OpKind::View:
+      shape = step.shape;
+      strides = step.attrs.strides;  // computed by reshape's viewability check
+      // Strides were computed relative to the input's strides; offset unchanged.
+      break;
+    default:
+      throw Error(cat("apply_view: ", op_name(step.op), " is not a view op"));
+  }
+  return record_view_node(step.op, in, step.attrs, std::move(shape), std::move(strides), offset);
+}
+
+Tensor make_view(const Tensor& x, ViewStep step) {
+  NodePtr n = apply_view(x.node(), step);
+  auto impl = std::make_shared<TensorImpl>();
+  impl->node_ = std::move(n);
+  const auto& src = x.impl();
+  if (src->base) {
+    impl->base = src->base;
+    impl->chain = src->chain;
+  } else {
+    impl->base = src;
+  }
+  impl->chain.push_back(std::move(step));
+  impl->base_version = impl->base->version;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace kiln::detail

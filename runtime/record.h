@@ -1,0 +1,50 @@
+// Internal helpers shared by the op files: recording nodes, dims, broadcasting, layouts.
+#pragma once
+#include <vector>
+
+#include "runtime/executor.h"
+#include "runtime/tensor.h"
+
+namespace kiln::detail {
+
+// Records a non-view node with a contiguous layout and returns a tensor naming it.
+Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, Shape shape,
+              Device device);
+// Same, on the device of the first input.
+Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape);
+// Records a view node of `in` with the given layout.
+NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
+                         SymInt offset);
+
+// Normalizes a possibly negative dim against rank `ndim` (throws naming `op`).
+int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);
+// Normalizes, sorts and dedups reduction dims (empty = all dims).
+std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim, const char* op);
+// Broadcast result of two shapes (throws naming `op`).
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
+// `t` cast to `dtype` (no node if already).
+Tensor cast(const Tensor& t, DType dtype);
+// Throws unless `from` broadcasts to exactly `to`.
+void check_expandable(const Shape& from, const Shape& to, const char* op);
+// `t` expanded to `shape` (no node if already that shape).
+Tensor expand_to(const Tensor& t, const Shape& shape);
+// A 0-d constant tensor.
+Tensor constant(Scalar v, DType dtype, Device device);
+// Shape of a reduction over `dims` (sorted, wrapped).
+Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim);
+// Applies one view step to a node, recording a view node; used by view ops and replays.
+NodePtr apply_view(const NodePtr& in, const ViewStep& step);
+// Records a view step on tensor `x` and returns the view tensor (tracking its base).
+Tensor make_view(const Tensor& x, ViewStep step);
+// Shape as "[2, 3]" for messages.
+std::string str(const Shape& s);
+std::string str(const std::vector<int64_t>& v);
+
+}  // namespace kiln::detail
+
+namespace kiln::detail {
+// A leaf tensor over `storage` (contiguous, offset 0).
+Tensor leaf(std::shared_ptr<Storage> storage, Shape shape, DType dtype, Device device);
+// Checks sizes are non-negative (throws naming `op`).
+void check_sizes(const std::vector<int64_t>& shape, const char* op);
+}  // namespace kiln::detail

@@ -1,0 +1,196 @@
+// Tensor: a cheap handle to a node of the lazy graph. Ops record; data access materializes.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "runtime/error.h"
+#include "runtime/node.h"
+#include "runtime/scalar.h"
+
+namespace kiln {
+
+inline constexpr DType kBool = DType::Bool;
+inline constexpr DType kInt32 = DType::Int32;
+inline constexpr DType kInt64 = DType::Int64;
+inline constexpr DType kFloat16 = DType::Float16;
+inline constexpr DType kBFloat16 = DType::BFloat16;
+inline constexpr DType kFloat32 = DType::Float32;
+inline constexpr DType kFloat64 = DType::Float64;
+
+// One step of a view chain (replayed on the base after an in-place write).
+struct ViewStep {
+  OpKind op;
+  Attrs attrs;
+  Shape shape;  // the view's shape (View/Expand)
+};
+
+// Shared state behind Tensor handles: the node it currently names, and, for views, the base
+// tensor and the chain of view steps from it. In-place ops rebind `node` (functionalization).
+struct TensorImpl {
+  NodePtr node_;
+  std::shared_ptr<TensorImpl> base;  // set for views: the tensor owning the storage
+  std::vector<ViewStep> chain;       // view steps from base to this
+  uint64_t version = 0;              // bumped by every in-place write to this tensor
+  uint64_t base_version = 0;         // base->version this view's node was built from
+  // The current node, rebuilt from the base if the base was written since.
+  const NodePtr& node();
+};
+
+class Tensor;
+// Index into a tensor: an integer (select), a Slice, None (new dim) or Ellipsis.
+struct Slice {
+  std::optional<int64_t> start, stop;
+  int64_t step = 1;
+  Slice(std::optional<int64_t> start = std::nullopt, std::optional<int64_t> stop = std::nullopt,
+        int64_t step = 1)
+      : start(start), stop(stop), step(step) {}
+};
+struct NoneIndex {};
+struct EllipsisIndex {};
+inline constexpr NoneIndex None{};
+inline constexpr EllipsisIndex Ellipsis{};
+using TensorIndex = std::variant<int64_t, Slice, NoneIndex, EllipsisIndex>;
+
+// Handle to a lazy tensor. Copying a Tensor copies the handle, not the data.
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+  // A tensor naming `node` (not a view).
+  static Tensor from_node(NodePtr node);
+
+  bool defined() const { return impl_ != nullptr; }
+  const NodePtr& node() const;
+  const std::shared_ptr<TensorImpl>& impl() const { return impl_; }
+
+  // --- metadata (never materializes) ---
+  DType dtype() const { return node()->dtype; }
+  Device device() const { return node()->device; }
+  int64_t dim() const { return static_cast<int64_t>(node()->shape.size()); }
+  // Symbolic shape.
+  const Shape& shape() const { return node()->shape; }
+  // Constant sizes; throws if a size is symbolic.
+  std::vector<int64_t> sizes() const;
+  // Size of dim `d` (negative counts from the end).
+  int64_t size(int64_t d) const;
+  int64_t numel() const;
+  // Element strides into storage (views may be non-contiguous).
+  std::vector<int64_t> strides() const;
+  bool is_contiguous() const;
+  bool is_view() const { return impl_ && impl_->base != nullptr; }
+  bool is_materialized() const { return node()->materialized(); }
+
+  // --- materialization ---
+  // Computes this tensor now (with its pending ancestors); returns *this.
+  const Tensor& eval() const;
+  // The single value of a one-element tensor, converted to T.
+  template <class T> T item() const;
+  // Pointer to the first element (materializes; dtype must match T; follow strides()).
+  template <class T> const T* data() const;
+  // A contiguous row-major copy of the values, converted to T.
+  template <class T> std::vector<T> to_vector() const;
+
+  // --- pointwise (method forms of the free functions) ---
+  Tensor neg() const; Tensor abs() const; Tensor exp() const; Tensor exp2() const;
+  Tensor expm1() const; Tensor log() const; Tensor log2() const; Tensor log1p() const;
+  Tensor sqrt() const; Tensor rsqrt() const; Tensor reciprocal() const; Tensor square() const;
+  Tensor sin() const; Tensor cos() const; Tensor tan() const; Tensor atan() const;
+  Tensor tanh() const; Tensor sigmoid() const; Tensor relu() const; Tensor silu() const;
+  Tensor softplus() const; Tensor erf() const; Tensor floor() const; Tensor ceil() const;
+  Tensor round() const; Tensor sign() const; Tensor isnan() const; Tensor isfinite() const;
+  Tensor logical_not() const;
+  Tensor gelu(const std::string& approximate = "none") const;
+  Tensor pow(const Tensor& e) const; Tensor pow(Scalar e) const;
+  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
+  Tensor to(DType t) const;
+  Tensor masked_fill(const Tensor& mask, Scalar value) const;
+
+  // --- reductions (empty dims = all dims) ---
+  Tensor sum(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor mean(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor prod(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor amax(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor amin(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor argmax(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor argmin(std::optional<int64_t> dim = std::nullopt, bool keepdim = false) const;
+  Tensor all(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor any(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor var(std::vector<int64_t> dims = {}, double correction = 1, bool keepdim = false) const;
+  Tensor std(std::vector<int64_t> dims = {}, double correction = 1, bool keepdim = false) const;
+  Tensor logsumexp(std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor norm(double p = 2, std::vector<int64_t> dims = {}, bool keepdim = false) const;
+  Tensor cumsum(int64_t dim) const;
+
+  // --- views and movement ---
+  Tensor reshape(const std::vector<int64_t>& shape) const;
+  Tensor reshape_sym(const Shape& shape) const;  // symbolic-shape reshape
+  Tensor view(const std::vector<int64_t>& shape) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor squeeze(std::optional<int64_t> dim = std::nullopt) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  Tensor transpose(int64_t d0, int64_t d1) const;
+  Tensor t() const;
+  Tensor expand(const std::vector<int64_t>& shape) const;
+  Tensor expand_sym(const Shape& shape) const;    // symbolic-shape expand
+  Tensor broadcast_to(const std::vector<int64_t>& shape) const;
+  Tensor slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop,
+               int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  // x[i, 1:3, None, ...] as x.index({i, Slice(1, 3), None, Ellipsis}).
+  Tensor index(const std::vector<TensorIndex>& idx) const;
+  Tensor operator[](int64_t i) const { return select(0, i); }
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor flip(const std::vector<int64_t>& dims) const;
+  Tensor repeat(const std::vector<int64_t>& repeats) const;
+  std::vector<Tensor> split(int64_t size, int64_t dim = 0) const;
+  std::vector<Tensor> split(const std::vector<int64_t>& sizes, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
+
+  // --- indexing and linear algebra ---
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor matmul(const Tensor& o) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+
+  // --- in-place (functionalized: the handle is rebound; views write through to their base) ---
+  Tensor& add_(const Tensor& o, Scalar alpha = 1); Tensor& add_(Scalar o);
+  Tensor& sub_(const Tensor& o, Scalar alpha = 1); Tensor& sub_(Scalar o);
+  Tensor& mul_(const Tensor& o); Tensor& mul_(Scalar o);
+  Tensor& div_(const Tensor& o); Tensor& div_(Scalar o);
+  Tensor& copy_(const Tensor& src);
+  Tensor& fill_(Scalar v);
+  Tensor& zero_();
+  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max);
+  // x[idx] = v.
+  Tensor& index_put_(const std::vector<TensorIndex>& idx, const Tensor& v);
+  Tensor& index_put_(const std::vector<TensorIndex>& idx, Scalar v);
+
+  // Rebinds this handle to `value` (cast to dtype, broadcast to shape), writing through to the
+  // base if this is a view. The primitive behind every in-place op.
+  Tensor& assign_(const Tensor& value);
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Prints like PyTorch: values, then shape and dtype.
+std::ostream& operator<<(std::ostream& os, const Tensor& t);
+// The same text as operator<<.
+std::string to_string(const Tensor& t);
+
+// Computes all given tensors in one segment.
+void eval(const std::vector<Tensor>& ts);
+
+}  // namespace kiln
