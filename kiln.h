@@ -2,6 +2,7 @@
 #pragma once
 #include "runtime/dtype.h"
 #include "runtime/error.h"
+#include "runtime/autograd.h"
 #include "runtime/executor.h"
 #include "runtime/ops.h"
 #include "runtime/symint.h"

@@ -17,14 +17,14 @@ const char* op_name(OpKind op) {
       "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
       "bitwise_and", "bitwise_or", "bitwise_xor", "where",
       "sum", "prod", "amax", "amin", "argmax", "argmin", "cumsum",
-      "view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "flip",
+      "view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "flip", "as_strided",
       "contiguous", "cat", "view_scatter", "gather", "scatter", "scatter_add", "index_select",
       "index_add", "matmul", "im2col", "col2im"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(OpKind::NumOps));
   return names[static_cast<size_t>(op)];
 }
 
-bool is_view_op(OpKind op) { return op >= OpKind::View && op <= OpKind::Flip; }
+bool is_view_op(OpKind op) { return op >= OpKind::View && op <= OpKind::AsStrided; }
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   KILN_CHECK(device.type == DeviceType::CPU, "Storage::allocate: no allocator for device ",

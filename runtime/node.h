@@ -33,8 +33,9 @@ enum class OpKind : uint16_t {
   Cumsum,
   // Views: share the input's storage; the node's strides/offset place it in that storage.
   // ints: Permute = permutation; Slice = {dim, start, stop, step}; Select = {dim, index};
-  // Squeeze/Unsqueeze = {dim}; Flip = dims; View/Expand: the node's shape.
-  View, Permute, Expand, Slice, Select, Squeeze, Unsqueeze, Flip,
+  // Squeeze/Unsqueeze = {dim}; Flip = dims; View/Expand: the node's shape. AsStrided: the
+  // window sizes/strides/offset of a dense input (used by gradients of in-place writes).
+  View, Permute, Expand, Slice, Select, Squeeze, Unsqueeze, Flip, AsStrided,
   // Copies. Contiguous: dense copy. Cat: ints[0] = dim. ViewScatter(base, src): a dense copy
   // of base with src written into the strided window attrs.sizes/strides/offset.
   Contiguous, Cat, ViewScatter,

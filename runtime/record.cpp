@@ -1,5 +1,7 @@
 #include "runtime/record.h"
 
+#include "runtime/autograd.h"
+
 #include <algorithm>
 #include <sstream>
 
@@ -38,7 +40,9 @@ Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType d
                t.device().str());
     ins.push_back(t.node());
   }
-  return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
+  Tensor out = record(op, std::move(ins), attrs, dtype, std::move(shape), dev);
+  attach_grad(out, op, attrs, inputs);
+  return out;
 }
 
 NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
@@ -216,6 +220,11 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
         strides[d] = -st[d];
       }
       break;
+    case OpKind::AsStrided:  // input is dense: window relative to its first element
+      shape = step.shape;
+      strides = step.attrs.strides;
+      offset = offset + step.attrs.offset;
+      break;
     case OpKind::View:
       shape = step.shape;
       strides = step.attrs.strides;  // computed by reshape's viewability check
@@ -227,10 +236,15 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
   return record_view_node(step.op, in, step.attrs, std::move(shape), std::move(strides), offset);
 }
 
+Tensor view_step(const Tensor& x, const ViewStep& step) {
+  Tensor out = Tensor::from_node(apply_view(x.node(), step));
+  attach_grad(out, step.op, step.attrs, {x}, step.shape);
+  return out;
+}
+
 Tensor make_view(const Tensor& x, ViewStep step) {
-  NodePtr n = apply_view(x.node(), step);
-  auto impl = std::make_shared<TensorImpl>();
-  impl->node_ = std::move(n);
+  Tensor v = view_step(x, step);
+  std::shared_ptr<TensorImpl> impl = v.impl();
   const auto& src = x.impl();
   if (src->base) {
     impl->base = src->base;

@@ -34,6 +34,8 @@ Tensor constant(Scalar v, DType dtype, Device device);
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim);
 // Applies one view step to a node, recording a view node; used by view ops and replays.
 NodePtr apply_view(const NodePtr& in, const ViewStep& step);
+// Applies a view step to `x` with autograd, returning a plain (untracked) tensor.
+Tensor view_step(const Tensor& x, const ViewStep& step);
 // Records a view step on tensor `x` and returns the view tensor (tracking its base).
 Tensor make_view(const Tensor& x, ViewStep step);
 // Shape as "[2, 3]" for messages.

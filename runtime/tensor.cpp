@@ -1,5 +1,6 @@
 #include "runtime/tensor.h"
 
+#include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "runtime/record.h"
 
@@ -7,9 +8,14 @@ namespace kiln {
 
 const NodePtr& TensorImpl::node() {
   if (base && base_version != base->version) {
-    NodePtr n = base->node();
-    for (const auto& step : chain) n = detail::apply_view(n, step);
-    node_ = std::move(n);
+    // The base was written: replay the view chain on its new value (with autograd when the
+    // base takes part in it, whatever the current grad mode: the view is a function of it).
+    std::optional<EnableGradGuard> g;
+    if (base->requires_grad) g.emplace();
+    Tensor cur(base);
+    for (const auto& step : chain) cur = detail::view_step(cur, step);
+    node_ = cur.node();
+    detail::copy_autograd(*this, cur);
     base_version = base->version;
   }
   return node_;
@@ -113,6 +119,18 @@ Tensor& Tensor::assign_(const Tensor& value) {
     KILN_CHECK(same && *same, "in-place op: output with shape ", detail::str(target),
                " doesn't match the broadcast shape ", detail::str(b));
   }
+  const bool tracking = grad_enabled();
+  auto& owner = impl_->base ? impl_->base : impl_;
+  KILN_CHECK(!(tracking && owner->requires_grad && !owner->grad_fn), "in-place op: a leaf tensor that requires ",
+             "grad (or a view of one) is used in an in-place operation; wrap it in NoGradGuard");
+  if (impl_->base) {
+    const NodePtr& self = node();
+    for (size_t i = 0; i < self->shape.size(); ++i) {
+      auto zero = sym_eq(self->strides[i], 0), one = sym_eq(self->shape[i], 1);
+      KILN_CHECK(!(zero && *zero) || (one && *one), "in-place op: more than one element of the written-to ",
+                 "tensor refers to a single memory location (an expanded view); clone it first");
+    }
+  }
   Tensor v = detail::cast(value, dtype());
   v = detail::expand_to(v, target);
   if (impl_->base) {
@@ -122,18 +140,23 @@ Tensor& Tensor::assign_(const Tensor& value) {
     a.strides = self->strides;
     a.offset = self->offset;
     auto& base = impl_->base;
-    NodePtr bn = base->node();
-    Tensor nb = detail::record(OpKind::ViewScatter, {bn, v.node()}, a, bn->dtype, bn->shape, bn->device);
+    Tensor old_base(base);
+    Tensor nb = detail::record(OpKind::ViewScatter, {old_base, v}, a, old_base.dtype(), old_base.shape());
     base->node_ = nb.node();
+    if (tracking) detail::copy_autograd(*base, nb);
+    else base->grad_fn = nullptr;  // overwritten without tracking: a new leaf
     base->version++;
     impl_->node();  // replay the chain on the new base
   } else {
     // Nodes are immutable, so aliasing a non-view node is safe; a view is copied so that a
     // non-view tensor always names dense storage.
-    if (is_view_op(v.node()->op))
-      impl_->node_ = detail::record(OpKind::Contiguous, {v}, Attrs{}, dtype(), target).node();
-    else
-      impl_->node_ = v.node();
+    Tensor nv = is_view_op(v.node()->op) ? detail::record(OpKind::Contiguous, {v}, Attrs{}, dtype(), target) : v;
+    impl_->node_ = nv.node();
+    if (tracking) {
+      detail::copy_autograd(*impl_, nv);
+    } else if (impl_->grad_fn) {
+      impl_->grad_fn = nullptr;  // overwritten without tracking: it is a new leaf
+    }
     impl_->version++;
   }
   return *this;

@@ -30,6 +30,8 @@ struct ViewStep {
   Shape shape;  // the view's shape (View/Expand)
 };
 
+struct GradNode;  // a node of the backward graph (runtime/autograd.h)
+
 // Shared state behind Tensor handles: the node it currently names, and, for views, the base
 // tensor and the chain of view steps from it. In-place ops rebind `node` (functionalization).
 struct TensorImpl {
@@ -38,23 +40,38 @@ struct TensorImpl {
   std::vector<ViewStep> chain;       // view steps from base to this
   uint64_t version = 0;              // bumped by every in-place write to this tensor
   uint64_t base_version = 0;         // base->version this view's node was built from
+  // Autograd: leaves that require grad accumulate into `grad`; results of differentiable ops
+  // name the backward node that produced them.
+  bool requires_grad = false;
+  std::shared_ptr<GradNode> grad_fn;       // null for leaves
+  std::shared_ptr<GradNode> accumulator;   // leaves: where gradients accumulate (lazy)
+  std::shared_ptr<TensorImpl> grad;        // accumulated gradient (leaves)
   // The current node, rebuilt from the base if the base was written since.
   const NodePtr& node();
 };
 
 class Tensor;
 // Index into a tensor: an integer (select), a Slice, None (new dim) or Ellipsis.
-struct Slice {
-  std::optional<int64_t> start, stop;
-  int64_t step = 1;
-  Slice(std::optional<int64_t> start = std::nullopt, std::optional<int64_t> stop = std::nullopt,
-        int64_t step = 1)
-      : start(start), stop(stop), step(step) {}
-};
 struct NoneIndex {};
 struct EllipsisIndex {};
 inline constexpr NoneIndex None{};
 inline constexpr EllipsisIndex Ellipsis{};
+// A slice bound: an index (negative counts from the end) or None (open end).
+struct SliceBound {
+  std::optional<int64_t> value;
+  SliceBound(NoneIndex) {}                              // NOLINT
+  SliceBound(std::nullopt_t) {}                         // NOLINT
+  SliceBound(int64_t v) : value(v) {}                   // NOLINT
+  SliceBound(int v) : value(v) {}                       // NOLINT
+  SliceBound(std::optional<int64_t> v) : value(v) {}    // NOLINT
+};
+// start:stop:step, like Python's slice (step > 0).
+struct Slice {
+  std::optional<int64_t> start, stop;
+  int64_t step = 1;
+  Slice(SliceBound start = None, SliceBound stop = None, int64_t step = 1)
+      : start(start.value), stop(stop.value), step(step) {}
+};
 using TensorIndex = std::variant<int64_t, Slice, NoneIndex, EllipsisIndex>;
 
 // Handle to a lazy tensor. Copying a Tensor copies the handle, not the data.
@@ -176,6 +193,23 @@ class Tensor {
   // x[idx] = v.
   Tensor& index_put_(const std::vector<TensorIndex>& idx, const Tensor& v);
   Tensor& index_put_(const std::vector<TensorIndex>& idx, Scalar v);
+
+  // --- autograd ---
+  // Marks a floating-point leaf as requiring gradients; returns *this.
+  Tensor& requires_grad_(bool on = true);
+  bool requires_grad() const { return impl_ && impl_->requires_grad; }
+  // True for tensors not produced by a differentiable op (user-created).
+  bool is_leaf() const { return !impl_ || impl_->grad_fn == nullptr; }
+  // The gradient accumulated by backward() (undefined until then).
+  Tensor grad() const;
+  // Replaces the accumulated gradient (undefined tensor clears it).
+  void set_grad(const Tensor& g);
+  // Backpropagates from this tensor: d(sum(this * gradient))/d(leaf) is added to each leaf's
+  // grad(). `gradient` defaults to 1 for one-element tensors. Builds lazy nodes only.
+  void backward(const std::optional<Tensor>& gradient = std::nullopt, bool retain_graph = false,
+                bool create_graph = false) const;
+  // The same value, cut from the autograd graph (shares the node).
+  Tensor detach() const;
 
   // Rebinds this handle to `value` (cast to dtype, broadcast to shape), writing through to the
   // base if this is a view. The primitive behind every in-place op.

@@ -1,0 +1,272 @@
+// Autograd: finite-difference gradchecks (float64) for every differentiable op, double
+// backward, accumulation, laziness, in-place and views, and error cases.
+#include <gtest/gtest.h>
+
+#include "gradcheck.h"
+
+using namespace kiln;
+using kiln::testing::gradcheck;
+using kiln::testing::index_input;
+using kiln::testing::Input;
+using kiln::testing::random_input;
+using V = std::vector<Tensor>;
+
+namespace {
+std::mt19937 rng(42);
+Input R(std::vector<int64_t> s) { return random_input(std::move(s), rng); }
+Input Pos(std::vector<int64_t> s) { return random_input(std::move(s), rng, 0.3, 2.0); }
+}  // namespace
+
+TEST(Gradcheck, Unary) {
+  struct U { const char* name; std::function<Tensor(const Tensor&)> f; bool positive; };
+  std::vector<U> ops = {
+      {"neg", [](const Tensor& x) { return -x; }, false},
+      {"abs", [](const Tensor& x) { return x.abs(); }, false},
+      {"exp", [](const Tensor& x) { return x.exp(); }, false},
+      {"exp2", [](const Tensor& x) { return x.exp2(); }, false},
+      {"expm1", [](const Tensor& x) { return x.expm1(); }, false},
+      {"log", [](const Tensor& x) { return x.log(); }, true},
+      {"log2", [](const Tensor& x) { return x.log2(); }, true},
+      {"log1p", [](const Tensor& x) { return x.log1p(); }, true},
+      {"sqrt", [](const Tensor& x) { return x.sqrt(); }, true},
+      {"rsqrt", [](const Tensor& x) { return x.rsqrt(); }, true},
+      {"reciprocal", [](const Tensor& x) { return x.reciprocal(); }, true},
+      {"square", [](const Tensor& x) { return x.square(); }, false},
+      {"sin", [](const Tensor& x) { return x.sin(); }, false},
+      {"cos", [](const Tensor& x) { return x.cos(); }, false},
+      {"tan", [](const Tensor& x) { return x.tan(); }, false},
+      {"atan", [](const Tensor& x) { return x.atan(); }, false},
+      {"tanh", [](const Tensor& x) { return x.tanh(); }, false},
+      {"sigmoid", [](const Tensor& x) { return x.sigmoid(); }, false},
+      {"relu", [](const Tensor& x) { return x.relu(); }, false},
+      {"silu", [](const Tensor& x) { return x.silu(); }, false},
+      {"softplus", [](const Tensor& x) { return x.softplus(); }, false},
+      {"gelu", [](const Tensor& x) { return x.gelu(); }, false},
+      {"gelu_tanh", [](const Tensor& x) { return x.gelu("tanh"); }, false},
+      {"erf", [](const Tensor& x) { return x.erf(); }, false},
+      {"clamp", [](const Tensor& x) { return x.clamp(-0.5, 0.7); }, false},
+      {"pow_scalar", [](const Tensor& x) { return x.pow(3); }, false},
+      {"to_f32_f64", [](const Tensor& x) { return x.to(kFloat32).to(kFloat64) * 2; }, false},
+  };
+  for (auto& u : ops) {
+    // 2-D input, and a non-contiguous (transposed) view of it.
+    Input in = u.positive ? Pos({3, 4}) : R({3, 4});
+    // Through float32 the finite differences need a larger step (the function is linear there).
+    bool f32 = u.name == std::string("to_f32_f64");
+    double atol = f32 ? 1e-4 : 1e-6, eps = f32 ? 1e-2 : 1e-6;
+    gradcheck(u.name, [&](const V& v) { return u.f(v[0]); }, {in}, atol, 1e-5, eps);
+    gradcheck(std::string(u.name) + "_t", [&](const V& v) { return u.f(v[0].t()); }, {in}, atol, 1e-5, eps);
+  }
+}
+
+TEST(Gradcheck, BinaryWithBroadcasting) {
+  struct B { const char* name; std::function<Tensor(const Tensor&, const Tensor&)> f; bool pos_a; bool pos_b; };
+  std::vector<B> ops = {
+      {"add", [](auto& a, auto& b) { return a + b; }, false, false},
+      {"sub", [](auto& a, auto& b) { return a - b; }, false, false},
+      {"mul", [](auto& a, auto& b) { return a * b; }, false, false},
+      {"div", [](auto& a, auto& b) { return a / b; }, false, true},
+      {"pow", [](auto& a, auto& b) { return pow(a, b); }, true, false},
+      {"maximum", [](auto& a, auto& b) { return maximum(a, b); }, false, false},
+      {"minimum", [](auto& a, auto& b) { return minimum(a, b); }, false, false},
+      {"atan2", [](auto& a, auto& b) { return atan2(a, b); }, false, true},
+      {"remainder", [](auto& a, auto& b) { return remainder(a, b); }, false, true},
+      {"fmod", [](auto& a, auto& b) { return fmod(a, b); }, false, true},
+      {"lerp", [](auto& a, auto& b) { return lerp(a, b, 0.3); }, false, false},
+      {"add_alpha", [](auto& a, auto& b) { return add(a, b, 2.5); }, false, false},
+  };
+  for (auto& o : ops) {
+    auto mk = [&](std::vector<int64_t> s, bool pos) { return pos ? Pos(s) : R(s); };
+    gradcheck(o.name, [&](const V& v) { return o.f(v[0], v[1]); }, {mk({3, 4}, o.pos_a), mk({3, 4}, o.pos_b)});
+    gradcheck(std::string(o.name) + "_bcast", [&](const V& v) { return o.f(v[0], v[1]); },
+              {mk({2, 3, 1}, o.pos_a), mk({4}, o.pos_b)});
+  }
+  gradcheck("where", [](const V& v) { return where(v[0] > 0, v[1], v[2]); }, {R({3, 4}), R({3, 4}), R({4})});
+  gradcheck("scalar_ops", [](const V& v) { return 2.0 / (v[0] * 3 + 5) - 1.5; }, {Pos({5})});
+}
+
+TEST(Gradcheck, Reductions) {
+  std::vector<std::pair<std::vector<int64_t>, bool>> dimsets = {{{}, false}, {{1}, true}, {{-1}, false}, {{0, 2}, false}};
+  for (auto& [dims, keep] : dimsets) {
+    auto d = dims;
+    bool k = keep;
+    gradcheck("sum", [=](const V& v) { return v[0].sum(d, k); }, {R({2, 3, 4})});
+    gradcheck("mean", [=](const V& v) { return v[0].mean(d, k); }, {R({2, 3, 4})});
+    gradcheck("prod", [=](const V& v) { return v[0].prod(d, k); }, {R({2, 3, 4})});
+    gradcheck("amax", [=](const V& v) { return v[0].amax(d, k); }, {R({2, 3, 4})});
+    gradcheck("amin", [=](const V& v) { return v[0].amin(d, k); }, {R({2, 3, 4})});
+    gradcheck("var", [=](const V& v) { return v[0].var(d, 1, k); }, {R({2, 3, 4})});
+    gradcheck("std", [=](const V& v) { return v[0].std(d, 0, k); }, {R({2, 3, 4})});
+    gradcheck("logsumexp", [=](const V& v) { return v[0].logsumexp(d, k); }, {R({2, 3, 4})});
+    gradcheck("norm", [=](const V& v) { return v[0].norm(2, d, k); }, {R({2, 3, 4})});
+  }
+  gradcheck("prod_with_zero", [](const V& v) { return (v[0] * from_vector<double>({1, 0, 1, 1})).prod(); }, {R({4})});
+  gradcheck("cumsum", [](const V& v) { return v[0].cumsum(1); }, {R({3, 4})});
+  gradcheck("max_dim", [](const V& v) { return max(v[0], 1).first; }, {R({3, 4})});
+}
+
+TEST(Gradcheck, ViewsAndMovement) {
+  gradcheck("reshape", [](const V& v) { return v[0].reshape({4, 6}) * 2; }, {R({2, 3, 4})});
+  gradcheck("reshape_noncontig", [](const V& v) { return v[0].transpose(0, 2).reshape({-1}); }, {R({2, 3, 4})});
+  gradcheck("permute", [](const V& v) { return v[0].permute({2, 0, 1}); }, {R({2, 3, 4})});
+  gradcheck("expand", [](const V& v) { return v[0].expand({3, 4, 5}); }, {R({4, 1})});
+  gradcheck("slice_step", [](const V& v) { return v[0].index({Slice(), Slice(1, None), Slice(None, None, 2)}); },
+            {R({3, 5, 6})});
+  gradcheck("select", [](const V& v) { return v[0].select(1, 2); }, {R({3, 5, 2})});
+  gradcheck("narrow", [](const V& v) { return v[0].narrow(1, 1, 2); }, {R({3, 5})});
+  gradcheck("squeeze_unsqueeze", [](const V& v) { return v[0].squeeze(1).unsqueeze(0); }, {R({3, 1, 4})});
+  gradcheck("flip", [](const V& v) { return v[0].flip({0, 1}); }, {R({3, 4})});
+  gradcheck("repeat", [](const V& v) { return v[0].repeat({2, 3}); }, {R({2, 3})});
+  gradcheck("cat", [](const V& v) { return cat({v[0], v[1] * 2, v[0]}, 1); }, {R({2, 3}), R({2, 5})});
+  gradcheck("stack", [](const V& v) { return stack({v[0], v[1]}, 1); }, {R({3, 4}), R({3, 4})});
+  gradcheck("split", [](const V& v) { auto p = v[0].split(std::vector<int64_t>{2, 5}, 1); return p[0].sum() * p[1]; },
+            {R({2, 7})});
+  gradcheck("chunk", [](const V& v) { auto p = v[0].chunk(3, 0); return p[2] - p[0]; }, {R({6, 2})});
+  gradcheck("pad", [](const V& v) { return pad(v[0], {1, 2, 0, 1}, 0.5); }, {R({3, 4})});
+  gradcheck("tril", [](const V& v) { return v[0].tril(); }, {R({4, 4})});
+  gradcheck("contiguous_chain", [](const V& v) { return (v[0].t() + v[1]).exp().sum({0}); }, {R({4, 3}), R({4})});
+}
+
+TEST(Gradcheck, Indexing) {
+  gradcheck("gather", [](const V& v) { return v[0].gather(1, v[1]); },
+            {R({4, 5}), index_input({4, 3}, {0, 4, 4, 1, 1, 2, 3, 0, 0, 2, 2, 2})});
+  gradcheck("scatter", [](const V& v) { return scatter(v[0], 1, v[1], v[2]); },
+            {R({3, 5}), index_input({3, 2}, {4, 0, 1, 2, 3, 4}), R({3, 2})});
+  gradcheck("scatter_add", [](const V& v) { return scatter_add(v[0], 1, v[1], v[2]); },
+            {R({3, 5}), index_input({3, 4}, {0, 0, 1, 4, 2, 2, 2, 3, 4, 3, 0, 1}), R({3, 4})});
+  gradcheck("index_select", [](const V& v) { return v[0].index_select(0, v[1]); },
+            {R({4, 5}), index_input({4}, {3, 0, 3, 1})});
+  gradcheck("index_add", [](const V& v) { return index_add(v[0], 0, v[1], v[2]); },
+            {R({5, 3}), index_input({4}, {0, 4, 0, 2}), R({4, 3})});
+  gradcheck("embedding", [](const V& v) { return embedding(v[0], v[1]); },
+            {index_input({2, 3}, {1, 9, 1, 0, 5, 5}), R({10, 4})});
+  gradcheck("masked_fill", [](const V& v) { return v[0].masked_fill(v[0] > 0.2, 3.0); }, {R({3, 4})});
+}
+
+TEST(Gradcheck, LinearAlgebraAndNN) {
+  gradcheck("matmul_2d", [](const V& v) { return matmul(v[0], v[1]); }, {R({3, 4}), R({4, 5})});
+  gradcheck("matmul_batched_bcast", [](const V& v) { return matmul(v[0], v[1]); }, {R({2, 3, 4}), R({4, 5})});
+  gradcheck("matmul_vec", [](const V& v) { return matmul(v[0], v[1]); }, {R({4}), R({4, 3})});
+  gradcheck("matmul_dot", [](const V& v) { return matmul(v[0], v[1]); }, {R({4}), R({4})});
+  gradcheck("matmul_noncontig", [](const V& v) { return matmul(v[0].t(), v[1]); }, {R({4, 3}), R({4, 2})});
+  gradcheck("bmm", [](const V& v) { return bmm(v[0], v[1]); }, {R({2, 3, 4}), R({2, 4, 2})});
+  gradcheck("linear", [](const V& v) { return linear(v[0], v[1], v[2]); }, {R({5, 4}), R({3, 4}), R({3})});
+  gradcheck("outer", [](const V& v) { return outer(v[0], v[1]); }, {R({3}), R({4})});
+  gradcheck("softmax", [](const V& v) { return softmax(v[0], -1); }, {R({4, 6})});
+  gradcheck("softmax_dim1", [](const V& v) { return softmax(v[0], 1); }, {R({2, 3, 5})});
+  gradcheck("log_softmax", [](const V& v) { return log_softmax(v[0], -1); }, {R({4, 6})});
+  gradcheck("layer_norm", [](const V& v) { return layer_norm(v[0], {6}, v[1], v[2]); }, {R({4, 6}), R({6}), R({6})});
+  gradcheck("layer_norm_2d", [](const V& v) { return layer_norm(v[0], {3, 4}); }, {R({2, 3, 4})});
+  gradcheck("cross_entropy", [](const V& v) { return cross_entropy(v[0], v[1]); },
+            {R({5, 4}), index_input({5}, {0, 3, 1, 1, 2})});
+  gradcheck("cross_entropy_sum", [](const V& v) { return cross_entropy(v[0], v[1], "sum"); },
+            {R({5, 4}), index_input({5}, {0, 3, 1, 1, 2})});
+  gradcheck("mse_loss", [](const V& v) { return mse_loss(v[0], v[1]); }, {R({4, 3}), R({4, 3})});
+  gradcheck("smooth_l1", [](const V& v) { return smooth_l1_loss(v[0], v[1]); }, {R({4, 3}), R({4, 3})});
+  gradcheck("sdpa", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2]); },
+            {R({2, 3, 5, 8}), R({2, 3, 7, 8}), R({2, 3, 7, 8})});
+  gradcheck("sdpa_causal", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], std::nullopt, true); },
+            {R({1, 2, 6, 4}), R({1, 2, 6, 4}), R({1, 2, 6, 4})});
+  gradcheck("conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2], {2, 1}, {1, 1}, {1, 2}, 2); },
+            {R({2, 4, 6, 7}), R({6, 2, 3, 2}), R({6})});
+}
+
+TEST(Gradcheck, InPlaceAndViews) {
+  gradcheck("add_on_result", [](const V& v) { Tensor y = v[0] * 2; y.add_(v[1]); y.mul_(v[0]); return y; },
+            {R({3, 4}), R({4})});
+  gradcheck("write_through_view", [](const V& v) {
+    Tensor y = v[0] * 1.0;
+    Tensor row = y.select(0, 1);
+    row.mul_(v[1]);               // y[1] *= w
+    Tensor col = y.select(1, 2);  // another view of y sees the write
+    return y.sum() + col.sum() * 3;
+  }, {R({3, 4}), R({4})});
+  gradcheck("index_put", [](const V& v) {
+    Tensor y = zeros({4, 5}, kFloat64);
+    y.index_put_({Slice(1, 3), Slice(None, None, 2)}, v[0]);
+    return y * v[1];
+  }, {R({2, 3}), R({4, 5})});
+  gradcheck("copy_into_view", [](const V& v) {
+    Tensor y = v[0].clone();
+    y.narrow(1, 1, 2).copy_(v[1]);
+    return y.exp();
+  }, {R({3, 4}), R({3, 2})});
+}
+
+TEST(DoubleBackward, SecondDerivatives) {
+  // d/dx of (dy/dx . w) by finite differences on the first derivative.
+  auto second = [](const std::string& name, std::function<Tensor(const V&)> f, std::vector<Input> in) {
+    gradcheck(name + "_grad", [f](const V& v) {
+      // On the finite-difference path the inputs are plain tensors: make them leaves.
+      EnableGradGuard eg;
+      std::vector<Tensor> xs;
+      for (const auto& t : v) xs.push_back(t.requires_grad() ? t : t.detach().requires_grad_());
+      Tensor y = f(xs);
+      auto gs = grad({y.sum()}, xs, {}, true, true);
+      Tensor s = gs[0].sum() * 0;
+      for (auto& g : gs) s = s + (g * g).sum();
+      return s;
+    }, in);
+  };
+  second("tanh", [](const V& v) { return v[0].tanh(); }, {R({3, 4})});
+  second("sigmoid", [](const V& v) { return v[0].sigmoid(); }, {R({3, 4})});
+  second("mul", [](const V& v) { return v[0] * v[1] * v[0]; }, {R({3, 4}), R({4})});
+  second("div", [](const V& v) { return v[0] / v[1]; }, {R({3, 4}), Pos({3, 4})});
+  second("matmul", [](const V& v) { return matmul(v[0], v[1]).square(); }, {R({3, 4}), R({4, 2})});
+  second("softmax", [](const V& v) { return softmax(v[0], -1) * v[1]; }, {R({3, 5}), R({3, 5})});
+  // Exact: d2/dx2 tanh = -2 tanh (1 - tanh^2).
+  Tensor x = from_vector<double>({0.3, -1.2}).requires_grad_();
+  Tensor g1 = grad({x.tanh().sum()}, {x}, {}, false, true)[0];
+  Tensor g2 = grad({g1.sum()}, {x})[0];
+  auto got = g2.to_vector<double>();
+  for (int i = 0; i < 2; ++i) {
+    double t = std::tanh(i == 0 ? 0.3 : -1.2);
+    EXPECT_NEAR(got[i], -2 * t * (1 - t * t), 1e-12);
+  }
+}
+
+TEST(Autograd, BackwardIsLazyAndAccumulates) {
+  Tensor w = from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor loss = (w * w).sum();
+  loss.eval();
+  reset_stats();
+  loss.backward();
+  EXPECT_EQ(stats().nodes_executed, 0u);  // gradients are pending nodes
+  EXPECT_FALSE(w.grad().is_materialized());
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{2, 4, 6}));
+  (w * 3).sum().backward();  // accumulates
+  EXPECT_EQ(w.grad().to_vector<float>(), (std::vector<float>{5, 7, 9}));
+  w.set_grad(Tensor());
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST(Autograd, RetainGraphAndErrors) {
+  Tensor x = from_vector<float>({1, 2}).requires_grad_();
+  Tensor y = (x.exp() * x).sum();
+  y.backward(std::nullopt, true);
+  y.backward();  // allowed: first call retained the graph
+  EXPECT_THROW(y.backward(), Error);  // freed
+  EXPECT_THROW((x * 2).backward(), Error);  // non-scalar needs a gradient
+  EXPECT_THROW(ones({2}).sum().backward(), Error);  // nothing requires grad
+  EXPECT_THROW(x.add_(1), Error);  // in-place on a leaf that requires grad
+  {
+    NoGradGuard ng;
+    x.add_(1);  // allowed without tracking (optimizer updates)
+    EXPECT_FALSE((x * 2).requires_grad());
+  }
+  EXPECT_TRUE(x.requires_grad() && x.is_leaf());
+  EXPECT_THROW(ones({2}, kInt64).requires_grad_(), Error);
+  Tensor a = from_vector<float>({1}).requires_grad_(), b = from_vector<float>({2}).requires_grad_();
+  EXPECT_THROW(grad({(a * 2).sum()}, {b}), Error);  // unused input
+  auto gs = grad({(a * 2).sum()}, {a, b}, {}, false, false, true);
+  EXPECT_FALSE(gs[1].defined());
+  EXPECT_FLOAT_EQ(gs[0].item<float>(), 2.f);
+  EXPECT_FALSE(a.grad().defined());  // grad() does not accumulate
+}
+
+TEST(Autograd, DetachAndGradOutputs) {
+  Tensor x = from_vector<double>({1, 2, 3}).requires_grad_();
+  Tensor y = x * x.detach();  // d/dx = x (detached factor is a constant)
+  y.backward(from_vector<double>({1, 10, 100}));
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{1, 20, 300}));
+}
