@@ -7,3 +7,5 @@
 #include "runtime/ops.h"
 #include "runtime/symint.h"
 #include "runtime/tensor.h"
+#include "runtime/nn.h"
+#include "runtime/optim.h"

@@ -75,12 +75,15 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 bool is_contiguous_layout(const Shape& shape, const Shape& strides) {
+  // No elements: contiguous whatever the strides (like PyTorch), wherever the 0 is.
+  for (const auto& s : shape) {
+    auto zero = sym_eq(s, 0);
+    if (zero && *zero) return true;
+  }
   SymInt expected = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     auto one = sym_eq(shape[i], 1);
     if (one && *one) continue;
-    auto zero = sym_eq(shape[i], 0);
-    if (zero && *zero) return true;
     auto same = sym_eq(strides[i], expected);
     if (!same || !*same) return false;
     expected = expected * shape[i];

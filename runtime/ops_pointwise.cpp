@@ -130,17 +130,26 @@ Tensor binary(OpKind op, const Tensor& a, const Tensor& b, DType compute, BinKin
   return record(op, {cast(a, compute), cast(b, compute)}, Attrs{}, res, std::move(out));
 }
 
+// PyTorch refuses subtraction when either operand (tensor or number) is bool.
+void check_sub(OpKind op, bool a_bool, bool b_bool) {
+  KILN_CHECK(op != OpKind::Sub || !(a_bool || b_bool), "sub: subtraction with a bool tensor is not supported; ",
+             "use logical_not() or ~ to invert a mask");
+}
+
 Tensor binary_tt(OpKind op, const Tensor& a, const Tensor& b, BinKind kind) {
   KILN_CHECK(a.defined() && b.defined(), op_name(op), ": got an undefined tensor");
+  check_sub(op, a.dtype() == kBool, b.dtype() == kBool);
   return binary(op, a, b, result_type({a, b}), kind);
 }
 Tensor binary_ts(OpKind op, const Tensor& a, Scalar b, BinKind kind) {
   KILN_CHECK(a.defined(), op_name(op), ": got an undefined tensor");
+  check_sub(op, a.dtype() == kBool, b.kind() == Scalar::Kind::Bool);
   DType t = result_type({a}, {b});
   return binary(op, a, constant(b, t, a.device()), t, kind);
 }
 Tensor binary_st(OpKind op, Scalar a, const Tensor& b, BinKind kind) {
   KILN_CHECK(b.defined(), op_name(op), ": got an undefined tensor");
+  check_sub(op, a.kind() == Scalar::Kind::Bool, b.dtype() == kBool);
   DType t = result_type({b}, {a});
   return binary(op, constant(a, t, b.device()), b, t, kind);
 }
@@ -161,13 +170,26 @@ KILN_BINARY(logical_xor, LogicalXor, Logical) KILN_BINARY(bitwise_and, BitwiseAn
 KILN_BINARY(bitwise_or, BitwiseOr, Bitwise) KILN_BINARY(bitwise_xor, BitwiseXor, Bitwise)
 #undef KILN_BINARY
 
+namespace {
+// alpha * b in the result type of (a, b): alpha takes no part in type promotion (PyTorch).
+Tensor scaled_by_alpha(const Tensor& a, const Tensor& b, Scalar alpha, const char* op) {
+  KILN_CHECK(a.defined() && b.defined(), op, ": got an undefined tensor");
+  DType t = result_type({a, b});
+  KILN_CHECK(alpha.kind() != Scalar::Kind::Bool || t == kBool, op, ": boolean alpha only supported for boolean results");
+  KILN_CHECK(is_floating(t) || alpha.kind() != Scalar::Kind::Float, op,
+             ": for integral input tensors, argument alpha must not be a floating point number");
+  return cast(mul(cast(b, t), alpha), t);
+}
+}  // namespace
+
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
-  if (alpha.to_double() == 1 && alpha.kind() != Scalar::Kind::Float) return add(a, b);
-  return add(a, mul(b, alpha));
+  if (alpha.kind() == Scalar::Kind::Int && alpha.to_int() == 1) return add(a, b);
+  return add(a, scaled_by_alpha(a, b, alpha, "add"));
 }
 Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
-  if (alpha.to_double() == 1 && alpha.kind() != Scalar::Kind::Float) return sub(a, b);
-  return sub(a, mul(b, alpha));
+  if (alpha.kind() == Scalar::Kind::Int && alpha.to_int() == 1) return sub(a, b);
+  check_sub(OpKind::Sub, a.dtype() == kBool, b.dtype() == kBool);
+  return sub(a, scaled_by_alpha(a, b, alpha, "sub"));
 }
 
 // ---------- ternary ----------

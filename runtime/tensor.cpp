@@ -125,7 +125,9 @@ Tensor& Tensor::assign_(const Tensor& value) {
              "grad (or a view of one) is used in an in-place operation; wrap it in NoGradGuard");
   if (impl_->base) {
     const NodePtr& self = node();
-    for (size_t i = 0; i < self->shape.size(); ++i) {
+    // A 0 stride overlaps elements only along a dim of size > 1, and only if there are elements.
+    auto empty = sym_eq(kiln::numel(self->shape), 0);
+    for (size_t i = 0; i < self->shape.size() && !(empty && *empty); ++i) {
       auto zero = sym_eq(self->strides[i], 0), one = sym_eq(self->shape[i], 1);
       KILN_CHECK(!(zero && *zero) || (one && *one), "in-place op: more than one element of the written-to ",
                  "tensor refers to a single memory location (an expanded view); clone it first");
@@ -170,7 +172,11 @@ Tensor& Tensor::mul_(const Tensor& o) { return assign_(mul(*this, o)); }
 Tensor& Tensor::mul_(Scalar o) { return assign_(mul(*this, o)); }
 Tensor& Tensor::div_(const Tensor& o) { return assign_(div(*this, o)); }
 Tensor& Tensor::div_(Scalar o) { return assign_(div(*this, o)); }
-Tensor& Tensor::copy_(const Tensor& src) { return assign_(src); }
+// copy_ converts from any dtype (like PyTorch), unlike the arithmetic in-place ops.
+Tensor& Tensor::copy_(const Tensor& src) {
+  KILN_CHECK(defined() && src.defined(), "copy_: got an undefined tensor");
+  return assign_(detail::cast(src, dtype()));
+}
 Tensor& Tensor::fill_(Scalar v) { return assign_(full_shape(Shape{}, v, dtype(), device())); }
 Tensor& Tensor::zero_() { return fill_(0); }
 Tensor& Tensor::clamp_(std::optional<Scalar> mn, std::optional<Scalar> mx) {
@@ -178,7 +184,7 @@ Tensor& Tensor::clamp_(std::optional<Scalar> mn, std::optional<Scalar> mx) {
 }
 Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, const Tensor& v) {
   Tensor view = index(idx);
-  view.assign_(v);
+  view.copy_(v);  // x[idx] = v copies, converting v's dtype
   return *this;
 }
 Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, Scalar v) {

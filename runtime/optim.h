@@ -1,0 +1,97 @@
+// optim: optimizers with PyTorch's update formulas, gradient clipping and LR schedulers.
+// Updates are recorded lazily like any other op (under NoGradGuard) and rebind parameters.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "runtime/ops.h"
+
+namespace kiln::optim {
+
+// Base class: holds the parameters and the learning rate.
+class Optimizer {
+ public:
+  Optimizer(std::vector<Tensor> params, double lr);
+  virtual ~Optimizer() = default;
+  // Applies one update from the parameters' current gradients (parameters without one are skipped).
+  virtual void step() = 0;
+  // Clears gradients (sets them undefined).
+  void zero_grad();
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  const std::vector<Tensor>& params() const { return params_; }
+
+ protected:
+  std::vector<Tensor> params_;
+  double lr_;
+};
+
+struct SGDOptions {
+  double lr = 1e-2, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false;
+};
+// Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay.
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<Tensor> params, SGDOptions o);
+  void step() override;
+
+ private:
+  SGDOptions o_;
+  std::vector<Tensor> momentum_;
+};
+
+struct AdamOptions {
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+};
+// Adam (weight decay as L2 added to the gradient).
+class Adam : public Optimizer {
+ public:
+  Adam(std::vector<Tensor> params, AdamOptions o = {});
+  void step() override;
+
+ protected:
+  Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled);
+  AdamOptions o_;
+  bool decoupled_;
+  int64_t t_ = 0;
+  std::vector<Tensor> m_, v_;
+};
+
+// AdamW: Adam with decoupled weight decay (default 1e-2).
+class AdamW : public Adam {
+ public:
+  AdamW(std::vector<Tensor> params, AdamOptions o = {1e-3, 0.9, 0.999, 1e-8, 1e-2});
+};
+
+// Scales gradients so their global p-norm is at most max_norm; returns the norm before
+// clipping (lazy: no synchronization).
+Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2);
+
+// Multiplies the learning rate by gamma every step_size calls of step().
+class StepLR {
+ public:
+  StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
+  void step();
+  double last_lr() const { return opt_.lr(); }
+
+ private:
+  Optimizer& opt_;
+  int64_t step_size_, epoch_ = 0;
+  double gamma_, base_lr_;
+};
+
+// Cosine annealing from the initial lr to eta_min over t_max calls of step().
+class CosineAnnealingLR {
+ public:
+  CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0);
+  void step();
+  double last_lr() const { return opt_.lr(); }
+
+ private:
+  Optimizer& opt_;
+  int64_t t_max_, epoch_ = 0;
+  double eta_min_, base_lr_;
+};
+
+}  // namespace kiln::optim
