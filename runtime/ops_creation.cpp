@@ -135,6 +135,7 @@ Tensor linspace(double start, double end, int64_t steps, DType dtype) {
   int64_t half = steps / 2;
   for (int64_t i = 0; i < steps; ++i)
     v[i] = i < half ? start + step * static_cast<double>(i) : end - step * static_cast<double>(steps - 1 - i);
+  if (steps == 1) v[0] = start;  // PyTorch: a single step is `start`, not `end`
   return from_doubles(v, {steps}, dtype);
 }
 
