@@ -9,7 +9,8 @@ namespace kiln::detail {
 
 namespace {
 void maybe_flush(const NodePtr& n) {
-  if (stats().pending > pending_limit()) materialize({n});
+  // A leaf gets its storage right after recording; it has nothing to compute.
+  if (n->op != OpKind::Leaf && stats().pending > pending_limit()) materialize({n});
 }
 }  // namespace
 
