@@ -131,12 +131,13 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     }
     case OpKind::Maximum:
     case OpKind::Minimum: {
+      // PyTorch: ties split the gradient in half; an operand gets nothing only where it strictly
+      // loses, so where either is NaN (no order) both get the whole gradient.
       const Tensor& y = in[1];
-      Tensor pick = op == OpKind::Maximum ? gt(x, y) : lt(x, y);
-      Tensor tie = eq(x, y);
-      Tensor wx = add(to(pick, g.dtype()), mul(to(tie, g.dtype()), 0.5));
-      Tensor wy = sub(1, wx);
-      return {st(mul(g, wx), 0), st(mul(g, wy), 1)};
+      Tensor x_loses = op == OpKind::Maximum ? lt(x, y) : gt(x, y);
+      Tensor y_loses = op == OpKind::Maximum ? gt(x, y) : lt(x, y);
+      Tensor share = where(eq(x, y), mul(g, 0.5), g);
+      return {st(where(x_loses, 0.0, share), 0), st(where(y_loses, 0.0, share), 1)};
     }
     case OpKind::Atan2: {
       const Tensor& y = in[1];

@@ -1,6 +1,7 @@
 // Pointwise ops: type promotion, unary, binary, ternary, and the C++ operators.
 #include <cmath>
 
+#include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "runtime/record.h"
 
@@ -83,8 +84,10 @@ Tensor silu(const Tensor& x) {
 Tensor softplus(const Tensor& x, double beta, double threshold) {
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
   // Stable form max(z, 0) + log1p(exp(-|z|)) with z = beta*x; linear above the threshold.
+  // maximum (not relu) so that the gradient at z = 0 is sigmoid(0) = 1/2: maximum splits the tie
+  // (relu's and abs's rules both give 0 there).
   Tensor z = beta == 1 ? f : mul(f, beta);
-  Tensor soft = add(relu(z), log1p(exp(neg(abs(z)))));
+  Tensor soft = add(maximum(z, 0.0), log1p(exp(neg(abs(z)))));
   if (beta != 1) soft = div(soft, beta);
   return where(gt(z, threshold), f, soft);
 }
@@ -215,20 +218,47 @@ Tensor where(const Tensor& c, Scalar a, Scalar b) {
   return where(c, constant(a, t, c.device()), constant(b, t, c.device()));
 }
 
+// clamp's values come from maximum/minimum, but its gradients follow PyTorch's clamp_backward
+// (and clamp_backward_min_max), not those of maximum/minimum, which would split ties at a
+// boundary in half: x gets the gradient where min <= x <= max (boundaries included), min where
+// x < min < max, max where x > max or max < min. When a gradient is wanted the (detached) values
+// are rebuilt with where() so that each gradient reaches the right operand.
 Tensor clamp(const Tensor& x, std::optional<Scalar> mn, std::optional<Scalar> mx) {
   KILN_CHECK(mn || mx, "clamp: at least one of 'min' or 'max' must not be None");
   // torch.clamp: min first, then max (so min > max gives max); NaN propagates.
   Tensor r = x;
   if (mn) r = maximum(r, *mn);
   if (mx) r = minimum(r, *mx);
-  return r;
+  if (!(grad_enabled() && x.requires_grad())) return r;
+  Tensor in_range;
+  if (mn) in_range = ge(x, *mn);
+  if (mx) in_range = in_range.defined() ? logical_and(in_range, le(x, *mx)) : le(x, *mx);
+  return where(in_range, x, r.detach());
 }
 Tensor clamp(const Tensor& x, const std::optional<Tensor>& mn, const std::optional<Tensor>& mx) {
   KILN_CHECK(mn || mx, "clamp: at least one of 'min' or 'max' must not be None");
   Tensor r = x;
   if (mn) r = maximum(r, *mn);
   if (mx) r = minimum(r, *mx);
-  return r;
+  bool wants_grad = x.requires_grad() || (mn && mn->requires_grad()) || (mx && mx->requires_grad());
+  if (!(grad_enabled() && wants_grad)) return r;
+  Tensor v = r.detach();
+  Tensor in_range;
+  if (mn) in_range = ge(x, *mn);
+  if (mx) in_range = in_range.defined() ? logical_and(in_range, le(x, *mx)) : le(x, *mx);
+  Tensor out = where(in_range, x, v);
+  if (mn) {
+    Tensor below = lt(x, *mn);
+    if (mx) below = logical_and(below, lt(*mn, *mx));
+    out = where(below, *mn, out);  // the value there is min
+  }
+  if (mx) {
+    Tensor above = gt(x, *mx);
+    if (mn) above = logical_or(above, lt(*mx, *mn));
+    // The value there is max, unless a NaN (in x or min) made it NaN: max + NaN keeps both.
+    out = where(above, where(isnan(v), add(*mx, v), *mx), out);
+  }
+  return out;
 }
 
 Tensor lerp(const Tensor& a, const Tensor& b, Scalar w) { return add(a, mul(sub(b, a), w)); }

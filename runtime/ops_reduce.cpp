@@ -2,6 +2,7 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "runtime/record.h"
 
@@ -82,11 +83,25 @@ Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   return reduce(OpKind::ArgMin, x, {*dim}, keepdim, kInt64, "argmin", true);
 }
 
+namespace {
+// max/min along a dim. PyTorch sends their gradient to the returned index alone (amax/amin spread
+// it over ties), so with a gradient wanted the values are gathered at the index: the same values
+// (the index is the first maximum, or the first NaN, as amax picks), the index's gradient.
+std::pair<Tensor, Tensor> value_and_index(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  Tensor idx = is_max ? argmax(x, dim, keepdim) : argmin(x, dim, keepdim);
+  if (!(grad_enabled() && x.requires_grad()) || x.dim() == 0)
+    return {is_max ? amax(x, {dim}, keepdim) : amin(x, {dim}, keepdim), idx};
+  int64_t d = detail::wrap_dim(dim, x.dim(), is_max ? "max" : "min");
+  Tensor v = gather(x, d, keepdim ? idx : unsqueeze(idx, d));
+  return {keepdim ? v : squeeze(v, d), idx};
+}
+}  // namespace
+
 std::pair<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) {
-  return {amax(x, {dim}, keepdim), argmax(x, dim, keepdim)};
+  return value_and_index(x, dim, keepdim, true);
 }
 std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
-  return {amin(x, {dim}, keepdim), argmin(x, dim, keepdim)};
+  return value_and_index(x, dim, keepdim, false);
 }
 Tensor max(const Tensor& x) {
   KILN_CHECK(x.numel() > 0, "max(): expected a non-empty tensor (there is no identity for max)");
@@ -115,8 +130,20 @@ Tensor var(const Tensor& x, std::vector<int64_t> dims, double correction, bool k
   double n = static_cast<double>(reduced_count(x, dims).as_int());
   return div(ss, std::max(n - correction, 0.0));
 }
+namespace {
+// root(t) = pow(t, 1/p) (sqrt for p = 2) with PyTorch's gradient convention for norms and std:
+// 0 where t is 0 (the plain rule gives 0 * inf = nan there). With a gradient wanted, the root is
+// taken of t with its zeros replaced by 1, and those places set to root(0) again.
+Tensor root_zero_grad(const Tensor& t, double p, bool wants_grad) {
+  auto rt = [&](const Tensor& u) { return p == 2 ? sqrt(u) : pow(u, 1.0 / p); };
+  if (!wants_grad) return rt(t);
+  Tensor zero = eq(t, 0);
+  return where(zero, std::pow(0.0, 1.0 / p), rt(where(zero, 1.0, t)));
+}
+}  // namespace
+
 Tensor std(const Tensor& x, std::vector<int64_t> dims, double correction, bool keepdim) {
-  return sqrt(var(x, dims, correction, keepdim));
+  return root_zero_grad(var(x, dims, correction, keepdim), 2, grad_enabled() && x.requires_grad());
 }
 
 Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
@@ -133,11 +160,21 @@ Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
 
 Tensor norm(const Tensor& xin, double p, std::vector<int64_t> dims, bool keepdim) {
   Tensor x = as_float(xin);
-  if (p == 2) return sqrt(sum(mul(x, x), dims, keepdim));
+  // PyTorch's norm gradient is 0 where the norm is 0, and (p < 1) 0 at zero elements.
+  bool wants_grad = grad_enabled() && x.requires_grad();
+  if (p == 2) return root_zero_grad(sum(mul(x, x), dims, keepdim), 2, wants_grad);
   if (p == 1) return sum(abs(x), dims, keepdim);
   if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
   if (p == 0) return sum(detail::cast(ne(x, 0), x.dtype()), dims, keepdim);
-  return pow(sum(pow(abs(x), p), dims, keepdim), 1.0 / p);
+  Tensor a = abs(x);
+  Tensor powered;
+  if (wants_grad) {  // |x|^p with the gradient 0 at x = 0 (pow's rule gives inf * 0 there when p < 1)
+    Tensor zero = eq(a, 0);
+    powered = where(zero, std::pow(0.0, p), pow(where(zero, 1.0, a), p));
+  } else {
+    powered = pow(a, p);
+  }
+  return root_zero_grad(sum(powered, dims, keepdim), p, wants_grad);
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim) {

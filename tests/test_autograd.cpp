@@ -2,6 +2,10 @@
 // backward, accumulation, laziness, in-place and views, and error cases.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <limits>
+#include <optional>
+
 #include "gradcheck.h"
 
 using namespace kiln;
@@ -269,4 +273,86 @@ TEST(Autograd, DetachAndGradOutputs) {
   Tensor y = x * x.detach();  // d/dx = x (detached factor is a constant)
   y.backward(from_vector<double>({1, 10, 100}));
   EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{1, 20, 300}));
+}
+
+// PyTorch's gradients where a function has a kink, a tie or a 0 (values from PyTorch's rules).
+TEST(Autograd, PyTorchConventionsAtKinks) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  using D = std::vector<double>;
+  auto leaf = [](D v, std::vector<int64_t> s) {
+    return from_vector<double>(v, std::optional<std::vector<int64_t>>(s)).requires_grad_();
+  };
+  auto g1 = [](const Tensor& out, const Tensor& x) {
+    return grad({sum(out)}, {x})[0].contiguous().to_vector<double>();
+  };
+  using Opt = std::optional<Tensor>;
+  {  // clamp: the whole gradient at the boundaries (mask min <= x <= max)
+    Tensor x = leaf({-1, -0.5, 0, 0.7, 1}, {5});
+    EXPECT_EQ(g1(clamp(x, Scalar(-0.5), Scalar(0.7)), x), (D{0, 1, 1, 1, 0}));
+    EXPECT_EQ(g1(clamp(x, Scalar(-0.5), std::nullopt), x), (D{0, 1, 1, 1, 1}));
+  }
+  {  // clamp with tensor bounds: min gets x < min < max, max gets x > max or max < min
+    Tensor x = leaf({-1, 2, 3, 0.5, 5, -5, 1}, {7});
+    Tensor mn = leaf({0, 0, 0, 1, 1, 1, 1}, {7}), mx = leaf({1, 2, 1, 1, 1, 1, 1}, {7});
+    auto g = grad({sum(clamp(x, Opt(mn), Opt(mx)))}, {x, mn, mx});
+    EXPECT_EQ(g[0].to_vector<double>(), (D{0, 1, 0, 0, 0, 0, 1}));
+    EXPECT_EQ(g[1].to_vector<double>(), (D{1, 0, 0, 0, 0, 0, 0}));
+    EXPECT_EQ(g[2].to_vector<double>(), (D{0, 0, 1, 0, 1, 0, 0}));
+    Tensor y = leaf({0.5, 5, nan}, {3}), lo = leaf({2, 2, 2}, {3}), hi = leaf({1, 1, 1}, {3});
+    Tensor out = clamp(y, Opt(lo), Opt(hi));
+    D v = out.to_vector<double>();
+    EXPECT_EQ(v[0], 1);
+    EXPECT_EQ(v[1], 1);
+    EXPECT_TRUE(std::isnan(v[2]));
+    auto h = grad({sum(out)}, {y, lo, hi});
+    EXPECT_EQ(h[0].to_vector<double>(), (D{0, 0, 0}));
+    EXPECT_EQ(h[1].to_vector<double>(), (D{0, 0, 0}));
+    EXPECT_EQ(h[2].to_vector<double>(), (D{1, 1, 1}));
+  }
+  {  // maximum/minimum: ties split in half, NaN gives both the whole gradient
+    Tensor x = leaf({nan, 1, 2, 0}, {4}), y = leaf({1, nan, 2, 1}, {4});
+    auto g = grad({sum(maximum(x, y))}, {x, y});
+    EXPECT_EQ(g[0].to_vector<double>(), (D{1, 1, 0.5, 0}));
+    EXPECT_EQ(g[1].to_vector<double>(), (D{1, 1, 0.5, 1}));
+    auto h = grad({sum(minimum(x, y))}, {x, y});
+    EXPECT_EQ(h[0].to_vector<double>(), (D{1, 1, 0.5, 1}));
+    EXPECT_EQ(h[1].to_vector<double>(), (D{1, 1, 0.5, 0}));
+  }
+  {  // max/min along a dim: only the returned index; amax/amin and max(): spread over ties
+    Tensor x = leaf({1, 3, 3, 2, 2, 1}, {2, 3});
+    EXPECT_EQ(g1(kiln::max(x, 1).first, x), (D{0, 1, 0, 1, 0, 0}));
+    EXPECT_EQ(g1(kiln::max(x, 1, true).first, x), (D{0, 1, 0, 1, 0, 0}));
+    EXPECT_EQ(g1(kiln::min(x, 0).first, x), (D{1, 0, 0, 0, 1, 1}));
+    EXPECT_EQ(g1(amax(x, {1}), x), (D{0, 0.5, 0.5, 0.5, 0.5, 0}));
+    EXPECT_EQ(g1(kiln::max(x), x), (D{0, 0.5, 0.5, 0, 0, 0}));
+    EXPECT_EQ(kiln::max(x, 1).first.to_vector<double>(), (D{3, 2}));
+  }
+  {  // norms and std: 0 where the result is 0; p < 1: 0 at zero elements
+    Tensor z = leaf({0, 0, 0}, {3});
+    EXPECT_EQ(g1(norm(z, 2), z), (D{0, 0, 0}));
+    EXPECT_EQ(g1(norm(z, 3), z), (D{0, 0, 0}));
+    EXPECT_EQ(g1(norm(z, 0.5), z), (D{0, 0, 0}));
+    Tensor x = leaf({0, 1, 4}, {3});
+    D g = g1(norm(x, 0.5), x);  // |x|^(p-1) sign(x) norm^(1-p), norm = 9
+    EXPECT_EQ(g[0], 0);
+    EXPECT_NEAR(g[1], 3, 1e-12);
+    EXPECT_NEAR(g[2], 1.5, 1e-12);
+    EXPECT_NEAR(norm(x, 0.5).item<double>(), 9, 1e-12);
+    Tensor c = leaf({2, 2, 2}, {3});
+    EXPECT_EQ(g1(kiln::std(c), c), (D{0, 0, 0}));
+  }
+  {  // softplus at 0 is sigmoid(0); abs, relu, sign at 0 are 0
+    Tensor x = leaf({0, 1, -1}, {3});
+    D g = g1(softplus(x), x);
+    EXPECT_EQ(g[0], 0.5);
+    EXPECT_NEAR(g[1], 1 / (1 + std::exp(-1.0)), 1e-12);
+    EXPECT_EQ(g1(abs(x), x), (D{0, 1, -1}));
+    EXPECT_EQ(g1(relu(x), x), (D{0, 1, 0}));
+    EXPECT_EQ(g1(sign(x), x), (D{0, 0, 0}));
+  }
+  {  // prod with one zero: the product of the others; with two: 0
+    Tensor x = leaf({0, 2, 3}, {3}), y = leaf({0, 2, 0}, {3});
+    EXPECT_EQ(g1(prod(x), x), (D{6, 0, 0}));
+    EXPECT_EQ(g1(prod(y), y), (D{0, 0, 0}));
+  }
 }

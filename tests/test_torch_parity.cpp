@@ -2,7 +2,10 @@
 //
 // Reads the corpus described in shared/torch-parity/README.md (one JSON case a line: op name,
 // input tensors, attrs in PyTorch's terms, expected output), runs each case through kiln's
-// public API and compares dtype, shape and values. Gradients (`grads`, `gout`) are ignored here.
+// public API and compares dtype, shape and values (TorchParity.AllCases). TorchParity.Gradients
+// runs every case that has `grads` again with its floating inputs as leaves that require grad,
+// takes kiln::grad of sum(out * gout) and compares with PyTorch's gradients (float32: rtol 1e-4,
+// atol 1e-5; float64: 1e-9).
 //
 // The file is found through $KILN_PARITY_FILE, else $KILN_SOURCE_DIR/../shared/torch-parity/,
 // else ../shared/torch-parity/ relative to the working directory. A missing file skips the
@@ -979,8 +982,16 @@ std::string multi_index(int64_t flat, const std::vector<int64_t>& shape) {
   return shape_str(idx);
 }
 
+// Gradient tolerances: float32 rtol 1e-4 / atol 1e-5, float64 1e-9.
+Tol grad_tolerance(const std::string& dtype) {
+  if (dtype == "float64") return {1e-9, 1e-9};
+  if (dtype == "float32") return {1e-4, 1e-5};
+  return tolerance(dtype, true);
+}
+
 // Compares one output; returns a description of the first difference, or "" when they match.
-std::string compare(const Tensor& got, const json& exp, bool loose) {
+// `tol_override` replaces the forward tolerance for the expected dtype.
+std::string compare(const Tensor& got, const json& exp, bool loose, std::optional<Tol> tol_override = std::nullopt) {
   std::string edt = exp.at("dtype").get<std::string>();
   if (edt.rfind("torch.", 0) == 0) edt = edt.substr(6);
   std::vector<const json*> ev;
@@ -994,7 +1005,7 @@ std::string compare(const Tensor& got, const json& exp, bool loose) {
     problems.push_back("shape: expected " + shape_str(eshape) + ", got " + shape_str(gshape));
     return problems.size() == 1 ? problems[0] : problems[0] + "; " + problems[1];
   }
-  Tol tol = tolerance(edt, loose);
+  Tol tol = tol_override ? *tol_override : tolerance(edt, loose);
   bool exact = tol.rtol == 0 && tol.atol == 0;
   int64_t n = static_cast<int64_t>(ev.size()), bad = 0, first = -1;
   std::string first_msg;
@@ -1038,8 +1049,8 @@ std::string compare(const Tensor& got, const json& exp, bool loose) {
   return r;
 }
 
-// Runs one case; returns "" on a pass, else what went wrong.
-std::string run_case(const json& j) {
+// A case's op name, attrs and inputs.
+Ctx make_ctx(const json& j) {
   Ctx c;
   c.op = j.at("op").get<std::string>();
   if (j.contains("attrs") && j["attrs"].is_object()) c.attrs = j["attrs"];
@@ -1054,6 +1065,12 @@ std::string run_case(const json& j) {
       }
     }
   }
+  return c;
+}
+
+// Runs one case; returns "" on a pass, else what went wrong.
+std::string run_case(const json& j) {
+  Ctx c = make_ctx(j);
   std::vector<Tensor> outs = run_op(c);
   const json& out = j.at("out");
   std::vector<const json*> expected;
@@ -1072,6 +1089,123 @@ std::string run_case(const json& j) {
     if (!d.empty()) r += (r.empty() ? "" : "; ") + (expected.size() > 1 ? cat("out[", k, "] ") : std::string()) + d;
   }
   return r;
+}
+
+// Whether a case carries expected gradients for at least one input.
+bool has_grads(const json& j) {
+  if (!j.contains("grads") || !j["grads"].is_array()) return false;
+  for (const auto& g : j["grads"]) {
+    if (g.is_null()) continue;
+    if (!g.is_array()) return true;
+    for (const auto& e : g)
+      if (!e.is_null()) return true;
+  }
+  return false;
+}
+
+// Whether every element of an expected tensor is zero.
+bool all_zero(const json& exp) {
+  std::vector<const json*> ev;
+  flatten_data(exp.at("data"), ev);
+  return std::all_of(ev.begin(), ev.end(), [](const json* e) { return number(*e) == 0; });
+}
+
+// Runs one case with its floating inputs as leaves that require grad, backpropagates
+// sum(out * gout) (summed over outputs when gout is a list; with a single gout and several
+// outputs, the first output) and compares kiln::grad's results with `grads`.
+// Returns "" on a pass, else what went wrong.
+std::string run_grad_case(const json& j) {
+  Ctx c = make_ctx(j);
+  const json& grads = j.at("grads");
+
+  // Input i (positional, else named in order) pairs with grads[i]; a tensor-list input pairs
+  // with a list of grads.
+  std::vector<Arg*> inputs;
+  if (!c.pos.empty()) {
+    for (auto& a : c.pos) inputs.push_back(&a);
+  } else {
+    for (const auto& n : c.names) inputs.push_back(&c.named.at(n));
+  }
+  if (grads.size() != inputs.size())
+    return cat("corpus has ", grads.size(), " grads for ", inputs.size(), " inputs");
+  struct Want {
+    Tensor leaf;
+    const json* exp;
+    std::string label;
+  };
+  std::vector<Want> wants;
+  auto want = [&](Tensor& t, const json& g, const std::string& label) {
+    if (g.is_null()) return;
+    if (!is_tensor_json(g)) throw Unsupported(label + ": expected gradient is not a tensor");
+    if (!kiln::is_floating(t.dtype())) throw Unsupported(label + ": expected a gradient for a non-floating input");
+    t.requires_grad_();
+    wants.push_back({t, &g, label});
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Arg& a = *inputs[i];
+    const json& g = grads[i];
+    if (g.is_null()) continue;
+    if (a.kind == Arg::T) {
+      want(a.t, g, cat("grad[", i, "]"));
+    } else if (a.kind == Arg::List && g.is_array() && g.size() == a.list.size()) {
+      for (size_t k = 0; k < a.list.size(); ++k) want(a.list[k], g[k], cat("grad[", i, "][", k, "]"));
+    } else {
+      throw Unsupported(cat("grad[", i, "]: input ", i, " is not a tensor the gradient can pair with"));
+    }
+  }
+
+  std::vector<Tensor> outs = run_op(c);
+  const json& gout = j.at("gout");
+  std::vector<std::pair<size_t, const json*>> pairs;  // (output index, upstream gradient)
+  if (gout.is_array()) {
+    if (gout.size() != outs.size()) return cat("corpus has ", gout.size(), " gouts for ", outs.size(), " outputs");
+    for (size_t k = 0; k < gout.size(); ++k)
+      if (!gout[k].is_null()) pairs.push_back({k, &gout[k]});
+  } else {
+    pairs.push_back({0, &gout});
+  }
+  Tensor loss;
+  for (auto [k, gj] : pairs) {
+    Tensor go = make_tensor(*gj);
+    if (go.sizes() != outs[k].sizes())
+      return cat("gout", gout.is_array() ? cat("[", k, "]") : std::string(), " has shape ", shape_str(go.sizes()),
+                 ", out[", k, "] has ", shape_str(outs[k].sizes()));
+    Tensor term = kiln::sum(kiln::mul(outs[k], go));
+    loss = loss.defined() ? kiln::add(loss, term) : term;
+  }
+  if (!loss.defined()) return "no upstream gradient";
+  std::vector<Tensor> leaves;
+  for (const auto& w : wants) leaves.push_back(w.leaf);
+  std::vector<Tensor> got = kiln::grad({loss}, leaves, {}, false, false, /*allow_unused=*/true);
+  if (got.size() != wants.size()) return cat("kiln::grad returned ", got.size(), " gradients for ", wants.size());
+  std::string r;
+  for (size_t i = 0; i < wants.size(); ++i) {
+    const json& exp = *wants[i].exp;
+    std::string d;
+    if (!got[i].defined()) {
+      if (all_zero(exp)) continue;  // an unused input: torch's zeros
+      d = "undefined gradient (the output does not depend on this input in kiln's graph)";
+    } else {
+      std::string edt = exp.at("dtype").get<std::string>();
+      if (edt.rfind("torch.", 0) == 0) edt = edt.substr(6);
+      d = compare(got[i], exp, true, grad_tolerance(edt));
+    }
+    if (!d.empty()) r += (r.empty() ? "" : "; ") + wants[i].label + " " + d;
+  }
+  return r;
+}
+
+// Where the corpus is, or a skip / failure message when it is missing.
+std::optional<std::filesystem::path> corpus_or_message(std::string& msg, bool& required) {
+  std::string tried;
+  auto path = find_parity_file(tried);
+  if (!path) {
+    const char* req = std::getenv("KILN_REQUIRE_PARITY");
+    msg = "torch-parity corpus not found (looked at: " + tried +
+          "); set KILN_PARITY_FILE to torch_parity.jsonl to run it";
+    required = req && std::string(req) == "1";
+  }
+  return path;
 }
 
 }  // namespace
@@ -1118,4 +1252,48 @@ TEST(TorchParity, AllCases) {
   for (const auto& f : failures) std::cout << "  FAIL " << f << std::endl;
   EXPECT_GT(total, 0) << "no cases in " << *path;
   EXPECT_EQ(failures.size(), 0u) << failures.size() << " of " << total << " torch-parity cases failed (listed above)";
+}
+
+TEST(TorchParity, Gradients) {
+  std::string msg;
+  bool required = false;
+  auto path = corpus_or_message(msg, required);
+  if (!path) {
+    if (required) FAIL() << msg << "; KILN_REQUIRE_PARITY=1";
+    GTEST_SKIP() << msg;
+  }
+  std::ifstream in(*path);
+  ASSERT_TRUE(in) << "cannot open " << *path;
+
+  int total = 0, passed = 0;
+  std::vector<std::string> failures;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    std::string id = cat("line ", lineno);
+    std::string err;
+    try {
+      json j = json::parse(quote_nonfinite_tokens(line));
+      if (j.contains("id")) id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+      if (!has_grads(j)) continue;
+      ++total;
+      err = run_grad_case(j);
+    } catch (const Unsupported& e) {
+      err = cat("unsupported: ", e.what());
+    } catch (const kiln::Error& e) {
+      err = cat("kiln::Error: ", e.what());
+    } catch (const std::exception& e) {
+      err = cat("exception: ", e.what());
+    }
+    if (err.empty()) ++passed;
+    else failures.push_back(id + ": " + err);
+  }
+
+  std::cout << "torch-parity grads: " << passed << "/" << total << " cases passed" << std::endl;
+  for (const auto& f : failures) std::cout << "  FAIL " << f << std::endl;
+  EXPECT_GT(total, 0) << "no cases with gradients in " << *path;
+  EXPECT_EQ(failures.size(), 0u) << failures.size() << " of " << total
+                                 << " torch-parity gradient cases failed (listed above)";
 }
