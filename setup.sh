@@ -8,7 +8,8 @@ mode=${1:-demo}
 build=${KILN_BUILD_DIR:-build}
 
 packages=(build-essential cmake ninja-build pkg-config libtbb-dev libopenblas-dev libgtest-dev
-          libbenchmark-dev xtensor-dev xtl-dev nlohmann-json3-dev)
+          libbenchmark-dev xtensor-dev xtl-dev nlohmann-json3-dev llvm-16-dev libsleef-dev
+          libasmjit-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -12,9 +12,12 @@ namespace kiln {
 struct Segment {
   std::vector<Node*> nodes;    // unmaterialized nodes, topologically sorted
   std::vector<bool> needed;    // per node: must hold storage after the run (used outside)
+  std::vector<NodePtr> keep_alive;  // owns every node of the segment while it runs
 };
 
-// Runs segments. run() must leave every `needed` node materialized (Node::set_storage).
+// Runs segments. run() must leave every `needed` node materialized (Node::set_storage; pass
+// drop_inputs=false while other nodes of the segment may still read a node's inputs —
+// materialize() cuts every materialized node loose afterwards).
 class Executor {
  public:
   virtual ~Executor() = default;
@@ -28,6 +31,10 @@ void set_executor(std::shared_ptr<Executor> ex);
 Executor& current_executor();
 // The reference interpreter (always available; the oracle for every JIT path).
 std::shared_ptr<Executor> interpreter();
+
+// Runs one node on the reference interpreter (its inputs must be materialized). JIT
+// executors use it for ops they do not compile and as their fallback.
+void interpret_node(Node& n);
 
 // Computes every given node that is not yet materialized, with all pending ancestors.
 void materialize(const std::vector<NodePtr>& nodes);

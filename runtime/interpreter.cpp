@@ -1,5 +1,7 @@
 // The reference interpreter: runs a segment node by node with the kernels in kernels/.
 // Slow, simple and always right; the oracle for every JIT path.
+#include <unordered_map>
+
 #include "kernels/reference.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
@@ -29,7 +31,7 @@ kernels::Operand window(const kernels::Operand& out, std::vector<int64_t> sizes,
 void compute(Node& n) {
   using namespace kernels;
   if (is_view_op(n.op)) {
-    n.set_storage(n.inputs[0]->storage);
+    n.set_storage(n.inputs[0]->storage, false);
     return;
   }
   KILN_CHECK(n.op != OpKind::Leaf, "interpreter: leaf node without storage");
@@ -92,18 +94,36 @@ void compute(Node& n) {
       else if (n.inputs.size() == 2) binary(n.op, out, in(0), in(1));
       else throw Error(detail::cat("interpreter: no kernel for ", op_name(n.op)));
   }
-  n.set_storage(std::move(storage));
+  n.set_storage(std::move(storage), false);
 }
 
 class Interpreter final : public Executor {
  public:
   void run(Segment& seg) override {
-    for (Node* n : seg.nodes) compute(*n);
+    // Release an intermediate's storage once its last consumer in the segment has run.
+    std::unordered_map<Node*, int> uses;
+    std::unordered_map<Node*, bool> needed;
+    for (size_t i = 0; i < seg.nodes.size(); ++i) {
+      needed[seg.nodes[i]] = seg.needed[i];
+      for (auto& in : seg.nodes[i]->inputs) uses[in.get()]++;
+    }
+    for (Node* n : seg.nodes) {
+      compute(*n);
+      for (auto& in : n->inputs) {
+        Node* i = in.get();
+        auto it = needed.find(i);
+        if (--uses[i] == 0 && it != needed.end() && !it->second) i->storage.reset();
+      }
+    }
   }
   const char* name() const override { return "interp"; }
 };
 
 }  // namespace
+
+void interpret_node(Node& n) {
+  if (!n.materialized()) compute(n);
+}
 
 std::shared_ptr<Executor> interpreter() {
   static auto ex = std::make_shared<Interpreter>();

@@ -99,9 +99,17 @@ void materialize(const std::vector<NodePtr>& roots) {
     }
     seg.needed[i] = needed;
   }
+  // Own every node while the executor runs (after the use counts above were taken).
+  for (const auto& r : roots)
+    if (r && !r->materialized()) seg.keep_alive.push_back(r);
+  for (Node* n : order)
+    for (auto& in : n->inputs)
+      if (!in->materialized()) seg.keep_alive.push_back(in);
   g_materializations.fetch_add(1, std::memory_order_relaxed);
   current_executor().run(seg);
   detail::count_executed(order.size());
+  for (Node* n : order)
+    if (n->materialized()) n->inputs.clear();
 }
 
 }  // namespace kiln

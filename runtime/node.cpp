@@ -45,7 +45,7 @@ Node::Node() {
 }
 
 Node::~Node() {
-  if (!storage) detail::pending_add(-1);
+  if (pending) detail::pending_add(-1);
   // Release long input chains iteratively so deep graphs cannot overflow the stack.
   std::vector<NodePtr> stack = std::move(inputs);
   while (!stack.empty()) {
@@ -58,10 +58,11 @@ Node::~Node() {
   }
 }
 
-void Node::set_storage(std::shared_ptr<Storage> s) {
-  if (!storage) detail::pending_add(-1);
+void Node::set_storage(std::shared_ptr<Storage> s, bool drop_inputs) {
+  if (pending) detail::pending_add(-1);
+  pending = false;
   storage = std::move(s);
-  inputs.clear();
+  if (drop_inputs) inputs.clear();
 }
 
 Shape contiguous_strides(const Shape& shape) {

@@ -93,14 +93,15 @@ struct Node {
   SymInt offset;   // element offset into storage
   std::shared_ptr<Storage> storage;  // set once materialized
   uint64_t id = 0;                   // unique, increasing in recording order
+  bool pending = true;               // counted in stats().pending until first computed
 
   Node();
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
   bool materialized() const { return storage != nullptr; }
-  // Marks the node computed into `s` and cuts it loose from its inputs.
-  void set_storage(std::shared_ptr<Storage> s);
+  // Marks the node computed into `s` and (by default) cuts it loose from its inputs.
+  void set_storage(std::shared_ptr<Storage> s, bool drop_inputs = true);
   // Typed pointer to the element at the node's offset (requires materialized, constant offset).
   template <class T>
   T* data() const { return static_cast<T*>(storage->data) + offset.as_int(); }

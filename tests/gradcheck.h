@@ -51,6 +51,7 @@ using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 inline void gradcheck(const std::string& name, const Fn& f, std::vector<Input> inputs, double atol = 1e-6,
                       double rtol = 1e-5, double eps = 1e-6) {
   SCOPED_TRACE(name);
+  if (std::getenv("KILN_TEST_VERBOSE")) std::fprintf(stderr, "gradcheck %s\n", name.c_str());
   std::mt19937 rng(1234);
   std::vector<Tensor> xs;
   for (const auto& in : inputs) xs.push_back(make(in, true));

@@ -1,0 +1,16 @@
+// KILN_LOG (categories: recompiles, guards, fusion, codegen, jit) and KILN_DUMP=DIR.
+#pragma once
+#include <string>
+
+namespace kiln::jit {
+
+// Whether KILN_LOG lists `category` (or "all").
+bool log_enabled(const char* category);
+// Writes one line to stderr prefixed with "[kiln:category]".
+void log_line(const char* category, const std::string& msg);
+// The KILN_DUMP directory, or empty when dumps are off.
+const std::string& dump_dir();
+// Writes `text` to DIR/name when dumps are on.
+void dump_file(const std::string& name, const std::string& text);
+
+}  // namespace kiln::jit
