@@ -1,6 +1,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "runtime/buffer_pool.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
 #include "runtime/node.h"
@@ -30,12 +31,10 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   KILN_CHECK(device.type == DeviceType::CPU, "Storage::allocate: no allocator for device ",
              device.str());
   auto s = std::make_shared<Storage>();
-  size_t n = (nbytes + 63) / 64 * 64;
-  s->data = std::aligned_alloc(64, n == 0 ? 64 : n);
-  KILN_CHECK(s->data != nullptr, "out of memory allocating ", nbytes, " bytes");
+  s->data = pool_allocate(nbytes);
   s->nbytes = nbytes;
   s->device = device;
-  s->deleter = [](void* p) { std::free(p); };
+  s->deleter = [nbytes](void* p) { pool_free(p, nbytes); };
   return s;
 }
 

@@ -1,0 +1,82 @@
+#include "runtime/buffer_pool.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "runtime/error.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kClasses = 48;
+constexpr size_t kMaxCachedPerClass = 64;          // blocks
+constexpr size_t kMaxCachedBytes = size_t(1) << 30;  // total
+
+struct Pool {
+  std::mutex mu;
+  std::vector<void*> free[kClasses];
+  size_t cached = 0;
+};
+Pool& pool() {
+  static Pool* p = new Pool;  // never destroyed: buffers may be freed during static teardown
+  return *p;
+}
+
+int size_class(size_t nbytes) {
+  int c = 6;  // 64 bytes
+  while ((size_t(1) << c) < nbytes) ++c;
+  return c;
+}
+
+}  // namespace
+
+void* pool_allocate(size_t nbytes) {
+  int c = size_class(nbytes == 0 ? 1 : nbytes);
+  KILN_CHECK(c < kClasses, "allocation of ", nbytes, " bytes is too large");
+  {
+    Pool& p = pool();
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (!p.free[c].empty()) {
+      void* b = p.free[c].back();
+      p.free[c].pop_back();
+      p.cached -= size_t(1) << c;
+      return b;
+    }
+  }
+  void* b = std::aligned_alloc(64, size_t(1) << c);
+  KILN_CHECK(b != nullptr, "out of memory allocating ", nbytes, " bytes");
+  return b;
+}
+
+void pool_free(void* b, size_t nbytes) {
+  int c = size_class(nbytes == 0 ? 1 : nbytes);
+  Pool& p = pool();
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.free[c].size() < kMaxCachedPerClass && p.cached + (size_t(1) << c) <= kMaxCachedBytes) {
+      p.free[c].push_back(b);
+      p.cached += size_t(1) << c;
+      return;
+    }
+  }
+  std::free(b);
+}
+
+size_t pool_cached_bytes() {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  return p.cached;
+}
+
+void pool_release() {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mu);
+  for (auto& v : p.free) {
+    for (void* b : v) std::free(b);
+    v.clear();
+  }
+  p.cached = 0;
+}
+
+}  // namespace kiln

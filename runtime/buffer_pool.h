@@ -1,0 +1,17 @@
+// A size-class pool for CPU buffers: freed blocks are kept per power-of-two class and reused,
+// so steady-state workloads stop calling malloc for tensor data.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace kiln {
+
+// 64-byte-aligned block of at least `nbytes` (from the pool when one is free).
+void* pool_allocate(size_t nbytes);
+// Returns a block from pool_allocate(nbytes) to its class.
+void pool_free(void* p, size_t nbytes);
+// Bytes currently cached in the pool (free blocks), and a way to release them all.
+size_t pool_cached_bytes();
+void pool_release();
+
+}  // namespace kiln
