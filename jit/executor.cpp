@@ -11,6 +11,7 @@
 #include <limits>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 
 #include "jit/code_cache.h"
 #include "jit/diagnostics.h"
@@ -174,18 +175,22 @@ void interpret_group(const Group& g) {
   }
 }
 
-void run_kernel(const Group& g, const std::string& key) {
-  std::shared_ptr<CompiledKernel> ck;
+// The compiled kernel for a group, or null after logging (once per key) why there is none.
+std::shared_ptr<CompiledKernel> kernel_or_null(const Group& g, const std::string& key) {
   try {
-    ck = get_kernel(key, g);
+    return get_kernel(key, g);
   } catch (const std::exception& e) {
     static std::mutex mu;
     static std::set<std::string> told;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (told.insert(key).second)
-        log_line("jit", std::string("could not compile a kernel (") + e.what() + "); running it on the interpreter");
-    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (told.insert(key).second)
+      log_line("jit", std::string("could not compile a kernel (") + e.what() + "); running it on the interpreter");
+    return nullptr;
+  }
+}
+
+void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck) {
+  if (!ck) {
     interpret_group(g);
     return;
   }
@@ -212,46 +217,158 @@ void run_kernel(const Group& g, const std::string& key) {
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(bd.out_storage[i], false);
 }
 
-class JitExecutor final : public Executor {
- public:
-  void run(Segment& seg) override {
-    // Schedule; a kernel that cannot be formed around a reduction gets that reduction stored.
-    std::vector<const Node*> stored;
-    std::vector<Step> steps;
-    std::vector<std::string> keys;
-    for (int attempt = 0;; ++attempt) {
-      steps = schedule(seg, stored);
-      keys.assign(steps.size(), "");
-      bool again = false;
-      for (size_t i = 0; i < steps.size(); ++i) {
-        if (steps[i].kind != Step::Kind::Kernel) continue;
-        keys[i] = group_key(steps[i].group);
-        try {
-          get_kernel(keys[i], steps[i].group);
-        } catch (const LowerError&) {
-          if (attempt >= 3) continue;
+// ---- plans: the schedule of a segment structure, reused while the structure repeats ----
+struct PlanStep {
+  Step::Kind kind;
+  int node = -1;                       // Opaque / View
+  std::vector<int> nodes, outputs;     // Kernel: segment positions
+  std::vector<int64_t> domain, reduce_dims;
+  bool split = false;
+  std::shared_ptr<CompiledKernel> ck;  // null: interpreter fallback
+};
+struct Plan {
+  std::vector<int64_t> sig;
+  std::vector<PlanStep> steps;
+};
+
+// Exact structure of a segment: ops, dtypes, sizes, attributes, wiring, which nodes are
+// needed, and the layout class of every stored input. Equal signatures schedule identically.
+std::vector<int64_t> signature(const Segment& seg, std::unordered_map<const Node*, int>& pos) {
+  std::vector<int64_t> s;
+  s.reserve(seg.nodes.size() * 16);
+  pos.reserve(seg.nodes.size() * 2);
+  for (size_t i = 0; i < seg.nodes.size(); ++i) pos[seg.nodes[i]] = static_cast<int>(i);
+  int externals = 0;
+  for (size_t i = 0; i < seg.nodes.size(); ++i) {
+    const Node* n = seg.nodes[i];
+    s.push_back(static_cast<int64_t>(n->op) << 8 | static_cast<int64_t>(n->dtype) << 1 | (seg.needed[i] ? 1 : 0));
+    s.push_back(static_cast<int64_t>(n->shape.size()));
+    for (const auto& d : n->shape) s.push_back(d.as_int());
+    s.push_back(static_cast<int64_t>(n->attrs.ints.size()));
+    for (int64_t v : n->attrs.ints) s.push_back(v);
+    if (n->op == OpKind::View || n->op == OpKind::AsStrided)
+      for (const auto& d : n->strides) s.push_back(d.as_int());
+    s.push_back(static_cast<int64_t>(n->inputs.size()));
+    for (const auto& in : n->inputs) {
+      auto it = pos.find(in.get());
+      if (it != pos.end()) {
+        s.push_back(it->second);
+        continue;
+      }
+      pos[in.get()] = -(++externals);
+      s.push_back(-externals);
+      s.push_back(static_cast<int64_t>(in->dtype) << 8 | static_cast<int64_t>(in->shape.size()));
+      for (size_t d = 0; d < in->shape.size(); ++d) {
+        int64_t sz = in->shape[d].as_int(), st = in->strides[d].as_int();
+        s.push_back(sz);
+        s.push_back(sz == 1 ? 'u' : st == 0 ? '0' : st == 1 ? '1' : 'g');
+      }
+    }
+  }
+  return s;
+}
+
+uint64_t hash_sig(const std::vector<int64_t>& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t v : s) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  return h;
+}
+
+std::mutex g_plan_mu;
+std::unordered_map<uint64_t, std::vector<std::shared_ptr<const Plan>>> g_plans;
+constexpr size_t kMaxPlans = 4096;
+
+std::shared_ptr<const Plan> make_plan(Segment& seg, const std::unordered_map<const Node*, int>& pos,
+                                      std::vector<int64_t> sig) {
+  // Schedule; a kernel that cannot be formed around a reduction gets that reduction stored.
+  std::vector<const Node*> stored;
+  std::vector<Step> steps;
+  std::vector<std::shared_ptr<CompiledKernel>> kernels;
+  for (int attempt = 0;; ++attempt) {
+    steps = schedule(seg, stored);
+    kernels.assign(steps.size(), nullptr);
+    bool again = false;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].kind != Step::Kind::Kernel) continue;
+      std::string key = group_key(steps[i].group);
+      try {
+        kernels[i] = get_kernel(key, steps[i].group);
+      } catch (const LowerError&) {
+        if (attempt < 3)
           for (Node* n : steps[i].group.nodes)
             if (classify(*n) == NodeClass::Reduction &&
                 std::find(steps[i].group.outputs.begin(), steps[i].group.outputs.end(), n) == steps[i].group.outputs.end()) {
               stored.push_back(n);
               again = true;
             }
-        } catch (const std::exception&) {
-        }
+        if (!again) kernels[i] = kernel_or_null(steps[i].group, key);
+      } catch (const std::exception&) {
+        kernels[i] = kernel_or_null(steps[i].group, key);
       }
-      if (!again) break;
     }
-    if (log_enabled("fusion")) log_line("fusion", "segment of " + std::to_string(seg.nodes.size()) + " nodes:\n" + describe(steps));
-    for (size_t i = 0; i < steps.size(); ++i) {
-      Step& s = steps[i];
+    if (!again) break;
+  }
+  if (log_enabled("fusion")) log_line("fusion", "segment of " + std::to_string(seg.nodes.size()) + " nodes:\n" + describe(steps));
+  auto plan = std::make_shared<Plan>();
+  plan->sig = std::move(sig);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    PlanStep ps{st.kind};
+    if (st.kind != Step::Kind::Kernel) {
+      ps.node = pos.at(st.node);
+    } else {
+      for (Node* n : st.group.nodes) ps.nodes.push_back(pos.at(n));
+      for (Node* n : st.group.outputs) ps.outputs.push_back(pos.at(n));
+      ps.domain = concrete(st.group.domain);
+      ps.reduce_dims = st.group.reduce_dims;
+      ps.split = st.group.split;
+      ps.ck = kernels[i];
+    }
+    plan->steps.push_back(std::move(ps));
+  }
+  return plan;
+}
+
+class JitExecutor final : public Executor {
+ public:
+  void run(Segment& seg) override {
+    std::unordered_map<const Node*, int> pos;
+    std::vector<int64_t> sig = signature(seg, pos);
+    uint64_t h = hash_sig(sig);
+    std::shared_ptr<const Plan> plan;
+    {
+      std::lock_guard<std::mutex> lock(g_plan_mu);
+      auto it = g_plans.find(h);
+      if (it != g_plans.end())
+        for (auto& p : it->second)
+          if (p->sig == sig) plan = p;
+    }
+    if (!plan) {
+      plan = make_plan(seg, pos, std::move(sig));
+      std::lock_guard<std::mutex> lock(g_plan_mu);
+      if (g_plans.size() > kMaxPlans) g_plans.clear();
+      g_plans[h].push_back(plan);
+    }
+    for (const PlanStep& s : plan->steps) {
       switch (s.kind) {
-        case Step::Kind::Kernel: run_kernel(s.group, keys[i]); break;
-        case Step::Kind::Opaque:
-          for (auto& in : s.node->inputs) materialize_view(in.get());  // views of stored data
-          interpret_node(*s.node);
+        case Step::Kind::Kernel: {
+          Group g;
+          for (int i : s.nodes) g.nodes.push_back(seg.nodes[i]);
+          for (int i : s.outputs) g.outputs.push_back(seg.nodes[i]);
+          g.domain = make_shape(s.domain);
+          g.reduce_dims = s.reduce_dims;
+          g.split = s.split;
+          run_kernel(g, s.ck);
           break;
+        }
+        case Step::Kind::Opaque: {
+          Node* n = seg.nodes[s.node];
+          for (auto& in : n->inputs) materialize_view(in.get());  // views of stored data
+          interpret_node(*n);
+          break;
+        }
         case Step::Kind::View:
-          materialize_view(s.node);
+          materialize_view(seg.nodes[s.node]);
           break;
       }
     }
