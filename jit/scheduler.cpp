@@ -42,15 +42,6 @@ NodeClass classify(const Node& n) {
 
 namespace {
 
-bool same_shape(const Shape& a, const Shape& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    auto e = sym_eq(a[i], b[i]);
-    if (!e || !*e) return false;
-  }
-  return true;
-}
-
 bool all_reduced(const Node& r) { return r.attrs.ints.size() == r.inputs[0]->shape.size(); }
 
 struct Sig {

@@ -26,14 +26,7 @@ bool is_differentiable(OpKind op) {
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   const Shape& gs = g.shape();
-  if (gs.size() == shape.size()) {
-    bool same = true;
-    for (size_t i = 0; i < gs.size() && same; ++i) {
-      auto e = sym_eq(gs[i], shape[i]);
-      same = e && *e;
-    }
-    if (same) return g;
-  }
+  if (same_shape(gs, shape)) return g;
   std::vector<int64_t> dims;
   size_t lead = gs.size() - shape.size();
   for (size_t i = 0; i < gs.size(); ++i) {

@@ -66,21 +66,20 @@ Tensor amin(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   return reduce(OpKind::Amin, x, dims, keepdim, x.dtype(), "amin", true);
 }
 
+namespace {
+Tensor arg_reduce(OpKind op, const char* name, const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (dim) return reduce(op, x, {*dim}, keepdim, kInt64, name, true);
+  KILN_CHECK(x.numel() > 0, name, "(): expected a non-empty tensor");
+  Tensor r = reduce(op, x, {}, false, kInt64, name, true);  // index into the flattened tensor
+  return keepdim ? reshape(r, std::vector<int64_t>(x.dim(), 1)) : r;
+}
+}  // namespace
+
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  if (!dim) {
-    KILN_CHECK(x.numel() > 0, "argmax(): expected a non-empty tensor");
-    Tensor r = reduce(OpKind::ArgMax, x, {}, false, kInt64, "argmax", true);
-    return keepdim ? reshape(r, std::vector<int64_t>(x.dim(), 1)) : r;
-  }
-  return reduce(OpKind::ArgMax, x, {*dim}, keepdim, kInt64, "argmax", true);
+  return arg_reduce(OpKind::ArgMax, "argmax", x, dim, keepdim);
 }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
-  if (!dim) {
-    KILN_CHECK(x.numel() > 0, "argmin(): expected a non-empty tensor");
-    Tensor r = reduce(OpKind::ArgMin, x, {}, false, kInt64, "argmin", true);
-    return keepdim ? reshape(r, std::vector<int64_t>(x.dim(), 1)) : r;
-  }
-  return reduce(OpKind::ArgMin, x, {*dim}, keepdim, kInt64, "argmin", true);
+  return arg_reduce(OpKind::ArgMin, "argmin", x, dim, keepdim);
 }
 
 namespace {

@@ -124,16 +124,7 @@ Tensor cast(const Tensor& t, DType dtype) {
 }
 
 Tensor expand_to(const Tensor& t, const Shape& shape) {
-  const Shape& s = t.shape();
-  if (s.size() == shape.size()) {
-    bool same = true;
-    for (size_t i = 0; i < s.size() && same; ++i) {
-      auto e = sym_eq(s[i], shape[i]);
-      same = e && *e;
-    }
-    if (same) return t;
-  }
-  return t.expand_sym(shape);
+  return same_shape(t.shape(), shape) ? t : t.expand_sym(shape);
 }
 
 Tensor constant(Scalar v, DType dtype, Device device) {

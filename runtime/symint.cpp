@@ -454,4 +454,11 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+bool same_shape(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!sym_eq(a[i], b[i]).value_or(false)) return false;
+  return true;
+}
+
 }  // namespace kiln

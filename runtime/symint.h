@@ -75,6 +75,8 @@ Shape make_shape(const std::vector<int64_t>& sizes);
 std::vector<int64_t> concrete(const Shape& s);
 // Product of all sizes (1 for a 0-d shape).
 SymInt numel(const Shape& s);
+// Whether two shapes are provably equal, dim by dim.
+bool same_shape(const Shape& a, const Shape& b);
 // "[2, s0, 3]".
 std::string shape_str(const Shape& s);
 
