@@ -158,7 +158,7 @@ struct Emitter {
         if (fl) {
           Value* pos = b.CreateUIToFP(b.CreateFCmpOGT(x, fconst(t, 0)), x->getType());
           Value* neg = b.CreateUIToFP(b.CreateFCmpOLT(x, fconst(t, 0)), x->getType());
-          return b.CreateSelect(is_nan(x), x, b.CreateFSub(pos, neg));
+          return b.CreateFSub(pos, neg);  // NaN -> 0, as PyTorch
         } else {
           Value* zero = ConstantInt::get(x->getType(), 0);
           return b.CreateSub(b.CreateZExt(b.CreateICmpSGT(x, zero), x->getType()), b.CreateZExt(b.CreateICmpSLT(x, zero), x->getType()));
@@ -174,6 +174,7 @@ struct Emitter {
       case OpKind::BitwiseNot: return b.CreateNot(x);
       default: break;
     }
+    if (!fl && (op == OpKind::IsNan || op == OpKind::IsFinite)) return b.getInt1(op == OpKind::IsFinite);  // ints: never NaN
     if (!fl) throw Error(std::string("llvm codegen: ") + op_name(op) + " on integers");
     switch (op) {
       case OpKind::Exp: return call_math("exp", t, {x});

@@ -73,6 +73,32 @@ void matmul_typed(const Operand& out, const Operand& a, const Operand& b) {
       /*serial=*/true);
 }
 
+// Integer matmul (PyTorch supports it on the CPU; BLAS has no integer GEMM): exact int64
+// accumulation, wrapping like PyTorch on overflow.
+template <class T>
+void matmul_int(const Operand& out, const Operand& a, const Operand& b) {
+  const size_t r = out.sizes.size();
+  const int64_t m = out.sizes[r - 2], n = out.sizes[r - 1], k = a.sizes[r - 1];
+  std::vector<int64_t> batch(out.sizes.begin(), out.sizes.end() - 2);
+  auto bst = [&](const Operand& o) { return std::vector<int64_t>(o.strides.begin(), o.strides.end() - 2); };
+  nd_for<3>(batch, {bst(out), bst(a), bst(b)},
+            [&](const std::array<int64_t, 3>& off, int64_t cnt, const std::array<int64_t, 3>& st) {
+              for (int64_t q = 0; q < cnt; ++q) {
+                const T* ap = a.ptr<T>() + off[1] + q * st[1];
+                const T* bp = b.ptr<T>() + off[2] + q * st[2];
+                T* cp = out.ptr<T>() + off[0] + q * st[0];
+                for (int64_t i = 0; i < m; ++i)
+                  for (int64_t j = 0; j < n; ++j) {
+                    uint64_t acc = 0;
+                    for (int64_t l = 0; l < k; ++l)
+                      acc += static_cast<uint64_t>(static_cast<int64_t>(ap[i * a.strides[r - 2] + l * a.strides[r - 1]]) *
+                                                   static_cast<int64_t>(bp[l * b.strides[r - 2] + j * b.strides[r - 1]]));
+                    cp[i * out.strides[r - 2] + j * out.strides[r - 1]] = static_cast<T>(acc);
+                  }
+              }
+            });
+}
+
 }  // namespace
 
 void matmul(const Operand& out, const Operand& a, const Operand& b) {
@@ -82,6 +108,8 @@ void matmul(const Operand& out, const Operand& a, const Operand& b) {
     case DType::Float64: return matmul_typed<double>(out, a, b);
     case DType::Float16: return matmul_typed<Half>(out, a, b);
     case DType::BFloat16: return matmul_typed<BFloat16>(out, a, b);
+    case DType::Int32: return matmul_int<int32_t>(out, a, b);
+    case DType::Int64: return matmul_int<int64_t>(out, a, b);
     default: throw Error(detail::cat("matmul: unsupported dtype ", dtype_name(out.dtype)));
   }
 }

@@ -110,7 +110,7 @@ void unary_typed(OpKind op, const Operand& out, const Operand& in) {
       return;
     case OpKind::Sign:
       if constexpr (std::is_same_v<C, bool>) m([](C x) { return x; });
-      else if constexpr (fl) m([](C x) { return std::isnan(x) ? x : static_cast<C>((C(0) < x) - (x < C(0))); });
+      else if constexpr (fl) m([](C x) { return static_cast<C>((C(0) < x) - (x < C(0))); });  // NaN -> 0, as PyTorch
       else m([](C x) { return static_cast<C>((C(0) < x) - (x < C(0))); });
       return;
     case OpKind::Relu:

@@ -19,7 +19,7 @@ void check_mm(const Tensor& a, const Tensor& b, const char* op) {
              b.dim(), "-d");
   KILN_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ",
              dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
-  KILN_CHECK(is_floating(a.dtype()), op, ": expected floating point operands (BLAS), got ", dtype_name(a.dtype()));
+  KILN_CHECK(a.dtype() != kBool, op, ": expected numeric operands, got bool");
 }
 }  // namespace
 
