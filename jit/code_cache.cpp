@@ -16,6 +16,8 @@ namespace kiln::jit {
 namespace {
 
 constexpr const char* kKilnVersion = "kiln-0.1.0";
+// Bump when the LLVM emitter changes what it generates for the same loop IR.
+constexpr const char* kCodegenVersion = "codegen-3";
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '1'};
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
@@ -101,7 +103,9 @@ void write_entry(const std::string& path, const std::string& full_key, const std
 std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g) {
   auto ck = std::make_shared<CompiledKernel>();
   ck->lowered = lower(g);
-  std::string full_key = target_id() + "|" + key;
+  // The disk key also covers the generated loop IR and the emitter version, so a kiln build
+  // that lowers or emits differently never loads another build's objects.
+  std::string full_key = target_id() + "|" + kCodegenVersion + "|" + hex(fnv1a(ck->lowered->kernel.str())) + "|" + key;
   ck->symbol = "kiln_" + hex(fnv1a(full_key));
   ck->lowered->kernel.name = ck->symbol;
   std::string dir = cache_dir();

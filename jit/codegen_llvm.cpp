@@ -48,13 +48,21 @@ std::unique_ptr<TargetMachine> host_machine() {
   return std::move(*tm);
 }
 
+// SLEEF's GNU-ABI library, loaded globally so kernels resolve its symbols. Needed by every
+// process that loads kernels, not only by those that compile them (disk cache hits), and the
+// linker drops libkiln's dependency on it (nothing in libkiln calls it directly).
+void* sleef_library() {
+  static void* lib = dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL);
+  return lib;
+}
+
 // ---- vector math: libm scalar names -> SLEEF vector-ABI variants present in this process ----
 const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
   static std::deque<std::string> names;
   static std::vector<VecDesc> descs;
   static std::once_flag once;
   std::call_once(once, [&] {
-    void* lib = dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL);
+    void* lib = sleef_library();
     if (!lib) return;
     const char* unary[] = {"exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tan", "atan", "tanh", "erf"};
     const char* binary[] = {"pow", "atan2"};
@@ -500,6 +508,7 @@ void optimize(Module& mod, TargetMachine& tm) {
 orc::LLJIT& the_jit() {
   static std::unique_ptr<orc::LLJIT> jit = [] {
     init_llvm();
+    sleef_library();  // kernels loaded from the disk cache call SLEEF too
     auto j = orc::LLJITBuilder().create();
     if (!j) throw Error("llvm: cannot create LLJIT: " + toString(j.takeError()));
     auto gen = orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*j)->getDataLayout().getGlobalPrefix());

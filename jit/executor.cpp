@@ -152,6 +152,7 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
       dispatch_dtype(o->dtype, [&](auto tag) {
         using T = decltype(tag);
         if constexpr (std::is_same_v<T, bool>) *static_cast<T*>(out) = fl ? dacc != 0 : iacc != 0;
+        else if constexpr (std::is_integral_v<T>) *static_cast<T*>(out) = static_cast<T>(fl ? static_cast<int64_t>(dacc) : iacc);  // exact above 2^53
         else *static_cast<T*>(out) = static_cast<T>(static_cast<compute_t<T>>(fl ? dacc : static_cast<double>(iacc)));
       });
     }

@@ -54,6 +54,11 @@ ExprId Kernel::iop(Expr::Kind k, ExprId a, ExprId b) {
   if (k == Expr::Kind::IMul && is(x, 1)) return b;
   if ((k == Expr::Kind::IMul || k == Expr::Kind::IDiv) && is(y, 1)) return a;
   if (k == Expr::Kind::IMod && is(y, 1)) return iconst(0);
+  // (x / c) * c + x % c == x: a flat index split into (row, col) and linearized again.
+  if (k == Expr::Kind::IAdd && x.kind == Expr::Kind::IMul && y.kind == Expr::Kind::IMod) {
+    const Expr& q = exprs[x.a];
+    if (q.kind == Expr::Kind::IDiv && q.b == x.b && y.b == x.b && q.a == y.a) return y.a;
+  }
   Expr e{k};
   e.a = a;
   e.b = b;

@@ -28,6 +28,12 @@ char stride_class(const SymInt& size, const SymInt& stride) {
   return 'g';
 }
 
+// An input laid out exactly like the iteration domain (same sizes, row-major): it is read at
+// the flat domain index, so contiguous loops see unit-stride loads.
+bool dense_in_domain(const Node* n, const Shape& domain) {
+  return !domain.empty() && same_shape(n->shape, domain) && is_contiguous_layout(n->shape, n->strides);
+}
+
 }  // namespace
 
 std::vector<Node*> canonical_inputs(const Group& g) {
@@ -56,6 +62,7 @@ std::string group_key(const Group& g) {
     const Node* n = ins[i];
     k << "i" << dtype_name(n->dtype)[0] << static_cast<int>(n->dtype) << ":";
     for (size_t d = 0; d < n->shape.size(); ++d) k << stride_class(n->shape[d], n->strides[d]);
+    if (dense_in_domain(n, g.domain)) k << "D";
     k << ";";
   }
   for (size_t i = 0; i < g.nodes.size(); ++i) {
@@ -131,8 +138,21 @@ struct Lowerer {
   ExprId add(ExprId a, ExprId b) { return K.iop(Expr::Kind::IAdd, a, b); }
   ExprId mul(ExprId a, ExprId b) { return K.iop(Expr::Kind::IMul, a, b); }
 
+  ExprId linearize_dom(const std::vector<ExprId>& idx) {
+    ExprId lin = K.iconst(0);
+    for (size_t d = 0; d < idx.size(); ++d) lin = add(mul(lin, dom[d]), idx[d]);
+    return lin;
+  }
+
   ExprId load(const Node* n, const std::vector<ExprId>& idx) {
     int b = input_idx.at(n);
+    if (dense_in_domain(n, g.domain)) {
+      Expr e{Expr::Kind::Load};
+      e.dtype = n->dtype;
+      e.i = b;
+      e.a = linearize_dom(idx);
+      return K.add(e);
+    }
     ExprId off = K.iconst(0);
     for (size_t d = 0; d < idx.size(); ++d) {
       char c = stride_class(n->shape[d], n->strides[d]);
@@ -359,6 +379,7 @@ struct Lowerer {
 
   // Contiguous linear index of an output of shape `o->shape` at domain index idx.
   ExprId out_offset(const Node* o, const std::vector<ExprId>& idx) {
+    if (o->shape.size() == idx.size() && same_shape(o->shape, g.domain)) return linearize_dom(idx);
     std::vector<ExprId> oi;
     if (o->shape.size() == idx.size()) oi = idx;
     else
@@ -436,10 +457,13 @@ struct Lowerer {
     for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
     int j = new_var();
     if (small_inner(g.domain) || is_one(g.domain.back())) {
-      K.parallel_extent = product(rows);
-      decompose(p, rows, idx);
-      idx[n - 1] = K.var(j);
-      K.body = {loop(j, K.iconst(0), dom[n - 1], stores(idx))};
+      // A short last dim: iterate the flat index, so the vectorizable loop is the long one
+      // (contiguous operands fold back to the flat index; broadcast ones become gathers).
+      std::vector<size_t> all;
+      for (size_t d = 0; d < n; ++d) all.push_back(d);
+      K.parallel_extent = product(all);
+      decompose(p, all, idx);
+      K.body = stores(idx);
       return;
     }
     ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(kTile - 1)), K.iconst(kTile));

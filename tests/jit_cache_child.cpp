@@ -1,0 +1,142 @@
+// Child process of tests/test_jit.cpp (the code cache directory and KILN_JIT are read once per
+// process, so the disk cache and the executor switch are tested in fresh processes).
+//
+//   jit_cache_child executor          prints "executor=<current executor> mode=<interp|llvm>"
+//   jit_cache_child workload          runs a fixed workload on the interpreter and on the JIT,
+//                                     compares, and prints one line of key=value pairs:
+//                                     ok compiles disk_hits disk_rebuilds hits compile_ms load_ms
+//                                     jit_ms cache_dir
+//   jit_cache_child workload-default  the same with the default executor instead of the JIT
+//   jit_cache_child threads           the workload on the JIT from 8 threads at once, 3 times
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <atomic>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "jit/code_cache.h"
+#include "jit/executor.h"
+#include "kiln.h"
+
+namespace {
+
+using kiln::Tensor;
+
+// Deterministic inputs (an LCG; no dependence on the library's random generator).
+Tensor input(const std::vector<int64_t>& shape, uint64_t seed, kiln::DType dt = kiln::kFloat32) {
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  std::vector<double> v(static_cast<size_t>(n));
+  uint64_t x = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (auto& e : v) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    e = static_cast<double>(x >> 11) * 0x1p-53 * 4 - 2;
+  }
+  Tensor t = kiln::from_vector(v, shape);  // float64
+  t = t.to(dt);
+  t.eval();
+  return t;
+}
+
+// Each entry builds one graph (several kernel structures between them: pointwise chains,
+// row reductions with consumers, split full reductions, views, ints, float64).
+std::vector<std::function<Tensor()>> workload() {
+  return {
+      [] { return kiln::tanh(kiln::add(kiln::mul(kiln::exp(input({64, 300}, 1)), 0.5), 1.0)); },
+      [] { return kiln::softmax(input({64, 300}, 2), -1); },
+      [] { return kiln::log_softmax(input({32, 50}, 3), 0); },
+      [] { return kiln::layer_norm(input({16, 8, 64}, 4), {64}); },
+      [] { return kiln::sum(input({200000}, 5)); },
+      [] { return kiln::mean(kiln::mul(input({300, 400}, 6), 2.0)); },
+      [] { return kiln::argmax(input({40, 77}, 7), 1); },
+      [] {
+        Tensor x = input({50, 60}, 8, kiln::kFloat64);
+        return kiln::where(kiln::gt(x, 0), x, kiln::mul(x, 0.1));
+      },
+      [] { return kiln::amax(input({30, 20, 10}, 9).transpose(0, 2), {1}, true); },
+      [] {
+        Tensor x = input({64, 128}, 10), y = input({64}, 11);
+        return kiln::sum(kiln::mul(x.slice(1, 0, std::nullopt, 2), y.unsqueeze(1)), {1});
+      },
+      [] {
+        Tensor i = kiln::mul(input({100, 7}, 12), 3).to(kiln::kInt32);
+        return kiln::sum(kiln::bitwise_xor(kiln::mul(i, 2), 5), {0});
+      },
+      [] { return kiln::sigmoid(input({1000, 3}, 13).flip({0})); },
+  };
+}
+
+bool close(const std::vector<double>& a, const std::vector<double>& b, std::string& why) {
+  if (a.size() != b.size()) {
+    why = "size " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (!(std::abs(a[i] - b[i]) <= 1e-4 * std::abs(b[i]) + 1e-5)) {
+      why = "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "executor") {
+    std::printf("executor=%s mode=%s\n", kiln::current_executor().name(),
+                kiln::jit::jit_mode() == kiln::jit::JitMode::Interp ? "interp" : "llvm");
+    return 0;
+  }
+  if (mode != "workload" && mode != "workload-default" && mode != "threads") {
+    std::fprintf(stderr, "usage: %s executor|workload|workload-default|threads\n", argv[0]);
+    return 2;
+  }
+  std::vector<std::vector<double>> ref;
+  kiln::set_executor(kiln::interpreter());
+  for (auto& g : workload()) ref.push_back(g().to(kiln::kFloat64).to_vector<double>());
+  const bool jit = mode != "workload-default" || kiln::jit::jit_mode() != kiln::jit::JitMode::Interp;
+  kiln::set_executor(jit ? kiln::jit::jit_executor() : kiln::interpreter());
+  kiln::jit::reset_cache_stats();
+  std::atomic<bool> ok{true};
+  std::mutex mu;
+  auto t0 = std::chrono::steady_clock::now();
+  auto gs = workload();
+  auto run = [&](size_t i) {
+    std::vector<double> got = gs[i]().to(kiln::kFloat64).to_vector<double>();
+    std::string why;
+    if (!close(got, ref[i], why)) {
+      std::lock_guard<std::mutex> lock(mu);
+      std::printf("graph %zu differs: %s\n", i, why.c_str());
+      ok = false;
+    }
+  };
+  if (mode == "threads") {
+    // 8 threads request every kernel at once, in different orders: with no disk cache each
+    // structure is compiled by one of them while the others wait for it.
+    std::vector<std::thread> ts;
+    for (size_t t = 0; t < 8; ++t)
+      ts.emplace_back([&, t] {
+        for (size_t rep = 0; rep < 3; ++rep)
+          for (size_t k = 0; k < gs.size(); ++k) run((k * (2 * t + 1) + t + rep) % gs.size());
+      });
+    for (auto& t : ts) t.join();
+  } else {
+    for (size_t i = 0; i < gs.size(); ++i) run(i);
+  }
+  double jit_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  kiln::jit::CacheStats s = kiln::jit::cache_stats();
+  std::printf("ok=%d compiles=%llu disk_hits=%llu disk_rebuilds=%llu hits=%llu compile_ms=%.3f load_ms=%.3f jit_ms=%.3f "
+              "cache_dir=%s\n",
+              ok.load() ? 1 : 0, static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.disk_hits),
+              static_cast<unsigned long long>(s.disk_rebuilds), static_cast<unsigned long long>(s.hits), s.compile_ms,
+              s.load_ms, jit_ms, kiln::jit::cache_dir().c_str());
+  return ok.load() ? 0 : 1;
+}
