@@ -48,12 +48,18 @@ std::unique_ptr<TargetMachine> host_machine() {
   return std::move(*tm);
 }
 
-// SLEEF's GNU-ABI library, loaded globally so kernels resolve its symbols. Needed by every
-// process that loads kernels, not only by those that compile them (disk cache hits), and the
-// linker drops libkiln's dependency on it (nothing in libkiln calls it directly).
-void* sleef_library() {
-  static void* lib = dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL);
-  return lib;
+// The vector-ABI math libraries, loaded globally so kernels resolve their symbols: glibc's
+// libmvec first (faster where it has a function; <= 4 ulp per glibc's manual), then SLEEF's
+// GNU-ABI build (<= 1 ulp) for the rest — both export the same _ZGV* names. Needed by every
+// process that loads kernels, not only by those that compile them (disk cache hits).
+struct VectorMath {
+  void* mvec = dlopen("libmvec.so.1", RTLD_NOW | RTLD_GLOBAL);
+  void* sleef = dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL);
+  bool has(const char* name) const { return (mvec && dlsym(mvec, name)) || (sleef && dlsym(sleef, name)); }
+};
+const VectorMath& sleef_library() {
+  static const VectorMath libs;
+  return libs;
 }
 
 // ---- vector math: libm scalar names -> SLEEF vector-ABI variants present in this process ----
@@ -62,8 +68,7 @@ const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
   static std::vector<VecDesc> descs;
   static std::once_flag once;
   std::call_once(once, [&] {
-    void* lib = sleef_library();
-    if (!lib) return;
+    const VectorMath& lib = sleef_library();
     const char* unary[] = {"exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tan", "atan", "tanh", "erf"};
     const char* binary[] = {"pow", "atan2"};
     StringRef feats = tm.getTargetFeatureString();
@@ -76,7 +81,7 @@ const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
           int vf = isa.bits / (f32 ? 32 : 64);
           std::string scalar = fn + (f32 ? "f" : "");
           std::string vec = std::string("_ZGV") + isa.code + "N" + std::to_string(vf) + (is_binary ? "vv_" : "v_") + scalar;
-          if (!dlsym(lib, vec.c_str())) continue;
+          if (!lib.has(vec.c_str())) continue;
           names.push_back(scalar);
           StringRef s = names.back();
           names.push_back(vec);

@@ -68,6 +68,7 @@ struct Scheduler {
   std::unordered_map<const Node*, size_t> pos;
   std::unordered_set<const Node*> M;  // nodes that get their own storage
   std::unordered_map<const Node*, std::string> why;  // why a node was materialized
+  std::unordered_set<const Node*> costly;  // values whose fused cone calls a transcendental
 
   explicit Scheduler(const Segment& s) : seg(s) {
     for (size_t i = 0; i < s.nodes.size(); ++i) pos[s.nodes[i]] = i;
@@ -103,6 +104,7 @@ struct Scheduler {
         return false;
       if (!M.count(i)) return true;
       if ((c != NodeClass::Pointwise && c != NodeClass::Source) || !same_shape(i->shape, dom)) return false;
+      if (costly.count(i)) return false;  // stored because it is expensive: read it back
       auto w = why.find(i);
       if (w != why.end() && w->second == std::string("kernel depth limit")) return false;
       return ++inlined <= 16;
@@ -152,6 +154,36 @@ struct Scheduler {
         for (auto& in : n->inputs) require(in.get(), c == NodeClass::Opaque ? "input of a library/reference op" : "input of as_strided");
       // Full reductions run split across threads; they are stored, their consumers fused apart.
       if (c == NodeClass::Reduction && all_reduced(*n) && !n->inputs[0]->shape.empty()) require(n, "full reduction (split)");
+    }
+    // An expensive value (transcendentals in its fused cone) that a reduction reads and another
+    // op reads too would be recomputed in every stage of the kernel: compute it once, store it.
+    std::unordered_map<const Node*, int> consumers;
+    std::unordered_set<const Node*> read_by_reduction;
+    for (Node* n : seg.nodes)
+      for (auto& in : n->inputs) {
+        consumers[in.get()]++;
+        if (classify(*n) == NodeClass::Reduction) read_by_reduction.insert(in.get());
+      }
+    for (Node* n : seg.nodes) {
+      NodeClass c = classify(*n);
+      if (c != NodeClass::Pointwise && c != NodeClass::View) continue;
+      bool cost = transcendental(n->op);
+      for (auto& in : n->inputs) cost = cost || (costly.count(in.get()) && !M.count(in.get()));
+      if (!cost) continue;
+      costly.insert(n);
+      if (c == NodeClass::Pointwise && consumers[n] >= 2 && read_by_reduction.count(n))
+        require(n, "expensive value read by a reduction and another op");
+    }
+  }
+
+  static bool transcendental(OpKind op) {
+    switch (op) {
+      case OpKind::Exp: case OpKind::Exp2: case OpKind::Expm1: case OpKind::Log: case OpKind::Log2:
+      case OpKind::Log1p: case OpKind::Sin: case OpKind::Cos: case OpKind::Tan: case OpKind::Atan:
+      case OpKind::Tanh: case OpKind::Sigmoid: case OpKind::Erf: case OpKind::Pow: case OpKind::Atan2:
+        return true;
+      default:
+        return false;
     }
   }
 
