@@ -87,8 +87,6 @@ Binding bind(const Group& g, const Lowered& L) {
       case ArgSource::Kind::FullValue: v = g.nodes[s.a]->attrs.ints[0]; break;
       case ArgSource::Kind::AttrF0: v = g.nodes[s.a]->attrs.ints[0]; break;
       case ArgSource::Kind::AttrF1: v = g.nodes[s.a]->attrs.ints[1]; break;
-      case ArgSource::Kind::Seed: v = static_cast<int64_t>(g.nodes[s.a]->attrs.seed); break;
-      case ArgSource::Kind::Counter: v = static_cast<int64_t>(g.nodes[s.a]->attrs.counter); break;
       case ArgSource::Kind::Chunks: v = bd.chunks; break;
       case ArgSource::Kind::ChunkSize: v = chunk; break;
     }

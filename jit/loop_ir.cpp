@@ -9,7 +9,7 @@ ExprId Kernel::add(const Expr& e) {
   for (size_t i = exprs.size(); i-- > 0 && exprs.size() - i < 64;) {
     const Expr& x = exprs[i];
     if (x.kind == e.kind && x.dtype == e.dtype && x.op == e.op && x.a == e.a && x.b == e.b && x.c == e.c &&
-        x.i == e.i && x.f == e.f && x.f2 == e.f2 && x.seed == e.seed)
+        x.i == e.i && x.f == e.f)
       return static_cast<ExprId>(i);
   }
   exprs.push_back(e);
@@ -86,7 +86,6 @@ const char* kind_name(Expr::Kind k) {
     case Expr::Kind::Cast: return "cast";
     case Expr::Kind::Acc: return "acc";
     case Expr::Kind::AccIndex: return "acc_index";
-    case Expr::Kind::Philox: return "philox";
   }
   return "?";
 }
@@ -117,8 +116,7 @@ std::string Kernel::str() const {
   for (size_t i = 0; i < exprs.size(); ++i) {
     const Expr& e = exprs[i];
     os << "  e" << i << " = " << kind_name(e.kind);
-    if (e.kind == Expr::Kind::Unary || e.kind == Expr::Kind::Binary || e.kind == Expr::Kind::Where ||
-        e.kind == Expr::Kind::Philox)
+    if (e.kind == Expr::Kind::Unary || e.kind == Expr::Kind::Binary || e.kind == Expr::Kind::Where)
       os << "." << op_name(e.op);
     os << ":" << dtype_name(e.dtype);
     if (e.a >= 0) os << " e" << e.a;

@@ -29,7 +29,6 @@ struct Expr {
     Cast,     // a converted to `dtype`
     Acc,      // current value of accumulator i
     AccIndex, // index held by arg-accumulator i
-    Philox,   // uniform/normal/int random (op = RandUniform/RandNormal/RandInt) at counter a
   };
   Kind kind;
   DType dtype = DType::Int64;
@@ -37,8 +36,6 @@ struct Expr {
   ExprId a = -1, b = -1, c = -1;
   int64_t i = 0;
   double f = 0;
-  double f2 = 0;    // Philox: second parameter
-  uint64_t seed = 0;
 };
 
 // A statement. Loop bodies nest.

@@ -232,27 +232,7 @@ struct Lowerer {
           s.b = K.add(m);
           return cast(K.add(s), n->dtype);
         }
-        // Random: Philox at (seed, counter + linear index in the node's own shape).
-        Expr e{Expr::Kind::Philox};
-        e.op = n->op;
-        e.dtype = n->dtype;
-        e.a = add(ip(ArgSource::Kind::Counter, me), linearize(n, idx));
-        e.b = ip(ArgSource::Kind::Seed, me);
-        if (n->op == OpKind::RandInt) {
-          e.c = ip(ArgSource::Kind::AttrF0, me);        // low
-          e.i = 0;
-          Expr hi{Expr::Kind::Param};
-          e.f = 0;
-          (void)hi;
-          e.f2 = 0;
-          // high - low travels as a second int parameter
-          ExprId span = K.iop(Expr::Kind::ISub, ip(ArgSource::Kind::AttrF1, me), e.c);
-          e.i = span;  // expr id of the span
-        } else {
-          e.c = fp(ArgSource::Kind::AttrF0, me);
-          e.i = fp(ArgSource::Kind::AttrF1, me);
-        }
-        return K.add(e);
+        throw LowerError(std::string("cannot fuse ") + op_name(n->op));
       }
       case NodeClass::Pointwise: {
         std::vector<ExprId> xs;

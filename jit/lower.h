@@ -18,7 +18,6 @@ struct ArgSource {
     InputStride,  // stride of dim b of input a
     FullValue,    // node a's fill value (double / exact int)
     AttrF0, AttrF1,  // node a's f0 / f1
-    Seed, Counter,   // node a's Philox key / counter
     Chunks,       // number of parallel chunks (split reductions)
     ChunkSize,    // rows (or elements) per chunk
   } kind;
