@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "jit/executor.h"
 #include "kiln.h"
 
 namespace {
@@ -44,7 +45,11 @@ int main(int argc, char** argv) {
   std::vector<float> xs(n), ys(n);
   for (int64_t i = 0; i < n; ++i) xs[i] = std::sin(0.001f * static_cast<float>(i));
   kiln::Tensor x = kiln::from_blob(xs.data(), {n}, kiln::kFloat32);
-  double t_kiln = median_seconds([&] { (kiln::tanh(x * 1.5f + 0.5f) * x - 0.25f).eval(); }, 9);
+  auto chain = [&] { (kiln::tanh(x * 1.5f + 0.5f) * x - 0.25f).eval(); };
+  kiln::set_executor(kiln::jit::jit_executor());
+  double t_jit = median_seconds(chain, 9);
+  kiln::set_executor(kiln::interpreter());  // the rest of this program measures the interpreter
+  double t_kiln = median_seconds(chain, 9);
   double t_loop = median_seconds([&] {
     for (int64_t i = 0; i < n; ++i) ys[i] = std::tanh(xs[i] * 1.5f + 0.5f) * xs[i] - 0.25f;
   }, 9);
@@ -54,11 +59,13 @@ int main(int argc, char** argv) {
   double copy_gbs = 2.0 * big * sizeof(float) / t_copy / 1e9;
   std::printf("%-40s %12s %12s\n", "pointwise chain (2^22 float32)", "time [ms]", "Gelem/s");
   std::printf("%-40s %12.3f %12.3f\n", "kiln interpreter (5 ops)", t_kiln * 1e3, n / t_kiln / 1e9);
+  std::printf("%-40s %12.3f %12.3f\n", "kiln JIT (1 fused kernel, for reference)", t_jit * 1e3, n / t_jit / 1e9);
   std::printf("%-40s %12.3f %12.3f\n", "hand-written single loop (1 thread)", t_loop * 1e3, n / t_loop / 1e9);
   std::printf("%-40s %12.3f %12.3f   (%.2f GB/s read+write, 256 MiB)\n", "memcpy bound for the chain",
               n * 8.0 / (copy_gbs * 1e9) * 1e3, copy_gbs * 1e9 / 8.0 / 1e9, copy_gbs);
   std::printf("  interpreter / hand-written loop: %.2fx time\n\n", t_kiln / t_loop);
   add_json("pointwise_interp_gelem_s", n / t_kiln / 1e9);
+  add_json("pointwise_jit_gelem_s", n / t_jit / 1e9);
   add_json("pointwise_loop_gelem_s", n / t_loop / 1e9);
   add_json("copy_gb_s", copy_gbs);
 
