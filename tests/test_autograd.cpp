@@ -6,6 +6,8 @@
 #include <limits>
 #include <optional>
 
+#include <algorithm>
+
 #include "gradcheck.h"
 
 using namespace kiln;
@@ -354,5 +356,49 @@ TEST(Autograd, PyTorchConventionsAtKinks) {
     Tensor x = leaf({0, 2, 3}, {3}), y = leaf({0, 2, 0}, {3});
     EXPECT_EQ(g1(prod(x), x), (D{6, 0, 0}));
     EXPECT_EQ(g1(prod(y), y), (D{0, 0, 0}));
+  }
+}
+
+TEST(Gradcheck, RandomShapesBroadcastingAndNonContiguous) {
+  // Each op on random shapes (rank 1-3, sizes 1-4), with broadcasting partners and inputs
+  // viewed non-contiguously (transposed) before use. Seed: KILN_TEST_SEED.
+  const char* env = std::getenv("KILN_TEST_SEED");
+  std::mt19937 g(env ? static_cast<unsigned>(std::stoul(env)) : 7u);
+  auto rnd = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); };
+  auto shape = [&] {
+    std::vector<int64_t> s(rnd(1, 3));
+    for (auto& d : s) d = rnd(1, 4);
+    return s;
+  };
+  auto partner = [&](std::vector<int64_t> s) {  // a shape broadcastable against s
+    for (auto& d : s) if (rnd(0, 2) == 0) d = 1;
+    if (s.size() > 1 && rnd(0, 2) == 0) s.erase(s.begin());
+    return s;
+  };
+  auto maybe_t = [](const Tensor& t) { return t.dim() >= 2 ? t.transpose(0, t.dim() - 1) : t; };
+  auto rev = [](std::vector<int64_t> s) { std::reverse(s.begin(), s.end()); return s; };
+  for (int trial = 0; trial < 12; ++trial) {
+    SCOPED_TRACE("trial " + std::to_string(trial));
+    auto s = shape();
+    auto p = partner(s);
+    // Inputs are stored reversed so that maybe_t (a transposition) yields shape s, strided.
+    std::vector<int64_t> sr = s.size() >= 2 ? rev(s) : s;
+    gradcheck("unary_chain", [&](const V& v) { return maybe_t(v[0]).tanh().exp().sigmoid() * maybe_t(v[0]).sin(); },
+              {R(sr)});
+    gradcheck("log_sqrt", [&](const V& v) { return maybe_t(v[0]).log() + maybe_t(v[0]).sqrt(); }, {Pos(sr)});
+    gradcheck("bcast_mul_div", [&](const V& v) { return maybe_t(v[0]) * v[1] / (v[1] * v[1] + 1); }, {R(sr), R(p)});
+    gradcheck("bcast_max_pow", [&](const V& v) { return maximum(maybe_t(v[0]), v[1]) + pow(maybe_t(v[2]), v[1]); },
+              {R(sr), R(p), Pos(sr)});
+    int64_t d = rnd(0, static_cast<int>(s.size()) - 1);
+    bool keep = rnd(0, 1) == 1;
+    gradcheck("reductions", [&](const V& v) {
+      Tensor x = maybe_t(v[0]);
+      return x.sum({d}, keep) + x.mean({d}, keep) * 2 + x.amax({d}, keep) + x.logsumexp({d}, keep) + x.prod({d}, keep);
+    }, {R(sr)});
+    if (s[d] > 1) gradcheck("var", [&](const V& v) { return maybe_t(v[0]).var({d}, 1, keep); }, {R(sr)});
+    gradcheck("softmax", [&](const V& v) { return softmax(maybe_t(v[0]), d) * v[1]; }, {R(sr), R(p)});
+    int64_t k = rnd(1, 4), b = rnd(1, 3);
+    gradcheck("batched_matmul", [&](const V& v) { return matmul(v[0], v[1].transpose(-2, -1)); },
+              {R({b, s.back(), k}), R({s.back() + 1, k})});
   }
 }
