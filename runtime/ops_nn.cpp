@@ -24,7 +24,9 @@ Tensor softmax(const Tensor& xin, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
   if (x.dim() == 0) return div(exp(sub(x, x)), 1);
-  Tensor e = exp(sub(x, amax(x, {d}, true)));
+  // The max shift only guards exp against overflow; its gradient cancels exactly, so it is
+  // taken from a detached x (no backward work for it).
+  Tensor e = exp(sub(x, amax(x.detach(), {d}, true)));
   return div(e, sum(e, {d}, true));
 }
 
@@ -32,7 +34,7 @@ Tensor log_softmax(const Tensor& xin, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
   if (x.dim() == 0) return sub(x, x);
-  Tensor shifted = sub(x, amax(x, {d}, true));
+  Tensor shifted = sub(x, amax(x.detach(), {d}, true));  // shift's gradient cancels: detached
   return sub(shifted, log(sum(exp(shifted), {d}, true)));
 }
 

@@ -149,7 +149,7 @@ Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
   Tensor x = as_float(xin);
   // Empty input: no max to shift by (amax would throw); PyTorch gives log(sum(exp(x))), i.e. -inf.
   if (auto n = numel(x.shape()).maybe_int(); n && *n == 0) return log(sum(exp(x), dims, keepdim));
-  Tensor m = amax(x, dims, true);
+  Tensor m = amax(x.detach(), dims, true);  // the shift's gradient cancels exactly: detached
   m = where(eq(abs(m), std::numeric_limits<double>::infinity()), detail::constant(0, m.dtype(), m.device()), m);
   Tensor s = log(sum(exp(sub(x, m)), dims, keepdim));
   Tensor mk = m;
