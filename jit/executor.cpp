@@ -256,7 +256,8 @@ std::vector<int64_t> signature(const Segment& seg, std::unordered_map<const Node
       }
       pos[in.get()] = -(++externals);
       s.push_back(-externals);
-      s.push_back(static_cast<int64_t>(in->dtype) << 8 | static_cast<int64_t>(in->shape.size()));
+      s.push_back(static_cast<int64_t>(in->dtype) << 8 | static_cast<int64_t>(in->shape.size()) << 1 |
+                  (is_contiguous_layout(in->shape, in->strides) ? 1 : 0));
       for (size_t d = 0; d < in->shape.size(); ++d) {
         int64_t sz = in->shape[d].as_int(), st = in->strides[d].as_int();
         s.push_back(sz);

@@ -131,3 +131,17 @@ TEST(Printing, LikePyTorch) {
   EXPECT_EQ(to_string(arange(3)), "tensor([0, 1, 2], shape=[3], dtype=int64)");
   EXPECT_EQ(to_string(ones({2}) > 0), "tensor([True, True], shape=[2], dtype=bool)");
 }
+
+TEST(Layouts, SameStructureDifferentStridesGiveRightAnswers) {
+  // Equal shapes, dtypes and ops, but one input dense and one a strided slice: anything cached
+  // by structure (plans, kernels) must tell them apart.
+  Tensor dense = arange(12).to(kFloat32).reshape({4, 3}).contiguous();
+  Tensor wide = arange(16).to(kFloat32).reshape({4, 4});
+  Tensor sliced = wide.slice(1, 0, 3);
+  for (int rep = 0; rep < 2; ++rep) {
+    EXPECT_EQ((dense * 2 + 1).to_vector<float>(),
+              (std::vector<float>{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23}));
+    EXPECT_EQ((sliced * 2 + 1).to_vector<float>(),
+              (std::vector<float>{1, 3, 5, 9, 11, 13, 17, 19, 21, 25, 27, 29}));
+  }
+}
