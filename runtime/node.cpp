@@ -1,3 +1,4 @@
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -39,6 +40,8 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
 }
 
 Node::Node() {
+  static std::atomic<uint64_t> next_id{1};
+  id = next_id.fetch_add(1, std::memory_order_relaxed);
   detail::count_recorded();
   detail::pending_add(1);
 }

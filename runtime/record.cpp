@@ -25,8 +25,6 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
   n->strides = contiguous_strides(shape);
   n->shape = std::move(shape);
   n->offset = 0;
-  static std::atomic<uint64_t> next_id{1};
-  n->id = next_id.fetch_add(1, std::memory_order_relaxed);
   maybe_flush(n);
   return Tensor::from_node(std::move(n));
 }
@@ -57,8 +55,6 @@ NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape,
   n->shape = std::move(shape);
   n->strides = std::move(strides);
   n->offset = std::move(offset);
-  static std::atomic<uint64_t> next_id{1ull << 62};
-  n->id = next_id.fetch_add(1, std::memory_order_relaxed);
   // A view of materialized storage is itself materialized: it only names other memory.
   if (in->materialized()) n->set_storage(in->storage);
   return n;

@@ -84,6 +84,7 @@
 #include "jit/lower.h"
 #include "jit/scheduler.h"
 #include "kiln.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -106,20 +107,8 @@ bool env_interp() {
 
 // ============================================================== randomness
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* s = std::getenv("KILN_TEST_SEED");
-    return (s && *s) ? std::strtoull(s, nullptr, 0) : uint64_t{20250611};
-  }();
-  return seed;
-}
+using kiln::testing::splitmix;
+uint64_t test_seed() { return kiln::testing::test_seed(20250611ull); }
 
 int env_int(const char* name, int dflt) {
   const char* s = std::getenv(name);

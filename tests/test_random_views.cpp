@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "kiln.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -42,20 +43,8 @@ const double kInf = std::numeric_limits<double>::infinity();
 
 // ============================================================== seeds and randomness
 
-uint64_t splitmix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* s = std::getenv("KILN_TEST_SEED");
-    return (s && *s) ? std::strtoull(s, nullptr, 0) : uint64_t{20250101};
-  }();
-  return seed;
-}
+using kiln::testing::splitmix;
+uint64_t test_seed() { return kiln::testing::test_seed(20250101ull); }
 
 std::optional<int> only_case() {
   const char* s = std::getenv("KILN_TEST_CASE");

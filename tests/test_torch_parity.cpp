@@ -1208,92 +1208,74 @@ std::optional<std::filesystem::path> corpus_or_message(std::string& msg, bool& r
   return path;
 }
 
+// Runs `run` on every case of the corpus; it returns nullopt to skip a case, "" on success,
+// else what differed.
+struct CorpusResult {
+  int total = 0, passed = 0;
+  std::vector<std::string> failures;
+};
+CorpusResult run_corpus(const std::filesystem::path& path,
+                        const std::function<std::optional<std::string>(const json&)>& run) {
+  CorpusResult r;
+  std::ifstream in(path);
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
+    std::string id = cat("line ", lineno);
+    std::optional<std::string> err;
+    try {
+      json j = json::parse(quote_nonfinite_tokens(line));
+      if (j.contains("id")) id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
+      err = run(j);
+      if (!err) continue;
+    } catch (const Unsupported& e) {
+      err = cat("unsupported: ", e.what());
+    } catch (const kiln::Error& e) {
+      err = cat("kiln::Error: ", e.what());
+    } catch (const std::exception& e) {
+      err = cat("exception: ", e.what());
+    }
+    ++r.total;
+    if (err->empty()) ++r.passed;
+    else r.failures.push_back(id + ": " + *err);
+  }
+  return r;
+}
+
+// The corpus path, or skips (fails under KILN_REQUIRE_PARITY=1) when it is missing.
+#define KILN_PARITY_CORPUS(path)                                          \
+  std::string msg_;                                                       \
+  bool required_ = false;                                                 \
+  auto path = corpus_or_message(msg_, required_);                         \
+  if (!path) {                                                            \
+    if (required_) FAIL() << msg_ << "; KILN_REQUIRE_PARITY=1";           \
+    GTEST_SKIP() << msg_;                                                 \
+  }                                                                       \
+  ASSERT_TRUE(std::ifstream(*path)) << "cannot open " << *path
+
 }  // namespace
 
 TEST(TorchParity, AllCases) {
-  std::string tried;
-  auto path = find_parity_file(tried);
-  if (!path) {
-    const char* req = std::getenv("KILN_REQUIRE_PARITY");
-    std::string msg = "torch-parity corpus not found (looked at: " + tried +
-                      "); set KILN_PARITY_FILE to torch_parity.jsonl to run it";
-    if (req && std::string(req) == "1") FAIL() << msg << "; KILN_REQUIRE_PARITY=1";
-    GTEST_SKIP() << msg;
-  }
-  std::ifstream in(*path);
-  ASSERT_TRUE(in) << "cannot open " << *path;
-
-  int total = 0, passed = 0;
-  std::vector<std::string> failures;
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-    ++total;
-    std::string id = cat("line ", lineno);
-    std::string err;
-    try {
-      json j = json::parse(quote_nonfinite_tokens(line));
-      if (j.contains("id")) id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
-      err = run_case(j);
-    } catch (const Unsupported& e) {
-      err = cat("unsupported: ", e.what());
-    } catch (const kiln::Error& e) {
-      err = cat("kiln::Error: ", e.what());
-    } catch (const std::exception& e) {
-      err = cat("exception: ", e.what());
-    }
-    if (err.empty()) ++passed;
-    else failures.push_back(id + ": " + err);
-  }
-
-  std::cout << "torch-parity: " << passed << "/" << total << " cases passed" << std::endl;
-  for (const auto& f : failures) std::cout << "  FAIL " << f << std::endl;
-  EXPECT_GT(total, 0) << "no cases in " << *path;
-  EXPECT_EQ(failures.size(), 0u) << failures.size() << " of " << total << " torch-parity cases failed (listed above)";
+  KILN_PARITY_CORPUS(path);
+  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> { return run_case(j); });
+  std::cout << "torch-parity: " << r.passed << "/" << r.total << " cases passed" << std::endl;
+  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
+  EXPECT_GT(r.total, 0) << "no cases in " << *path;
+  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total
+                                   << " torch-parity cases failed (listed above)";
 }
 
 TEST(TorchParity, Gradients) {
-  std::string msg;
-  bool required = false;
-  auto path = corpus_or_message(msg, required);
-  if (!path) {
-    if (required) FAIL() << msg << "; KILN_REQUIRE_PARITY=1";
-    GTEST_SKIP() << msg;
-  }
-  std::ifstream in(*path);
-  ASSERT_TRUE(in) << "cannot open " << *path;
-
-  int total = 0, passed = 0;
-  std::vector<std::string> failures;
-  std::string line;
-  int lineno = 0;
-  while (std::getline(in, line)) {
-    ++lineno;
-    if (line.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-    std::string id = cat("line ", lineno);
-    std::string err;
-    try {
-      json j = json::parse(quote_nonfinite_tokens(line));
-      if (j.contains("id")) id = j["id"].is_string() ? j["id"].get<std::string>() : j["id"].dump();
-      if (!has_grads(j)) continue;
-      ++total;
-      err = run_grad_case(j);
-    } catch (const Unsupported& e) {
-      err = cat("unsupported: ", e.what());
-    } catch (const kiln::Error& e) {
-      err = cat("kiln::Error: ", e.what());
-    } catch (const std::exception& e) {
-      err = cat("exception: ", e.what());
-    }
-    if (err.empty()) ++passed;
-    else failures.push_back(id + ": " + err);
-  }
-
-  std::cout << "torch-parity grads: " << passed << "/" << total << " cases passed" << std::endl;
-  for (const auto& f : failures) std::cout << "  FAIL " << f << std::endl;
-  EXPECT_GT(total, 0) << "no cases with gradients in " << *path;
-  EXPECT_EQ(failures.size(), 0u) << failures.size() << " of " << total
-                                 << " torch-parity gradient cases failed (listed above)";
+  KILN_PARITY_CORPUS(path);
+  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> {
+    if (!has_grads(j)) return std::nullopt;
+    return run_grad_case(j);
+  });
+  std::cout << "torch-parity grads: " << r.passed << "/" << r.total << " cases passed" << std::endl;
+  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
+  EXPECT_GT(r.total, 0) << "no cases with gradients in " << *path;
+  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total
+                                   << " torch-parity gradient cases failed (listed above)";
 }

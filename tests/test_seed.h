@@ -1,0 +1,22 @@
+// Seeds and mixing shared by the randomized tests (KILN_TEST_SEED reproduces a run).
+#pragma once
+#include <cstdint>
+#include <cstdlib>
+
+namespace kiln::testing {
+
+// SplitMix64 finalizer: a well-mixed 64-bit hash of x.
+inline uint64_t splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// KILN_TEST_SEED if set, else `fallback`.
+inline uint64_t test_seed(uint64_t fallback) {
+  const char* s = std::getenv("KILN_TEST_SEED");
+  return (s && *s) ? std::strtoull(s, nullptr, 0) : fallback;
+}
+
+}  // namespace kiln::testing
