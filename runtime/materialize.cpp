@@ -4,6 +4,7 @@
 #include <unordered_map>
 
 #include "runtime/executor.h"
+#include "runtime/trace.h"
 
 namespace kiln {
 namespace {
@@ -75,6 +76,7 @@ void materialize(const std::vector<NodePtr>& roots) {
     }
   }
   if (order.empty()) return;
+  if (auto* o = detail::trace_observer()) o->on_materialize(order);
   // A node is needed after the run if something outside the segment holds it: a tensor
   // handle or a node not in this segment (use_count beyond the segment's own edges).
   std::unordered_map<Node*, long> internal;

@@ -4,6 +4,8 @@
 
 #include "runtime/ops.h"
 #include "runtime/record.h"
+#include "runtime/trace.h"
+#include <tuple>
 
 namespace kiln {
 using detail::record;
@@ -170,17 +172,29 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, double a, double b,
   at.ints = std::move(ints);
   at.f0 = a;
   at.f1 = b;
-  {
-    std::lock_guard<std::mutex> lock(g_rng_mu);
-    at.seed = g_seed;
-    at.counter = g_counter;
-    int64_t n = 1;
-    for (const auto& s : shape) n *= s.maybe_int().value_or(1);
-    g_counter += static_cast<uint64_t>(n);
-  }
+  int64_t n = 1;
+  for (const auto& s : shape) n *= s.maybe_int().value_or(1);
+  std::tie(at.seed, at.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
   return record(op, std::vector<NodePtr>{}, at, dtype, shape, cpu());
 }
 }  // namespace
+
+namespace detail {
+std::pair<uint64_t, uint64_t> rng_state() {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  return {g_seed, g_counter};
+}
+void set_rng_state(std::pair<uint64_t, uint64_t> s) {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  std::tie(g_seed, g_counter) = s;
+}
+std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n) {
+  std::lock_guard<std::mutex> lock(g_rng_mu);
+  std::pair<uint64_t, uint64_t> r{g_seed, g_counter};
+  g_counter += n;
+  return r;
+}
+}  // namespace detail
 
 void manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(g_rng_mu);

@@ -9,9 +9,18 @@ namespace kiln::optim {
 
 Optimizer::Optimizer(std::vector<Tensor> params, double lr) : params_(std::move(params)), lr_(lr) {
   KILN_CHECK(lr >= 0, "optimizer: invalid learning rate ", lr);
+  lr_t_ = full({}, lr, kFloat64);
+  step_ = zeros({}, kFloat64);
   for (size_t i = 0; i < params_.size(); ++i)
     KILN_CHECK(params_[i].defined() && params_[i].requires_grad() && params_[i].is_leaf(), "optimizer: parameter ", i,
                " must be a leaf tensor that requires grad");
+}
+
+void Optimizer::set_lr(double lr) {
+  KILN_CHECK(lr >= 0, "optimizer: invalid learning rate ", lr);
+  lr_ = lr;
+  NoGradGuard ng;
+  lr_t_.fill_(lr);
 }
 
 void Optimizer::zero_grad() {
@@ -21,11 +30,16 @@ void Optimizer::zero_grad() {
 SGD::SGD(std::vector<Tensor> params, SGDOptions o) : Optimizer(std::move(params), o.lr), o_(o) {
   KILN_CHECK(o.momentum >= 0 && o.weight_decay >= 0, "SGD: momentum and weight_decay must be non-negative");
   KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0), "SGD: Nesterov momentum requires a momentum and zero dampening");
-  momentum_.resize(params_.size());
+  NoGradGuard ng;
+  if (o.momentum != 0)
+    for (const auto& p : params_) momentum_.push_back(zeros_like(p));
 }
 
 void SGD::step() {
   NoGradGuard ng;
+  // 0 on the first step (the buffer starts as the gradient), then 1.
+  Tensor started = gt(step_, 0).to(kFloat64);
+  step_.add_(1);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
@@ -33,10 +47,11 @@ void SGD::step() {
     if (o_.weight_decay != 0) g = g + o_.weight_decay * p;
     if (o_.momentum != 0) {
       Tensor& buf = momentum_[i];
-      buf = buf.defined() ? buf * o_.momentum + (1 - o_.dampening) * g : g;
+      buf.mul_((started * o_.momentum).to(buf.dtype()));
+      buf.add_(g * (1 - started * o_.dampening).to(g.dtype()));
       g = o_.nesterov ? g + o_.momentum * buf : buf;
     }
-    p.sub_(g, lr_);
+    p.sub_(g * lr_t_.to(g.dtype()));
   }
 }
 
@@ -46,31 +61,33 @@ Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got (",
              o.beta1, ", ", o.beta2, ")");
   KILN_CHECK(o.eps >= 0 && o.weight_decay >= 0, "Adam: eps and weight_decay must be non-negative");
-  m_.resize(params_.size());
-  v_.resize(params_.size());
+  NoGradGuard ng;
+  for (const auto& p : params_) {
+    m_.push_back(zeros_like(p));
+    v_.push_back(zeros_like(p));
+  }
 }
 
 void Adam::step() {
   NoGradGuard ng;
-  ++t_;
-  const double bc1 = 1 - std::pow(o_.beta1, static_cast<double>(t_));
-  const double bc2 = 1 - std::pow(o_.beta2, static_cast<double>(t_));
+  step_.add_(1);
+  // Bias corrections from the step count (float64, like PyTorch's scalar math).
+  Tensor bc1 = 1 - pow(o_.beta1, step_);
+  Tensor bc2 = 1 - pow(o_.beta2, step_);
+  Tensor step_size = lr_t_ / bc1, bc2_sqrt = sqrt(bc2);
   for (size_t i = 0; i < params_.size(); ++i) {
     Tensor& p = params_[i];
     Tensor g = p.grad();
     if (!g.defined()) continue;
+    DType dt = p.dtype();
     if (o_.weight_decay != 0) {
-      if (decoupled_) p.mul_(1 - lr_ * o_.weight_decay);
+      if (decoupled_) p.mul_((1 - lr_t_ * o_.weight_decay).to(dt));
       else g = g + o_.weight_decay * p;
     }
-    if (!m_[i].defined()) {
-      m_[i] = zeros_like(p);
-      v_[i] = zeros_like(p);
-    }
-    m_[i] = m_[i] * o_.beta1 + g * (1 - o_.beta1);
-    v_[i] = v_[i] * o_.beta2 + g * g * (1 - o_.beta2);
-    Tensor denom = sqrt(v_[i]) / std::sqrt(bc2) + o_.eps;
-    p.sub_(m_[i] / denom, lr_ / bc1);
+    m_[i].mul_(o_.beta1).add_(g * (1 - o_.beta1));
+    v_[i].mul_(o_.beta2).add_(g * g * (1 - o_.beta2));
+    Tensor denom = sqrt(v_[i]) / bc2_sqrt.to(dt) + o_.eps;
+    p.sub_(m_[i] / denom * step_size.to(dt));
   }
 }
 

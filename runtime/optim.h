@@ -8,7 +8,9 @@
 
 namespace kiln::optim {
 
-// Base class: holds the parameters and the learning rate.
+// Base class: holds the parameters and the learning rate. The state an update reads (lr, step
+// count, moments) lives in tensors updated in place, so a compiled training step
+// (kiln::compile) sees every change, exactly as eager mode does.
 class Optimizer {
  public:
   Optimizer(std::vector<Tensor> params, double lr);
@@ -18,12 +20,16 @@ class Optimizer {
   // Clears gradients (sets them undefined).
   void zero_grad();
   double lr() const { return lr_; }
-  void set_lr(double lr) { lr_ = lr; }
+  void set_lr(double lr);
   const std::vector<Tensor>& params() const { return params_; }
+  // Steps taken so far (a float64 0-d tensor).
+  const Tensor& step_count() const { return step_; }
 
  protected:
   std::vector<Tensor> params_;
   double lr_;
+  Tensor lr_t_;   // lr as a float64 0-d tensor (what updates read)
+  Tensor step_;   // number of step() calls, float64 0-d
 };
 
 struct SGDOptions {
@@ -38,7 +44,7 @@ class SGD : public Optimizer {
 
  private:
   SGDOptions o_;
-  std::vector<Tensor> momentum_;
+  std::vector<Tensor> momentum_;  // zeros until the first step sets them to the gradient
 };
 
 struct AdamOptions {
@@ -54,8 +60,7 @@ class Adam : public Optimizer {
   Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled);
   AdamOptions o_;
   bool decoupled_;
-  int64_t t_ = 0;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_;  // first and second moments (zeros at construction)
 };
 
 // AdamW: Adam with decoupled weight decay (default 1e-2).

@@ -1,6 +1,7 @@
 #include "runtime/record.h"
 
 #include "runtime/autograd.h"
+#include "runtime/trace.h"
 
 #include <algorithm>
 #include <sstream>
@@ -10,7 +11,8 @@ namespace kiln::detail {
 namespace {
 void maybe_flush(const NodePtr& n) {
   // A leaf gets its storage right after recording; it has nothing to compute.
-  if (n->op != OpKind::Leaf && stats().pending > pending_limit()) materialize({n});
+  // (Never while a compile() trace records: its graph must stay whole.)
+  if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize({n});
 }
 }  // namespace
 

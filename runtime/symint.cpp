@@ -304,7 +304,41 @@ SymInt SymInt::symbol(const std::string& name) {
   return sym::make_atom(sym::Kind::Symbol, name);
 }
 
+namespace {
+thread_local ShapeOracle* t_oracle = nullptr;
+
+// The traced value of `e` relied upon exactly (a size that must be concrete).
+int64_t specialize(const SymInt& e) {
+  int64_t v = t_oracle->hint(e);
+  t_oracle->assume(e - SymInt(v), SymRel::Eq);
+  return v;
+}
+// Decides `d rel 0` from the hint and records the outcome (or its negation).
+bool decide(const SymInt& d, SymRel rel, SymRel negation) {
+  int64_t h = t_oracle->hint(d);
+  bool r = false;
+  switch (rel) {
+    case SymRel::Eq: r = h == 0; break;
+    case SymRel::Ne: r = h != 0; break;
+    case SymRel::Lt: r = h < 0; break;
+    case SymRel::Le: r = h <= 0; break;
+    case SymRel::Gt: r = h > 0; break;
+    case SymRel::Ge: r = h >= 0; break;
+  }
+  t_oracle->assume(d, r ? rel : negation);
+  return r;
+}
+}  // namespace
+
+ShapeOracle* shape_oracle() { return t_oracle; }
+ShapeOracle* set_shape_oracle(ShapeOracle* o) {
+  ShapeOracle* prev = t_oracle;
+  t_oracle = o;
+  return prev;
+}
+
 int64_t SymInt::as_int() const {
+  if (!is_constant() && t_oracle) return specialize(*this);
   KILN_CHECK(is_constant(), "expected a constant size, got symbolic ", str());
   return value_;
 }
@@ -405,9 +439,11 @@ SymInt sym_max(const SymInt& a, const SymInt& b) { return sym::min_max(sym::Kind
 SymInt sym_min(const SymInt& a, const SymInt& b) { return sym::min_max(sym::Kind::Min, a, b); }
 
 std::optional<bool> sym_eq(const SymInt& a, const SymInt& b) {
-  sym::Range d = sym::range_of(a - b);
+  SymInt e = a - b;
+  sym::Range d = sym::range_of(e);
   if (d.lo == 0 && d.hi == 0) return true;
   if (d.lo > 0 || d.hi < 0) return false;
+  if (t_oracle) return decide(e, SymRel::Eq, SymRel::Ne);
   return std::nullopt;
 }
 std::optional<bool> sym_ne(const SymInt& a, const SymInt& b) {
@@ -415,15 +451,19 @@ std::optional<bool> sym_ne(const SymInt& a, const SymInt& b) {
   return r ? std::optional<bool>(!*r) : std::nullopt;
 }
 std::optional<bool> sym_lt(const SymInt& a, const SymInt& b) {
-  sym::Range d = sym::range_of(a - b);
+  SymInt e = a - b;
+  sym::Range d = sym::range_of(e);
   if (d.hi < 0) return true;
   if (d.lo >= 0) return false;
+  if (t_oracle) return decide(e, SymRel::Lt, SymRel::Ge);
   return std::nullopt;
 }
 std::optional<bool> sym_le(const SymInt& a, const SymInt& b) {
-  sym::Range d = sym::range_of(a - b);
+  SymInt e = a - b;
+  sym::Range d = sym::range_of(e);
   if (d.hi <= 0) return true;
   if (d.lo > 0) return false;
+  if (t_oracle) return decide(e, SymRel::Le, SymRel::Gt);
   return std::nullopt;
 }
 std::optional<bool> sym_gt(const SymInt& a, const SymInt& b) { return sym_lt(b, a); }
@@ -436,7 +476,7 @@ std::vector<int64_t> concrete(const Shape& s) {
   std::vector<int64_t> out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
-    KILN_CHECK(s[i].is_constant(), "expected a concrete shape, but dimension ", i, " of ", shape_str(s), " is symbolic (", s[i].str(), ")");
+    KILN_CHECK(s[i].is_constant() || t_oracle, "expected a concrete shape, but dimension ", i, " of ", shape_str(s), " is symbolic (", s[i].str(), ")");
     out.push_back(s[i].as_int());
   }
   return out;

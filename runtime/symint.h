@@ -66,6 +66,24 @@ std::optional<bool> sym_le(const SymInt& a, const SymInt& b);
 std::optional<bool> sym_gt(const SymInt& a, const SymInt& b);
 std::optional<bool> sym_ge(const SymInt& a, const SymInt& b);
 
+// How a traced size expression compares with zero (see ShapeOracle).
+enum class SymRel { Eq, Ne, Lt, Le, Gt, Ge };
+// Decides what static analysis cannot while kiln::compile traces: a comparison or a size that
+// must be concrete gets its value under the sizes being traced, and the oracle records the
+// fact as a guard for later calls.
+class ShapeOracle {
+ public:
+  virtual ~ShapeOracle() = default;
+  // The value of `e` for the sizes being traced.
+  virtual int64_t hint(const SymInt& e) = 0;
+  // Records that the traced code relied on `e rel 0`.
+  virtual void assume(const SymInt& e, SymRel rel) = 0;
+};
+// The oracle of this thread (null outside traces).
+ShapeOracle* shape_oracle();
+// Installs `o` for this thread; returns the previous one.
+ShapeOracle* set_shape_oracle(ShapeOracle* o);
+
 // A shape: one SymInt per dimension.
 using Shape = std::vector<SymInt>;
 

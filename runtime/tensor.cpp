@@ -3,6 +3,7 @@
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "runtime/record.h"
+#include "runtime/trace.h"
 
 namespace kiln {
 
@@ -18,6 +19,7 @@ const NodePtr& TensorImpl::node() {
     detail::copy_autograd(*this, cur);
     base_version = base->version;
   }
+  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_read(*this);
   return node_;
 }
 
@@ -121,6 +123,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
   }
   const bool tracking = grad_enabled();
   auto& owner = impl_->base ? impl_->base : impl_;
+  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_write(*owner);
   KILN_CHECK(!(tracking && owner->requires_grad && !owner->grad_fn), "in-place op: a leaf tensor that requires ",
              "grad (or a view of one) is used in an in-place operation; wrap it in NoGradGuard");
   if (impl_->base) {

@@ -1,0 +1,39 @@
+// Hooks through which kiln::compile (jit/) observes a trace. runtime/ calls them; it never
+// knows who listens. With no trace active on the thread every hook is one branch.
+#pragma once
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "runtime/node.h"
+
+namespace kiln {
+struct TensorImpl;
+}
+
+namespace kiln::detail {
+
+// What a trace sees of the world outside its inputs.
+class TraceObserver {
+ public:
+  virtual ~TraceObserver() = default;
+  // A tensor's node is about to be used (every op input, every in-place target).
+  virtual void on_read(TensorImpl& impl) = 0;
+  // An in-place op is about to rebind `impl` (the owner: the base for views).
+  virtual void on_write(TensorImpl& impl) = 0;
+  // Data is needed now (item(), data(), printing): `order` is the pending subgraph.
+  virtual void on_materialize(const std::vector<Node*>& order) = 0;
+};
+
+// The observer of the trace running on this thread, or null.
+TraceObserver* trace_observer();
+// Installs `o` for this thread (null: none); returns the previous one.
+TraceObserver* set_trace_observer(TraceObserver* o);
+
+// The Philox generator's (seed, counter).
+std::pair<uint64_t, uint64_t> rng_state();
+void set_rng_state(std::pair<uint64_t, uint64_t> s);
+// Reserves `n` numbers from the generator: the (seed, counter) a new random op of n elements gets.
+std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n);
+
+}  // namespace kiln::detail
