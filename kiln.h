@@ -9,3 +9,4 @@
 #include "runtime/tensor.h"
 #include "runtime/nn.h"
 #include "runtime/optim.h"
+#include "jit/compile.h"

@@ -216,6 +216,8 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck) {
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(bd.out_storage[i], false);
 }
 
+}  // namespace
+
 // ---- plans: the schedule of a segment structure, reused while the structure repeats ----
 struct PlanStep {
   Step::Kind kind;
@@ -229,6 +231,9 @@ struct Plan {
   std::vector<int64_t> sig;
   std::vector<PlanStep> steps;
 };
+void run_plan(const Plan& plan, Segment& seg);
+
+namespace {
 
 // Exact structure of a segment: ops, dtypes, sizes, attributes, wiring, which nodes are
 // needed, and the layout class of every stored input. Equal signatures schedule identically.
@@ -349,7 +354,15 @@ class JitExecutor final : public Executor {
       if (g_plans.size() > kMaxPlans) g_plans.clear();
       g_plans[h].push_back(plan);
     }
-    for (const PlanStep& s : plan->steps) {
+    run_plan(*plan, seg);
+  }
+  const char* name() const override { return "llvm"; }
+};
+
+}  // namespace
+
+void run_plan(const Plan& plan, Segment& seg) {
+    for (const PlanStep& s : plan.steps) {
       switch (s.kind) {
         case Step::Kind::Kernel: {
           Group g;
@@ -375,11 +388,19 @@ class JitExecutor final : public Executor {
     for (size_t i = 0; i < seg.nodes.size(); ++i)
       if (seg.needed[i] && !seg.nodes[i]->materialized())
         throw Error(std::string("jit: scheduler left a needed ") + op_name(seg.nodes[i]->op) + " node uncomputed");
-  }
-  const char* name() const override { return "llvm"; }
-};
+}
 
-}  // namespace
+std::shared_ptr<const Plan> prepare_segment(Segment& seg) {
+  if (jit_mode() == JitMode::Interp) return nullptr;
+  std::unordered_map<const Node*, int> pos;
+  std::vector<int64_t> sig = signature(seg, pos);
+  return make_plan(seg, pos, std::move(sig));
+}
+
+void run_segment(const Plan* plan, Segment& seg) {
+  if (plan) run_plan(*plan, seg);
+  else interpreter()->run(seg);
+}
 
 std::shared_ptr<Executor> jit_executor() {
   static auto ex = std::make_shared<JitExecutor>();

@@ -8,6 +8,7 @@
 #include "runtime/autograd_rules.h"
 #include "runtime/ops.h"
 #include "runtime/record.h"
+#include "runtime/trace.h"
 
 namespace kiln {
 namespace {
@@ -20,6 +21,7 @@ struct AccumulateGrad final : GradNode {
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
     auto impl = leaf.lock();
     if (!impl) return {};
+    if (auto* o = detail::trace_observer()) o->on_grad(*impl, true);
     Tensor gd = create_graph ? g : g.detach();
     gd = detail::cast(gd, impl->node()->dtype);
     if (impl->grad) {
@@ -180,7 +182,7 @@ void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain
 
 Tensor default_grad(const Tensor& out, const Tensor* given) {
   if (given && given->defined()) {
-    KILN_CHECK(given->sizes() == out.sizes(), "backward: gradient has shape ", detail::str(given->shape()),
+    KILN_CHECK(same_shape(given->shape(), out.shape()), "backward: gradient has shape ", detail::str(given->shape()),
                ", expected the output's shape ", detail::str(out.shape()));
     return *given;
   }
@@ -251,6 +253,7 @@ void Tensor::set_grad(const Tensor& g) {
   if (g.defined())
     KILN_CHECK(g.sizes() == sizes(), "set_grad: gradient shape ", detail::str(g.shape()), " does not match ",
                detail::str(shape()));
+  if (auto* o = detail::trace_observer()) o->on_grad(*impl_, false);
   impl_->grad = g.defined() ? g.impl() : nullptr;
 }
 

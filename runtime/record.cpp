@@ -57,8 +57,9 @@ NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape,
   n->shape = std::move(shape);
   n->strides = std::move(strides);
   n->offset = std::move(offset);
-  // A view of materialized storage is itself materialized: it only names other memory.
-  if (in->materialized()) n->set_storage(in->storage);
+  // A view of materialized storage is itself materialized: it only names other memory. (Not
+  // while compile() traces: the program must re-derive it from the input's storage each call.)
+  if (in->materialized() && !trace_observer()) n->set_storage(in->storage);
   return n;
 }
 

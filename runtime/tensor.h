@@ -34,7 +34,7 @@ struct GradNode;  // a node of the backward graph (runtime/autograd.h)
 
 // Shared state behind Tensor handles: the node it currently names, and, for views, the base
 // tensor and the chain of view steps from it. In-place ops rebind `node` (functionalization).
-struct TensorImpl {
+struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
   NodePtr node_;
   std::shared_ptr<TensorImpl> base;  // set for views: the tensor owning the storage
   std::vector<ViewStep> chain;       // view steps from base to this

@@ -21,6 +21,9 @@ class TraceObserver {
   virtual void on_read(TensorImpl& impl) = 0;
   // An in-place op is about to rebind `impl` (the owner: the base for views).
   virtual void on_write(TensorImpl& impl) = 0;
+  // A leaf's .grad() is about to change: set (set_grad, zero_grad) or accumulated into
+  // (backward), which also reads whether it was defined.
+  virtual void on_grad(TensorImpl& leaf, bool accumulate) = 0;
   // Data is needed now (item(), data(), printing): `order` is the pending subgraph.
   virtual void on_materialize(const std::vector<Node*>& order) = 0;
 };

@@ -1,0 +1,174 @@
+#include "guards/guard_set.h"
+
+#include <map>
+#include <sstream>
+
+#include "runtime/autograd.h"
+
+namespace kiln::guards {
+namespace {
+
+const char* kind_name(size_t k) {
+  static const char* names[] = {"a tensor", "an int", "a double", "a bool"};
+  return k < 4 ? names[k] : "?";
+}
+
+template <class... A>
+bool fail(std::string* why, const A&... parts) {
+  if (why) {
+    std::ostringstream os;
+    (os << ... << parts);
+    *why = os.str();
+  }
+  return false;
+}
+
+const char* rel_str(SymRel r) {
+  switch (r) {
+    case SymRel::Eq: return "==";
+    case SymRel::Ne: return "!=";
+    case SymRel::Lt: return "<";
+    case SymRel::Le: return "<=";
+    case SymRel::Gt: return ">";
+    case SymRel::Ge: return ">=";
+  }
+  return "?";
+}
+
+bool holds(int64_t v, SymRel r) {
+  switch (r) {
+    case SymRel::Eq: return v == 0;
+    case SymRel::Ne: return v != 0;
+    case SymRel::Lt: return v < 0;
+    case SymRel::Le: return v <= 0;
+    case SymRel::Gt: return v > 0;
+    case SymRel::Ge: return v >= 0;
+  }
+  return false;
+}
+
+bool same_scalar(const Value& a, const Value& b) {
+  if (a.index() != b.index()) return false;
+  if (auto* i = std::get_if<int64_t>(&a)) return *i == std::get<int64_t>(b);
+  if (auto* d = std::get_if<double>(&a)) return *d == std::get<double>(b);
+  if (auto* x = std::get_if<bool>(&a)) return *x == std::get<bool>(b);
+  return false;
+}
+
+std::string value_str(const Value& v) {
+  std::ostringstream os;
+  if (auto* i = std::get_if<int64_t>(&v)) os << *i;
+  else if (auto* d = std::get_if<double>(&v)) os << *d;
+  else if (auto* b = std::get_if<bool>(&v)) os << (*b ? "true" : "false");
+  else os << "tensor";
+  return os.str();
+}
+
+std::string tensor_str(const TensorGuard& g, const std::vector<std::string>& names) {
+  std::ostringstream os;
+  os << dtype_name(g.dtype) << " " << g.device.str() << " [";
+  for (size_t d = 0; d < g.sizes.size(); ++d)
+    os << (d ? ", " : "") << (g.symbols[d] >= 0 ? names[g.symbols[d]] : std::to_string(g.sizes[d]));
+  os << "]" << (g.contiguous ? " contiguous" : " strided") << (g.requires_grad ? " requires_grad" : "");
+  return os.str();
+}
+
+}  // namespace
+
+bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms,
+                  const char* what, int index, std::string* why) {
+  if (n.dtype != g.dtype)
+    return fail(why, what, " ", index, ": expected dtype ", dtype_name(g.dtype), ", got ", dtype_name(n.dtype));
+  if (!(n.device == g.device))
+    return fail(why, what, " ", index, ": expected device ", g.device.str(), ", got ", n.device.str());
+  if (n.shape.size() != g.sizes.size())
+    return fail(why, what, " ", index, ": expected rank ", g.sizes.size(), ", got ", n.shape.size());
+  for (size_t d = 0; d < g.sizes.size(); ++d) {
+    int64_t v = n.shape[d].as_int();
+    int s = g.symbols[d];
+    if (s < 0) {
+      if (v != g.sizes[d])
+        return fail(why, what, " ", index, " dim ", d, ": expected ", g.sizes[d], ", got ", v);
+    } else if (syms[s] < 0) {
+      syms[s] = v;
+    } else if (syms[s] != v) {
+      return fail(why, what, " ", index, " dim ", d, ": expected s", s, " (= ", syms[s], " from an earlier dim), got ", v);
+    }
+  }
+  if (g.contiguous) {
+    if (!is_contiguous_layout(n.shape, n.strides))
+      return fail(why, what, " ", index, ": expected a contiguous tensor, got a strided one");
+  } else {
+    for (size_t d = 0; d < g.strides.size(); ++d)
+      if (n.strides[d].as_int() != g.strides[d])
+        return fail(why, what, " ", index, " stride ", d, ": expected ", g.strides[d], ", got ", n.strides[d].as_int());
+  }
+  if (requires_grad != g.requires_grad)
+    return fail(why, what, " ", index, ": expected requires_grad=", g.requires_grad ? "true" : "false", ", got ",
+                requires_grad ? "true" : "false");
+  return true;
+}
+
+bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>& arg_spec, std::vector<int64_t>& syms,
+                     std::string* why) const {
+  if (args.size() != kinds.size() || arg_spec != spec)
+    return fail(why, "argument structure: expected ", kinds.size(), " values, got ", args.size(),
+                " (or container lengths changed)");
+  if (grad_enabled() != grad_mode)
+    return fail(why, "grad mode: expected ", grad_mode ? "enabled" : "disabled", ", got ", grad_mode ? "disabled" : "enabled");
+  syms.assign(symbol_names.size(), -1);
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].index() != kinds[i])
+      return fail(why, "arg ", i, ": expected ", kind_name(kinds[i]), ", got ", kind_name(args[i].index()));
+    if (kinds[i] == 0) {
+      const Tensor& t = std::get<Tensor>(args[i]);
+      if (!t.defined()) return fail(why, "arg ", i, ": expected a tensor, got an undefined one");
+      if (!check_tensor(tensors[tensor_slot[i]], *t.node(), t.requires_grad(), syms, "arg", static_cast<int>(i), why))
+        return false;
+    } else if (!same_scalar(args[i], scalars[i])) {
+      return fail(why, "arg ", i, ": expected ", value_str(scalars[i]), ", got ", value_str(args[i]));
+    }
+  }
+  for (size_t k = 0; k < captured.size(); ++k) {
+    const CapturedTensor& c = captured[k];
+    auto impl = c.impl.lock();
+    if (!impl) return fail(why, "captured tensor ", k, ": it was destroyed");
+    if (c.watch_grad && (impl->grad != nullptr) != c.has_grad)
+      return fail(why, "captured tensor ", k, ": expected .grad() ", c.has_grad ? "defined" : "undefined");
+    TensorImpl* src = impl.get();
+    if (c.grad_of) {
+      if (!impl->grad) return fail(why, "captured gradient ", k, ": expected .grad() defined");
+      src = impl->grad.get();
+    }
+    if (!check_tensor(c.guard, *src->node(), src->requires_grad, syms, "captured tensor", static_cast<int>(k), why))
+      return false;
+  }
+  if (!relations.empty()) {
+    std::map<std::string, int64_t> env;
+    for (size_t s = 0; s < symbol_names.size(); ++s) env[symbol_names[s]] = syms[s];
+    for (const auto& r : relations) {
+      int64_t v = r.expr.evaluate(env);
+      if (!holds(v, r.rel))
+        return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v);
+    }
+  }
+  return true;
+}
+
+std::string GuardSet::str() const {
+  std::ostringstream os;
+  os << "grad mode " << (grad_mode ? "on" : "off") << "\n";
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    os << "arg " << i << ": ";
+    if (kinds[i] == 0) os << tensor_str(tensors[tensor_slot[i]], symbol_names);
+    else os << "== " << value_str(scalars[i]);
+    os << "\n";
+  }
+  for (size_t k = 0; k < captured.size(); ++k)
+    os << "captured " << k << (captured[k].grad_of ? " (a .grad())" : "") << ": "
+       << tensor_str(captured[k].guard, symbol_names) << "\n";
+  for (const auto& r : relations) os << r.expr.str() << " " << rel_str(r.rel) << " 0\n";
+  return os.str();
+}
+
+}  // namespace kiln::guards

@@ -1,0 +1,189 @@
+// kiln::compile: a tensor function that checks cheap guards on each call and replays compiled
+// code without re-recording; a missed guard traces it (with symbolic sizes once a size has
+// changed) into one graph — forward, backward and optimizer updates — which is fused and cached.
+//
+// What a trace sees: tensor arguments, and tensors fn reads from outside (module parameters,
+// optimizer state), whose current values are read on every call; in-place updates of those
+// tensors and gradients accumulated into .grad() land exactly as in eager mode. What it does
+// not see: work outside tensors (printing, counters, C++ variables), which happens at trace time
+// only, and C++ values read inside fn, which are constants of the trace — pass values that
+// change as arguments (scalars are specialized and guarded) or keep them in tensors. A step that
+// needs data while tracing (item(), data(), printing a tensor, an output size that depends on
+// values) makes fn run in lazy eager mode, with a warning.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "guards/value.h"
+
+namespace kiln {
+
+struct CompileOptions {
+  std::string name = "fn";     // names fn in logs and dump files
+  int recompile_limit = 8;     // entries before fn falls back to lazy eager mode
+  // Sizes: automatic (first call specialized, a size that changes becomes a symbol), always
+  // dynamic (every size but 0 and 1 symbolic from the first call), or always static.
+  enum class Dynamic { Automatic, Always, Never } dynamic = Dynamic::Automatic;
+  std::vector<std::pair<int, int>> mark_dynamic;  // (flat argument, dim): symbolic from the start
+  std::vector<std::pair<int, int>> mark_static;   // (flat argument, dim): always specialized
+  // Activation memory budget for functions whose outputs need grad: the fraction of the
+  // min-cut's saved bytes allowed (more recomputation below 1).
+  double memory_budget = 1.0;
+  bool save_all = false;       // save every value backward reads instead of the min-cut (tests)
+};
+
+// Counters of one compiled function.
+struct CompileStats {
+  int entries = 0;             // cache entries (compiles that produced code)
+  int64_t hits = 0;            // calls served by an entry
+  int64_t misses = 0;          // calls that traced
+  int64_t eager_calls = 0;     // calls run in lazy eager mode (past the limit or after a break)
+  double compile_ms = 0;       // total trace + partition + schedule/compile time
+  int64_t saved_bytes = 0;     // newest autograd entry: bytes the forward saves for backward
+  int64_t save_all_bytes = 0;  // ... and what saving every value backward reads would cost
+  int recomputed = 0;          // ... forward ops its backward recomputes
+  std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000")
+};
+
+namespace detail {
+class CompiledCore;
+using TraceFn = std::function<std::vector<Value>(const std::vector<Value>&)>;
+std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options);
+// Runs one call: guards, then replay, trace or eager. `out_spec` receives the result structure.
+std::vector<Value> compiled_call(CompiledCore& core, std::vector<Value> args, std::vector<int64_t> spec,
+                                 const TraceFn& fn, std::vector<int64_t>& out_spec);
+CompileStats compiled_stats(const CompiledCore& core);
+
+// Flattening of arguments and results: tensors, scalars, vectors, tuples and pairs.
+template <class T, class = void>
+struct Flat;
+template <>
+struct Flat<Tensor> {
+  static void put(const Tensor& t, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(t); }
+  static Tensor get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
+    return std::get<Tensor>(in[p++]);
+  }
+};
+template <>
+struct Flat<bool> {
+  static void put(bool v, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(v); }
+  static bool get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
+    return std::get<bool>(in[p++]);
+  }
+};
+template <class T>
+struct Flat<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
+  static void put(T v, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(static_cast<int64_t>(v)); }
+  static T get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
+    return static_cast<T>(std::get<int64_t>(in[p++]));
+  }
+};
+template <class T>
+struct Flat<T, std::enable_if_t<std::is_floating_point_v<T>>> {
+  static void put(T v, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(static_cast<double>(v)); }
+  static T get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
+    return static_cast<T>(std::get<double>(in[p++]));
+  }
+};
+template <class T>
+struct Flat<std::vector<T>> {
+  static void put(const std::vector<T>& v, std::vector<Value>& out, std::vector<int64_t>& spec) {
+    spec.push_back(static_cast<int64_t>(v.size()));
+    for (const auto& x : v) Flat<T>::put(x, out, spec);
+  }
+  static std::vector<T> get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>& spec, size_t& s) {
+    std::vector<T> v;
+    int64_t n = spec.at(s++);
+    for (int64_t i = 0; i < n; ++i) v.push_back(Flat<T>::get(in, p, spec, s));
+    return v;
+  }
+};
+template <class... T>
+struct Flat<std::tuple<T...>> {
+  static void put(const std::tuple<T...>& t, std::vector<Value>& out, std::vector<int64_t>& spec) {
+    std::apply([&](const auto&... x) { (Flat<std::decay_t<decltype(x)>>::put(x, out, spec), ...); }, t);
+  }
+  static std::tuple<T...> get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>& spec, size_t& s) {
+    return std::tuple<T...>{Flat<T>::get(in, p, spec, s)...};  // braced: left to right
+  }
+};
+template <class A, class B>
+struct Flat<std::pair<A, B>> {
+  static void put(const std::pair<A, B>& t, std::vector<Value>& out, std::vector<int64_t>& spec) {
+    Flat<A>::put(t.first, out, spec);
+    Flat<B>::put(t.second, out, spec);
+  }
+  static std::pair<A, B> get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>& spec, size_t& s) {
+    A a = Flat<A>::get(in, p, spec, s);
+    B b = Flat<B>::get(in, p, spec, s);
+    return {std::move(a), std::move(b)};
+  }
+};
+}  // namespace detail
+
+// A compiled function: call it like fn.
+template <class F>
+class Compiled {
+ public:
+  Compiled(F fn, CompileOptions options)
+      : fn_(std::move(fn)), core_(detail::make_compiled_core(std::move(options))) {}
+
+  template <class... A>
+  auto operator()(A&&... args) {
+    using R = std::invoke_result_t<F&, std::decay_t<A>&...>;
+    std::vector<Value> flat;
+    std::vector<int64_t> spec;
+    (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
+    const std::vector<int64_t> arg_spec = spec;
+    detail::TraceFn trace = [this, &arg_spec](const std::vector<Value>& in) -> std::vector<Value> {
+      size_t p = 0, s = 0;
+      std::tuple<std::decay_t<A>...> call{detail::Flat<std::decay_t<A>>::get(in, p, arg_spec, s)...};
+      // The result structure rides in front: its length, its entries, then the values.
+      std::vector<Value> values;
+      std::vector<int64_t> ospec;
+      if constexpr (std::is_void_v<R>) {
+        std::apply(fn_, call);
+      } else {
+        R r = std::apply(fn_, call);
+        detail::Flat<std::decay_t<R>>::put(r, values, ospec);
+      }
+      std::vector<Value> out;
+      out.emplace_back(static_cast<int64_t>(ospec.size()));
+      for (int64_t v : ospec) out.emplace_back(v);
+      out.insert(out.end(), values.begin(), values.end());
+      return out;
+    };
+    std::vector<int64_t> out_spec;
+    std::vector<Value> out = detail::compiled_call(*core_, std::move(flat), spec, trace, out_spec);
+    if constexpr (!std::is_void_v<R>) {
+      size_t p = 0, s = 0;
+      return detail::Flat<std::decay_t<R>>::get(out, p, out_spec, s);
+    }
+  }
+
+  // The counters of this function.
+  CompileStats stats() const { return detail::compiled_stats(*core_); }
+
+ private:
+  F fn_;
+  std::shared_ptr<detail::CompiledCore> core_;
+};
+
+// Compiles `fn` (any callable over Tensors, vectors/tuples/pairs of them, and int/double/bool).
+template <class F>
+Compiled<std::decay_t<F>> compile(F&& fn, CompileOptions options = {}) {
+  return Compiled<std::decay_t<F>>(std::forward<F>(fn), std::move(options));
+}
+
+// The counters of a compiled function.
+template <class F>
+CompileStats compile_stats(const Compiled<F>& f) {
+  return f.stats();
+}
+
+}  // namespace kiln

@@ -1,0 +1,223 @@
+#include "jit/program.h"
+
+#include <algorithm>
+#include <sstream>
+#include <unordered_map>
+
+#include "jit/executor.h"
+#include "runtime/executor.h"
+#include "runtime/trace.h"
+
+namespace kiln::jit {
+
+struct Program::Instance {
+  std::vector<NodePtr> owned;
+  std::vector<Node*> inputs;
+  std::vector<Node*> outputs;
+  std::vector<Node*> rands;  // random ops in recording order: fresh Philox counters per call
+  Segment seg;
+  std::shared_ptr<const Plan> plan;
+};
+
+namespace {
+bool is_random(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
+
+Shape eval_shape(const Shape& s, const std::map<std::string, int64_t>& env) {
+  Shape out;
+  out.reserve(s.size());
+  for (const auto& d : s) out.emplace_back(d.is_constant() ? d : SymInt(d.evaluate(env)));
+  return out;
+}
+SymInt eval_int(const SymInt& v, const std::map<std::string, int64_t>& env) {
+  return v.is_constant() ? v : SymInt(v.evaluate(env));
+}
+void not_pending(Node& n) {
+  if (n.pending) {
+    n.pending = false;
+    detail::pending_add(-1);
+  }
+}
+}  // namespace
+
+std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop) {
+  std::vector<Node*> order;
+  std::unordered_map<const Node*, int> state;
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (const auto& r : outputs) {
+    if (!r || stop.count(r.get()) || r->materialized() || state.count(r.get())) continue;
+    stack.push_back({r.get(), 0});
+    state[r.get()] = 1;
+    while (!stack.empty()) {
+      auto& [n, i] = stack.back();
+      if (i < n->inputs.size()) {
+        Node* in = n->inputs[i++].get();
+        if (!stop.count(in) && !in->materialized() && !state.count(in)) {
+          state[in] = 1;
+          stack.push_back({in, 0});
+        }
+      } else {
+        order.push_back(n);
+        stack.pop_back();
+      }
+    }
+  }
+  return order;
+}
+
+Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std::vector<std::string> symbols)
+    : inputs_(std::move(inputs)), outputs_(std::move(outputs)), symbols_(std::move(symbols)) {}
+Program::~Program() = default;
+
+size_t Program::instances() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return instances_.size();
+}
+
+std::vector<const Node*> Program::body() const {
+  std::set<const Node*> stop;
+  for (const auto& n : inputs_) stop.insert(n.get());
+  auto order = topo_order(outputs_, stop);
+  return {order.begin(), order.end()};
+}
+
+Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
+  auto it = instances_.find(syms);
+  if (it != instances_.end()) return *it->second;
+  std::map<std::string, int64_t> env;
+  for (size_t i = 0; i < symbols_.size(); ++i) env[symbols_[i]] = syms[i];
+  auto inst = std::make_unique<Instance>();
+  std::unordered_map<const Node*, NodePtr> map;
+  std::set<const Node*> stop;
+  for (const auto& in : inputs_) {
+    auto leaf = std::make_shared<Node>();
+    leaf->op = OpKind::Leaf;
+    leaf->dtype = in->dtype;
+    leaf->device = in->device;
+    leaf->shape = eval_shape(in->shape, env);
+    leaf->strides = eval_shape(in->strides, env);
+    leaf->offset = eval_int(in->offset, env);
+    not_pending(*leaf);
+    map[in.get()] = leaf;
+    stop.insert(in.get());
+    inst->inputs.push_back(leaf.get());
+    inst->owned.push_back(std::move(leaf));
+  }
+  std::vector<Node*> order = topo_order(outputs_, stop);
+  auto mapped = [&](const NodePtr& n) -> NodePtr {
+    auto f = map.find(n.get());
+    if (f != map.end()) return f->second;
+    return n;  // a constant (materialized when traced)
+  };
+  std::vector<std::pair<uint64_t, Node*>> rands;
+  for (Node* n : order) {
+    auto c = std::make_shared<Node>();
+    c->op = n->op;
+    for (const auto& in : n->inputs) c->inputs.push_back(mapped(in));
+    c->attrs = n->attrs;
+    c->attrs.sizes = eval_shape(n->attrs.sizes, env);
+    c->attrs.strides = eval_shape(n->attrs.strides, env);
+    c->attrs.offset = eval_int(n->attrs.offset, env);
+    c->dtype = n->dtype;
+    c->device = n->device;
+    c->shape = eval_shape(n->shape, env);
+    c->strides = eval_shape(n->strides, env);
+    c->offset = eval_int(n->offset, env);
+    not_pending(*c);
+    if (is_random(c->op)) rands.push_back({n->id, c.get()});
+    map[n] = c;
+    inst->seg.nodes.push_back(c.get());
+    inst->owned.push_back(std::move(c));
+  }
+  std::sort(rands.begin(), rands.end());
+  for (auto& r : rands) inst->rands.push_back(r.second);
+  std::set<const Node*> outs;
+  for (const auto& o : outputs_) {
+    NodePtr m = mapped(o);
+    inst->outputs.push_back(m.get());
+    outs.insert(m.get());
+    if (m == o) inst->owned.push_back(o);  // constant output: keep it alive
+  }
+  for (Node* n : inst->seg.nodes) inst->seg.needed.push_back(outs.count(n) > 0);
+  inst->plan = prepare_segment(inst->seg);
+  auto& ref = *inst;
+  instances_[syms] = std::move(inst);
+  return ref;
+}
+
+std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::vector<int64_t>& syms) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Instance& inst = instance(syms);
+  KILN_CHECK(inputs.size() == inst.inputs.size(), "compiled program: expected ", inst.inputs.size(), " inputs, got ",
+             inputs.size());
+  struct Reset {
+    Instance& i;
+    ~Reset() {
+      for (Node* n : i.seg.nodes) n->storage.reset();
+      for (Node* n : i.inputs) n->storage.reset();
+    }
+  } reset{inst};
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Node* dst = inst.inputs[i];
+    const Node* src = inputs[i];
+    dst->storage = src->storage;
+    dst->offset = src->offset;
+    if (dst->strides.size() == src->strides.size()) dst->strides = src->strides;
+  }
+  for (Node* r : inst.rands) {
+    int64_t n = 1;
+    for (const auto& d : r->shape) n *= d.as_int();
+    std::tie(r->attrs.seed, r->attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
+  }
+  if (!inst.seg.nodes.empty()) run_segment(inst.plan.get(), inst.seg);
+  std::vector<Tensor> out;
+  out.reserve(inst.outputs.size());
+  for (Node* o : inst.outputs) {
+    KILN_CHECK(o->materialized(), "compiled program: output ", op_name(o->op), " was not computed");
+    auto leaf = std::make_shared<Node>();
+    leaf->op = OpKind::Leaf;
+    leaf->dtype = o->dtype;
+    leaf->device = o->device;
+    leaf->shape = o->shape;
+    leaf->strides = o->strides;
+    leaf->offset = o->offset;
+    leaf->set_storage(o->storage);
+    out.push_back(Tensor::from_node(std::move(leaf)));
+  }
+  return out;
+}
+
+std::string graph_dot(const std::vector<NodePtr>& inputs, const std::vector<NodePtr>& outputs,
+                      const std::set<const Node*>& highlight, const std::string& label) {
+  std::set<const Node*> stop;
+  for (const auto& n : inputs) stop.insert(n.get());
+  std::vector<Node*> order = topo_order(outputs, stop);
+  std::ostringstream os;
+  os << "digraph kiln {\n  label=\"" << label << "\";\n  node [shape=box, fontname=monospace];\n";
+  std::unordered_map<const Node*, std::string> names;
+  auto name_of = [&](const Node* n) {
+    auto it = names.find(n);
+    if (it != names.end()) return it->second;
+    std::string nm = "n" + std::to_string(names.size());
+    names[n] = nm;
+    bool is_input = stop.count(n) > 0;
+    os << "  " << nm << " [label=\"" << (is_input ? "input" : n->materialized() ? "constant" : op_name(n->op)) << " "
+       << dtype_name(n->dtype) << " " << shape_str(n->shape) << "\"";
+    if (highlight.count(n)) os << ", style=filled, fillcolor=orange";
+    else if (is_input) os << ", style=filled, fillcolor=lightblue";
+    os << "];\n";
+    return nm;
+  };
+  for (const auto& n : inputs) name_of(n.get());
+  for (Node* n : order) {
+    std::string me = name_of(n);
+    for (const auto& in : n->inputs) os << "  " << name_of(in.get()) << " -> " << me << ";\n";
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    os << "  out" << i << " [label=\"output " << i << "\", shape=ellipse];\n";
+    os << "  " << name_of(outputs[i].get()) << " -> out" << i << ";\n";
+  }
+  os << "}\n";
+  return os.str();
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,99 @@
+#include "jit/trace_session.h"
+
+#include "runtime/executor.h"
+
+namespace kiln::jit {
+
+TraceSession::TraceSession(uint64_t start_id, std::map<std::string, int64_t> hints)
+    : start_id_(start_id), hints_(std::move(hints)), rng_(detail::rng_state()) {}
+
+TraceSession::~TraceSession() { stop(); }
+
+void TraceSession::start() {
+  prev_observer_ = detail::set_trace_observer(this);
+  prev_oracle_ = set_shape_oracle(this);
+  active_ = true;
+}
+
+void TraceSession::stop() {
+  if (!active_) return;
+  detail::set_trace_observer(prev_observer_);
+  set_shape_oracle(prev_oracle_);
+  active_ = false;
+}
+
+void TraceSession::add_placeholder(TensorImpl& impl, int i) { placeholder_[&impl] = i; }
+
+void TraceSession::capture(TensorImpl& impl) {
+  Captured c;
+  c.impl = impl.shared_from_this();
+  for (size_t k = 0; k < captured.size(); ++k)
+    if (captured[k].impl->grad.get() == &impl) c.grad_of = static_cast<int>(k);
+  c.node_before = impl.node_;
+  c.grad_before = impl.grad;
+  c.grad_fn_before = impl.grad_fn;
+  c.requires_grad_before = impl.requires_grad;
+  c.version_before = impl.version;
+  cap_index_[&impl] = static_cast<int>(captured.size());
+  // Work recorded before the trace is done now, so the trace starts from stored values.
+  if (!impl.node_->materialized()) materialize({impl.node_});
+  c.node = impl.node_;
+  captured.push_back(std::move(c));
+}
+
+void TraceSession::on_read(TensorImpl& impl) {
+  if (placeholder_.count(&impl) || cap_index_.count(&impl) || aliases_.count(&impl)) return;
+  if (!impl.node_ || impl.node_->id >= start_id_) return;  // made during the trace
+  for (const auto& c : captured)
+    if (c.node == impl.node_) {
+      // A handle made in the trace naming a captured value (autograd snapshots, detach()).
+      aliases_.insert(&impl);
+      return;
+    }
+  capture(impl);
+}
+
+void TraceSession::on_write(TensorImpl& impl) {
+  auto p = placeholder_.find(&impl);
+  if (p != placeholder_.end()) {
+    placeholder_written[p->second] = true;
+    return;
+  }
+  on_read(impl);
+  auto c = cap_index_.find(&impl);
+  if (c != cap_index_.end()) captured[c->second].written = true;
+  else created_written.push_back(impl.shared_from_this());
+}
+
+void TraceSession::on_materialize(const std::vector<Node*>& order) {
+  for (Node* n : order)
+    if (n->id >= start_id_)
+      throw GraphBreak{std::string("a value was needed while tracing (item(), data(), printing or a data-dependent ") +
+                       "size; last op: " + op_name(order.back()->op) + ")"};
+}
+
+void TraceSession::on_grad(TensorImpl& leaf, bool accumulate) {
+  if (accumulate && !grad_touched_.count(&leaf)) grad_relied_.insert(&leaf);
+  grad_touched_.insert(&leaf);
+}
+
+int64_t TraceSession::hint(const SymInt& e) { return e.evaluate(hints_); }
+
+void TraceSession::assume(const SymInt& e, SymRel rel) {
+  std::string key = e.str() + "#" + std::to_string(static_cast<int>(rel));
+  if (seen_.insert(key).second) relations.push_back({e, rel});
+}
+
+void TraceSession::restore() {
+  for (auto it = captured.rbegin(); it != captured.rend(); ++it) {
+    TensorImpl& impl = *it->impl;
+    impl.node_ = it->node_before;
+    impl.grad = it->grad_before;
+    impl.grad_fn = it->grad_fn_before;
+    impl.requires_grad = it->requires_grad_before;
+    impl.version = it->version_before;
+  }
+  detail::set_rng_state(rng_);
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,76 @@
+// TraceSession: what compile() learns while fn runs on placeholder inputs — the tensors it
+// captures from outside, the ones it writes, and the size facts it relies on.
+#pragma once
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "guards/guard_set.h"
+#include "runtime/autograd.h"
+#include "runtime/trace.h"
+
+namespace kiln::jit {
+
+// Thrown out of fn when it needs data while tracing; fn then runs eagerly.
+struct GraphBreak {
+  std::string reason;
+};
+
+class TraceSession final : public detail::TraceObserver, public ShapeOracle {
+ public:
+  // A tensor fn read from outside, with its state before the trace (restored afterwards).
+  struct Captured {
+    std::shared_ptr<TensorImpl> impl;
+    int grad_of = -1;  // index of the captured parameter whose .grad() this is
+    NodePtr node;      // its (materialized) node as the trace read it
+    NodePtr node_before;
+    std::shared_ptr<TensorImpl> grad_before;
+    std::shared_ptr<GradNode> grad_fn_before;
+    bool requires_grad_before = false;
+    uint64_t version_before = 0;
+    bool written = false;
+  };
+
+  TraceSession(uint64_t start_id, std::map<std::string, int64_t> hints);
+  ~TraceSession() override;
+  // Makes this session observe the current thread (until stop() or destruction).
+  void start();
+  void stop();
+
+  // Placeholders stand for arguments; `i` is the flat argument index.
+  void add_placeholder(TensorImpl& impl, int i);
+  // Puts every captured tensor back as it was before the trace.
+  void restore();
+
+  void on_read(TensorImpl& impl) override;
+  void on_write(TensorImpl& impl) override;
+  void on_materialize(const std::vector<Node*>& order) override;
+  void on_grad(TensorImpl& leaf, bool accumulate) override;
+  // Whether the trace relied on `impl`'s .grad() being defined or not (a backward accumulated
+  // into it before fn set it).
+  bool relied_on_grad(const TensorImpl* impl) const { return grad_relied_.count(impl) > 0; }
+  int64_t hint(const SymInt& e) override;
+  void assume(const SymInt& e, SymRel rel) override;
+
+  std::vector<Captured> captured;
+  std::vector<guards::SizeRelation> relations;
+  std::map<int, bool> placeholder_written;            // flat argument -> written in place
+  std::vector<std::weak_ptr<TensorImpl>> created_written;  // tensors made in the trace, then written
+
+ private:
+  void capture(TensorImpl& impl);
+  uint64_t start_id_;
+  std::map<std::string, int64_t> hints_;
+  std::set<std::string> seen_;
+  std::unordered_map<const TensorImpl*, int> cap_index_, placeholder_;
+  std::set<const TensorImpl*> aliases_, grad_touched_, grad_relied_;
+  bool active_ = false;
+  detail::TraceObserver* prev_observer_ = nullptr;
+  ShapeOracle* prev_oracle_ = nullptr;
+  std::pair<uint64_t, uint64_t> rng_;
+};
+
+}  // namespace kiln::jit

@@ -1,0 +1,455 @@
+// kiln::compile: compiled equals eager; guards, recompilation policy, captured state, training
+// steps, the min-cut partitioner and its memory budget, graph breaks.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kiln.h"
+#include "tests/test_seed.h"
+
+using namespace kiln;
+
+namespace {
+
+// Float32 results of fused kernels may differ from the reference in the last bits.
+void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6) {
+  ASSERT_EQ(a.sizes(), b.sizes());
+  ASSERT_EQ(a.dtype(), b.dtype());
+  auto x = a.to_vector<double>(), y = b.to_vector<double>();
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (std::isnan(x[i]) && std::isnan(y[i])) continue;
+    ASSERT_NEAR(x[i], y[i], atol + rtol * std::abs(y[i])) << "element " << i;
+  }
+}
+
+struct Mlp : nn::Module {
+  std::shared_ptr<nn::Linear> l1, l2, l3;
+  Mlp(int64_t in, int64_t hidden, int64_t out) {
+    l1 = register_module("l1", std::make_shared<nn::Linear>(in, hidden));
+    l2 = register_module("l2", std::make_shared<nn::Linear>(hidden, hidden));
+    l3 = register_module("l3", std::make_shared<nn::Linear>(hidden, out));
+  }
+  Tensor forward(const Tensor& x) override { return l3->forward(l2->forward(l1->forward(x).tanh()).tanh()); }
+};
+
+}  // namespace
+
+TEST(Compile, EqualsEagerAndReplaysWithoutRecording) {
+  auto fn = [](const Tensor& x, const Tensor& y, double s) { return ((x * y + s).tanh() * 2).sum({1}); };
+  auto f = compile(fn);
+  Tensor x = randn({8, 16}), y = randn({8, 16});
+  expect_close(f(x, y, 0.5), fn(x, y, 0.5));
+  reset_stats();
+  for (int i = 0; i < 5; ++i) {
+    Tensor a = randn({8, 16}).eval(), b = randn({8, 16}).eval();
+    uint64_t before = stats().nodes_recorded;
+    Tensor r = f(a, b, 0.5);
+    EXPECT_LE(stats().nodes_recorded - before, 2u);  // output leaves only: nothing is re-recorded
+    expect_close(r, fn(a, b, 0.5));
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 1);
+  EXPECT_EQ(st.hits, 5);
+  // A scalar argument is specialized: a new value recompiles and stays right.
+  expect_close(f(x, y, 1.5), fn(x, y, 1.5));
+  EXPECT_EQ(f.stats().entries, 2);
+}
+
+TEST(Compile, ArgumentAndResultStructures) {
+  auto fn = [](const std::vector<Tensor>& xs, std::tuple<Tensor, int64_t> t, bool flag) {
+    Tensor acc = std::get<0>(t) * static_cast<double>(std::get<1>(t));
+    for (const auto& x : xs) acc = acc + x;
+    return std::make_pair(flag ? acc.relu() : acc, std::vector<Tensor>{acc.exp(), acc.neg()});
+  };
+  auto f = compile(fn);
+  for (int n : {2, 3, 2}) {
+    std::vector<Tensor> xs;
+    for (int i = 0; i < n; ++i) xs.push_back(randn({4}));
+    Tensor t = randn({4});
+    auto got = f(xs, std::make_tuple(t, int64_t{3}), true);
+    auto want = fn(xs, std::make_tuple(t, int64_t{3}), true);
+    expect_close(got.first, want.first);
+    ASSERT_EQ(got.second.size(), 2u);
+    expect_close(got.second[0], want.second[0]);
+    expect_close(got.second[1], want.second[1]);
+  }
+  EXPECT_EQ(f.stats().entries, 2);  // the list length is part of the guards
+}
+
+TEST(Compile, SixtyFourBatchSizesCompileTwice) {
+  Mlp net(64, 32, 8);
+  auto f = compile([&](const Tensor& x) { return net(x); });
+  for (int i = 0; i < 64; ++i) {
+    int64_t b = 1000 + 61 * i;
+    Tensor x = randn({b, 64});
+    Tensor got = f(x);
+    if (i % 9 == 0) expect_close(got, net(x), 1e-4, 1e-5);
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 2);  // static, then dynamic
+  EXPECT_EQ(st.hits, 62);
+  EXPECT_NE(st.last_miss.find("arg 0 dim 0: expected 1000, got 1061"), std::string::npos) << st.last_miss;
+}
+
+TEST(Compile, SizeZeroAndOneStaySpecialized) {
+  auto fn = [](const Tensor& x) { return (x * 2).sum({0}); };
+  auto f = compile(fn);
+  for (int64_t b : {5, 6, 7}) {
+    Tensor x = randn({b, 3});
+    expect_close(f(x), fn(x));
+  }
+  Tensor x1 = randn({1, 3}), x0 = randn({0, 3}), x9 = randn({9, 3});
+  expect_close(f(x1), fn(x1));
+  expect_close(f(x0), fn(x0));
+  expect_close(f(x9), fn(x9));
+  EXPECT_EQ(f.stats().entries, 4);  // 5 static, s0 >= 2 dynamic, 1, 0
+}
+
+TEST(Compile, DtypeAndRankChangesRecompile) {
+  auto fn = [](const Tensor& x) { return (x * 3).exp(); };
+  auto f = compile(fn);
+  Tensor a = randn({4, 5}), b = randn({4, 5}, kFloat64), c = randn({20});
+  expect_close(f(a), fn(a));
+  expect_close(f(b), fn(b), 1e-12, 1e-12);
+  expect_close(f(c), fn(c));
+  EXPECT_EQ(f.stats().entries, 3);
+  expect_close(f(b), fn(b), 1e-12, 1e-12);
+  EXPECT_EQ(f.stats().entries, 3);
+}
+
+TEST(Compile, RecompileLimitFallsBackToEager) {
+  CompileOptions o;
+  o.recompile_limit = 2;
+  o.dynamic = CompileOptions::Dynamic::Never;
+  auto fn = [](const Tensor& x) { return x.square() + 1; };
+  auto f = compile(fn, o);
+  for (int64_t n = 1; n <= 6; ++n) {
+    Tensor x = randn({n});
+    expect_close(f(x), fn(x));
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 2);
+  EXPECT_EQ(st.eager_calls, 4);
+}
+
+TEST(Compile, MarkDynamicCompilesOnce) {
+  CompileOptions o;
+  o.mark_dynamic = {{0, 0}};
+  auto fn = [](const Tensor& x) { return x.softmax(1); };
+  auto f = compile(fn, o);
+  for (int64_t b : {3, 17, 64, 5}) {
+    Tensor x = randn({b, 10});
+    expect_close(f(x), fn(x));
+  }
+  EXPECT_EQ(f.stats().entries, 1);
+}
+
+TEST(Compile, NonContiguousInputsAreGuarded) {
+  auto fn = [](const Tensor& x) { return x * 2 + 1; };
+  auto f = compile(fn);
+  Tensor base = randn({6, 8});
+  Tensor t = base.t();
+  expect_close(f(base), fn(base));
+  expect_close(f(t), fn(t));
+  Tensor s = base.slice(1, 1, 7);
+  expect_close(f(s), fn(s));
+  EXPECT_EQ(f.stats().entries, 3);
+}
+
+TEST(Compile, CapturedParametersAreReadEachCall) {
+  Mlp net(5, 7, 3);
+  auto f = compile([&](const Tensor& x) { return net(x); });
+  Tensor x = randn({4, 5});
+  expect_close(f(x), net(x), 1e-5, 1e-6);
+  {
+    NoGradGuard ng;
+    net.l1->weight.mul_(0.5);  // updated outside fn, eagerly
+  }
+  expect_close(f(x), net(x), 1e-5, 1e-6);
+  EXPECT_EQ(f.stats().entries, 1);
+}
+
+TEST(Compile, InPlaceOnArgumentsLandsInTheCaller) {
+  auto fn = [](Tensor x, const Tensor& y) {
+    x.add_(y);
+    return x * 2;
+  };
+  auto f = compile(fn);
+  Tensor a = randn({3, 4}), b = randn({3, 4});
+  Tensor a2 = a.clone();
+  Tensor r = f(a, b);
+  Tensor r2 = fn(a2, b);
+  expect_close(r, r2);
+  expect_close(a, a2);
+  Tensor r3 = f(a, b), r4 = fn(a2, b);  // replay
+  expect_close(r3, r4);
+  expect_close(a, a2);
+}
+
+namespace {
+template <class MakeOpt>
+void check_training_step(MakeOpt make_opt, int steps) {
+  manual_seed(7);
+  Mlp eager_net(6, 16, 2), comp_net(6, 16, 2);
+  {
+    auto src = eager_net.named_parameters();
+    auto dst = comp_net.named_parameters();
+    NoGradGuard ng;
+    for (size_t i = 0; i < src.size(); ++i) dst[i].second.copy_(src[i].second);
+  }
+  auto opt_e = make_opt(eager_net.parameters());
+  auto opt_c = make_opt(comp_net.parameters());
+  auto step_fn = [](Mlp& net, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+    opt.zero_grad();
+    Tensor loss = mse_loss(net(x), y);
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  };
+  auto f = compile([&](const Tensor& x, const Tensor& y) { return step_fn(comp_net, *opt_c, x, y); });
+  for (int s = 0; s < steps; ++s) {
+    Tensor x = randn({32, 6}), y = randn({32, 2});
+    Tensor lc = f(x, y);
+    Tensor le = step_fn(eager_net, *opt_e, x, y);
+    expect_close(lc, le, 1e-4, 1e-6);
+  }
+  auto pe = eager_net.parameters(), pc = comp_net.parameters();
+  for (size_t i = 0; i < pe.size(); ++i) {
+    expect_close(pc[i], pe[i], 1e-4, 1e-6);
+    expect_close(pc[i].grad(), pe[i].grad(), 1e-4, 1e-6);
+  }
+  EXPECT_EQ(f.stats().entries, 1);
+  EXPECT_EQ(f.stats().hits, steps - 1);
+}
+}  // namespace
+
+TEST(Compile, TrainingStepAdamMatchesEager) {
+  check_training_step([](std::vector<Tensor> p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{1e-2}); }, 12);
+}
+
+TEST(Compile, TrainingStepSgdMomentumMatchesEager) {
+  check_training_step(
+      [](std::vector<Tensor> p) {
+        optim::SGDOptions o;
+        o.lr = 0.05;
+        o.momentum = 0.9;
+        o.dampening = 0.1;
+        return std::make_unique<optim::SGD>(p, o);
+      },
+      8);
+}
+
+TEST(Compile, LearningRateChangesAreSeen) {
+  Mlp net(3, 4, 1);
+  optim::SGD opt(net.parameters(), optim::SGDOptions{0.1});
+  Mlp ref(3, 4, 1);
+  {
+    NoGradGuard ng;
+    auto a = net.parameters(), b = ref.parameters();
+    for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
+  }
+  optim::SGD ropt(ref.parameters(), optim::SGDOptions{0.1});
+  auto step = [](Mlp& m, optim::SGD& o, const Tensor& x) {
+    o.zero_grad();
+    m(x).square().mean().backward();
+    o.step();
+  };
+  auto f = compile([&](const Tensor& x) { step(net, opt, x); });
+  for (int i = 0; i < 4; ++i) {
+    Tensor x = randn({5, 3});
+    opt.set_lr(0.1 / (i + 1));
+    ropt.set_lr(0.1 / (i + 1));
+    f(x);
+    step(ref, ropt, x);
+  }
+  auto a = net.parameters(), b = ref.parameters();
+  for (size_t i = 0; i < a.size(); ++i) expect_close(a[i], b[i]);
+}
+
+TEST(Compile, ForwardWithBackwardOutsideMatchesEager) {
+  Mlp net(8, 16, 4);
+  auto f = compile([&](const Tensor& x) { return net(x); });
+  for (int it = 0; it < 3; ++it) {
+    Tensor x = randn({10, 8}).requires_grad_();
+    Tensor xe = x.detach().clone().requires_grad_();
+    net.zero_grad();
+    Tensor y = f(x);
+    ASSERT_TRUE(y.requires_grad());
+    (y.square().sum()).backward();
+    std::vector<Tensor> gc;
+    for (auto& p : net.parameters()) gc.push_back(p.grad().clone());
+    Tensor gx = x.grad();
+    net.zero_grad();
+    net(xe).square().sum().backward();
+    auto ps = net.parameters();
+    for (size_t i = 0; i < ps.size(); ++i) expect_close(gc[i], ps[i].grad(), 1e-4, 1e-5);
+    expect_close(gx, xe.grad(), 1e-4, 1e-5);
+  }
+  EXPECT_EQ(f.stats().entries, 1);
+  EXPECT_LE(f.stats().saved_bytes, f.stats().save_all_bytes);
+}
+
+TEST(Partition, PointwiseChainBetweenMatmulsSavesOneTensor) {
+  Tensor w1 = randn({32, 32}).requires_grad_(), w2 = randn({32, 32}).requires_grad_();
+  auto fn = [&](const Tensor& x) {
+    Tensor h = x.matmul(w1);
+    Tensor a = ((h.tanh() * 2 + 1).sigmoid() * h).exp();
+    return a.matmul(w2);
+  };
+  auto f = compile(fn);
+  Tensor x = randn({64, 32});
+  Tensor y = f(x);
+  y.sum().backward();
+  auto st = f.stats();
+  // The backward needs x (for dW1), W2 (for da) and h; a and every intermediate are recomputed.
+  int64_t expect = (64 * 32 + 32 * 32 + 64 * 32) * 4;
+  EXPECT_EQ(st.saved_bytes, expect);
+  EXPECT_GT(st.save_all_bytes, st.saved_bytes);
+  EXPECT_GE(st.recomputed, 5);
+  Tensor g1 = w1.grad().clone(), g2 = w2.grad().clone();
+  w1.set_grad(Tensor());
+  w2.set_grad(Tensor());
+  fn(x).sum().backward();
+  expect_close(g1, w1.grad(), 1e-4, 1e-4);
+  expect_close(g2, w2.grad(), 1e-4, 1e-4);
+}
+
+TEST(Partition, MinCutSavesNoMoreThanSaveAllWithIdenticalResults) {
+  for (bool save_all : {false, true}) {
+    manual_seed(3);
+    Mlp net(16, 32, 4);
+    CompileOptions o;
+    o.save_all = save_all;
+    auto f = compile([&](const Tensor& x) { return net(x).softmax(1); }, o);
+    Tensor x = randn({20, 16});
+    f(x).log().sum().backward();
+    static std::vector<float> first;
+    static int64_t min_cut_bytes = 0;
+    auto g = net.l1->weight.grad().to_vector<float>();
+    if (!save_all) {
+      first = g;
+      min_cut_bytes = f.stats().saved_bytes;
+    } else {
+      // The same math whatever is saved; recomputed values fuse differently, so float32
+      // rounding may differ in the last bits.
+      ASSERT_EQ(g.size(), first.size());
+      for (size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(g[i], first[i], 1e-6 + 1e-5 * std::abs(first[i]));
+      EXPECT_LE(min_cut_bytes, f.stats().saved_bytes);
+      EXPECT_EQ(f.stats().saved_bytes, f.stats().save_all_bytes);
+    }
+  }
+}
+
+TEST(Partition, MemoryBudgetLowersSavedBytesMonotonically) {
+  int64_t prev = INT64_MAX;
+  std::vector<float> ref;
+  for (double budget : {1.0, 0.8, 0.6, 0.4, 0.2, 0.05}) {
+    manual_seed(5);
+    Mlp net(16, 64, 8);
+    CompileOptions o;
+    o.memory_budget = budget;
+    auto f = compile([&](const Tensor& x) { return (net(x).tanh() - net(x).mean({1}, true)).square(); }, o);
+    Tensor x = randn({40, 16});
+    f(x).sum().backward();
+    int64_t saved = f.stats().saved_bytes;
+    EXPECT_LE(saved, prev) << "budget " << budget;
+    prev = saved;
+    auto g = net.l2->weight.grad().to_vector<float>();
+    if (ref.empty()) ref = g;
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_NEAR(g[i], ref[i], 1e-4 + 1e-4 * std::abs(ref[i]));
+  }
+  EXPECT_LT(prev, INT64_MAX);
+}
+
+TEST(Compile, GraphBreakRunsEagerWithRightAnswers) {
+  auto fn = [](const Tensor& x) {
+    double m = x.abs().amax().item<double>();  // data-dependent: needs a value mid-trace
+    return x / m;
+  };
+  auto f = compile(fn);
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = randn({7});
+    expect_close(f(x), fn(x));
+  }
+  EXPECT_EQ(f.stats().entries, 0);
+  EXPECT_EQ(f.stats().eager_calls, 3);
+}
+
+TEST(Compile, RandomOpsDrawFreshNumbersLikeEager) {
+  auto fn = [](const Tensor& x) { return dropout(x, 0.5, true); };
+  auto f = compile(fn);
+  Tensor x = ones({64});
+  manual_seed(11);
+  std::vector<Tensor> comp;
+  for (int i = 0; i < 3; ++i) comp.push_back(f(x));
+  manual_seed(11);
+  for (int i = 0; i < 3; ++i) expect_close(comp[i], fn(x));
+  EXPECT_NE(comp[1].to_vector<float>(), comp[2].to_vector<float>());
+}
+
+TEST(Compile, ClearErrors) {
+  std::vector<Tensor> state;
+  auto leaky = compile([&](const Tensor& x) {
+    if (state.empty()) state.push_back(zeros({3}));
+    state[0].add_(x);
+    return x + 1;
+  });
+  EXPECT_THROW(leaky(ones({3})), Error);
+  Tensor w = randn({3}).requires_grad_();
+  auto f = compile([&](const Tensor& x) { return (x * w).sum(); });
+  Tensor y = f(randn({3}));
+  EXPECT_THROW(kiln::grad({y}, {w}, {}, false, true), Error);  // double backward
+  EXPECT_THROW(compile([](const Tensor& x) { return x; }, CompileOptions{"bad", 0}), Error);
+}
+
+// Random programs over random shapes: a compiled function called with shapes that change across
+// calls must equal eager on every call (guards never admit an input the code is wrong for).
+TEST(Compile, RandomProgramsAcrossShapes) {
+  uint64_t seed = kiln::testing::test_seed(0xC0FFEE);
+  std::mt19937_64 rng(seed);
+  int calls = 0;
+  for (int prog = 0; prog < 60; ++prog) {
+    std::vector<int> ops;
+    int len = 2 + static_cast<int>(rng() % 6);
+    for (int i = 0; i < len; ++i) ops.push_back(static_cast<int>(rng() % 10));
+    auto fn = [ops](const Tensor& a, const Tensor& b) {
+      Tensor x = a;
+      for (int op : ops) {
+        switch (op) {
+          case 0: x = x + b; break;
+          case 1: x = x * b.tanh(); break;
+          case 2: x = x.exp().clamp(std::nullopt, 10.0); break;
+          case 3: x = x - x.mean({1}, true); break;
+          case 4: x = x.softmax(1); break;
+          case 5: x = x.t().contiguous().t(); break;
+          case 6: x = x * x.amax({0}, true); break;
+          case 7: x = x.relu() + b.sum({0}, true); break;
+          case 8: x = x.slice(1, 0, std::nullopt, 1) * 0.5; break;
+          default: x = x.sigmoid(); break;
+        }
+      }
+      return x;
+    };
+    auto f = compile(fn);
+    int64_t cols = 1 + static_cast<int64_t>(rng() % 9);
+    for (int c = 0; c < 5; ++c) {
+      int64_t rows = static_cast<int64_t>(rng() % 12);  // includes 0 and 1
+      if (rng() % 3 == 0) cols = 1 + static_cast<int64_t>(rng() % 9);
+      Tensor a = randn({rows, cols}), b = randn({rows, cols});
+      if (rng() % 4 == 0) b = randn({1, cols});  // broadcast
+      SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c));
+      Tensor want;
+      try {
+        want = fn(a, b).eval();
+      } catch (const Error&) {
+        EXPECT_THROW(f(a, b), Error);  // bad input fails the same way compiled
+        ++calls;
+        continue;
+      }
+      expect_close(f(a, b), want, 1e-4, 1e-5);
+      ++calls;
+    }
+  }
+  EXPECT_EQ(calls, 300);
+}
