@@ -154,6 +154,14 @@ class CompiledCore {
     return stats_;
   }
 
+  bool guards_pass(const std::vector<Value>& args, const std::vector<int64_t>& spec) {
+    std::lock_guard<std::mutex> lock(mu_);
+    thread_local std::vector<int64_t> syms;
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
+      if ((*it)->guards.check(args, spec, syms, nullptr)) return true;
+    return false;
+  }
+
  private:
   std::vector<Value> run_eager(const std::vector<Value>& args, const TraceFn& fn, std::vector<int64_t>& out_spec,
                                bool) {
@@ -529,5 +537,9 @@ std::vector<Value> compiled_call(CompiledCore& core, std::vector<Value> args, st
 }
 
 CompileStats compiled_stats(const CompiledCore& core) { return core.stats(); }
+
+bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec) {
+  return core.guards_pass(args, spec);
+}
 
 }  // namespace kiln::detail

@@ -58,6 +58,8 @@ std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options);
 std::vector<Value> compiled_call(CompiledCore& core, std::vector<Value> args, std::vector<int64_t> spec,
                                  const TraceFn& fn, std::vector<int64_t>& out_spec);
 CompileStats compiled_stats(const CompiledCore& core);
+// Whether some entry's guards admit these arguments (runs the guards only).
+bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec);
 
 // Flattening of arguments and results: tensors, scalars, vectors, tuples and pairs.
 template <class T, class = void>
@@ -168,6 +170,15 @@ class Compiled {
 
   // The counters of this function.
   CompileStats stats() const { return detail::compiled_stats(*core_); }
+
+  // Runs only the guards for these arguments: true when a compiled entry would serve the call.
+  template <class... A>
+  bool guards_pass(const A&... args) {
+    std::vector<Value> flat;
+    std::vector<int64_t> spec;
+    (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
+    return detail::compiled_guards_pass(*core_, flat, spec);
+  }
 
  private:
   F fn_;
