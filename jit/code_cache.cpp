@@ -1,6 +1,9 @@
 #include "jit/code_cache.h"
 
+#include <tbb/task_arena.h>
+
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -9,7 +12,9 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "jit/codegen_asmjit.h"
 #include "jit/diagnostics.h"
+#include "jit/executor.h"
 #include "runtime/error.h"
 
 namespace kiln::jit {
@@ -100,6 +105,99 @@ void write_entry(const std::string& path, const std::string& full_key, const std
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
+// LLVM: compiles `ck`'s kernel, loads it and writes the disk entry (any thread).
+KernelFn build_llvm(const CompiledKernel& ck, const std::string& key, const std::string& full_key,
+                    const std::string& path) {
+  std::string opt_ir;
+  bool dumping = !dump_dir().empty();
+  auto t0 = std::chrono::steady_clock::now();
+  std::string object = compile_to_object(ck.lowered->kernel, ck.symbol, dumping ? &opt_ir : nullptr);
+  KernelFn fn = load_object(object, ck.symbol);
+  double ms = ms_since(t0);
+  if (dumping) {
+    dump_file(ck.symbol + ".loop.txt", "// key: " + key + "\n" + ck.lowered->kernel.str());
+    dump_file(ck.symbol + ".ll", emit_llvm_ir(ck.lowered->kernel, ck.symbol));
+    dump_file(ck.symbol + ".opt.ll", opt_ir);
+  }
+  if (log_enabled("codegen"))
+    log_line("codegen", "compiled " + ck.symbol + " in " + std::to_string(ms) + " ms (" +
+                            std::to_string(ck.lowered->kernel.exprs.size()) + " exprs)");
+  if (!path.empty()) write_entry(path, full_key, object);
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_stats.compiles++;
+  g_stats.compile_ms += ms;
+  return fn;
+}
+
+// ---- background LLVM compiles (tiered mode) ----
+// Leaked on purpose: tasks that TBB starts late at exit may still touch it.
+struct Background {
+  std::mutex mu;
+  std::condition_variable cv;
+  int pending = 0;   // queued or running
+  int running = 0;
+  bool held = false;
+  bool exiting = false;
+};
+Background& bg() {
+  static Background* b = new Background();
+  return *b;
+}
+tbb::task_arena& bg_arena() {
+  static tbb::task_arena* a = new tbb::task_arena(1, 0);  // one thread, never the callers'
+  return *a;
+}
+// At exit: tasks not yet started are abandoned; running compiles finish first.
+void at_exit() {
+  Background& b = bg();
+  std::unique_lock<std::mutex> lock(b.mu);
+  b.exiting = true;
+  b.cv.notify_all();
+  b.cv.wait(lock, [&] { return b.running == 0; });
+}
+// Registered when the first compile is queued and again after the first one ran: exit handlers
+// run in reverse order of registration, so this one runs before the destructors of statics
+// that compiling constructed.
+void register_at_exit() { std::atexit(at_exit); }
+
+void queue_llvm(std::shared_ptr<CompiledKernel> ck, std::string key, std::string full_key, std::string path) {
+  Background& b = bg();
+  static std::once_flag first;
+  std::call_once(first, register_at_exit);
+  {
+    std::lock_guard<std::mutex> lock(b.mu);
+    b.pending++;
+  }
+  bg_arena().enqueue([ck = std::move(ck), key = std::move(key), full_key = std::move(full_key), path = std::move(path)] {
+    Background& b = bg();
+    {
+      std::unique_lock<std::mutex> lock(b.mu);
+      b.cv.wait(lock, [&] { return !b.held || b.exiting; });
+      if (b.exiting) {
+        b.pending--;
+        b.cv.notify_all();
+        return;
+      }
+      b.running++;
+    }
+    try {
+      KernelFn fn = build_llvm(*ck, key, full_key, path);
+      ck->fn.store(fn, std::memory_order_release);
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_stats.background_swaps++;
+    } catch (const std::exception& e) {
+      log_line("codegen", "background LLVM compile of " + ck->symbol + " failed (" + e.what() +
+                              "); it keeps running its asmjit code");
+    }
+    static std::once_flag again;
+    std::call_once(again, register_at_exit);
+    std::lock_guard<std::mutex> lock(b.mu);
+    b.running--;
+    b.pending--;
+    b.cv.notify_all();
+  });
+}
+
 std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g) {
   auto ck = std::make_shared<CompiledKernel>();
   ck->lowered = lower(g);
@@ -110,34 +208,45 @@ std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g) {
   ck->lowered->kernel.name = ck->symbol;
   std::string dir = cache_dir();
   std::string path = dir.empty() ? "" : dir + "/" + ck->symbol + ".kobj";
+  const JitMode mode = jit_mode();
+  const bool fast = (mode == JitMode::Asmjit || mode == JitMode::Tiered) && !ck->lowered->split &&
+                    asmjit_supports(ck->lowered->kernel);
+  // Disk first (asmjit mode skips it for kernels the asmjit tier takes: that mode tests it).
   std::string object;
   auto t0 = std::chrono::steady_clock::now();
-  if (!path.empty() && read_entry(path, full_key, object)) {
+  if (!(fast && mode == JitMode::Asmjit) && !path.empty() && read_entry(path, full_key, object)) {
     ck->fn = load_object(object, ck->symbol);
     std::lock_guard<std::mutex> lock(g_mu);
     g_stats.disk_hits++;
     g_stats.load_ms += ms_since(t0);
     return ck;
   }
-  std::string opt_ir;
-  bool dumping = !dump_dir().empty();
-  object = compile_to_object(ck->lowered->kernel, ck->symbol, dumping ? &opt_ir : nullptr);
-  ck->fn = load_object(object, ck->symbol);
-  double ms = ms_since(t0);
-  if (dumping) {
-    dump_file(ck->symbol + ".loop.txt", "// key: " + key + "\n" + ck->lowered->kernel.str());
-    dump_file(ck->symbol + ".ll", emit_llvm_ir(ck->lowered->kernel, ck->symbol));
-    dump_file(ck->symbol + ".opt.ll", opt_ir);
+  if (fast) {
+    try {
+      t0 = std::chrono::steady_clock::now();
+      ck->asmjit_fn = compile_asmjit(ck->lowered->kernel);
+      double us = ms_since(t0) * 1000;
+      ck->fn = ck->asmjit_fn;
+      if (log_enabled("codegen")) log_line("codegen", "asmjit compiled " + ck->symbol + " in " + std::to_string(us) + " us (" + std::to_string(ck->lowered->kernel.exprs.size()) + " exprs)");
+      {
+        std::lock_guard<std::mutex> lock(g_mu);
+        g_stats.asmjit_compiles++;
+        g_stats.asmjit_compile_us += us;
+      }
+      if (mode == JitMode::Tiered) queue_llvm(ck, key, full_key, path);
+      return ck;
+    } catch (const std::exception& e) {
+      // Once per key (the memory cache builds each key once); LLVM takes the kernel.
+      if (log_enabled("codegen")) log_line("codegen", "asmjit cannot compile " + ck->symbol + " (" + e.what() + "); using LLVM");
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_stats.asmjit_fallbacks++;
+    }
   }
-  if (log_enabled("codegen"))
-    log_line("codegen", "compiled " + ck->symbol + " in " + std::to_string(ms) + " ms (" +
-                            std::to_string(ck->lowered->kernel.exprs.size()) + " exprs)");
-  if (!path.empty()) write_entry(path, full_key, object);
-  std::lock_guard<std::mutex> lock(g_mu);
-  g_stats.compiles++;
-  g_stats.compile_ms += ms;
+  ck->fn = build_llvm(*ck, key, full_key, path);
   return ck;
 }
+
+std::atomic<uint64_t> g_asmjit_runs{0}, g_llvm_runs{0};
 
 }  // namespace
 
@@ -160,11 +269,35 @@ std::string cache_dir() {
 
 CacheStats cache_stats() {
   std::lock_guard<std::mutex> lock(g_mu);
-  return g_stats;
+  CacheStats s = g_stats;
+  s.asmjit_runs = g_asmjit_runs.load(std::memory_order_relaxed);
+  s.llvm_runs = g_llvm_runs.load(std::memory_order_relaxed);
+  return s;
 }
 void reset_cache_stats() {
   std::lock_guard<std::mutex> lock(g_mu);
   g_stats = CacheStats{};
+  g_asmjit_runs = 0;
+  g_llvm_runs = 0;
+}
+
+KernelFn launch_fn(const CompiledKernel& ck) {
+  KernelFn fn = ck.fn.load(std::memory_order_acquire);
+  (fn == ck.asmjit_fn ? g_asmjit_runs : g_llvm_runs).fetch_add(1, std::memory_order_relaxed);
+  return fn;
+}
+
+void wait_background_compiles() {
+  Background& b = bg();
+  std::unique_lock<std::mutex> lock(b.mu);
+  b.cv.wait(lock, [&] { return b.pending == 0 || (b.exiting && b.running == 0); });
+}
+
+void hold_background_compiles(bool hold) {
+  Background& b = bg();
+  std::lock_guard<std::mutex> lock(b.mu);
+  b.held = hold;
+  b.cv.notify_all();
 }
 void clear_memory_cache() {
   std::lock_guard<std::mutex> lock(g_mu);

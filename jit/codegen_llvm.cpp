@@ -64,8 +64,9 @@ const VectorMath& sleef_library() {
 
 // ---- vector math: libm scalar names -> SLEEF vector-ABI variants present in this process ----
 const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
-  static std::deque<std::string> names;
-  static std::vector<VecDesc> descs;
+  // Leaked like the JIT below: background compiles may still run while statics are destroyed.
+  static auto& names = *new std::deque<std::string>();
+  static auto& descs = *new std::vector<VecDesc>();
   static std::once_flag once;
   std::call_once(once, [&] {
     const VectorMath& lib = sleef_library();
@@ -509,8 +510,9 @@ void optimize(Module& mod, TargetMachine& tm) {
   mpm.run(mod, mam);
 }
 
+// Never destroyed: loaded kernels (and background compiles) outlive static destruction.
 orc::LLJIT& the_jit() {
-  static std::unique_ptr<orc::LLJIT> jit = [] {
+  static orc::LLJIT* jit = [] {
     init_llvm();
     sleef_library();  // kernels loaded from the disk cache call SLEEF too
     auto j = orc::LLJITBuilder().create();
@@ -518,7 +520,7 @@ orc::LLJIT& the_jit() {
     auto gen = orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*j)->getDataLayout().getGlobalPrefix());
     if (!gen) throw Error("llvm: " + toString(gen.takeError()));
     (*j)->getMainJITDylib().addGenerator(std::move(*gen));
-    return std::move(*j);
+    return j->release();
   }();
   return *jit;
 }

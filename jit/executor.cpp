@@ -198,7 +198,7 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck) {
   Binding bd = bind(g, L);
   int64_t extent = eval_index(k, k.parallel_extent, bd.ip);
   int64_t work = std::max<int64_t>(1, numel(g.domain).as_int());
-  KernelFn fn = ck->fn;
+  KernelFn fn = launch_fn(*ck);
   if (extent > 0) {
     if (work < kInlineBelow || extent == 1) {
       fn(0, extent, bd.buffers.data(), bd.ip.data(), bd.fp.data());
@@ -356,7 +356,13 @@ class JitExecutor final : public Executor {
     }
     run_plan(*plan, seg);
   }
-  const char* name() const override { return "llvm"; }
+  const char* name() const override {
+    switch (jit_mode()) {
+      case JitMode::Asmjit: return "asmjit";
+      case JitMode::Tiered: return "tiered";
+      default: return "llvm";
+    }
+  }
 };
 
 }  // namespace
@@ -412,7 +418,9 @@ JitMode jit_mode() {
     const char* v = std::getenv("KILN_JIT");
     std::string s = v ? v : "";
     if (s == "interp") return JitMode::Interp;
-    if (s.empty() || s == "llvm" || s == "tiered" || s == "asmjit") return JitMode::Llvm;
+    if (s == "llvm") return JitMode::Llvm;
+    if (s == "asmjit") return JitMode::Asmjit;
+    if (s.empty() || s == "tiered") return JitMode::Tiered;
     throw Error("KILN_JIT must be interp, llvm, asmjit or tiered; got '" + s + "'");
   }();
   return m;

@@ -6,10 +6,13 @@
 
 namespace kiln::jit {
 
-enum class JitMode { Interp, Llvm };
-// KILN_JIT: interp -> the reference interpreter; llvm/tiered/asmjit (default) -> the LLVM JIT.
+// KILN_JIT: interp = the reference interpreter; llvm = LLVM kernels only; asmjit = asmjit
+// kernels where the asmjit tier can compile them, LLVM otherwise; tiered (default) = asmjit
+// at once, replaced by LLVM code compiled in the background (disk cache hits load LLVM code).
+enum class JitMode { Interp, Llvm, Asmjit, Tiered };
+// The mode from KILN_JIT (read once; throws kiln::Error on an unknown value).
 JitMode jit_mode();
-// The LLVM-backed executor (scheduler + fused kernels + code cache).
+// The JIT executor (scheduler + fused kernels + code cache).
 std::shared_ptr<Executor> jit_executor();
 
 // A segment's schedule and compiled kernels, made once and run many times over the same node

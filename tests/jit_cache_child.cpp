@@ -1,11 +1,12 @@
 // Child process of tests/test_jit.cpp (the code cache directory and KILN_JIT are read once per
 // process, so the disk cache and the executor switch are tested in fresh processes).
 //
-//   jit_cache_child executor          prints "executor=<current executor> mode=<interp|llvm>"
+//   jit_cache_child executor          prints "executor=<current executor> mode=<KILN_JIT mode>"
 //   jit_cache_child workload          runs a fixed workload on the interpreter and on the JIT,
 //                                     compares, and prints one line of key=value pairs:
 //                                     ok compiles disk_hits disk_rebuilds hits compile_ms load_ms
-//                                     jit_ms cache_dir
+//                                     jit_ms asmjit_compiles swaps cache_dir (after waiting for
+//                                     background compiles)
 //   jit_cache_child workload-default  the same with the default executor instead of the JIT
 //   jit_cache_child threads           the workload on the JIT from 8 threads at once, 3 times
 #include <chrono>
@@ -91,8 +92,9 @@ bool close(const std::vector<double>& a, const std::vector<double>& b, std::stri
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
   if (mode == "executor") {
+    const char* names[] = {"interp", "llvm", "asmjit", "tiered"};
     std::printf("executor=%s mode=%s\n", kiln::current_executor().name(),
-                kiln::jit::jit_mode() == kiln::jit::JitMode::Interp ? "interp" : "llvm");
+                names[static_cast<int>(kiln::jit::jit_mode())]);
     return 0;
   }
   if (mode != "workload" && mode != "workload-default" && mode != "threads") {
@@ -132,11 +134,13 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < gs.size(); ++i) run(i);
   }
   double jit_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  kiln::jit::wait_background_compiles();  // tiered: the LLVM kernels (and their disk entries) are done
   kiln::jit::CacheStats s = kiln::jit::cache_stats();
   std::printf("ok=%d compiles=%llu disk_hits=%llu disk_rebuilds=%llu hits=%llu compile_ms=%.3f load_ms=%.3f jit_ms=%.3f "
-              "cache_dir=%s\n",
+              "asmjit_compiles=%llu swaps=%llu cache_dir=%s\n",
               ok.load() ? 1 : 0, static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.disk_hits),
               static_cast<unsigned long long>(s.disk_rebuilds), static_cast<unsigned long long>(s.hits), s.compile_ms,
-              s.load_ms, jit_ms, kiln::jit::cache_dir().c_str());
+              s.load_ms, jit_ms, static_cast<unsigned long long>(s.asmjit_compiles),
+              static_cast<unsigned long long>(s.background_swaps), kiln::jit::cache_dir().c_str());
   return ok.load() ? 0 : 1;
 }
