@@ -4,6 +4,7 @@
 #include <tbb/parallel_for.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 #include "jit/code_cache.h"
 #include "jit/diagnostics.h"
 #include "jit/executor.h"
+#include "jit/passes.h"
 #include "jit/scheduler.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
@@ -55,9 +57,13 @@ const Node* arg_node(const Group& g, const std::vector<Node*>& ins, int a) {
   return a >= 0 ? g.nodes[a] : ins[-a - 1];
 }
 
-Binding bind(const Group& g, const Lowered& L) {
-  Binding bd;
-  std::vector<Node*> ins = canonical_inputs(g);
+// Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`.
+void bind(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins) {
+  bd.buffers.clear();
+  bd.ip.clear();
+  bd.fp.clear();
+  bd.out_storage.clear();
+  bd.partials.clear();
   for (Node* in : ins)
     bd.buffers.push_back(static_cast<char*>(in->storage->data) + in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
   for (Node* o : g.outputs) {
@@ -101,7 +107,6 @@ Binding bind(const Group& g, const Lowered& L) {
     bd.partials.emplace_back(static_cast<size_t>(bd.chunks) * 8);
     bd.buffers.push_back(bd.partials.back().data());
   }
-  return bd;
 }
 
 // Combines per-chunk partials of a split reduction into its output.
@@ -188,16 +193,18 @@ std::shared_ptr<CompiledKernel> kernel_or_null(const Group& g, const std::string
   }
 }
 
-void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck) {
+// Runs a kernel step; `ins` are the group's canonical inputs, `work` its domain's size.
+void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins,
+                Binding& bd, int64_t work) {
   if (!ck) {
     interpret_group(g);
     return;
   }
   const Lowered& L = *ck->lowered;
   const Kernel& k = L.kernel;
-  Binding bd = bind(g, L);
+  bind(bd, g, L, ins);
   int64_t extent = eval_index(k, k.parallel_extent, bd.ip);
-  int64_t work = std::max<int64_t>(1, numel(g.domain).as_int());
+  work = std::max<int64_t>(1, work);
   KernelFn fn = launch_fn(*ck);
   if (extent > 0) {
     if (work < kInlineBelow || extent == 1) {
@@ -213,7 +220,7 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck) {
     bd.chunks = 0;
   }
   if (L.split) combine(L, k, bd, g);
-  for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(bd.out_storage[i], false);
+  for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
 }
 
 }  // namespace
@@ -222,28 +229,43 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck) {
 struct PlanStep {
   Step::Kind kind;
   int node = -1;                       // Opaque / View
-  std::vector<int> nodes, outputs;     // Kernel: segment positions
+  std::vector<int> nodes, outputs;     // Kernel: extended positions (segment, then folded constants)
+  std::vector<int> inputs;             // Kernel: canonical inputs, positions or -(k + 1) = external k
   std::vector<int64_t> domain, reduce_dims;
+  int64_t work = 1;                    // elements of the domain
   bool split = false;
   std::shared_ptr<CompiledKernel> ck;  // null: interpreter fallback
 };
 struct Plan {
   std::vector<int64_t> sig;
+  Rewrite rw;  // graph passes, re-applied on every run
   std::vector<PlanStep> steps;
 };
-void run_plan(const Plan& plan, Segment& seg);
 
 namespace {
 
+// Per-thread buffers of one run (a nested run on the same thread gets fresh ones).
+struct RunScratch {
+  std::vector<int64_t> sig;
+  std::vector<Node*> externals, ext, ins;
+  std::unordered_map<const Node*, int> extern_ids;  // only for segments with many external inputs
+  Group group;
+  Binding binding;
+  bool busy = false;
+};
+
 // Exact structure of a segment: ops, dtypes, sizes, attributes, wiring, which nodes are
 // needed, and the layout class of every stored input. Equal signatures schedule identically.
-std::vector<int64_t> signature(const Segment& seg, std::unordered_map<const Node*, int>& pos) {
-  std::vector<int64_t> s;
-  s.reserve(seg.nodes.size() * 16);
-  pos.reserve(seg.nodes.size() * 2);
-  for (size_t i = 0; i < seg.nodes.size(); ++i) pos[seg.nodes[i]] = static_cast<int>(i);
-  int externals = 0;
-  for (size_t i = 0; i < seg.nodes.size(); ++i) {
+// Sets every node's `pos`; `externals` receives the stored inputs in first-use order.
+void signature(const Segment& seg, RunScratch& sc) {
+  std::vector<int64_t>& s = sc.sig;
+  std::vector<Node*>& externals = sc.externals;
+  s.clear();
+  externals.clear();
+  sc.extern_ids.clear();
+  const size_t N = seg.nodes.size();
+  for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);
+  for (size_t i = 0; i < N; ++i) {
     const Node* n = seg.nodes[i];
     s.push_back(static_cast<int64_t>(n->op) << 8 | static_cast<int64_t>(n->dtype) << 1 | (seg.needed[i] ? 1 : 0));
     s.push_back(static_cast<int64_t>(n->shape.size()));
@@ -253,14 +275,30 @@ std::vector<int64_t> signature(const Segment& seg, std::unordered_map<const Node
     if (n->op == OpKind::View || n->op == OpKind::AsStrided)
       for (const auto& d : n->strides) s.push_back(d.as_int());
     s.push_back(static_cast<int64_t>(n->inputs.size()));
-    for (const auto& in : n->inputs) {
-      auto it = pos.find(in.get());
-      if (it != pos.end()) {
-        s.push_back(it->second);
+    for (const auto& inp : n->inputs) {
+      Node* in = inp.get();
+      int32_t p = in->pos;
+      if (!in->materialized() && p >= 0 && static_cast<size_t>(p) < N && seg.nodes[p] == in) {
+        s.push_back(p);
         continue;
       }
-      pos[in.get()] = -(++externals);
-      s.push_back(-externals);
+      int id = 0;
+      if (externals.size() < 32) {
+        for (size_t k = 0; k < externals.size() && !id; ++k)
+          if (externals[k] == in) id = static_cast<int>(k) + 1;
+      } else {
+        if (sc.extern_ids.empty())
+          for (size_t k = 0; k < externals.size(); ++k) sc.extern_ids.emplace(externals[k], static_cast<int>(k) + 1);
+        auto it = sc.extern_ids.find(in);
+        if (it != sc.extern_ids.end()) id = it->second;
+      }
+      if (id) {
+        s.push_back(-id);
+        continue;
+      }
+      externals.push_back(in);
+      if (!sc.extern_ids.empty()) sc.extern_ids.emplace(in, static_cast<int>(externals.size()));
+      s.push_back(-static_cast<int64_t>(externals.size()));
       s.push_back(static_cast<int64_t>(in->dtype) << 8 | static_cast<int64_t>(in->shape.size()) << 1 |
                   (is_contiguous_layout(in->shape, in->strides) ? 1 : 0));
       for (size_t d = 0; d < in->shape.size(); ++d) {
@@ -270,7 +308,6 @@ std::vector<int64_t> signature(const Segment& seg, std::unordered_map<const Node
       }
     }
   }
-  return s;
 }
 
 uint64_t hash_sig(const std::vector<int64_t>& s) {
@@ -283,14 +320,40 @@ std::mutex g_plan_mu;
 std::unordered_map<uint64_t, std::vector<std::shared_ptr<const Plan>>> g_plans;
 constexpr size_t kMaxPlans = 4096;
 
-std::shared_ptr<const Plan> make_plan(Segment& seg, const std::unordered_map<const Node*, int>& pos,
-                                      std::vector<int64_t> sig) {
+bool passes_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_PASSES");
+    return !(v && std::string(v) == "off");
+  }();
+  return on;
+}
+
+// Runs the graph passes on `seg` (applying their rewrite: `sc.ext` then names every extended
+// position) and schedules the result.
+// `passes`: run the graph passes (their rewrite is re-applied on each run of the plan).
+std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes = true) {
+  auto plan = std::make_shared<Plan>();
+  plan->sig = sc.sig;
+  if (passes && passes_enabled()) plan->rw = run_passes(seg);
+  Segment rewritten;
+  const Segment* target = &seg;
+  if (plan->rw.identity) {
+    sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+  } else {
+    apply_rewrite(plan->rw, seg, sc.ext, seg.keep_alive);
+    for (int p : plan->rw.order) rewritten.nodes.push_back(sc.ext[p]);
+    rewritten.needed = plan->rw.needed;
+    target = &rewritten;
+  }
+  std::unordered_map<const Node*, int> pos;
+  for (size_t i = 0; i < sc.ext.size(); ++i) pos[sc.ext[i]] = static_cast<int>(i);
+  for (size_t k = 0; k < sc.externals.size(); ++k) pos.emplace(sc.externals[k], -static_cast<int>(k) - 1);
   // Schedule; a kernel that cannot be formed around a reduction gets that reduction stored.
   std::vector<const Node*> stored;
   std::vector<Step> steps;
   std::vector<std::shared_ptr<CompiledKernel>> kernels;
   for (int attempt = 0;; ++attempt) {
-    steps = schedule(seg, stored);
+    steps = schedule(*target, stored);
     kernels.assign(steps.size(), nullptr);
     bool again = false;
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -313,9 +376,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, const std::unordered_map<con
     }
     if (!again) break;
   }
-  if (log_enabled("fusion")) log_line("fusion", "segment of " + std::to_string(seg.nodes.size()) + " nodes:\n" + describe(steps));
-  auto plan = std::make_shared<Plan>();
-  plan->sig = std::move(sig);
+  if (log_enabled("fusion")) log_line("fusion", "segment of " + std::to_string(target->nodes.size()) + " nodes:\n" + describe(steps));
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& st = steps[i];
     PlanStep ps{st.kind};
@@ -324,7 +385,9 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, const std::unordered_map<con
     } else {
       for (Node* n : st.group.nodes) ps.nodes.push_back(pos.at(n));
       for (Node* n : st.group.outputs) ps.outputs.push_back(pos.at(n));
+      for (Node* n : canonical_inputs(st.group)) ps.inputs.push_back(pos.at(n));
       ps.domain = concrete(st.group.domain);
+      for (int64_t d : ps.domain) ps.work *= d;
       ps.reduce_dims = st.group.reduce_dims;
       ps.split = st.group.split;
       ps.ck = kernels[i];
@@ -334,27 +397,92 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, const std::unordered_map<con
   return plan;
 }
 
+void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
+  const std::vector<Node*>& ext = sc.ext;
+  Group& g = sc.group;
+  for (const PlanStep& s : plan.steps) {
+    switch (s.kind) {
+      case Step::Kind::Kernel: {
+        g.nodes.clear();
+        g.outputs.clear();
+        sc.ins.clear();
+        for (int i : s.nodes) g.nodes.push_back(ext[i]);
+        for (int i : s.outputs) g.outputs.push_back(ext[i]);
+        for (int i : s.inputs) sc.ins.push_back(i >= 0 ? ext[i] : sc.externals[-i - 1]);
+        g.domain.assign(s.domain.begin(), s.domain.end());
+        g.reduce_dims = s.reduce_dims;
+        g.split = s.split;
+        run_kernel(g, s.ck, sc.ins, sc.binding, s.work);
+        break;
+      }
+      case Step::Kind::Opaque: {
+        Node* n = ext[s.node];
+        for (auto& in : n->inputs) materialize_view(in.get());  // views of stored data
+        interpret_node(*n);
+        break;
+      }
+      case Step::Kind::View:
+        materialize_view(ext[s.node]);
+        break;
+    }
+  }
+  if (!plan.rw.identity) finish_rewrite(plan.rw, ext);
+  for (size_t i = 0; i < seg.nodes.size(); ++i)
+    if (seg.needed[i] && !seg.nodes[i]->materialized())
+      throw Error(std::string("jit: scheduler left a needed ") + op_name(seg.nodes[i]->op) + " node uncomputed");
+}
+
+thread_local RunScratch t_scratch;
+// The plans this thread ran last, most recent first (a hit takes no lock).
+thread_local std::array<std::pair<uint64_t, std::shared_ptr<const Plan>>, 8> t_recent;
+
 class JitExecutor final : public Executor {
  public:
   void run(Segment& seg) override {
-    std::unordered_map<const Node*, int> pos;
-    std::vector<int64_t> sig = signature(seg, pos);
-    uint64_t h = hash_sig(sig);
+    std::unique_ptr<RunScratch> own;
+    RunScratch* scp = &t_scratch;
+    if (scp->busy) {
+      own = std::make_unique<RunScratch>();
+      scp = own.get();
+    }
+    RunScratch& sc = *scp;
+    struct Busy {
+      RunScratch& s;
+      explicit Busy(RunScratch& r) : s(r) { s.busy = true; }
+      ~Busy() { s.busy = false; }
+    } busy(sc);
+    signature(seg, sc);
+    uint64_t h = hash_sig(sc.sig);
     std::shared_ptr<const Plan> plan;
-    {
+    for (const auto& [ch, p] : t_recent)  // this thread's recent plans: no lock
+      if (ch == h && p->sig == sc.sig && guards_hold(p->rw, seg)) {
+        plan = p;
+        break;
+      }
+    if (!plan) {
       std::lock_guard<std::mutex> lock(g_plan_mu);
       auto it = g_plans.find(h);
       if (it != g_plans.end())
         for (auto& p : it->second)
-          if (p->sig == sig) plan = p;
+          if (p->sig == sc.sig && guards_hold(p->rw, seg)) {
+            plan = p;
+            break;
+          }
     }
-    if (!plan) {
-      plan = make_plan(seg, pos, std::move(sig));
+    if (plan) {
+      if (plan->rw.identity) sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+      else apply_rewrite(plan->rw, seg, sc.ext, seg.keep_alive);
+    } else {
+      plan = make_plan(seg, sc);
       std::lock_guard<std::mutex> lock(g_plan_mu);
       if (g_plans.size() > kMaxPlans) g_plans.clear();
       g_plans[h].push_back(plan);
     }
-    run_plan(*plan, seg);
+    if (t_recent[0].second != plan) {
+      std::move_backward(t_recent.begin(), t_recent.end() - 1, t_recent.end());
+      t_recent[0] = {h, plan};
+    }
+    execute(*plan, seg, sc);
   }
   const char* name() const override {
     switch (jit_mode()) {
@@ -367,45 +495,24 @@ class JitExecutor final : public Executor {
 
 }  // namespace
 
-void run_plan(const Plan& plan, Segment& seg) {
-    for (const PlanStep& s : plan.steps) {
-      switch (s.kind) {
-        case Step::Kind::Kernel: {
-          Group g;
-          for (int i : s.nodes) g.nodes.push_back(seg.nodes[i]);
-          for (int i : s.outputs) g.outputs.push_back(seg.nodes[i]);
-          g.domain = make_shape(s.domain);
-          g.reduce_dims = s.reduce_dims;
-          g.split = s.split;
-          run_kernel(g, s.ck);
-          break;
-        }
-        case Step::Kind::Opaque: {
-          Node* n = seg.nodes[s.node];
-          for (auto& in : n->inputs) materialize_view(in.get());  // views of stored data
-          interpret_node(*n);
-          break;
-        }
-        case Step::Kind::View:
-          materialize_view(seg.nodes[s.node]);
-          break;
-      }
-    }
-    for (size_t i = 0; i < seg.nodes.size(); ++i)
-      if (seg.needed[i] && !seg.nodes[i]->materialized())
-        throw Error(std::string("jit: scheduler left a needed ") + op_name(seg.nodes[i]->op) + " node uncomputed");
-}
-
 std::shared_ptr<const Plan> prepare_segment(Segment& seg) {
   if (jit_mode() == JitMode::Interp) return nullptr;
-  std::unordered_map<const Node*, int> pos;
-  std::vector<int64_t> sig = signature(seg, pos);
-  return make_plan(seg, pos, std::move(sig));
+  RunScratch sc;
+  signature(seg, sc);
+  // No passes: a prepared segment's nodes are reused on every run, and the passes' rewrite
+  // relinks edges per run.
+  return make_plan(seg, sc, false);
 }
 
 void run_segment(const Plan* plan, Segment& seg) {
-  if (plan) run_plan(*plan, seg);
-  else interpreter()->run(seg);
+  if (!plan) {
+    interpreter()->run(seg);
+    return;
+  }
+  RunScratch sc;
+  signature(seg, sc);
+  sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+  execute(*plan, seg, sc);
 }
 
 std::shared_ptr<Executor> jit_executor() {

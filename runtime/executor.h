@@ -12,7 +12,9 @@ namespace kiln {
 struct Segment {
   std::vector<Node*> nodes;    // unmaterialized nodes, topologically sorted
   std::vector<bool> needed;    // per node: must hold storage after the run (used outside)
-  std::vector<NodePtr> keep_alive;  // owns every node of the segment while it runs
+  // Nodes to keep alive until materialize() has finished with the segment: an executor that
+  // unlinks a segment node from its consumers (graph passes) adds it here.
+  std::vector<NodePtr> keep_alive;
 };
 
 // Runs segments. run() must leave every `needed` node materialized (Node::set_storage; pass
@@ -38,6 +40,8 @@ void interpret_node(Node& n);
 
 // Computes every given node that is not yet materialized, with all pending ancestors.
 void materialize(const std::vector<NodePtr>& nodes);
+// Same, for one node.
+void materialize(const NodePtr& node);
 
 // Counters proving laziness.
 struct Stats {

@@ -82,7 +82,7 @@ using NodePtr = std::shared_ptr<Node>;
 
 // One recorded op: what it computes, its inputs, its type, shape and layout, and once
 // materialized the storage it lives in. Immutable once recorded, except for materialization.
-struct Node {
+struct Node : std::enable_shared_from_this<Node> {
   OpKind op = OpKind::Leaf;
   std::vector<NodePtr> inputs;
   Attrs attrs;
@@ -94,6 +94,10 @@ struct Node {
   std::shared_ptr<Storage> storage;  // set once materialized
   uint64_t id = 0;                   // unique, increasing in recording order
   bool pending = true;               // counted in stats().pending until first computed
+  // Scratch for the thread materializing this (pending) node: a visit mark and the node's
+  // position in its segment. Meaningless outside materialize() and Executor::run().
+  uint32_t mark = 0;
+  int32_t pos = -1;
 
   Node();
   ~Node();

@@ -24,12 +24,31 @@ std::optional<DType> combine(std::optional<DType> higher, std::optional<DType> l
 void promote_into(std::optional<DType>& acc, DType t) { acc = acc ? promote_types(*acc, t) : t; }
 }  // namespace
 
-DType result_type(const std::vector<Tensor>& tensors, const std::vector<Scalar>& scalars) {
+namespace {
+// Accumulates torch.result_type over tensors and scalars without temporary containers.
+struct Promotion {
   std::optional<DType> dim_r, zero_r, wrapped_r;
-  for (const auto& t : tensors) promote_into(t.dim() > 0 ? dim_r : zero_r, t.dtype());
-  for (const auto& s : scalars) promote_into(wrapped_r, s.default_dtype());
-  auto r = combine(dim_r, combine(zero_r, wrapped_r));
-  return r ? *r : DType::Float32;
+  Promotion& add(const Tensor& t) {
+    const Node& n = *t.node();
+    promote_into(n.shape.empty() ? zero_r : dim_r, n.dtype);
+    return *this;
+  }
+  Promotion& add(Scalar s) {
+    promote_into(wrapped_r, s.default_dtype());
+    return *this;
+  }
+  DType result() const {
+    auto r = combine(dim_r, combine(zero_r, wrapped_r));
+    return r ? *r : DType::Float32;
+  }
+};
+}  // namespace
+
+DType result_type(const std::vector<Tensor>& tensors, const std::vector<Scalar>& scalars) {
+  Promotion p;
+  for (const auto& t : tensors) p.add(t);
+  for (const auto& s : scalars) p.add(s);
+  return p.result();
 }
 
 namespace {
@@ -142,18 +161,18 @@ void check_sub(OpKind op, bool a_bool, bool b_bool) {
 Tensor binary_tt(OpKind op, const Tensor& a, const Tensor& b, BinKind kind) {
   KILN_CHECK(a.defined() && b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.dtype() == kBool);
-  return binary(op, a, b, result_type({a, b}), kind);
+  return binary(op, a, b, Promotion().add(a).add(b).result(), kind);
 }
 Tensor binary_ts(OpKind op, const Tensor& a, Scalar b, BinKind kind) {
   KILN_CHECK(a.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.kind() == Scalar::Kind::Bool);
-  DType t = result_type({a}, {b});
+  DType t = Promotion().add(a).add(b).result();
   return binary(op, a, constant(b, t, a.device()), t, kind);
 }
 Tensor binary_st(OpKind op, Scalar a, const Tensor& b, BinKind kind) {
   KILN_CHECK(b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.kind() == Scalar::Kind::Bool, b.dtype() == kBool);
-  DType t = result_type({b}, {a});
+  DType t = Promotion().add(b).add(a).result();
   return binary(op, constant(a, t, b.device()), b, t, kind);
 }
 }  // namespace

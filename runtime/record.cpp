@@ -12,7 +12,7 @@ namespace {
 void maybe_flush(const NodePtr& n) {
   // A leaf gets its storage right after recording; it has nothing to compute.
   // (Never while a compile() trace records: its graph must stay whole.)
-  if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize({n});
+  if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize(n);
 }
 }  // namespace
 
@@ -31,19 +31,33 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
   return Tensor::from_node(std::move(n));
 }
 
-Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape) {
+namespace {
+Tensor record_tensors(OpKind op, const Tensor* inputs, size_t count, Attrs&& attrs, DType dtype, Shape&& shape) {
   std::vector<NodePtr> ins;
-  ins.reserve(inputs.size());
-  Device dev = inputs.empty() ? cpu() : inputs[0].device();
-  for (const auto& t : inputs) {
+  ins.reserve(count);
+  Device dev = count == 0 ? cpu() : inputs[0].device();
+  bool wants_grad = false;
+  for (size_t i = 0; i < count; ++i) {
+    const Tensor& t = inputs[i];
     KILN_CHECK(t.defined(), op_name(op), ": got an undefined tensor");
     KILN_CHECK(t.device() == dev, op_name(op), ": expected all tensors on ", dev.str(), ", got one on ",
                t.device().str());
     ins.push_back(t.node());
+    wants_grad = wants_grad || t.requires_grad();
   }
+  if (!wants_grad || !grad_enabled()) return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
   Tensor out = record(op, std::move(ins), attrs, dtype, std::move(shape), dev);
-  attach_grad(out, op, attrs, inputs);
+  attach_grad(out, op, attrs, std::vector<Tensor>(inputs, inputs + count));
   return out;
+}
+}  // namespace
+
+Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape) {
+  return record_tensors(op, inputs.data(), inputs.size(), std::move(attrs), dtype, std::move(shape));
+}
+
+Tensor record(OpKind op, std::initializer_list<Tensor> inputs, Attrs attrs, DType dtype, Shape shape) {
+  return record_tensors(op, inputs.begin(), inputs.size(), std::move(attrs), dtype, std::move(shape));
 }
 
 NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,

@@ -1,5 +1,6 @@
 // Internal helpers shared by the op files: recording nodes, dims, broadcasting, layouts.
 #pragma once
+#include <initializer_list>
 #include <vector>
 
 #include "runtime/executor.h"
@@ -12,6 +13,8 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
               Device device);
 // Same, on the device of the first input.
 Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape);
+// Same, for a braced list of inputs (no temporary vector unless autograd records).
+Tensor record(OpKind op, std::initializer_list<Tensor> inputs, Attrs attrs, DType dtype, Shape shape);
 // Records a view node of `in` with the given layout.
 NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
                          SymInt offset);

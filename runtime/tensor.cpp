@@ -50,7 +50,7 @@ bool Tensor::is_contiguous() const {
 }
 
 const Tensor& Tensor::eval() const {
-  materialize({node()});
+  materialize(node());
   return *this;
 }
 
