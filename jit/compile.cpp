@@ -1,6 +1,7 @@
 // compile(): the cache of guarded entries, the trace on a miss, and the replay on a hit.
 #include "jit/compile.h"
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -95,19 +96,27 @@ class CompiledCore {
   std::vector<Value> call(std::vector<Value> args, std::vector<int64_t> spec, const TraceFn& fn,
                           std::vector<int64_t>& out_spec) {
     if (trace_observer()) return run_eager(args, fn, out_spec, false);  // inside another trace: inline
+    std::vector<int64_t> syms;
+    // Fast path: the entry that served the last hit (entries are immutable and never freed).
+    if (Entry* last = last_hit_.load(std::memory_order_acquire); last && last->guards.check(args, spec, syms, nullptr)) {
+      hits_.fetch_add(1, std::memory_order_relaxed);
+      return replay(*last, args, syms, out_spec);
+    }
     std::unique_lock<std::mutex> lock(mu_);
     if (eager_) {
       stats_.eager_calls++;
       lock.unlock();
       return run_eager(args, fn, out_spec, true);
     }
-    std::vector<int64_t> syms;
     std::string first_why;
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
       std::string* why = it == entries_.rbegin() ? &first_why : nullptr;
       if ((*it)->guards.check(args, spec, syms, why)) {
-        stats_.hits++;
-        return replay(**it, args, syms, out_spec);
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        last_hit_.store(it->get(), std::memory_order_release);
+        Entry& e = **it;
+        lock.unlock();
+        return replay(e, args, syms, out_spec);
       }
     }
     stats_.misses++;
@@ -145,18 +154,23 @@ class CompiledCore {
     auto out = replay(*e, args, syms, out_spec);
     stats_.compile_ms += ms_since(t0);
     stats_.entries++;
+    last_hit_.store(e.get(), std::memory_order_release);
     entries_.push_back(std::move(e));
     return out;
   }
 
   CompileStats stats() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
+    CompileStats s = stats_;
+    s.hits = hits_.load();
+    return s;
   }
 
   bool guards_pass(const std::vector<Value>& args, const std::vector<int64_t>& spec) {
-    std::lock_guard<std::mutex> lock(mu_);
     thread_local std::vector<int64_t> syms;
+    if (Entry* last = last_hit_.load(std::memory_order_acquire); last && last->guards.check(args, spec, syms, nullptr))
+      return true;
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
       if ((*it)->guards.check(args, spec, syms, nullptr)) return true;
     return false;
@@ -206,6 +220,8 @@ class CompiledCore {
 
   CompileOptions opt_;
   mutable std::mutex mu_;
+  std::atomic<Entry*> last_hit_{nullptr};
+  std::atomic<int64_t> hits_{0};
   std::vector<std::unique_ptr<Entry>> entries_;
   CompileStats stats_;
   bool eager_ = false;
@@ -464,21 +480,21 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
 std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args, const std::vector<int64_t>& syms,
                                         std::vector<int64_t>& out_spec) {
   // Inputs: tensor arguments, then captured tensors read now (pending ones computed first).
-  std::vector<NodePtr> ins;
-  ins.reserve(e.num_tensor_args + e.guards.captured.size());
+  std::vector<Node*> raw;
+  raw.reserve(e.num_tensor_args + e.guards.captured.size());
+  std::vector<NodePtr> pending;
+  auto add = [&](const NodePtr& n) {
+    raw.push_back(n.get());
+    if (!n->materialized()) pending.push_back(n);
+  };
   for (const auto& a : args)
-    if (auto* t = std::get_if<Tensor>(&a)) ins.push_back(t->node());
+    if (auto* t = std::get_if<Tensor>(&a)) add(t->node());
   for (const auto& c : e.guards.captured) {
     auto impl = c.impl.lock();
     TensorImpl* src = c.grad_of ? impl->grad.get() : impl.get();
-    ins.push_back(src->node());
+    add(src->node());
   }
-  bool pending = false;
-  for (const auto& n : ins) pending |= !n->materialized();
-  if (pending) materialize(ins);
-  std::vector<Node*> raw;
-  raw.reserve(ins.size());
-  for (const auto& n : ins) raw.push_back(n.get());
+  if (!pending.empty()) materialize(pending);
   std::vector<Tensor> outs = e.fwd->run(raw, syms);
   // Results.
   std::vector<Value> results = e.results;

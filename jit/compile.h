@@ -139,9 +139,10 @@ class Compiled {
   auto operator()(A&&... args) {
     using R = std::invoke_result_t<F&, std::decay_t<A>&...>;
     std::vector<Value> flat;
+    flat.reserve(sizeof...(A));
     std::vector<int64_t> spec;
     (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
-    const std::vector<int64_t> arg_spec = spec;
+    const std::vector<int64_t>& arg_spec = spec;
     detail::TraceFn trace = [this, &arg_spec](const std::vector<Value>& in) -> std::vector<Value> {
       size_t p = 0, s = 0;
       std::tuple<std::decay_t<A>...> call{detail::Flat<std::decay_t<A>>::get(in, p, arg_spec, s)...};
@@ -175,6 +176,7 @@ class Compiled {
   template <class... A>
   bool guards_pass(const A&... args) {
     std::vector<Value> flat;
+    flat.reserve(sizeof...(A));
     std::vector<int64_t> spec;
     (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
     return detail::compiled_guards_pass(*core_, flat, spec);

@@ -495,24 +495,29 @@ class JitExecutor final : public Executor {
 
 }  // namespace
 
-std::shared_ptr<const Plan> prepare_segment(Segment& seg) {
-  if (jit_mode() == JitMode::Interp) return nullptr;
+struct PreparedSegment::Impl {
+  Segment* seg;
+  std::shared_ptr<const Plan> plan;  // null: the interpreter
   RunScratch sc;
-  signature(seg, sc);
-  // No passes: a prepared segment's nodes are reused on every run, and the passes' rewrite
-  // relinks edges per run.
-  return make_plan(seg, sc, false);
+};
+
+PreparedSegment::PreparedSegment(Segment& seg) : impl_(std::make_unique<Impl>()) {
+  impl_->seg = &seg;
+  if (jit_mode() == JitMode::Interp) return;
+  signature(seg, impl_->sc);  // also fixes the external inputs (the same node objects every run)
+  // No passes: their rewrite relinks edges on each run, and these nodes persist.
+  impl_->plan = make_plan(seg, impl_->sc, false);
+  impl_->sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
 }
 
-void run_segment(const Plan* plan, Segment& seg) {
-  if (!plan) {
-    interpreter()->run(seg);
+PreparedSegment::~PreparedSegment() = default;
+
+void PreparedSegment::run() {
+  if (!impl_->plan) {
+    interpreter()->run(*impl_->seg);
     return;
   }
-  RunScratch sc;
-  signature(seg, sc);
-  sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
-  execute(*plan, seg, sc);
+  execute(*impl_->plan, *impl_->seg, impl_->sc);
 }
 
 std::shared_ptr<Executor> jit_executor() {

@@ -15,13 +15,20 @@ JitMode jit_mode();
 // The JIT executor (scheduler + fused kernels + code cache).
 std::shared_ptr<Executor> jit_executor();
 
-// A segment's schedule and compiled kernels, made once and run many times over the same node
-// objects with fresh input storage (kiln::compile replays programs this way).
-struct Plan;
-// Schedules and compiles `seg` (its inputs need not hold storage yet); null under KILN_JIT=interp.
-std::shared_ptr<const Plan> prepare_segment(Segment& seg);
-// Runs `seg` by `plan` (the interpreter when null). Every `needed` node ends materialized; node
-// inputs are kept.
-void run_segment(const Plan* plan, Segment& seg);
+// A segment's schedule and compiled kernels bound to its node objects, made once and run many
+// times with fresh input storage (kiln::compile replays programs this way).
+class PreparedSegment {
+ public:
+  // Schedules and compiles `seg` (its inputs need not hold storage yet); the interpreter runs
+  // it under KILN_JIT=interp. `seg` must outlive this object and keep its nodes.
+  explicit PreparedSegment(Segment& seg);
+  ~PreparedSegment();
+  // Runs the segment: every `needed` node ends materialized; node inputs are kept.
+  void run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace kiln::jit

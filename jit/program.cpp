@@ -16,7 +16,7 @@ struct Program::Instance {
   std::vector<Node*> outputs;
   std::vector<Node*> rands;  // random ops in recording order: fresh Philox counters per call
   Segment seg;
-  std::shared_ptr<const Plan> plan;
+  std::unique_ptr<PreparedSegment> prepared;
 };
 
 namespace {
@@ -81,8 +81,13 @@ std::vector<const Node*> Program::body() const {
 }
 
 Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
+  if (last_ && last_key_ == syms) return *last_;
   auto it = instances_.find(syms);
-  if (it != instances_.end()) return *it->second;
+  if (it != instances_.end()) {
+    last_ = it->second.get();
+    last_key_ = syms;
+    return *last_;
+  }
   std::map<std::string, int64_t> env;
   for (size_t i = 0; i < symbols_.size(); ++i) env[symbols_[i]] = syms[i];
   auto inst = std::make_unique<Instance>();
@@ -138,10 +143,11 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
     if (m == o) inst->owned.push_back(o);  // constant output: keep it alive
   }
   for (Node* n : inst->seg.nodes) inst->seg.needed.push_back(outs.count(n) > 0);
-  inst->plan = prepare_segment(inst->seg);
-  auto& ref = *inst;
+  if (!inst->seg.nodes.empty()) inst->prepared = std::make_unique<PreparedSegment>(inst->seg);
+  last_ = inst.get();
+  last_key_ = syms;
   instances_[syms] = std::move(inst);
-  return ref;
+  return *last_;
 }
 
 std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::vector<int64_t>& syms) {
@@ -161,14 +167,17 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
     const Node* src = inputs[i];
     dst->storage = src->storage;
     dst->offset = src->offset;
-    if (dst->strides.size() == src->strides.size()) dst->strides = src->strides;
+    bool same = dst->strides.size() == src->strides.size();
+    for (size_t d = 0; same && d < src->strides.size(); ++d)
+      same = src->strides[d].is_constant() && dst->strides[d].as_int() == src->strides[d].as_int();
+    if (!same) dst->strides = src->strides;
   }
   for (Node* r : inst.rands) {
     int64_t n = 1;
     for (const auto& d : r->shape) n *= d.as_int();
     std::tie(r->attrs.seed, r->attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
   }
-  if (!inst.seg.nodes.empty()) run_segment(inst.plan.get(), inst.seg);
+  if (inst.prepared) inst.prepared->run();
   std::vector<Tensor> out;
   out.reserve(inst.outputs.size());
   for (Node* o : inst.outputs) {

@@ -36,6 +36,8 @@ class Program {
   std::vector<std::string> symbols_;
   mutable std::mutex mu_;
   std::map<std::vector<int64_t>, std::unique_ptr<Instance>> instances_;
+  Instance* last_ = nullptr;  // the instance used last (most calls repeat sizes)
+  std::vector<int64_t> last_key_;
 };
 
 // Graphviz text of the graph behind `outputs` (stopping at `inputs`); nodes in `highlight` are

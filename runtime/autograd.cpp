@@ -12,7 +12,7 @@
 
 namespace kiln {
 namespace {
-thread_local bool g_grad_enabled = true;
+thread_local bool g_grad_enabled __attribute__((tls_model("initial-exec"))) = true;
 
 // Accumulates into a leaf's .grad().
 struct AccumulateGrad final : GradNode {

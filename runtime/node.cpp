@@ -78,6 +78,21 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 bool is_contiguous_layout(const Shape& shape, const Shape& strides) {
+  // Fast path: every size and stride known.
+  bool constant = true;
+  for (size_t i = 0; i < shape.size() && constant; ++i) constant = shape[i].is_constant() && strides[i].is_constant();
+  if (constant) {
+    int64_t expected = 1;
+    bool dense = true;
+    for (size_t i = shape.size(); i-- > 0;) {
+      int64_t n = shape[i].as_int();
+      if (n == 0) return true;
+      if (n == 1) continue;
+      dense = dense && strides[i].as_int() == expected;
+      expected *= n;
+    }
+    return dense;
+  }
   // No elements: contiguous whatever the strides (like PyTorch), wherever the 0 is.
   for (const auto& s : shape) {
     auto zero = sym_eq(s, 0);

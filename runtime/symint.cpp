@@ -305,7 +305,7 @@ SymInt SymInt::symbol(const std::string& name) {
 }
 
 namespace {
-thread_local ShapeOracle* t_oracle = nullptr;
+thread_local ShapeOracle* t_oracle __attribute__((tls_model("initial-exec"))) = nullptr;
 
 // The traced value of `e` relied upon exactly (a size that must be concrete).
 int64_t specialize(const SymInt& e) {
@@ -337,10 +337,9 @@ ShapeOracle* set_shape_oracle(ShapeOracle* o) {
   return prev;
 }
 
-int64_t SymInt::as_int() const {
-  if (!is_constant() && t_oracle) return specialize(*this);
-  KILN_CHECK(is_constant(), "expected a constant size, got symbolic ", str());
-  return value_;
+int64_t SymInt::symbolic_as_int() const {
+  if (t_oracle) return specialize(*this);
+  throw Error("expected a constant size, got symbolic " + str());
 }
 std::optional<int64_t> SymInt::maybe_int() const {
   if (is_constant()) return value_;

@@ -21,8 +21,9 @@ class SymInt {
 
   // True when the value is a known constant.
   bool is_constant() const { return expr_ == nullptr; }
-  // The constant value; throws kiln::Error when symbolic.
-  int64_t as_int() const;
+  // The constant value; throws kiln::Error when symbolic (inside a compile() trace: the traced
+  // value, recorded as a guard).
+  int64_t as_int() const { return is_constant() ? value_ : symbolic_as_int(); }
   // The constant value if known.
   std::optional<int64_t> maybe_int() const;
   // Value with every symbol replaced from `env` (symbol name -> value); throws if one is missing.
@@ -46,6 +47,7 @@ class SymInt {
   explicit SymInt(std::shared_ptr<const SymExpr> e);
 
  private:
+  int64_t symbolic_as_int() const;
   int64_t value_ = 0;
   std::shared_ptr<const SymExpr> expr_;
 };

@@ -1,15 +1,11 @@
 #include "runtime/trace.h"
 
 namespace kiln::detail {
-namespace {
-thread_local TraceObserver* t_observer = nullptr;
-}
-
-TraceObserver* trace_observer() { return t_observer; }
+thread_local TraceObserver* t_trace_observer __attribute__((tls_model("initial-exec"))) = nullptr;
 
 TraceObserver* set_trace_observer(TraceObserver* o) {
-  TraceObserver* prev = t_observer;
-  t_observer = o;
+  TraceObserver* prev = t_trace_observer;
+  t_trace_observer = o;
   return prev;
 }
 

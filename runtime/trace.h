@@ -28,8 +28,9 @@ class TraceObserver {
   virtual void on_materialize(const std::vector<Node*>& order) = 0;
 };
 
-// The observer of the trace running on this thread, or null.
-TraceObserver* trace_observer();
+// The observer of the trace running on this thread, or null (inline: read on every op).
+extern thread_local TraceObserver* t_trace_observer __attribute__((tls_model("initial-exec")));
+inline TraceObserver* trace_observer() { return t_trace_observer; }
 // Installs `o` for this thread (null: none); returns the previous one.
 TraceObserver* set_trace_observer(TraceObserver* o);
 
