@@ -1049,6 +1049,42 @@ std::string compare(const Tensor& got, const json& exp, bool loose, std::optiona
   return r;
 }
 
+// Every tensor a case passes (positional, then named; list elements in order).
+std::vector<Tensor*> tensor_slots(Ctx& c) {
+  std::vector<Tensor*> out;
+  auto add = [&](Arg& a) {
+    if (a.kind == Arg::T) out.push_back(&a.t);
+    if (a.kind == Arg::List)
+      for (auto& t : a.list) out.push_back(&t);
+  };
+  for (auto& a : c.pos) add(a);
+  for (const auto& n : c.names) add(c.named.at(n));
+  return out;
+}
+
+// Whether cases run through kiln::compile (the *Compiled tests).
+bool g_compiled = false;
+
+// The op of a case, eagerly or through kiln::compile: the tensors become the compiled
+// function's arguments (attrs and scalars are constants of the trace). The compiled function
+// is called twice, so the checked results come from a replay, not from the trace.
+std::vector<Tensor> run_op_mode(const Ctx& c) {
+  if (!g_compiled) return run_op(c);
+  Ctx base = c;
+  std::vector<Tensor> ins;
+  for (Tensor* t : tensor_slots(base)) ins.push_back(*t);
+  auto f = kiln::compile([base](const std::vector<Tensor>& xs) {
+    Ctx k = base;
+    std::vector<Tensor*> slots = tensor_slots(k);
+    for (size_t i = 0; i < slots.size(); ++i) *slots[i] = xs[i];
+    return run_op(k);
+  });
+  kiln::eval(f(ins));
+  std::vector<Tensor> outs = f(ins);
+  if (f.stats().entries == 1 && f.stats().hits != 1) throw std::runtime_error("compiled function did not replay");
+  return outs;
+}
+
 // A case's op name, attrs and inputs.
 Ctx make_ctx(const json& j) {
   Ctx c;
@@ -1071,7 +1107,7 @@ Ctx make_ctx(const json& j) {
 // Runs one case; returns "" on a pass, else what went wrong.
 std::string run_case(const json& j) {
   Ctx c = make_ctx(j);
-  std::vector<Tensor> outs = run_op(c);
+  std::vector<Tensor> outs = run_op_mode(c);
   const json& out = j.at("out");
   std::vector<const json*> expected;
   if (out.is_array()) {
@@ -1154,7 +1190,7 @@ std::string run_grad_case(const json& j) {
     }
   }
 
-  std::vector<Tensor> outs = run_op(c);
+  std::vector<Tensor> outs = run_op_mode(c);
   const json& gout = j.at("gout");
   std::vector<std::pair<size_t, const json*>> pairs;  // (output index, upstream gradient)
   if (gout.is_array()) {
@@ -1278,4 +1314,32 @@ TEST(TorchParity, Gradients) {
   EXPECT_GT(r.total, 0) << "no cases with gradients in " << *path;
   EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total
                                    << " torch-parity gradient cases failed (listed above)";
+}
+
+// The same corpus through kiln::compile: compiled equals eager at the same tolerances. The
+// gradients come from the compiled backward (min-cut partition) where a case has one
+// differentiable output; functions with several run eagerly (and must still match).
+TEST(TorchParity, AllCasesCompiled) {
+  KILN_PARITY_CORPUS(path);
+  g_compiled = true;
+  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> { return run_case(j); });
+  g_compiled = false;
+  std::cout << "torch-parity compiled: " << r.passed << "/" << r.total << " cases passed" << std::endl;
+  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
+  EXPECT_GT(r.total, 0);
+  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total << " compiled cases failed";
+}
+
+TEST(TorchParity, GradientsCompiled) {
+  KILN_PARITY_CORPUS(path);
+  g_compiled = true;
+  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> {
+    if (!has_grads(j)) return std::nullopt;
+    return run_grad_case(j);
+  });
+  g_compiled = false;
+  std::cout << "torch-parity compiled grads: " << r.passed << "/" << r.total << " cases passed" << std::endl;
+  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
+  EXPECT_GT(r.total, 0);
+  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total << " compiled gradient cases failed";
 }
