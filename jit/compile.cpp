@@ -141,8 +141,8 @@ class CompiledCore {
       e = trace(args, spec, fn);
     } catch (const jit::GraphBreak& b) {
       eager_ = true;
-      std::fprintf(stderr, "[kiln] warning: compile(%s): %s; compiled segments around eager steps are not supported, "
-                   "so it runs in lazy eager mode\n", opt_.name.c_str(), b.reason.c_str());
+      std::fprintf(stderr, "[kiln] warning: compile(%s) cannot compile fn: %s; it runs in lazy eager mode "
+                   "(compiled segments around eager steps are not supported)\n", opt_.name.c_str(), b.reason.c_str());
       stats_.eager_calls++;
       lock.unlock();
       return run_eager(args, fn, out_spec, true);
