@@ -111,6 +111,11 @@ for CASE in W1 W2 W3F W3B W5; do
   done
   [ "$KEEP" = 1 ] || rm -rf "$CDIR"
 done
+echo "[run.sh] kiln::compile (W4, compiled W2/W5, guards) ..." >&2
+CDIR=$(mktemp -d "${TMPDIR:-/tmp}/kiln-compile.XXXXXX")
+KILN_CACHE_DIR="$CDIR" "$BUILD/bench/bench_compile" $QUICK > "$OUT/compile.jsonl" 2> "$OUT/compile.log" || {
+  echo "run.sh: bench_compile failed; see $OUT/compile.log" >&2; tail -20 "$OUT/compile.log" >&2; exit 1; }
+rm -rf "$CDIR"
 cleanup
 
 # ---- one table ----
@@ -118,7 +123,8 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, re, statistics, sys
 
 out = sys.argv[1]
-rows = [json.loads(l) for f in ("main.jsonl", "w6.jsonl") for l in open(os.path.join(out, f)) if l.strip().startswith("{")]
+rows = [json.loads(l) for f in ("main.jsonl", "w6.jsonl", "compile.jsonl") if os.path.exists(os.path.join(out, f))
+        for l in open(os.path.join(out, f)) if l.strip().startswith("{")]
 info = next((r for r in rows if r["workload"] == "INFO"), {})
 by = {}
 for r in rows:
@@ -229,6 +235,35 @@ if all_asmjit:
                   check(f"W6 asmjit compile median {med:.0f} us/kernel (<= 200 us)", med <= 200), "",
                   f"{len(all_asmjit)} kernels; p90 {sorted(all_asmjit)[int(0.9 * (len(all_asmjit) - 1))]:.0f} us, "
                   f"max {max(all_asmjit):.0f} us (the first in a process includes one-time setup)"))
+
+# kiln::compile beside lazy eager (bench_compile): kiln/impl = compiled time / lazy-eager time.
+w4 = {r["impl"]: r for r in by.get("W4", [])}
+if "first-pass" in w4:
+    r = w4["first-pass"]
+    table.append(("W4 MLP fwd, 64 batch sizes", "compiled first", T, fmt_ms(r["compiled_ms"]), f"{r['ratio']:.2f}",
+                  "<= 3, <= 2 compiles", check(f"W4 first pass {r['ratio']:.2f}x lazy eager (<= 3), {int(r['compiles'])} compiles (<= 2)",
+                                              r["ratio"] <= 3 and r["compiles"] <= 2),
+                  f"{r['max_abs_diff']:.1e}", f"lazy eager first pass {fmt_ms(r['eager_ms'])}; {int(r['compiles'])} compiles"))
+if "steady-pass" in w4:
+    r = w4["steady-pass"]
+    table.append(("", "compiled steady", T, fmt_ms(r["compiled_ms"]), f"{1 / r['speedup']:.2f}", "<= 0.667 (1.5x faster)",
+                  check(f"W4 steady pass {r['speedup']:.2f}x faster than lazy eager (>= 1.5)", r["speedup"] >= 1.5), "",
+                  f"lazy eager steady pass {fmt_ms(r['eager_ms'])}"))
+w2c = {r["impl"]: r for r in by.get("W2C", [])}
+if "compiled" in w2c:
+    r, e = w2c["compiled"], w2c.get("lazy-eager")
+    table.append(("W2 train step compiled", "compiled", T, fmt_ms(r["ms"]), f"{1 / r['speedup']:.2f}", "<= 0.833 (1.2x faster)",
+                  check(f"W2 compiled {r['speedup']:.2f}x faster than lazy eager (>= 1.2)", r["speedup"] >= 1.2),
+                  f"{r['max_abs_diff']:.1e}", f"lazy eager {fmt_ms(e['ms']) if e else '-'}; first call {fmt_ms(r['first_call_ms'])}"))
+w5c = {r["impl"]: r for r in by.get("W5C", [])}
+if "compiled" in w5c:
+    r, e = w5c["compiled"], w5c.get("lazy-eager")
+    table.append(("W5 tiny call compiled", "compiled", T, fmt_ms(r["ms"]), f"{r['ms'] / e['ms']:.2f}" if e else "",
+                  "<= 0.5 us/call", check(f"W5 compiled {r['us']:.2f} us/call (<= 0.5 us)", r["us"] <= 0.5),
+                  f"{r['max_abs_diff']:.1e}", f"lazy eager {fmt_ms(e['ms']) if e else '-'}"))
+for r in by.get("GUARD", []):
+    table.append(("Guard hit, 4 tensor inputs", r["impl"], 1, f"{r['ns']:.0f} ns", "", "<= 100 ns",
+                  check(f"guard hit {r['ns']:.0f} ns (<= 100 ns)", r["ns"] <= 100), "", "flatten args + guards, no run"))
 
 hdr = ("workload", "impl", "thr", "time (median)", "kiln/impl", "target", "check", "max|diff| vs kiln", "notes")
 rows_s = [tuple(str(c) for c in t) for t in table]
