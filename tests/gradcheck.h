@@ -48,9 +48,14 @@ inline Tensor make(const Input& in, bool requires_grad) {
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
 
 // Compares kiln::grad of sum(f(x) * w) (w fixed random) against central differences.
-inline void gradcheck(const std::string& name, const Fn& f, std::vector<Input> inputs, double atol = 1e-6,
+// With KILN_TEST_COMPILE=1 every evaluation of f goes through kiln::compile (the analytic
+// gradient then comes from the compiled, min-cut partitioned backward).
+inline void gradcheck(const std::string& name, const Fn& f_eager, std::vector<Input> inputs, double atol = 1e-6,
                       double rtol = 1e-5, double eps = 1e-6) {
   SCOPED_TRACE(name);
+  Fn f = f_eager;
+  if (const char* c = std::getenv("KILN_TEST_COMPILE"); c && std::string(c) == "1")
+    f = kiln::compile([f_eager](const std::vector<Tensor>& a) { return f_eager(a); }, CompileOptions{name});
   if (std::getenv("KILN_TEST_VERBOSE")) std::fprintf(stderr, "gradcheck %s\n", name.c_str());
   std::mt19937 rng(1234);
   std::vector<Tensor> xs;
