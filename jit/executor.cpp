@@ -15,6 +15,8 @@
 #include <unordered_map>
 
 #include "jit/code_cache.h"
+#include "kernels/node_operand.h"
+#include "kernels/reference.h"
 #include "jit/diagnostics.h"
 #include "jit/executor.h"
 #include "jit/passes.h"
@@ -58,7 +60,7 @@ const Node* arg_node(const Group& g, const std::vector<Node*>& ins, int a) {
 }
 
 // Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`.
-void bind(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins) {
+void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins) {
   bd.buffers.clear();
   bd.ip.clear();
   bd.fp.clear();
@@ -202,7 +204,7 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
   }
   const Lowered& L = *ck->lowered;
   const Kernel& k = L.kernel;
-  bind(bd, g, L, ins);
+  bind_kernel(bd, g, L, ins);
   int64_t extent = eval_index(k, k.parallel_extent, bd.ip);
   work = std::max<int64_t>(1, work);
   KernelFn fn = launch_fn(*ck);
@@ -235,6 +237,8 @@ struct PlanStep {
   int64_t work = 1;                    // elements of the domain
   bool split = false;
   std::shared_ptr<CompiledKernel> ck;  // null: interpreter fallback
+  bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks
+  bool fused = false;     // Kernel: run as the previous GEMM's epilogue
 };
 struct Plan {
   std::vector<int64_t> sig;
@@ -394,15 +398,76 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     }
     plan->steps.push_back(std::move(ps));
   }
+  // GEMM epilogues: a 2-D GEMM followed by a pointwise kernel over exactly its output that
+  // reads it element for element runs as one step (row blocks, epilogue while in cache).
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) continue;
+    const Node* m = steps[i].node;
+    const Group& g = steps[i + 1].group;
+    if (m->op != OpKind::Matmul || m->shape.size() != 2 || !kernels[i + 1] || g.split || !g.reduce_dims.empty()) continue;
+    if (m->dtype != DType::Float32 && m->dtype != DType::Float64) continue;
+    if (!same_shape(g.domain, m->shape)) continue;
+    bool ok = std::find(g.nodes.begin(), g.nodes.end(), m) == g.nodes.end();
+    for (const Node* n : g.nodes)
+      for (const auto& in : n->inputs)
+        if (in.get() == m && (is_view_op(n->op) || !same_shape(n->shape, m->shape))) ok = false;
+    if (!ok) continue;
+    plan->steps[i].epilogue = true;
+    plan->steps[i + 1].fused = true;
+    if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i));
+  }
   return plan;
+}
+
+std::atomic<uint64_t> g_epilogue_runs{0};
+
+// A GEMM step and its pointwise epilogue (the next step) as one: row blocks of the product,
+// each followed by the epilogue kernel on the same rows. False when this run cannot (the
+// kernel's parallel index does not map onto rows); the caller then runs them apart.
+bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector<Node*>& ext, RunScratch& sc) {
+  Node* m = ext[mm.node];
+  Group& g = sc.group;
+  g.nodes.clear();
+  g.outputs.clear();
+  sc.ins.clear();
+  for (int i : ks.nodes) g.nodes.push_back(ext[i]);
+  for (int i : ks.outputs) g.outputs.push_back(ext[i]);
+  for (int i : ks.inputs) sc.ins.push_back(i >= 0 ? ext[i] : sc.externals[-i - 1]);
+  g.domain.assign(ks.domain.begin(), ks.domain.end());
+  g.reduce_dims = ks.reduce_dims;
+  g.split = ks.split;
+  const int64_t rows = m->shape[0].as_int();
+  for (auto& in : m->inputs) materialize_view(in.get());
+  m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device), false);
+  const Lowered& L = *ks.ck->lowered;
+  Binding& bd = sc.binding;
+  bind_kernel(bd, g, L, sc.ins);
+  const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.ip);
+  if (rows == 0 || extent <= 0 || extent % rows != 0) return false;
+  const int64_t per_row = extent / rows;
+  KernelFn fn = launch_fn(*ks.ck);
+  bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
+                                         kernels::operand_of(*m->inputs[1]), [&](int64_t r0, int64_t r1) {
+                                           fn(r0 * per_row, r1 * per_row, bd.buffers.data(), bd.ip.data(), bd.fp.data());
+                                         });
+  if (!done) return false;
+  for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
+  g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
+  return true;
 }
 
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
   Group& g = sc.group;
-  for (const PlanStep& s : plan.steps) {
+  bool epilogue_done = false;
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const PlanStep& s = plan.steps[si];
     switch (s.kind) {
       case Step::Kind::Kernel: {
+        if (s.fused && epilogue_done) {  // ran as the GEMM's epilogue
+          epilogue_done = false;
+          break;
+        }
         g.nodes.clear();
         g.outputs.clear();
         sc.ins.clear();
@@ -417,6 +482,11 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
       }
       case Step::Kind::Opaque: {
         Node* n = ext[s.node];
+        if (s.epilogue && run_gemm_epilogue(s, plan.steps[si + 1], ext, sc)) {
+          epilogue_done = true;
+          break;
+        }
+        if (s.epilogue) n->storage.reset();  // not fusable this run: compute it apart
         for (auto& in : n->inputs) materialize_view(in.get());  // views of stored data
         interpret_node(*n);
         break;
@@ -519,6 +589,8 @@ void PreparedSegment::run() {
   }
   execute(*impl_->plan, *impl_->seg, impl_->sc);
 }
+
+uint64_t gemm_epilogue_runs() { return g_epilogue_runs.load(); }
 
 std::shared_ptr<Executor> jit_executor() {
   static auto ex = std::make_shared<JitExecutor>();

@@ -15,6 +15,9 @@ JitMode jit_mode();
 // The JIT executor (scheduler + fused kernels + code cache).
 std::shared_ptr<Executor> jit_executor();
 
+// GEMMs that ran with their pointwise epilogue fused (row blocks over TBB), since start.
+uint64_t gemm_epilogue_runs();
+
 // A segment's schedule and compiled kernels bound to its node objects, made once and run many
 // times with fresh input storage (kiln::compile replays programs this way).
 class PreparedSegment {

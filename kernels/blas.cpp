@@ -1,7 +1,10 @@
 // Batched GEMM on OpenBLAS (sgemm / dgemm). Operands with a unit stride in either of their
 // last two dims go to BLAS directly (as N or T); others are packed first.
 #include <cblas.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/reference.h"
@@ -99,7 +102,45 @@ void matmul_int(const Operand& out, const Operand& a, const Operand& b) {
             });
 }
 
+template <class T>
+void row_blocks_typed(const Operand& out, const Operand& a, const Operand& b,
+                      const std::function<void(int64_t, int64_t)>& epilogue) {
+  const int64_t m = out.sizes[0], n = out.sizes[1], k = a.sizes[1];
+  const int64_t threads = std::max(1, tbb::this_task_arena::max_concurrency());
+  const int64_t block = std::max<int64_t>(32, (m + 2 * threads - 1) / (2 * threads));
+  const int64_t blocks = (m + block - 1) / block;
+  // One BLAS thread per block: TBB provides the parallelism (no spinning BLAS pool beside it).
+  const int saved = openblas_get_num_threads();
+  openblas_set_num_threads(1);
+  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t i) {
+    const int64_t r0 = i * block, r1 = std::min(m, r0 + block);
+    std::vector<T> abuf, bbuf;
+    Mat<T> A = prepare<T, T>(a.ptr<T>() + r0 * a.strides[0], r1 - r0, k, a.strides[0], a.strides[1], abuf);
+    Mat<T> B = prepare<T, T>(b.ptr<T>(), k, n, b.strides[0], b.strides[1], bbuf);
+    T* c = out.ptr<T>() + r0 * out.strides[0];
+    if (k == 0) {
+      for (int64_t r = 0; r < r1 - r0; ++r)
+        for (int64_t j = 0; j < n; ++j) c[r * out.strides[0] + j] = 0;
+    } else {
+      gemm<T>(A, B, c, r1 - r0, n, k, out.strides[0]);
+    }
+    epilogue(r0, r1);
+  });
+  openblas_set_num_threads(saved);
+}
+
 }  // namespace
+
+bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
+                       const std::function<void(int64_t, int64_t)>& epilogue) {
+  if (out.sizes.size() != 2 || a.sizes.size() != 2 || b.sizes.size() != 2) return false;
+  if (out.dtype != a.dtype || out.dtype != b.dtype || out.strides[1] != 1 || out.strides[0] < out.sizes[1]) return false;
+  if (out.sizes[0] == 0) return true;
+  if (out.dtype == DType::Float32) row_blocks_typed<float>(out, a, b, epilogue);
+  else if (out.dtype == DType::Float64) row_blocks_typed<double>(out, a, b, epilogue);
+  else return false;
+  return true;
+}
 
 void matmul(const Operand& out, const Operand& a, const Operand& b) {
   if (out.numel() == 0) return;

@@ -1,5 +1,6 @@
 // Reference CPU kernels used by the interpreter. Each writes a fresh output operand.
 #pragma once
+#include <functional>
 #include <vector>
 
 #include "kernels/strided.h"
@@ -30,6 +31,11 @@ void index_select(const Operand& out, const Operand& x, const Operand& index, in
 void index_add(const Operand& out, const Operand& index, const Operand& src, int64_t dim);
 // Batched GEMM via OpenBLAS: out[..., M, N] = a[..., M, K] @ b[..., K, N].
 void matmul(const Operand& out, const Operand& a, const Operand& b);
+// out = a·b for one 2-D float32/float64 GEMM, in row blocks over TBB (one BLAS thread each);
+// after a block's rows are computed, `epilogue(r0, r1)` runs on them while they are in cache.
+// Returns false (doing nothing) for shapes or dtypes it does not handle.
+bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
+                       const std::function<void(int64_t, int64_t)>& epilogue);
 // im2col / col2im for conv2d (ints = kh, kw, sh, sw, ph, pw, dh, dw).
 void im2col(const Operand& out, const Operand& x, const std::vector<int64_t>& p);
 void col2im(const Operand& out, const Operand& cols, const std::vector<int64_t>& p);

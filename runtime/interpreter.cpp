@@ -2,6 +2,7 @@
 // Slow, simple and always right; the oracle for every JIT path.
 #include <unordered_map>
 
+#include "kernels/node_operand.h"
 #include "kernels/reference.h"
 #include "runtime/error.h"
 #include "runtime/executor.h"
@@ -9,14 +10,7 @@
 namespace kiln {
 namespace {
 
-kernels::Operand operand(const Node& n) {
-  kernels::Operand o;
-  o.dtype = n.dtype;
-  o.sizes = concrete(n.shape);
-  o.strides = concrete(n.strides);
-  o.data = static_cast<char*>(n.storage->data) + n.offset.as_int() * static_cast<int64_t>(itemsize(n.dtype));
-  return o;
-}
+kernels::Operand operand(const Node& n) { return kernels::operand_of(n); }
 
 // A window of `out` (same dtype) for cat / view_scatter.
 kernels::Operand window(const kernels::Operand& out, std::vector<int64_t> sizes, std::vector<int64_t> strides,
