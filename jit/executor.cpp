@@ -421,21 +421,27 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
 
 std::atomic<uint64_t> g_epilogue_runs{0};
 
+// Fills the scratch group (and its canonical inputs) of kernel step `s` from this run's nodes.
+Group& load_group(const PlanStep& s, const std::vector<Node*>& ext, RunScratch& sc) {
+  Group& g = sc.group;
+  g.nodes.clear();
+  g.outputs.clear();
+  sc.ins.clear();
+  for (int i : s.nodes) g.nodes.push_back(ext[i]);
+  for (int i : s.outputs) g.outputs.push_back(ext[i]);
+  for (int i : s.inputs) sc.ins.push_back(i >= 0 ? ext[i] : sc.externals[-i - 1]);
+  g.domain.assign(s.domain.begin(), s.domain.end());
+  g.reduce_dims = s.reduce_dims;
+  g.split = s.split;
+  return g;
+}
+
 // A GEMM step and its pointwise epilogue (the next step) as one: row blocks of the product,
 // each followed by the epilogue kernel on the same rows. False when this run cannot (the
 // kernel's parallel index does not map onto rows); the caller then runs them apart.
 bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector<Node*>& ext, RunScratch& sc) {
   Node* m = ext[mm.node];
-  Group& g = sc.group;
-  g.nodes.clear();
-  g.outputs.clear();
-  sc.ins.clear();
-  for (int i : ks.nodes) g.nodes.push_back(ext[i]);
-  for (int i : ks.outputs) g.outputs.push_back(ext[i]);
-  for (int i : ks.inputs) sc.ins.push_back(i >= 0 ? ext[i] : sc.externals[-i - 1]);
-  g.domain.assign(ks.domain.begin(), ks.domain.end());
-  g.reduce_dims = ks.reduce_dims;
-  g.split = ks.split;
+  Group& g = load_group(ks, ext, sc);
   const int64_t rows = m->shape[0].as_int();
   for (auto& in : m->inputs) materialize_view(in.get());
   m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device), false);
@@ -458,7 +464,6 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
 
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
-  Group& g = sc.group;
   bool epilogue_done = false;
   for (size_t si = 0; si < plan.steps.size(); ++si) {
     const PlanStep& s = plan.steps[si];
@@ -468,16 +473,7 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
           epilogue_done = false;
           break;
         }
-        g.nodes.clear();
-        g.outputs.clear();
-        sc.ins.clear();
-        for (int i : s.nodes) g.nodes.push_back(ext[i]);
-        for (int i : s.outputs) g.outputs.push_back(ext[i]);
-        for (int i : s.inputs) sc.ins.push_back(i >= 0 ? ext[i] : sc.externals[-i - 1]);
-        g.domain.assign(s.domain.begin(), s.domain.end());
-        g.reduce_dims = s.reduce_dims;
-        g.split = s.split;
-        run_kernel(g, s.ck, sc.ins, sc.binding, s.work);
+        run_kernel(load_group(s, ext, sc), s.ck, sc.ins, sc.binding, s.work);
         break;
       }
       case Step::Kind::Opaque: {

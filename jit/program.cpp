@@ -37,6 +37,17 @@ void not_pending(Node& n) {
     detail::pending_add(-1);
   }
 }
+// A concrete copy of `n`'s type and layout under `env` (op, inputs and attrs left to the caller).
+NodePtr concrete_like(const Node& n, const std::map<std::string, int64_t>& env) {
+  auto c = std::make_shared<Node>();
+  c->dtype = n.dtype;
+  c->device = n.device;
+  c->shape = eval_shape(n.shape, env);
+  c->strides = eval_shape(n.strides, env);
+  c->offset = eval_int(n.offset, env);
+  not_pending(*c);
+  return c;
+}
 }  // namespace
 
 std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop) {
@@ -94,14 +105,8 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   std::unordered_map<const Node*, NodePtr> map;
   std::set<const Node*> stop;
   for (const auto& in : inputs_) {
-    auto leaf = std::make_shared<Node>();
+    NodePtr leaf = concrete_like(*in, env);
     leaf->op = OpKind::Leaf;
-    leaf->dtype = in->dtype;
-    leaf->device = in->device;
-    leaf->shape = eval_shape(in->shape, env);
-    leaf->strides = eval_shape(in->strides, env);
-    leaf->offset = eval_int(in->offset, env);
-    not_pending(*leaf);
     map[in.get()] = leaf;
     stop.insert(in.get());
     inst->inputs.push_back(leaf.get());
@@ -115,19 +120,13 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   };
   std::vector<std::pair<uint64_t, Node*>> rands;
   for (Node* n : order) {
-    auto c = std::make_shared<Node>();
+    NodePtr c = concrete_like(*n, env);
     c->op = n->op;
     for (const auto& in : n->inputs) c->inputs.push_back(mapped(in));
     c->attrs = n->attrs;
     c->attrs.sizes = eval_shape(n->attrs.sizes, env);
     c->attrs.strides = eval_shape(n->attrs.strides, env);
     c->attrs.offset = eval_int(n->attrs.offset, env);
-    c->dtype = n->dtype;
-    c->device = n->device;
-    c->shape = eval_shape(n->shape, env);
-    c->strides = eval_shape(n->strides, env);
-    c->offset = eval_int(n->offset, env);
-    not_pending(*c);
     if (is_random(c->op)) rands.push_back({n->id, c.get()});
     map[n] = c;
     inst->seg.nodes.push_back(c.get());

@@ -144,6 +144,9 @@ bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
 
 void matmul(const Operand& out, const Operand& a, const Operand& b) {
   if (out.numel() == 0) return;
+  // A tall 2-D product: row blocks over TBB with one BLAS thread each (BLAS's own thread pool
+  // would spin beside TBB's workers).
+  if (out.sizes.size() == 2 && out.sizes[0] >= 256 && matmul_row_blocks(out, a, b, [](int64_t, int64_t) {})) return;
   switch (out.dtype) {
     case DType::Float32: return matmul_typed<float>(out, a, b);
     case DType::Float64: return matmul_typed<double>(out, a, b);
