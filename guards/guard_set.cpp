@@ -130,7 +130,9 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
     if (kinds[i] == 0) {
       const Tensor& t = std::get<Tensor>(args[i]);
       if (!t.defined()) return fail(why, "arg ", i, ": expected a tensor, got an undefined one");
-      if (!check_tensor(tensors[tensor_slot[i]], *t.node(), t.requires_grad(), syms, "arg", static_cast<int>(i), why))
+      TensorImpl& impl = *t.impl();
+      const Node& n = impl.base ? *impl.node() : *impl.node_;  // a view may need rebuilding first
+      if (!check_tensor(tensors[tensor_slot[i]], n, impl.requires_grad, syms, "arg", static_cast<int>(i), why))
         return false;
     } else if (!same_scalar(args[i], scalars[i])) {
       return fail(why, "arg ", i, ": expected ", value_str(scalars[i]), ", got ", value_str(args[i]));
