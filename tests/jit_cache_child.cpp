@@ -9,9 +9,20 @@
 //                                     background compiles)
 //   jit_cache_child workload-default  the same with the default executor instead of the JIT
 //   jit_cache_child threads           the workload on the JIT from 8 threads at once, 3 times
+//   jit_cache_child exit-busy N US    tiered: queues N background LLVM compiles (pointwise graphs
+//                                     of distinct structures) while they are held, compiles a
+//                                     reduction with LLVM on this thread, releases the held
+//                                     compiles, waits US microseconds and returns from main
+//                                     (exits while a background compile runs); with a third
+//                                     argument "fork", forks first and the child process
+//                                     returns from main too (no compile runs in it)
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <atomic>
 #include <functional>
@@ -87,10 +98,50 @@ bool close(const std::vector<double>& a, const std::vector<double>& b, std::stri
   return true;
 }
 
+// Pointwise chains of distinct structures (op sequence from the bits of k).
+Tensor distinct_chain(int k) {
+  Tensor x = input({33, 17}, static_cast<uint64_t>(k) + 100);
+  for (int i = 0, bits = k; i < 2 + k % 5; ++i, bits /= 3) {
+    switch (bits % 3) {
+      case 0: x = kiln::tanh(kiln::add(x, 0.25 * (i + 1))); break;
+      case 1: x = kiln::exp(kiln::mul(x, 0.5)); break;
+      default: x = kiln::sin(kiln::sub(x, 1.0)); break;
+    }
+  }
+  return x;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string mode = argc > 1 ? argv[1] : "";
+  if (mode == "exit-busy") {
+    int n = argc > 2 ? std::atoi(argv[2]) : 8;
+    int us = argc > 3 ? std::atoi(argv[3]) : 0;
+    double sum = 0;
+    kiln::jit::hold_background_compiles(true);
+    for (int k = 0; k < n; ++k) sum += distinct_chain(k).to(kiln::kFloat64).to_vector<double>()[0];
+    // A synchronous LLVM compile after the compiles were queued: the function-local statics
+    // LLVM constructs on first use exist from here on, while the background compiles run.
+    sum += kiln::sum(input({100, 37}, 99), {1}).to(kiln::kFloat64).to_vector<double>()[0];
+    kiln::jit::hold_background_compiles(false);
+    if (us > 0) std::this_thread::sleep_for(std::chrono::microseconds(us));
+    if (argc > 4 && std::string(argv[4]) == "fork") {
+      std::fflush(stdout);
+      pid_t pid = fork();
+      if (pid == 0) {
+        alarm(10);  // a child whose exit waits for a compile that runs only in its parent hangs
+        return 0;
+      }
+      int st = 0;
+      if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+        std::printf("forked child failed (status %d)\n", st);
+        return 1;
+      }
+    }
+    std::printf("exit-busy n=%d us=%d sum=%g\n", n, us, sum);
+    return 0;  // exits with background compiles queued and one running
+  }
   if (mode == "executor") {
     const char* names[] = {"interp", "llvm", "asmjit", "tiered"};
     std::printf("executor=%s mode=%s\n", kiln::current_executor().name(),

@@ -20,6 +20,11 @@
 //       nothing), a truncated and a corrupted entry are detected, recompiled and rewritten; two
 //       processes filling one directory at once; KILN_CACHE_DIR=off. Prints compile and load ms
 //       per kernel.
+//   JitExit.ExitWhileBackgroundCompilesRun       child processes (tiered, no disk cache) that
+//       return from main while background LLVM compiles are queued and one runs, at 20 delays
+//       (every 4th also forks a process that exits at once); every one must exit with status 0
+//       (freed memory poisoned with MALLOC_PERTURB_, so a compile that outlives a static it
+//       uses fails at once; a forked process must not wait for its parent's compile).
 //   JitCodegen.PointwiseChainIsVectorized         the optimized LLVM IR of exp/tanh chains calls
 //       SLEEF's vector-ABI functions on vector types; a row sum vectorizes.
 //   JitMode.EnvironmentSelectsExecutor            KILN_JIT=interp/llvm/asmjit vs the default
@@ -385,6 +390,30 @@ TEST(JitConcurrency, ThreadsCompileConcurrently) {
   EXPECT_EQ(many.num("compiles"), one.num("compiles")) << "a structure was compiled twice (or not at all):\n" << many.out;
   EXPECT_GT(many.num("hits"), 0) << many.out;
   EXPECT_EQ(many.out.find("[kiln:jit]"), std::string::npos) << many.out;
+}
+
+// Exit with background compiles in flight: the child queues held compiles, compiles a
+// reduction with LLVM itself (LLVM constructs function-local statics on first use, which exit
+// destroys), releases the compiles and returns from main after a delay. Static destructors
+// must not run while a compile still uses them: each child must exit normally. MALLOC_PERTURB_
+// poisons freed memory, so a use after destruction fails (LLVM ERROR or SIGSEGV) instead of
+// reading stale values; a crash shows as a nonzero exit. Every 4th child also forks while a
+// compile runs, and the forked process returns from main at once: it must not wait for a
+// compile that runs only in its parent (it would hang until its 10 s alarm).
+TEST(JitExit, ExitWhileBackgroundCompilesRun) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  int bad = 0;
+  std::string report;
+  for (int i = 0; i < 20; ++i) {
+    const int us = i * 5000;  // 0..95 ms: before, during and after the first background compile
+    const std::string args = "exit-busy 12 " + std::to_string(us) + (i % 4 == 1 ? " fork" : "");
+    Child c = run_child("KILN_CACHE_DIR=off MALLOC_PERTURB_=165", args);
+    if (c.rc != 0 || c.out.find("exit-busy n=12") == std::string::npos) {
+      ++bad;
+      report += args + ": exit " + std::to_string(c.rc) + ", output:\n" + c.out + "\n";
+    }
+  }
+  EXPECT_EQ(bad, 0) << report;
 }
 
 // ============================================================== 4. codegen
