@@ -93,7 +93,7 @@ class CompiledCore {
  public:
   explicit CompiledCore(CompileOptions o) : opt_(std::move(o)) {}
 
-  std::vector<Value> call(std::vector<Value> args, std::vector<int64_t> spec, const TraceFn& fn,
+  std::vector<Value> call(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn,
                           std::vector<int64_t>& out_spec) {
     if (trace_observer()) return run_eager(args, fn, out_spec, false);  // inside another trace: inline
     std::vector<int64_t> syms;
@@ -547,9 +547,9 @@ std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options) {
   return std::make_shared<CompiledCore>(std::move(options));
 }
 
-std::vector<Value> compiled_call(CompiledCore& core, std::vector<Value> args, std::vector<int64_t> spec,
+std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec,
                                  const TraceFn& fn, std::vector<int64_t>& out_spec) {
-  return core.call(std::move(args), std::move(spec), fn, out_spec);
+  return core.call(args, spec, fn, out_spec);
 }
 
 CompileStats compiled_stats(const CompiledCore& core) { return core.stats(); }

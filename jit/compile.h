@@ -55,11 +55,38 @@ class CompiledCore;
 using TraceFn = std::function<std::vector<Value>(const std::vector<Value>&)>;
 std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options);
 // Runs one call: guards, then replay, trace or eager. `out_spec` receives the result structure.
-std::vector<Value> compiled_call(CompiledCore& core, std::vector<Value> args, std::vector<int64_t> spec,
+std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec,
                                  const TraceFn& fn, std::vector<int64_t>& out_spec);
 CompileStats compiled_stats(const CompiledCore& core);
 // Whether some entry's guards admit these arguments (runs the guards only).
 bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec);
+
+// A per-thread argument buffer reused across calls (no allocation per call); nested calls
+// (a compiled function called while another runs) get their own.
+class ArgBuffer {
+ public:
+  ArgBuffer() : v_(acquire()) {}
+  ~ArgBuffer() {
+    v_.clear();
+    --depth();
+  }
+  ArgBuffer(const ArgBuffer&) = delete;
+  ArgBuffer& operator=(const ArgBuffer&) = delete;
+  std::vector<Value>& values() { return v_; }
+
+ private:
+  static size_t& depth() {
+    thread_local size_t d = 0;
+    return d;
+  }
+  static std::vector<Value>& acquire() {
+    thread_local std::vector<std::unique_ptr<std::vector<Value>>> pool;
+    size_t& d = depth();
+    if (pool.size() <= d) pool.push_back(std::make_unique<std::vector<Value>>());
+    return *pool[d++];
+  }
+  std::vector<Value>& v_;
+};
 
 // Flattening of arguments and results: tensors, scalars, vectors, tuples and pairs.
 template <class T, class = void>
@@ -138,8 +165,8 @@ class Compiled {
   template <class... A>
   auto operator()(A&&... args) {
     using R = std::invoke_result_t<F&, std::decay_t<A>&...>;
-    std::vector<Value> flat;
-    flat.reserve(sizeof...(A));
+    detail::ArgBuffer buffer;
+    std::vector<Value>& flat = buffer.values();
     std::vector<int64_t> spec;
     (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
     const std::vector<int64_t>& arg_spec = spec;
@@ -162,7 +189,7 @@ class Compiled {
       return out;
     };
     std::vector<int64_t> out_spec;
-    std::vector<Value> out = detail::compiled_call(*core_, std::move(flat), spec, trace, out_spec);
+    std::vector<Value> out = detail::compiled_call(*core_, flat, spec, trace, out_spec);
     if constexpr (!std::is_void_v<R>) {
       size_t p = 0, s = 0;
       return detail::Flat<std::decay_t<R>>::get(out, p, out_spec, s);
@@ -175,8 +202,8 @@ class Compiled {
   // Runs only the guards for these arguments: true when a compiled entry would serve the call.
   template <class... A>
   bool guards_pass(const A&... args) {
-    std::vector<Value> flat;
-    flat.reserve(sizeof...(A));
+    detail::ArgBuffer buffer;
+    std::vector<Value>& flat = buffer.values();
     std::vector<int64_t> spec;
     (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
     return detail::compiled_guards_pass(*core_, flat, spec);
