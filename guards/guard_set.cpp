@@ -125,10 +125,10 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
     return fail(why, "grad mode: expected ", grad_mode ? "enabled" : "disabled", ", got ", grad_mode ? "disabled" : "enabled");
   syms.assign(symbol_names.size(), -1);
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i].index() != kinds[i])
-      return fail(why, "arg ", i, ": expected ", kind_name(kinds[i]), ", got ", kind_name(args[i].index()));
+    if (value_kind(args[i]) != kinds[i])
+      return fail(why, "arg ", i, ": expected ", kind_name(kinds[i]), ", got ", kind_name(value_kind(args[i])));
     if (kinds[i] == 0) {
-      const Tensor& t = std::get<Tensor>(args[i]);
+      const Tensor& t = *as_tensor(args[i]);
       if (!t.defined()) return fail(why, "arg ", i, ": expected a tensor, got an undefined one");
       TensorImpl& impl = *t.impl();
       const Node& n = impl.base ? *impl.node() : *impl.node_;  // a view may need rebuilding first

@@ -195,7 +195,7 @@ class CompiledCore {
     std::set<std::pair<int, int>> dyn;
     std::set<std::pair<int, int>> fixed(opt_.mark_static.begin(), opt_.mark_static.end());
     for (size_t i = 0; i < args.size(); ++i) {
-      const Tensor* t = std::get_if<Tensor>(&args[i]);
+      const Tensor* t = as_tensor(args[i]);
       if (!t) continue;
       std::vector<int64_t> sz = t->sizes();
       auto seen = seen_sizes_.find(static_cast<int>(i));
@@ -244,9 +244,9 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   std::vector<int> placeholder_arg;
   uint64_t start_id = 0;
   for (size_t i = 0; i < args.size(); ++i) {
-    G.kinds.push_back(static_cast<uint8_t>(args[i].index()));
-    G.scalars.push_back(args[i]);
-    const Tensor* t = std::get_if<Tensor>(&args[i]);
+    G.kinds.push_back(value_kind(args[i]));
+    const Tensor* t = as_tensor(args[i]);
+    G.scalars.push_back(t ? Value(int64_t{0}) : args[i]);  // tensors are guarded by G.tensors
     if (!t) {
       G.tensor_slot.push_back(-1);
       trace_args.push_back(args[i]);
@@ -488,7 +488,7 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
     if (!n->materialized()) pending.push_back(n);
   };
   for (const auto& a : args)
-    if (auto* t = std::get_if<Tensor>(&a)) add(t->node());
+    if (const Tensor* t = as_tensor(a)) add(t->node());
   for (const auto& c : e.guards.captured) {
     auto impl = c.impl.lock();
     TensorImpl* src = c.grad_of ? impl->grad.get() : impl.get();
@@ -518,7 +518,7 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
   for (int k : e.cap_grad_cleared) e.guards.captured[k].impl.lock()->grad = nullptr;
   for (int i : e.arg_written) {
     NoGradGuard ng;
-    Tensor target = std::get<Tensor>(args[i]);
+    Tensor target = *as_tensor(args[i]);
     target.assign_(outs[o++]);
   }
   if (e.bwd) {
@@ -530,7 +530,7 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
     node->slot = e.grad_slot;
     node->out_dtype = e.diff_dtype;
     node->fn_name = opt_.name;
-    for (int i : e.diff_args) node->next.push_back(grad_edge(std::get<Tensor>(args[i])));
+    for (int i : e.diff_args) node->next.push_back(grad_edge(*as_tensor(args[i])));
     for (int k : e.diff_caps) node->next.push_back(grad_edge(Tensor(e.guards.captured[k].impl.lock())));
     Tensor& out = std::get<Tensor>(results[e.diff_result]);
     out.impl()->requires_grad = true;

@@ -91,39 +91,47 @@ class ArgBuffer {
 // Flattening of arguments and results: tensors, scalars, vectors, tuples and pairs.
 template <class T, class = void>
 struct Flat;
+// put(x, out, spec, borrow): arguments are flattened with borrow = true (tensors by pointer).
 template <>
 struct Flat<Tensor> {
-  static void put(const Tensor& t, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(t); }
+  static void put(const Tensor& t, std::vector<Value>& out, std::vector<int64_t>&, bool borrow = false) {
+    if (borrow) out.emplace_back(&t);
+    else out.emplace_back(t);
+  }
   static Tensor get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
-    return std::get<Tensor>(in[p++]);
+    return *as_tensor(in[p++]);
   }
 };
 template <>
 struct Flat<bool> {
-  static void put(bool v, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(v); }
+  static void put(bool v, std::vector<Value>& out, std::vector<int64_t>&, bool = false) { out.emplace_back(v); }
   static bool get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
     return std::get<bool>(in[p++]);
   }
 };
 template <class T>
 struct Flat<T, std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, bool>>> {
-  static void put(T v, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(static_cast<int64_t>(v)); }
+  static void put(T v, std::vector<Value>& out, std::vector<int64_t>&, bool = false) {
+    out.emplace_back(static_cast<int64_t>(v));
+  }
   static T get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
     return static_cast<T>(std::get<int64_t>(in[p++]));
   }
 };
 template <class T>
 struct Flat<T, std::enable_if_t<std::is_floating_point_v<T>>> {
-  static void put(T v, std::vector<Value>& out, std::vector<int64_t>&) { out.emplace_back(static_cast<double>(v)); }
+  static void put(T v, std::vector<Value>& out, std::vector<int64_t>&, bool = false) {
+    out.emplace_back(static_cast<double>(v));
+  }
   static T get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
     return static_cast<T>(std::get<double>(in[p++]));
   }
 };
 template <class T>
 struct Flat<std::vector<T>> {
-  static void put(const std::vector<T>& v, std::vector<Value>& out, std::vector<int64_t>& spec) {
+  static void put(const std::vector<T>& v, std::vector<Value>& out, std::vector<int64_t>& spec, bool borrow = false) {
     spec.push_back(static_cast<int64_t>(v.size()));
-    for (const auto& x : v) Flat<T>::put(x, out, spec);
+    for (const auto& x : v) Flat<T>::put(x, out, spec, borrow);
   }
   static std::vector<T> get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>& spec, size_t& s) {
     std::vector<T> v;
@@ -134,8 +142,8 @@ struct Flat<std::vector<T>> {
 };
 template <class... T>
 struct Flat<std::tuple<T...>> {
-  static void put(const std::tuple<T...>& t, std::vector<Value>& out, std::vector<int64_t>& spec) {
-    std::apply([&](const auto&... x) { (Flat<std::decay_t<decltype(x)>>::put(x, out, spec), ...); }, t);
+  static void put(const std::tuple<T...>& t, std::vector<Value>& out, std::vector<int64_t>& spec, bool borrow = false) {
+    std::apply([&](const auto&... x) { (Flat<std::decay_t<decltype(x)>>::put(x, out, spec, borrow), ...); }, t);
   }
   static std::tuple<T...> get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>& spec, size_t& s) {
     return std::tuple<T...>{Flat<T>::get(in, p, spec, s)...};  // braced: left to right
@@ -143,9 +151,9 @@ struct Flat<std::tuple<T...>> {
 };
 template <class A, class B>
 struct Flat<std::pair<A, B>> {
-  static void put(const std::pair<A, B>& t, std::vector<Value>& out, std::vector<int64_t>& spec) {
-    Flat<A>::put(t.first, out, spec);
-    Flat<B>::put(t.second, out, spec);
+  static void put(const std::pair<A, B>& t, std::vector<Value>& out, std::vector<int64_t>& spec, bool borrow = false) {
+    Flat<A>::put(t.first, out, spec, borrow);
+    Flat<B>::put(t.second, out, spec, borrow);
   }
   static std::pair<A, B> get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>& spec, size_t& s) {
     A a = Flat<A>::get(in, p, spec, s);
@@ -168,7 +176,7 @@ class Compiled {
     detail::ArgBuffer buffer;
     std::vector<Value>& flat = buffer.values();
     std::vector<int64_t> spec;
-    (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
+    (detail::Flat<std::decay_t<A>>::put(args, flat, spec, true), ...);
     const std::vector<int64_t>& arg_spec = spec;
     detail::TraceFn trace = [this, &arg_spec](const std::vector<Value>& in) -> std::vector<Value> {
       size_t p = 0, s = 0;
@@ -205,7 +213,7 @@ class Compiled {
     detail::ArgBuffer buffer;
     std::vector<Value>& flat = buffer.values();
     std::vector<int64_t> spec;
-    (detail::Flat<std::decay_t<A>>::put(args, flat, spec), ...);
+    (detail::Flat<std::decay_t<A>>::put(args, flat, spec, true), ...);
     return detail::compiled_guards_pass(*core_, flat, spec);
   }
 
