@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "kiln.h"
 #include "tests/test_seed.h"
@@ -457,4 +459,38 @@ TEST(Compile, RandomProgramsAcrossShapes) {
     }
   }
   EXPECT_EQ(calls, 300);
+}
+
+// Eight threads call one compiled function with their own shapes: entries are shared, each
+// result is right.
+TEST(Compile, ThreadsShareOneCompiledFunction) {
+  auto fn = [](const Tensor& x, const Tensor& w) { return (x.matmul(w) + 1).tanh().sum({1}); };
+  auto f = compile(fn);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        Tensor x = randn({4 + (t + i) % 3, 6}), w = randn({6, 5});
+        auto got = f(x, w).to_vector<float>(), want = fn(x, w).to_vector<float>();
+        for (size_t k = 0; k < got.size(); ++k)
+          if (std::abs(got[k] - want[k]) > 1e-5 + 1e-5 * std::abs(want[k])) bad++;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_LE(f.stats().entries, 3);  // static, then dynamic (racing threads may both trace)
+}
+
+// A compiled function called inside another one is traced through (inlined).
+TEST(Compile, NestedCompiledFunctionsInline) {
+  auto inner = compile([](const Tensor& x) { return x.exp() * 2; });
+  auto outer_fn = [&](const Tensor& x) { return inner(x).sum() + x.sum(); };
+  auto outer = compile(outer_fn);
+  for (int i = 0; i < 3; ++i) {
+    Tensor x = randn({5});
+    expect_close(outer(x), (x.exp() * 2).sum() + x.sum());
+  }
+  EXPECT_EQ(outer.stats().entries, 1);
+  EXPECT_EQ(inner.stats().entries, 0);  // only ever traced through
 }
