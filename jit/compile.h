@@ -9,7 +9,8 @@
 // only, and C++ values read inside fn, which are constants of the trace — pass values that
 // change as arguments (scalars are specialized and guarded) or keep them in tensors. A step that
 // needs data while tracing (item(), data(), printing a tensor, an output size that depends on
-// values) makes fn run in lazy eager mode, with a warning.
+// values) makes fn run in lazy eager mode, with a warning: the work between such steps is still
+// recorded, fused and run from cached plans, segment by segment, but every call re-records it.
 #pragma once
 #include <functional>
 #include <memory>
