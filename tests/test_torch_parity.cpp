@@ -1293,27 +1293,34 @@ CorpusResult run_corpus(const std::filesystem::path& path,
 
 }  // namespace
 
+namespace {
+// Runs the forward cases (or those with gradients) eagerly or through kiln::compile, prints a
+// summary line and the failures, and fails the test on any failure.
+void check_corpus(const std::filesystem::path& path, bool grads, bool compiled) {
+  g_compiled = compiled;
+  CorpusResult r = run_corpus(path, [grads](const json& j) -> std::optional<std::string> {
+    if (!grads) return run_case(j);
+    if (!has_grads(j)) return std::nullopt;
+    return run_grad_case(j);
+  });
+  g_compiled = false;
+  std::cout << "torch-parity" << (compiled ? " compiled" : "") << (grads ? " grads" : "") << ": " << r.passed << "/"
+            << r.total << " cases passed" << std::endl;
+  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
+  EXPECT_GT(r.total, 0) << "no " << (grads ? "cases with gradients" : "cases") << " in " << path;
+  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total << (compiled ? " compiled" : "")
+                                   << " torch-parity " << (grads ? "gradient " : "") << "cases failed (listed above)";
+}
+}  // namespace
+
 TEST(TorchParity, AllCases) {
   KILN_PARITY_CORPUS(path);
-  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> { return run_case(j); });
-  std::cout << "torch-parity: " << r.passed << "/" << r.total << " cases passed" << std::endl;
-  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
-  EXPECT_GT(r.total, 0) << "no cases in " << *path;
-  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total
-                                   << " torch-parity cases failed (listed above)";
+  check_corpus(*path, false, false);
 }
 
 TEST(TorchParity, Gradients) {
   KILN_PARITY_CORPUS(path);
-  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> {
-    if (!has_grads(j)) return std::nullopt;
-    return run_grad_case(j);
-  });
-  std::cout << "torch-parity grads: " << r.passed << "/" << r.total << " cases passed" << std::endl;
-  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
-  EXPECT_GT(r.total, 0) << "no cases with gradients in " << *path;
-  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total
-                                   << " torch-parity gradient cases failed (listed above)";
+  check_corpus(*path, true, false);
 }
 
 // The same corpus through kiln::compile: compiled equals eager at the same tolerances. The
@@ -1321,25 +1328,10 @@ TEST(TorchParity, Gradients) {
 // differentiable output; functions with several run eagerly (and must still match).
 TEST(TorchParity, AllCasesCompiled) {
   KILN_PARITY_CORPUS(path);
-  g_compiled = true;
-  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> { return run_case(j); });
-  g_compiled = false;
-  std::cout << "torch-parity compiled: " << r.passed << "/" << r.total << " cases passed" << std::endl;
-  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
-  EXPECT_GT(r.total, 0);
-  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total << " compiled cases failed";
+  check_corpus(*path, false, true);
 }
 
 TEST(TorchParity, GradientsCompiled) {
   KILN_PARITY_CORPUS(path);
-  g_compiled = true;
-  CorpusResult r = run_corpus(*path, [](const json& j) -> std::optional<std::string> {
-    if (!has_grads(j)) return std::nullopt;
-    return run_grad_case(j);
-  });
-  g_compiled = false;
-  std::cout << "torch-parity compiled grads: " << r.passed << "/" << r.total << " cases passed" << std::endl;
-  for (const auto& f : r.failures) std::cout << "  FAIL " << f << std::endl;
-  EXPECT_GT(r.total, 0);
-  EXPECT_EQ(r.failures.size(), 0u) << r.failures.size() << " of " << r.total << " compiled gradient cases failed";
+  check_corpus(*path, true, true);
 }
