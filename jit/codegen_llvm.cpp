@@ -105,6 +105,7 @@ struct Emitter {
   Function* fn = nullptr;
   std::vector<Value*> bufs, iparams, fparams, vars;
   std::vector<Value*> acc_val, acc_idx;
+  std::vector<Value*> acc_nan;  // float max/min: whether a NaN was seen (else nullptr)
   std::vector<std::unordered_map<ExprId, Value*>> scopes;
 
   Emitter(const Kernel& kk, LLVMContext& c, Module& m) : k(kk), ctx(c), mod(m), b(c) {}
@@ -295,7 +296,7 @@ struct Emitter {
       case Expr::Kind::Binary: v = binary(e.op, k.exprs[e.a].dtype, I(e.a), I(e.b)); break;
       case Expr::Kind::Where: v = b.CreateSelect(I(e.a), I(e.b), I(e.c)); break;
       case Expr::Kind::Cast: v = convert(I(e.a), k.exprs[e.a].dtype, e.dtype); break;
-      case Expr::Kind::Acc: v = b.CreateLoad(reg_type(k.accs[e.i].dtype), acc_val[e.i]); break;
+      case Expr::Kind::Acc: v = acc_value(e.i); break;
       case Expr::Kind::AccIndex: v = b.CreateLoad(b.getInt64Ty(), acc_idx[e.i]); break;
     }
     if (!volatile_value) scopes.back()[id] = v;
@@ -313,6 +314,14 @@ struct Emitter {
       default:
         return fl ? ConstantFP::getInfinity(t, false) : ConstantInt::get(t, INT64_MAX);
     }
+  }
+
+  // The accumulated value of `acc` (NaN for a float max/min that saw one).
+  Value* acc_value(int acc) {
+    Value* v = b.CreateLoad(reg_type(k.accs[acc].dtype), acc_val[acc]);
+    if (!acc_nan[acc]) return v;
+    Value* nan = ConstantFP::getNaN(v->getType());
+    return b.CreateSelect(b.CreateLoad(b.getInt1Ty(), acc_nan[acc]), nan, v);
   }
 
   void acc_update(const Stmt& s) {
@@ -340,9 +349,17 @@ struct Emitter {
       case OpKind::Amax: case OpKind::Amin: {
         bool mx = a.op == OpKind::Amax;
         if (fl) {
-          Value* better = mx ? b.CreateFCmpOGT(x, cur) : b.CreateFCmpOLT(x, cur);
-          next = b.CreateSelect(b.CreateOr(better, is_nan(x)), x, cur);
-          next = b.CreateSelect(is_nan(cur), cur, next);
+          // maxnum/minnum skip NaNs and reduce in any order (the vectorizer takes them); a NaN
+          // seen is kept in a flag that acc_value() turns back into NaN.
+          // nnan/nsz let LLVM 16 vectorize the reduction: a NaN makes the value poison, which the
+          // flag's select never returns.
+          next = b.CreateBinaryIntrinsic(mx ? Intrinsic::maxnum : Intrinsic::minnum, cur, x);
+          FastMathFlags f;
+          f.setNoNaNs();
+          f.setNoSignedZeros();
+          cast<Instruction>(next)->setFastMathFlags(f);
+          Value* seen = b.CreateLoad(b.getInt1Ty(), acc_nan[s.acc]);
+          b.CreateStore(b.CreateOr(seen, is_nan(x)), acc_nan[s.acc]);
         } else {
           next = b.CreateSelect(mx ? b.CreateICmpSGT(x, cur) : b.CreateICmpSLT(x, cur), x, cur);
         }
@@ -411,12 +428,13 @@ struct Emitter {
         case Stmt::Kind::AccInit:
           b.CreateStore(identity(k.accs[s.acc]), acc_val[s.acc]);
           b.CreateStore(b.getInt64(-1), acc_idx[s.acc]);
+          if (acc_nan[s.acc]) b.CreateStore(b.getFalse(), acc_nan[s.acc]);
           break;
         case Stmt::Kind::AccUpdate: acc_update(s); break;
         case Stmt::Kind::AccStore: {
           const AccSpec& a = k.accs[s.acc];
           Value* v = s.value ? static_cast<Value*>(b.CreateLoad(b.getInt64Ty(), acc_idx[s.acc]))
-                             : static_cast<Value*>(b.CreateLoad(reg_type(a.dtype), acc_val[s.acc]));
+                             : acc_value(s.acc);
           b.CreateStore(v, gep(s.buffer, expr(s.index)));
           break;
         }
@@ -453,6 +471,8 @@ struct Emitter {
     for (const AccSpec& a : k.accs) {
       acc_val.push_back(b.CreateAlloca(reg_type(a.dtype)));
       acc_idx.push_back(b.CreateAlloca(i64));
+      bool nan_flag = is_floating(a.dtype) && (a.op == OpKind::Amax || a.op == OpKind::Amin);
+      acc_nan.push_back(nan_flag ? b.CreateAlloca(b.getInt1Ty()) : nullptr);
     }
     scopes.emplace_back();
     loop(0, begin, end, [&] { stmts(k.body); });
@@ -517,7 +537,14 @@ orc::LLJIT& the_jit() {
     sleef_library();  // kernels loaded from the disk cache call SLEEF too
     auto j = orc::LLJITBuilder().create();
     if (!j) throw Error("llvm: cannot create LLJIT: " + toString(j.takeError()));
-    auto gen = orc::DynamicLibrarySearchGenerator::GetForCurrentProcess((*j)->getDataLayout().getGlobalPrefix());
+    const char prefix = (*j)->getDataLayout().getGlobalPrefix();
+    // libmvec is searched first: SLEEF, linked into kiln, would otherwise win every _ZGV* name
+    // the two libraries share (process symbols resolve in load order).
+    if (auto mvec = orc::DynamicLibrarySearchGenerator::Load("libmvec.so.1", prefix))
+      (*j)->getMainJITDylib().addGenerator(std::move(*mvec));
+    else
+      consumeError(mvec.takeError());
+    auto gen = orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(prefix);
     if (!gen) throw Error("llvm: " + toString(gen.takeError()));
     (*j)->getMainJITDylib().addGenerator(std::move(*gen));
     return j->release();

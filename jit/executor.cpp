@@ -118,7 +118,8 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
     const Node* o = g.outputs[oi];
     if (classify(*o) != NodeClass::Reduction) continue;
     OpKind op = o->op;
-    bool fl = k.buffers[pb].dtype == DType::Float64;
+    const DType pdt = k.buffers[pb].dtype;  // float64/int64 accumulators; max/min keep a float32 input's type
+    bool fl = is_floating(pdt);
     const char* vals = bd.partials[part].data();
     const int64_t* idxs = nullptr;
     if (op == OpKind::ArgMax || op == OpKind::ArgMin) idxs = reinterpret_cast<const int64_t*>(bd.partials[part + 1].data());
@@ -127,7 +128,9 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
     int64_t best = -1;
     bool first = true;
     for (int64_t c = 0; c < bd.chunks; ++c) {
-      double dv = fl ? reinterpret_cast<const double*>(vals)[c] : 0;
+      double dv = !fl ? 0
+                  : pdt == DType::Float32 ? static_cast<double>(reinterpret_cast<const float*>(vals)[c])
+                                          : reinterpret_cast<const double*>(vals)[c];
       int64_t iv = fl ? 0 : reinterpret_cast<const int64_t*>(vals)[c];
       switch (op) {
         case OpKind::Sum: dacc += dv; iacc += iv; break;

@@ -465,6 +465,7 @@ struct Lowerer {
 
   DType acc_dtype(const Node* r) const {
     DType in = r->inputs[0]->dtype;
+    if ((r->op == OpKind::Amax || r->op == OpKind::Amin) && is_floating(in)) return in;  // exact in its own type
     return is_floating(in) ? DType::Float64 : DType::Int64;
   }
 

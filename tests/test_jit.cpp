@@ -26,7 +26,8 @@
 //       (freed memory poisoned with MALLOC_PERTURB_, so a compile that outlives a static it
 //       uses fails at once; a forked process must not wait for its parent's compile).
 //   JitCodegen.PointwiseChainIsVectorized         the optimized LLVM IR of exp/tanh chains calls
-//       SLEEF's vector-ABI functions on vector types; a row sum vectorizes.
+//       vector-ABI math functions on vector types; a row sum and a row max vectorize, and
+//       the vectorized max/min still propagate NaNs.
 //   JitMode.EnvironmentSelectsExecutor            KILN_JIT=interp/llvm/asmjit vs the default
 //       ("tiered"), in this process and in fresh ones.
 //   Tests that only concern the JIT skip themselves under the ".interp" registration.
@@ -40,8 +41,8 @@
 //   * ints and bools: exact.
 //   * floating values computed only by ops that round identically in both executors (+ - * /,
 //     sqrt, casts, min/max, views, amax/amin, where, floor..., library ops): exact (NaN == NaN).
-//   * float32 values through transcendental functions (the JIT calls SLEEF's u10 vector math,
-//     <= 1 ulp, the interpreter libm): rtol 1e-5, atol 1e-6.
+//   * float32 values through transcendental functions (the JIT calls libmvec / SLEEF vector
+//     math, <= 4 ulp (test_vector_math), the interpreter libm): rtol 1e-5, atol 1e-6.
 //   * float32 values depending on a floating reduction (summation order differs: the JIT
 //     vectorizes/splits, both accumulate in double): rtol 1e-4, atol 1e-5.
 //   * float64: rtol 1e-12, atol 1e-12 (float64 values computed from inexact float32 ones: the
@@ -462,6 +463,48 @@ TEST(JitCodegen, PointwiseChainIsVectorized) {
   std::string ir;
   kiln::jit::compile_to_object(kiln::jit::lower(steps[0].group)->kernel, "kiln_test_vec_sum", &ir);
   EXPECT_TRUE(std::regex_search(ir, std::regex("<(2|4|8|16) x (float|double)>"))) << "row sum not vectorized:\n" << ir;
+  // A row max reduces in vector registers (maxnum), in float32.
+  Tensor m = kiln::amax(kiln::mul(x, x), {1});
+  std::vector<kiln::jit::Step> msteps = kiln::jit::schedule(make_segment({m}));
+  ASSERT_EQ(msteps.size(), 1u) << kiln::jit::describe(msteps);
+  kiln::jit::compile_to_object(kiln::jit::lower(msteps[0].group)->kernel, "kiln_test_vec_max", &ir);
+  EXPECT_TRUE(std::regex_search(ir, std::regex("maxnum\\.v(4|8|16)f32"))) << "row max not vectorized:\n" << ir;
+}
+
+// Vectorized max/min rows keep NaN semantics: a NaN anywhere in a row (any lane, the tail)
+// makes that row's max and min NaN; other rows are exact. Full (split) reductions too.
+TEST(JitCodegen, VectorizedMaxMinPropagateNaN) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t cols : {1, 7, 16, 37, 1000}) {
+    std::vector<float> v(static_cast<size_t>(8 * cols));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i)) * 10.0f;
+    std::vector<int64_t> nan_at(8, -1);
+    for (int64_t r = 0; r < 8; r += 2) nan_at[r] = (r * 13 + 5) % cols;  // rows 0, 2, 4, 6
+    for (int64_t r = 0; r < 8; ++r)
+      if (nan_at[r] >= 0) v[static_cast<size_t>(r * cols + nan_at[r])] = nan;
+    Tensor x = kiln::from_vector(v, std::vector<int64_t>{8, cols});
+    std::vector<float> mx = kiln::amax(x, {1}).to_vector<float>();
+    std::vector<float> mn = kiln::amin(x, {1}).to_vector<float>();
+    for (int64_t r = 0; r < 8; ++r) {
+      float emx = -INFINITY, emn = INFINITY;
+      for (int64_t c = 0; c < cols; ++c) {
+        emx = std::max(emx, v[static_cast<size_t>(r * cols + c)]);
+        emn = std::min(emn, v[static_cast<size_t>(r * cols + c)]);
+      }
+      if (nan_at[r] >= 0) {
+        EXPECT_TRUE(std::isnan(mx[r])) << "cols " << cols << " row " << r;
+        EXPECT_TRUE(std::isnan(mn[r])) << "cols " << cols << " row " << r;
+      } else {
+        EXPECT_EQ(mx[r], emx) << "cols " << cols << " row " << r;
+        EXPECT_EQ(mn[r], emn) << "cols " << cols << " row " << r;
+      }
+    }
+    EXPECT_TRUE(std::isnan(kiln::amax(x).item<float>())) << "cols " << cols;
+    EXPECT_TRUE(std::isnan(kiln::amin(kiln::mul(x, 2.0)).item<float>())) << "cols " << cols;
+    Tensor clean = kiln::where(kiln::isnan(x), 0.0, x);
+    EXPECT_FALSE(std::isnan(kiln::amax(clean).item<float>())) << "cols " << cols;
+  }
 }
 
 // ============================================================== 5. KILN_JIT
