@@ -7,18 +7,16 @@
 namespace kiln::jit {
 namespace {
 
-void append_elements(const Node& n, std::vector<uint8_t>& out) {
-  size_t isz = itemsize(n.dtype);
-  std::vector<int64_t> sizes = concrete(n.shape), strides = concrete(n.strides);
+// Calls f(offset, index) for each element of a strided block, in logical order.
+template <class F>
+void for_each_element(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, int64_t offset, F&& f) {
   int64_t total = 1;
   for (int64_t s : sizes) total *= s;
-  const auto* base = static_cast<const uint8_t*>(n.storage->data);
   std::vector<int64_t> idx(sizes.size(), 0);
   for (int64_t e = 0; e < total; ++e) {
-    int64_t off = n.offset.as_int();
+    int64_t off = offset;
     for (size_t d = 0; d < sizes.size(); ++d) off += idx[d] * strides[d];
-    const uint8_t* p = base + off * static_cast<int64_t>(isz);
-    out.insert(out.end(), p, p + isz);
+    f(off, idx);
     for (size_t d = sizes.size(); d-- > 0;) {
       if (++idx[d] < sizes[d]) break;
       idx[d] = 0;
@@ -52,8 +50,35 @@ void element_str(std::ostream& os, DType t, const uint8_t* p) {
 
 std::vector<uint8_t> value_bytes(const std::vector<Tensor>& outs, size_t n) {
   std::vector<uint8_t> bytes;
-  for (size_t i = 0; i < n; ++i) append_elements(*outs[i].node(), bytes);
+  for (size_t i = 0; i < n; ++i) {
+    const Node& v = *outs[i].node();
+    size_t isz = itemsize(v.dtype);
+    const auto* base = static_cast<const uint8_t*>(v.storage->data);
+    for_each_element(concrete(v.shape), concrete(v.strides), v.offset.as_int(), [&](int64_t off, const auto&) {
+      const uint8_t* p = base + off * static_cast<int64_t>(isz);
+      bytes.insert(bytes.end(), p, p + isz);
+    });
+  }
   return bytes;
+}
+
+std::shared_ptr<Storage> storage_like(const Node& like, const Node& src, const std::map<std::string, int64_t>& env) {
+  std::vector<int64_t> sizes = concrete(src.shape), from = concrete(src.strides), to;
+  for (const auto& st : like.strides) to.push_back(st.evaluate(env));
+  int64_t off = like.offset.evaluate(env);
+  if (off == src.offset.as_int() && to == from) return src.storage;
+  size_t isz = itemsize(src.dtype);
+  int64_t last = off;
+  for (size_t d = 0; d < sizes.size(); ++d) last += sizes[d] > 0 ? (sizes[d] - 1) * to[d] : 0;
+  auto s = Storage::allocate(static_cast<size_t>(last + 1) * isz, src.device);
+  const auto* in = static_cast<const char*>(src.storage->data);
+  auto* out = static_cast<char*>(s->data);
+  for_each_element(sizes, from, src.offset.as_int(), [&](int64_t a, const std::vector<int64_t>& idx) {
+    int64_t b = off;
+    for (size_t d = 0; d < idx.size(); ++d) b += idx[d] * to[d];
+    std::memcpy(out + b * static_cast<int64_t>(isz), in + a * static_cast<int64_t>(isz), isz);
+  });
+  return s;
 }
 
 void BreakStep::add(std::unique_ptr<Branch> b) {

@@ -4,6 +4,7 @@
 // them (a value guard), so an entry is a small tree of segments.
 #pragma once
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,5 +58,8 @@ struct BreakStep {
 
 // The elements of `outs[0..n)` (materialized) as bytes, in logical order.
 std::vector<uint8_t> value_bytes(const std::vector<Tensor>& outs, size_t n);
+// Storage holding materialized `src`'s elements where `like` (strides and offset under `env`)
+// expects them: `src`'s own when the layouts agree, else a copy.
+std::shared_ptr<Storage> storage_like(const Node& like, const Node& src, const std::map<std::string, int64_t>& env);
 
 }  // namespace kiln::jit

@@ -215,7 +215,8 @@ class Compiled {
   // The counters of this function.
   CompileStats stats() const { return detail::compiled_stats(*core_); }
 
-  // Runs only the guards for these arguments: true when a compiled entry would serve the call.
+  // Runs only the guards for these arguments: true when a compiled entry would serve the call
+  // (value guards after graph breaks need fn's values and are not checked).
   template <class... A>
   bool guards_pass(const A&... args) {
     detail::ArgBuffer buffer;

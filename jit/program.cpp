@@ -21,8 +21,6 @@ struct Program::Instance {
 };
 
 namespace {
-bool is_random(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
-
 Shape eval_shape(const Shape& s, const std::map<std::string, int64_t>& env) {
   Shape out;
   out.reserve(s.size());
@@ -50,6 +48,8 @@ NodePtr concrete_like(const Node& n, const std::map<std::string, int64_t>& env) 
   return c;
 }
 }  // namespace
+
+bool is_random_op(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
 
 std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop) {
   std::vector<Node*> order;
@@ -132,7 +132,7 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
     c->attrs.sizes = eval_shape(n->attrs.sizes, env);
     c->attrs.strides = eval_shape(n->attrs.strides, env);
     c->attrs.offset = eval_int(n->attrs.offset, env);
-    if (is_random(c->op)) rands.push_back({n->id, c.get()});
+    if (is_random_op(c->op)) rands.push_back({n->id, c.get()});
     map[n] = c;
     inst->seg.nodes.push_back(c.get());
     inst->owned.push_back(std::move(c));

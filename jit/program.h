@@ -53,6 +53,9 @@ class Program {
 std::string graph_dot(const std::vector<NodePtr>& inputs, const std::vector<NodePtr>& outputs,
                       const std::set<const Node*>& highlight, const std::string& label);
 
+// Whether `op` draws random numbers (its Philox counter is set per run).
+bool is_random_op(OpKind op);
+
 // Nodes behind `outputs`, inputs first (stops at `inputs` and materialized nodes), topologically sorted.
 std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop);
 

@@ -2,7 +2,6 @@
 // by a program of its own (the break's segment); the trace goes on with that value, which
 // becomes a value guard of the continuation.
 #include <algorithm>
-#include <cstring>
 #include <unordered_map>
 
 #include "jit/trace_session.h"
@@ -10,8 +9,6 @@
 
 namespace kiln::jit {
 namespace {
-
-bool is_random(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
 
 // Turns the thread's trace hooks off while a break's program runs for real.
 struct PauseHooks {
@@ -32,36 +29,6 @@ std::string describe(const std::vector<NodePtr>& values, int64_t elems) {
   return "values of " + op + " (" + std::to_string(elems) + " elements)";
 }
 
-// Storage holding `src`'s elements where `like` (sizes under `env`) expects them: `src`'s own
-// when the layouts agree, else a copy.
-std::shared_ptr<Storage> storage_like(const Node& like, const Node& src, const std::map<std::string, int64_t>& env) {
-  std::vector<int64_t> sizes = concrete(src.shape), from = concrete(src.strides), to;
-  for (const auto& st : like.strides) to.push_back(st.evaluate(env));
-  int64_t off = like.offset.evaluate(env);
-  if (off == src.offset.as_int() && to == from) return src.storage;
-  size_t isz = itemsize(src.dtype);
-  int64_t last = off;
-  for (size_t d = 0; d < sizes.size(); ++d) last += sizes[d] > 0 ? (sizes[d] - 1) * to[d] : 0;
-  auto s = Storage::allocate(static_cast<size_t>(last + 1) * isz, src.device);
-  int64_t total = 1;
-  for (int64_t n : sizes) total *= n;
-  std::vector<int64_t> idx(sizes.size(), 0);
-  for (int64_t e = 0; e < total; ++e) {
-    int64_t a = src.offset.as_int(), b = off;
-    for (size_t d = 0; d < sizes.size(); ++d) {
-      a += idx[d] * from[d];
-      b += idx[d] * to[d];
-    }
-    std::memcpy(static_cast<char*>(s->data) + b * static_cast<int64_t>(isz),
-                static_cast<const char*>(src.storage->data) + a * static_cast<int64_t>(isz), isz);
-    for (size_t d = sizes.size(); d-- > 0;) {
-      if (++idx[d] < sizes[d]) break;
-      idx[d] = 0;
-    }
-  }
-  return s;
-}
-
 }  // namespace
 
 void TraceSession::take_break(const NodePtr* roots, size_t nroots) {
@@ -73,7 +40,7 @@ void TraceSession::take_break(const NodePtr* roots, size_t nroots) {
       values.push_back(roots[r]);
   std::vector<Node*> seg = topo_order(values, slot_set_);
   for (Node* n : seg)
-    if (is_random(n->op) && random_done_.count(n->id))
+    if (is_random_op(n->op) && random_done_.count(n->id))
       throw GraphBreak{"random values an earlier data-dependent step computed are needed again by another one"};
   // Carried: nodes of the segment that something outside it still holds (later segments read them).
   std::unordered_map<const Node*, long> internal;
@@ -106,7 +73,7 @@ void TraceSession::take_break(const NodePtr* roots, size_t nroots) {
     c->offset = n->offset;
     c->pending = false;
     detail::pending_add(-1);
-    if (is_random(n->op)) {
+    if (is_random_op(n->op)) {
       auto off = rng_offsets.find(n->id);
       if (off == rng_offsets.end()) throw GraphBreak{"a random op the trace did not see being recorded"};
       offsets[c->id] = off->second;

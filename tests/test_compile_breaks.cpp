@@ -63,6 +63,19 @@ TEST(CompileBreaks, ItemFeedsLaterMathAndSameValueReplays) {
   EXPECT_NE(st.last_miss.find("break 0 (item() of sum): expected 3, got 6"), std::string::npos) << st.last_miss;
 }
 
+TEST(CompileBreaks, ItemOfAnArgumentViewReadsTheRightElement) {
+  auto fn = [](const Tensor& x, const Tensor& y) { return y * x.item<double>(); };
+  auto f = compile(fn);
+  Tensor base = arange(0, 6, 1, kFloat32), y = randn({3});
+  for (int64_t k : {2, 2, 4}) {
+    Tensor x = base.slice(0, k, k + 1);  // one element at offset k of base's storage
+    expect_close(f(x, y), fn(x, y));
+  }
+  EXPECT_EQ(f.stats().entries, 2);
+  EXPECT_NE(f.stats().last_miss.find("(item() of an argument): expected 2, got 4"), std::string::npos)
+      << f.stats().last_miss;
+}
+
 TEST(CompileBreaks, BranchOnItemBoolCompilesEachBranchOnce) {
   auto fn = [](const Tensor& x) {
     if ((x > 0).all().item<bool>()) return x.log() * 2;
