@@ -456,9 +456,6 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         ++rt;
       }
     if (!diff_results.empty()) {
-      if (!ts.breaks.empty())
-        throw jit::GraphBreak{"a result needs grad and fn reads values mid-trace (graph breaks are kept compiled "
-                              "only when fn runs its backward itself or no result needs grad)"};
       if (diff_results.size() > 1)
         throw jit::GraphBreak{"more than one result needs grad (only one differentiable result is supported)"};
       int r = diff_results[0];

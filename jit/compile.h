@@ -13,9 +13,8 @@
 // goes on tracing with it, and the entry runs in segments — the one computing the value, then
 // the continuation traced for that exact value (a value guard; a new value traces a new
 // continuation, counted against recompile_limit). Nothing lands before every value guard
-// passed. A larger value (printing or data() of a big tensor), or a break in fn whose result
-// needs grad with the backward left to the caller, makes fn run in lazy eager mode, with a
-// warning.
+// passed. A larger value (printing or data() of a big tensor) makes fn run in lazy eager mode,
+// with a warning.
 #pragma once
 #include <functional>
 #include <memory>
