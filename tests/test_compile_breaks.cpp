@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "kiln.h"
 #include "tests/test_seed.h"
@@ -330,4 +332,30 @@ TEST(CompileBreaks, RandomProgramsWithAValueInTheMiddle) {
     EXPECT_EQ(st.hits + st.misses, 6);
     EXPECT_LE(st.entries, 4);
   }
+}
+
+// Threads share one function with breaks: continuations are added while others replay.
+TEST(CompileBreaks, ThreadsShareContinuations) {
+  auto fn = [](const Tensor& x) {
+    int64_t n = (x > 0).sum().item<int64_t>();
+    return x.slice(0, 0, n).exp().sum() + static_cast<double>(n);
+  };
+  CompileOptions o;
+  o.recompile_limit = 64;
+  auto f = compile(fn, o);
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 20; ++i) {
+        int64_t k = (t + i) % 4;  // 4 distinct counts
+        Tensor x = cat({full({k}, 0.5), full({4 - k}, -0.5)});
+        double got = f(x).item<double>(), want = fn(x).item<double>();
+        if (std::abs(got - want) > 1e-5 * (1 + std::abs(want))) bad++;
+      }
+    });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(f.stats().eager_calls, 0);
+  EXPECT_GE(f.stats().entries, 4);
 }
