@@ -73,6 +73,35 @@ std::string tensor_str(const TensorGuard& g, const std::vector<std::string>& nam
   return os.str();
 }
 
+bool check_captured(const CapturedTensor& c, std::vector<int64_t>& syms, size_t k, std::string* why) {
+  auto impl = c.impl.lock();
+  if (!impl) return fail(why, "captured tensor ", k, ": it was destroyed");
+  if (c.watch_grad && (impl->grad != nullptr) != c.has_grad)
+    return fail(why, "captured tensor ", k, ": expected .grad() ", c.has_grad ? "defined" : "undefined");
+  TensorImpl* src = impl.get();
+  if (c.grad_of) {
+    if (!impl->grad) return fail(why, "captured gradient ", k, ": expected .grad() defined");
+    src = impl->grad.get();
+  }
+  return check_tensor(c.guard, *src->node(), src->requires_grad, syms, "captured tensor", static_cast<int>(k), why);
+}
+
+bool check_relations(const std::vector<SizeRelation>& relations, const std::vector<std::string>& names,
+                     const std::vector<int64_t>& syms, std::string* why) {
+  if (relations.empty()) return true;
+  std::map<std::string, int64_t> env;
+  for (size_t s = 0; s < names.size(); ++s) env[names[s]] = syms[s];
+  for (const auto& r : relations) {
+    int64_t v = r.expr.evaluate(env);
+    if (!holds(v, r.rel)) return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v);
+  }
+  return true;
+}
+
+std::string captured_str(const CapturedTensor& c, const std::vector<std::string>& names, size_t k) {
+  return "captured " + std::to_string(k) + (c.grad_of ? " (a .grad())" : "") + ": " + tensor_str(c.guard, names) + "\n";
+}
+
 }  // namespace
 
 bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms,
@@ -138,30 +167,23 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
       return fail(why, "arg ", i, ": expected ", value_str(scalars[i]), ", got ", value_str(args[i]));
     }
   }
-  for (size_t k = 0; k < captured.size(); ++k) {
-    const CapturedTensor& c = captured[k];
-    auto impl = c.impl.lock();
-    if (!impl) return fail(why, "captured tensor ", k, ": it was destroyed");
-    if (c.watch_grad && (impl->grad != nullptr) != c.has_grad)
-      return fail(why, "captured tensor ", k, ": expected .grad() ", c.has_grad ? "defined" : "undefined");
-    TensorImpl* src = impl.get();
-    if (c.grad_of) {
-      if (!impl->grad) return fail(why, "captured gradient ", k, ": expected .grad() defined");
-      src = impl->grad.get();
-    }
-    if (!check_tensor(c.guard, *src->node(), src->requires_grad, syms, "captured tensor", static_cast<int>(k), why))
-      return false;
-  }
-  if (!relations.empty()) {
-    std::map<std::string, int64_t> env;
-    for (size_t s = 0; s < symbol_names.size(); ++s) env[symbol_names[s]] = syms[s];
-    for (const auto& r : relations) {
-      int64_t v = r.expr.evaluate(env);
-      if (!holds(v, r.rel))
-        return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v);
-    }
-  }
-  return true;
+  for (size_t k = 0; k < captured.size(); ++k)
+    if (!check_captured(captured[k], syms, k, why)) return false;
+  return check_relations(relations, symbol_names, syms, why);
+}
+
+bool BranchGuards::check(std::vector<int64_t>& syms, const std::vector<std::string>& names, size_t first,
+                         std::string* why) const {
+  for (size_t k = 0; k < captured.size(); ++k)
+    if (!check_captured(captured[k], syms, first + k, why)) return false;
+  return check_relations(relations, names, syms, why);
+}
+
+std::string BranchGuards::str(const std::vector<std::string>& names, size_t first) const {
+  std::ostringstream os;
+  for (size_t k = 0; k < captured.size(); ++k) os << captured_str(captured[k], names, first + k);
+  for (const auto& r : relations) os << r.expr.str() << " " << rel_str(r.rel) << " 0\n";
+  return os.str();
 }
 
 std::string GuardSet::str() const {
@@ -173,9 +195,7 @@ std::string GuardSet::str() const {
     else os << "== " << value_str(scalars[i]);
     os << "\n";
   }
-  for (size_t k = 0; k < captured.size(); ++k)
-    os << "captured " << k << (captured[k].grad_of ? " (a .grad())" : "") << ": "
-       << tensor_str(captured[k].guard, symbol_names) << "\n";
+  for (size_t k = 0; k < captured.size(); ++k) os << captured_str(captured[k], symbol_names, k);
   for (const auto& r : relations) os << r.expr.str() << " " << rel_str(r.rel) << " 0\n";
   return os.str();
 }

@@ -57,6 +57,20 @@ class GuardSet {
   std::string str() const;
 };
 
+// What a continuation after a graph break adds to its entry's guards: the tensors fn first
+// read after the break and the size relations it relied on after it.
+struct BranchGuards {
+  std::vector<CapturedTensor> captured;  // numbered after the captured tensors before the break
+  std::vector<SizeRelation> relations;
+
+  // True when every guard holds with the entry's symbol values `syms` (named `names`); `first`
+  // is the number of the first captured tensor in messages.
+  bool check(std::vector<int64_t>& syms, const std::vector<std::string>& names, size_t first, std::string* why) const;
+  // The guards in words, one per line.
+  std::string str(const std::vector<std::string>& names, size_t first) const;
+  bool empty() const { return captured.empty() && relations.empty(); }
+};
+
 // Whether `t` satisfies `g` (symbol values checked/bound in `syms`); `what` names it in `why`.
 bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms,
                   const char* what, int index, std::string* why);

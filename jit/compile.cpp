@@ -9,6 +9,7 @@
 
 #include "guards/guard_set.h"
 #include "jit/diagnostics.h"
+#include "jit/break_steps.h"
 #include "jit/partition.h"
 #include "jit/program.h"
 #include "jit/trace_session.h"
@@ -66,9 +67,10 @@ struct CompiledGrad final : GradNode {
   const char* name() const override { return "CompiledFunctionBackward"; }
 };
 
-// One compiled entry: its guards and programs, and how program outputs map back.
-struct Entry {
-  guards::GuardSet guards;
+}  // namespace
+
+// How a traced call's final program lands: its results, side effects and backward.
+struct Outcome {
   std::shared_ptr<Program> fwd;
   std::vector<Value> results;        // result template (tensors filled per call)
   std::vector<int64_t> out_spec;
@@ -84,8 +86,23 @@ struct Entry {
   std::vector<int> diff_args, diff_caps;  // differentiable inputs, in `next` order
   std::vector<int> grad_slot;        // per differentiable input: bwd output or -1
   DType diff_dtype = DType::Float32;
-  size_t num_tensor_args = 0;
+  SymInt rng_total;                  // (entries with breaks) numbers the call's random ops reserve
 };
+
+namespace {
+
+// One compiled entry: its guards, and its program or (with graph breaks) its tree of segments.
+struct Entry {
+  guards::GuardSet guards;
+  Outcome out;                             // the program (no breaks)
+  std::unique_ptr<jit::BreakStep> breaks;  // the first graph break: its continuations end in Outcomes
+};
+
+// Where a call finds a captured tensor: its current node, or its .grad()'s.
+TensorImpl* captured_source(const guards::CapturedTensor& c) {
+  auto impl = c.impl.lock();
+  return c.grad_of ? impl->grad.get() : impl.get();
+}
 
 }  // namespace
 
@@ -97,10 +114,18 @@ class CompiledCore {
                           std::vector<int64_t>& out_spec) {
     if (trace_observer()) return run_eager(args, fn, out_spec, false);  // inside another trace: inline
     std::vector<int64_t> syms;
-    // Fast path: the entry that served the last hit (entries are immutable and never freed).
+    // Fast path: the entry that served the last hit (entries are immutable and never freed;
+    // continuations after breaks are only ever added).
     if (Entry* last = last_hit_.load(std::memory_order_acquire); last && last->guards.check(args, spec, syms, nullptr)) {
-      hits_.fetch_add(1, std::memory_order_relaxed);
-      return replay(*last, args, syms, out_spec);
+      if (!last->breaks) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return replay(*last, args, syms, out_spec);
+      }
+      std::vector<Value> out;
+      if (replay_path(*last, args, syms, out, out_spec, nullptr)) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return out;
+      }
     }
     std::unique_lock<std::mutex> lock(mu_);
     if (eager_) {
@@ -109,26 +134,37 @@ class CompiledCore {
       return run_eager(args, fn, out_spec, true);
     }
     std::string first_why;
+    Entry* missed = nullptr;  // input guards passed, but no continuation was traced for the break values
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
       std::string* why = it == entries_.rbegin() ? &first_why : nullptr;
-      if ((*it)->guards.check(args, spec, syms, why)) {
+      if (!(*it)->guards.check(args, spec, syms, why)) continue;
+      Entry& e = **it;
+      last_hit_.store(&e, std::memory_order_release);
+      lock.unlock();
+      if (!e.breaks) {
         hits_.fetch_add(1, std::memory_order_relaxed);
-        last_hit_.store(it->get(), std::memory_order_release);
-        Entry& e = **it;
-        lock.unlock();
         return replay(e, args, syms, out_spec);
       }
+      std::vector<Value> out;
+      if (replay_path(e, args, syms, out, out_spec, &first_why)) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return out;
+      }
+      lock.lock();
+      missed = &e;
+      break;
     }
     stats_.misses++;
+    if (missed) stats_.value_misses++;
     if (!entries_.empty()) {
       stats_.last_miss = first_why;
       if (jit::log_enabled("recompiles"))
-        jit::log_line("recompiles", "compile(" + opt_.name + "): recompiling (entry " +
-                                        std::to_string(entries_.size() + 1) + "): " + first_why);
+        jit::log_line("recompiles", "compile(" + opt_.name + "): recompiling (compile " +
+                                        std::to_string(stats_.entries + 1) + "): " + first_why);
     }
-    if (static_cast<int>(entries_.size()) >= opt_.recompile_limit) {
+    if (stats_.entries >= opt_.recompile_limit) {
       eager_ = true;
-      std::fprintf(stderr, "[kiln] warning: compile(%s) reached its recompile limit (%d entries; last miss: %s); "
+      std::fprintf(stderr, "[kiln] warning: compile(%s) reached its recompile limit (%d compiles; last miss: %s); "
                    "running it in lazy eager mode from now on\n", opt_.name.c_str(), opt_.recompile_limit,
                    first_why.c_str());
       stats_.eager_calls++;
@@ -136,26 +172,44 @@ class CompiledCore {
       return run_eager(args, fn, out_spec, true);
     }
     auto t0 = std::chrono::steady_clock::now();
-    std::unique_ptr<Entry> e;
+    std::unique_ptr<Entry> fresh;
     try {
-      e = trace(args, spec, fn);
+      fresh = trace(args, spec, fn);
     } catch (const jit::GraphBreak& b) {
       eager_ = true;
-      std::fprintf(stderr, "[kiln] warning: compile(%s) cannot compile fn: %s; it runs in lazy eager mode "
-                   "(compiled segments around eager steps are not supported)\n", opt_.name.c_str(), b.reason.c_str());
+      std::fprintf(stderr, "[kiln] warning: compile(%s) cannot compile fn: %s; it runs in lazy eager mode\n",
+                   opt_.name.c_str(), b.reason.c_str());
       stats_.eager_calls++;
       lock.unlock();
       return run_eager(args, fn, out_spec, true);
+    }
+    // A new continuation of the missed entry, or a new entry.
+    Entry* e = missed && merge(*missed, *fresh, syms) ? missed : fresh.get();
+    if (e == fresh.get() && jit::log_enabled("guards")) {
+      const guards::GuardSet& G = e->guards;
+      std::string text = G.str();
+      if (e->breaks) text += path_str(*e->breaks, *e->breaks->head.load(), 0, G.symbol_names, G.captured.size());
+      jit::log_line("guards", "compile(" + opt_.name + ") entry " + opt_.name + "_" + std::to_string(entries_.size()) +
+                                  ":\n" + text);
     }
     std::string why;
     if (!e->guards.check(args, spec, syms, &why))
       throw Error("compile(" + opt_.name + "): internal error: a fresh entry rejects the call it was traced for (" +
                   why + ")");
-    auto out = replay(*e, args, syms, out_spec);
+    std::vector<Value> out;
+    bool served = true;
+    if (!e->breaks) out = replay(*e, args, syms, out_spec);
+    else served = replay_path(*e, args, syms, out, out_spec, &why);
     stats_.compile_ms += ms_since(t0);
     stats_.entries++;
-    last_hit_.store(e.get(), std::memory_order_release);
-    entries_.push_back(std::move(e));
+    last_hit_.store(e, std::memory_order_release);
+    if (e == fresh.get()) entries_.push_back(std::move(fresh));
+    if (!served) {
+      // The break values differ between the trace and its replay (kernels that round differently).
+      stats_.eager_calls++;
+      lock.unlock();
+      return run_eager(args, fn, out_spec, true);
+    }
     return out;
   }
 
@@ -215,8 +269,25 @@ class CompiledCore {
   }
 
   std::unique_ptr<Entry> trace(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn);
+  // Runs an entry without breaks.
   std::vector<Value> replay(Entry& e, const std::vector<Value>& args, const std::vector<int64_t>& syms,
                             std::vector<int64_t>& out_spec);
+  // Lands a final program's outputs: results, side effects, the backward node. `captured(k)`
+  // is the call's captured tensor k.
+  template <class Captured>
+  std::vector<Value> land(const Outcome& e, std::vector<Tensor>& outs, const std::vector<Value>& args,
+                          const std::vector<int64_t>& syms, const Captured& captured, std::vector<int64_t>& out_spec);
+  // Runs an entry with graph breaks: each break's segment, the continuation its values pick,
+  // then the final segment; nothing lands (and the generator does not advance) before every
+  // value guard passed. False when no continuation was traced for these values (`why` says).
+  bool replay_path(Entry& e, const std::vector<Value>& args, std::vector<int64_t>& syms, std::vector<Value>& results,
+                   std::vector<int64_t>& out_spec, std::string* why);
+  // Hangs the continuation `fresh` was traced for into `into` (same guards, same path up to
+  // the break values that were new); false (keep `fresh` as an entry of its own) otherwise.
+  bool merge(Entry& into, Entry& fresh, const std::vector<int64_t>& syms);
+  // A continuation's value guards and later guards in words, from `b` on (KILN_LOG=guards).
+  static std::string path_str(const jit::BreakStep& step, const jit::Branch& b, int depth,
+                              const std::vector<std::string>& names, size_t ncap);
 
   CompileOptions opt_;
   mutable std::mutex mu_;
@@ -295,11 +366,19 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     placeholder_arg.push_back(static_cast<int>(i));
     trace_args.emplace_back(pt);
   }
-  e->num_tensor_args = placeholders.size();
   if (!start_id) start_id = std::make_shared<Node>()->id;
 
   TraceSession ts(start_id, hints);
   for (size_t k = 0; k < placeholders.size(); ++k) ts.add_placeholder(*placeholder_tensors[k].impl(), placeholder_arg[k]);
+  {
+    // Small values fn reads mid-trace are computed on this call's arguments (graph breaks).
+    std::vector<NodePtr> real;
+    for (int i : placeholder_arg) real.push_back(as_tensor(args[i])->node());
+    materialize(real);
+    std::vector<int64_t> hint_syms;
+    for (const auto& name : G.symbol_names) hint_syms.push_back(hints.at(name));
+    ts.enable_breaks(G.symbol_names, hint_syms, real);
+  }
   std::vector<Value> results;
   std::vector<NodePtr> outputs;  // fwd program outputs
   std::vector<NodePtr> tangents, grads;
@@ -317,18 +396,18 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       }
     } undo{ts};
     std::vector<Value> out = fn(trace_args);
-    results = split_results(out, e->out_spec);
+    results = split_results(out, e->out.out_spec);
     // Results: tensors become program outputs; scalars are constants of the trace.
     std::vector<Tensor> result_tensors;
     for (auto& v : results) {
       if (auto* t = std::get_if<Tensor>(&v)) {
         KILN_CHECK(t->defined(), "compile(", opt_.name, "): fn returned an undefined tensor");
-        e->result_tensor.push_back(static_cast<int>(outputs.size()));
+        e->out.result_tensor.push_back(static_cast<int>(outputs.size()));
         outputs.push_back(t->node());
         result_tensors.push_back(*t);
         v = Tensor();
       } else {
-        e->result_tensor.push_back(-1);
+        e->out.result_tensor.push_back(-1);
       }
     }
     // Side effects on captured tensors: in-place writes and gradients set by a backward in fn.
@@ -336,7 +415,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     for (size_t k = 0; k < ts.captured.size(); ++k) {
       auto& c = ts.captured[k];
       if (c.written) {
-        e->cap_written.push_back(static_cast<int>(k));
+        e->out.cap_written.push_back(static_cast<int>(k));
         outputs.push_back(c.impl->node());
       }
     }
@@ -344,10 +423,10 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       auto& c = ts.captured[k];
       if (c.impl->grad != c.grad_before) {
         if (!c.impl->grad) {
-          e->cap_grad_cleared.push_back(static_cast<int>(k));
+          e->out.cap_grad_cleared.push_back(static_cast<int>(k));
           continue;
         }
-        e->cap_grad.push_back(static_cast<int>(k));
+        e->out.cap_grad.push_back(static_cast<int>(k));
         outputs.push_back(c.impl->grad->node());
         grads_set = true;
       }
@@ -355,7 +434,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     for (auto& [i, w] : ts.placeholder_written) {
       if (!w) continue;
       size_t k = std::find(placeholder_arg.begin(), placeholder_arg.end(), i) - placeholder_arg.begin();
-      e->arg_written.push_back(i);
+      e->out.arg_written.push_back(i);
       outputs.push_back(placeholder_tensors[k].node());
     }
     // A tensor fn created, wrote in place and kept (not returned) would go stale on replay.
@@ -372,7 +451,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     std::vector<int> diff_results;
     size_t rt = 0;
     for (size_t r = 0; r < results.size(); ++r)
-      if (e->result_tensor[r] >= 0) {
+      if (e->out.result_tensor[r] >= 0) {
         if (result_tensors[rt].requires_grad() && !grads_set && grad_enabled()) diff_results.push_back(static_cast<int>(r));
         ++rt;
       }
@@ -381,11 +460,11 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         throw jit::GraphBreak{"more than one result needs grad (only one differentiable result is supported)"};
       int r = diff_results[0];
       int ti = 0;
-      for (int q = 0; q < r; ++q) ti += e->result_tensor[q] >= 0;
+      for (int q = 0; q < r; ++q) ti += e->out.result_tensor[q] >= 0;
       const Tensor& out_t = result_tensors[ti];
       for (size_t k = 0; k < placeholders.size(); ++k)
         if (placeholder_tensors[k].requires_grad()) {
-          e->diff_args.push_back(placeholder_arg[k]);
+          e->out.diff_args.push_back(placeholder_arg[k]);
           diff_inputs.push_back(placeholder_tensors[k]);
         }
       for (size_t k = 0; k < ts.captured.size(); ++k) {
@@ -393,7 +472,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         if (!c.requires_grad_before || c.grad_of >= 0) continue;
         if (c.grad_fn_before)
           throw jit::GraphBreak{"fn reads a tensor with gradient history from outside; pass it as an argument"};
-        e->diff_caps.push_back(static_cast<int>(k));
+        e->out.diff_caps.push_back(static_cast<int>(k));
         diff_inputs.push_back(Tensor(c.impl));
       }
       auto tan = std::make_shared<Node>();
@@ -404,11 +483,11 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       tan->strides = contiguous_strides(tan->shape);
       tan->offset = 0;
       tangents.push_back(tan);
-      e->diff_result = r;
-      e->diff_dtype = out_t.dtype();
+      e->out.diff_result = r;
+      e->out.diff_dtype = out_t.dtype();
       std::vector<Tensor> gs = kiln::grad({out_t}, diff_inputs, {Tensor::from_node(tan)}, false, false, true);
       for (const auto& g : gs) {
-        e->grad_slot.push_back(g.defined() ? static_cast<int>(grads.size()) : -1);
+        e->out.grad_slot.push_back(g.defined() ? static_cast<int>(grads.size()) : -1);
         if (g.defined()) grads.push_back(g.node());
       }
     }
@@ -416,10 +495,10 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     ts.stop();
     ts.restore();
   }
-  // Program inputs: the placeholders, then the captured tensors as the trace read them.
-  std::vector<NodePtr> inputs = placeholders;
-  for (auto& c : ts.captured) inputs.push_back(c.node);
-  G.relations.insert(G.relations.end(), ts.relations.begin(), ts.relations.end());
+  // Program inputs: the placeholders, the captured tensors as the trace read them and the values
+  // breaks carry, in the order the trace met them.
+  const std::vector<NodePtr>& inputs = ts.slots;
+  std::vector<guards::CapturedTensor> cgs;
   for (auto& c : ts.captured) {
     guards::CapturedTensor cg;
     cg.grad_of = c.grad_of >= 0;
@@ -434,9 +513,14 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     if (!cg.guard.contiguous) cg.guard.strides = concrete(n.strides);
     cg.watch_grad = c.grad_of < 0 && ts.relied_on_grad(c.impl.get());
     cg.has_grad = c.grad_before != nullptr;
-    G.captured.push_back(std::move(cg));
+    cgs.push_back(std::move(cg));
   }
-  e->results = results;
+  // Guards before the first break are the entry's; those after break j, its continuation's.
+  size_t ncap = ts.breaks.empty() ? cgs.size() : ts.breaks[0].captured_before;
+  size_t nrel = ts.breaks.empty() ? ts.relations.size() : ts.breaks[0].relations_before;
+  G.captured.assign(cgs.begin(), cgs.begin() + static_cast<long>(ncap));
+  G.relations.insert(G.relations.end(), ts.relations.begin(), ts.relations.begin() + static_cast<long>(nrel));
+  e->out.results = results;
   std::string tag = opt_.name + "_" + std::to_string(entries_.size());
   std::set<const Node*> highlight;
   if (!tangents.empty()) {
@@ -445,15 +529,15 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     po.save_all = opt_.save_all;
     jit::Partition part = jit::partition(inputs, tangents, outputs, grads,
                                          [&](const Node& n) { return node_bytes(n, hints); }, po);
-    e->saved_begin = outputs.size();
-    e->saved_count = part.saved.size();
+    e->out.saved_begin = outputs.size();
+    e->out.saved_count = part.saved.size();
     for (const auto& s : part.saved) {
       outputs.push_back(s);
       highlight.insert(s.get());
     }
     std::vector<NodePtr> bwd_inputs = part.saved;
     bwd_inputs.push_back(tangents[0]);
-    e->bwd = std::make_shared<Program>(bwd_inputs, grads, G.symbol_names);
+    e->out.bwd = std::make_shared<Program>(bwd_inputs, grads, G.symbol_names);
     stats_.saved_bytes = part.saved_bytes;
     stats_.save_all_bytes = part.save_all_bytes;
     stats_.recomputed = part.recomputed;
@@ -470,10 +554,34 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
                                       " bytes; saving everything: " + std::to_string(part.save_all_bytes) +
                                       "), backward recomputes " + std::to_string(part.recomputed) + " ops");
   }
-  e->fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names);
+  e->out.fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names,
+                                         ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
+  e->out.rng_total = ts.rng_total;
   if (!jit::dump_dir().empty())
     jit::dump_file(tag + "_forward.dot", jit::graph_dot(inputs, outputs, highlight, tag + " forward"));
-  if (jit::log_enabled("guards")) jit::log_line("guards", "compile(" + opt_.name + ") entry " + tag + ":\n" + G.str());
+  // Graph breaks: a chain of segments, each continuation guarded by the values read at its break.
+  std::unique_ptr<jit::BreakStep> next;
+  std::shared_ptr<Outcome> end;
+  if (!ts.breaks.empty()) end = std::make_shared<Outcome>(std::move(e->out));
+  for (size_t j = ts.breaks.size(); j-- > 0;) {
+    jit::TracedBreak& tb = ts.breaks[j];
+    auto br = std::make_unique<jit::Branch>();
+    br->bytes = tb.bytes;
+    size_t cap_end = j + 1 < ts.breaks.size() ? ts.breaks[j + 1].captured_before : cgs.size();
+    size_t rel_end = j + 1 < ts.breaks.size() ? ts.breaks[j + 1].relations_before : ts.relations.size();
+    br->guards.captured.assign(cgs.begin() + static_cast<long>(tb.captured_before), cgs.begin() + static_cast<long>(cap_end));
+    br->guards.relations.assign(ts.relations.begin() + static_cast<long>(tb.relations_before),
+                                ts.relations.begin() + static_cast<long>(rel_end));
+    if (next) br->next = std::move(next);
+    else br->end = end;
+    if (!jit::dump_dir().empty())
+      jit::dump_file(tag + "_break" + std::to_string(j) + ".dot",
+                     jit::graph_dot(tb.step->prog->inputs(), tb.step->prog->outputs(), {},
+                                    tag + " break " + std::to_string(j) + " (" + tb.step->what + ")"));
+    tb.step->add(std::move(br));
+    next = std::move(tb.step);
+  }
+  e->breaks = std::move(next);
   return e;
 }
 
@@ -481,7 +589,7 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
                                         std::vector<int64_t>& out_spec) {
   // Inputs: tensor arguments, then captured tensors read now (pending ones computed first).
   std::vector<Node*> raw;
-  raw.reserve(e.num_tensor_args + e.guards.captured.size());
+  raw.reserve(args.size() + e.guards.captured.size());
   std::vector<NodePtr> pending;
   auto add = [&](const NodePtr& n) {
     raw.push_back(n.get());
@@ -489,13 +597,17 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
   };
   for (const auto& a : args)
     if (const Tensor* t = as_tensor(a)) add(t->node());
-  for (const auto& c : e.guards.captured) {
-    auto impl = c.impl.lock();
-    TensorImpl* src = c.grad_of ? impl->grad.get() : impl.get();
-    add(src->node());
-  }
+  for (const auto& c : e.guards.captured) add(captured_source(c)->node());
   if (!pending.empty()) materialize(pending);
-  std::vector<Tensor> outs = e.fwd->run(raw, syms);
+  std::vector<Tensor> outs = e.out.fwd->run(raw, syms);
+  return land(e.out, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return e.guards.captured[k]; },
+              out_spec);
+}
+
+template <class Captured>
+std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& outs, const std::vector<Value>& args,
+                                      const std::vector<int64_t>& syms, const Captured& captured,
+                                      std::vector<int64_t>& out_spec) {
   // Results.
   std::vector<Value> results = e.results;
   for (size_t r = 0; r < results.size(); ++r)
@@ -504,18 +616,18 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
   for (size_t r = 0; r < e.result_tensor.size(); ++r) o += e.result_tensor[r] >= 0;
   // Side effects, exactly as eager mode leaves them.
   for (int k : e.cap_written) {
-    auto impl = e.guards.captured[k].impl.lock();
-    if (e.guards.captured[k].grad_of) impl = impl->grad;
+    auto impl = captured(k).impl.lock();
+    if (captured(k).grad_of) impl = impl->grad;
     impl->node_ = outs[o++].node();
     impl->version++;
   }
   for (int k : e.cap_grad) {
-    auto impl = e.guards.captured[k].impl.lock();
+    auto impl = captured(k).impl.lock();
     Tensor g = outs[o++];
     g.impl()->requires_grad = false;
     impl->grad = g.impl();
   }
-  for (int k : e.cap_grad_cleared) e.guards.captured[k].impl.lock()->grad = nullptr;
+  for (int k : e.cap_grad_cleared) captured(k).impl.lock()->grad = nullptr;
   for (int i : e.arg_written) {
     NoGradGuard ng;
     Tensor target = *as_tensor(args[i]);
@@ -531,13 +643,109 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
     node->out_dtype = e.diff_dtype;
     node->fn_name = opt_.name;
     for (int i : e.diff_args) node->next.push_back(grad_edge(*as_tensor(args[i])));
-    for (int k : e.diff_caps) node->next.push_back(grad_edge(Tensor(e.guards.captured[k].impl.lock())));
+    for (int k : e.diff_caps) node->next.push_back(grad_edge(Tensor(captured(k).impl.lock())));
     Tensor& out = std::get<Tensor>(results[e.diff_result]);
     out.impl()->requires_grad = true;
     out.impl()->grad_fn = node;
   }
   out_spec = e.out_spec;
   return results;
+}
+
+bool CompiledCore::replay_path(Entry& e, const std::vector<Value>& args, std::vector<int64_t>& syms,
+                               std::vector<Value>& results, std::vector<int64_t>& out_spec, std::string* why) {
+  // Slots as the trace met them: arguments, captured tensors, then what each break carries.
+  std::vector<Node*> raw;
+  std::vector<Tensor> carried;
+  std::vector<const guards::CapturedTensor*> captured;
+  std::vector<NodePtr> pending;
+  auto add = [&](const guards::CapturedTensor& c) {
+    const NodePtr& n = captured_source(c)->node();
+    raw.push_back(n.get());
+    if (!n->materialized()) pending.push_back(n);
+    captured.push_back(&c);
+  };
+  for (const auto& a : args)
+    if (const Tensor* t = as_tensor(a)) {
+      const NodePtr& n = t->node();
+      raw.push_back(n.get());
+      if (!n->materialized()) pending.push_back(n);
+    }
+  for (const auto& c : e.guards.captured) add(c);
+  // Random ops draw from the generator state at the call's start; it advances only once the
+  // call's every value guard has passed.
+  const std::pair<uint64_t, uint64_t> rng = detail::rng_state();
+  const jit::BreakStep* step = e.breaks.get();
+  const Outcome* end = nullptr;
+  for (int depth = 0; !end; ++depth) {
+    if (!pending.empty()) materialize(pending);
+    pending.clear();
+    std::vector<Tensor> vals = step->prog->run(raw, syms, &rng);
+    std::string miss;
+    const jit::Branch* b = step->find(jit::value_bytes(vals, step->num_values), syms, e.guards.symbol_names,
+                                      captured.size(), why ? &miss : nullptr);
+    if (!b) {
+      if (why) *why = "break " + std::to_string(depth) + " " + miss;
+      return false;
+    }
+    for (size_t j = step->num_values; j < vals.size(); ++j) {
+      raw.push_back(vals[j].node().get());
+      carried.push_back(std::move(vals[j]));
+    }
+    for (const auto& c : b->guards.captured) add(c);
+    step = b->next.get();
+    end = b->end.get();
+  }
+  if (!pending.empty()) materialize(pending);
+  std::vector<Tensor> outs = end->fwd->run(raw, syms, &rng);
+  uint64_t drawn = 0;
+  if (end->rng_total.is_constant()) {
+    drawn = static_cast<uint64_t>(end->rng_total.as_int());
+  } else {
+    std::map<std::string, int64_t> env;
+    for (size_t i = 0; i < syms.size(); ++i) env[e.guards.symbol_names[i]] = syms[i];
+    drawn = static_cast<uint64_t>(end->rng_total.evaluate(env));
+  }
+  detail::rng_reserve(drawn);
+  results = land(*end, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return *captured[k]; },
+                 out_spec);
+  return true;
+}
+
+bool CompiledCore::merge(Entry& into, Entry& fresh, const std::vector<int64_t>& syms) {
+  if (!into.breaks || !fresh.breaks || fresh.guards.str() != into.guards.str()) return false;
+  jit::BreakStep* old = into.breaks.get();
+  jit::BreakStep* neu = fresh.breaks.get();
+  size_t ncap = into.guards.captured.size();
+  std::vector<int64_t> s = syms;
+  for (int depth = 0;; ++depth) {
+    if (old->signature != neu->signature) return false;
+    jit::Branch* nb = neu->head.load();
+    jit::Branch* ob = old->find(nb->bytes, s, into.guards.symbol_names, ncap, nullptr);
+    if (!ob) {
+      if (jit::log_enabled("guards"))
+        jit::log_line("guards", "compile(" + opt_.name + ") new continuation:\n" +
+                                    path_str(*old, *nb, depth, into.guards.symbol_names, ncap));
+      old->add(std::move(neu->owned.front()));
+      return true;
+    }
+    if (ob->end || nb->end) return ob->end && nb->end;  // already there (another thread), or another path
+    if (ob->guards.captured.size() != nb->guards.captured.size()) return false;
+    ncap += ob->guards.captured.size();
+    old = ob->next.get();
+    neu = nb->next.get();
+  }
+}
+
+std::string CompiledCore::path_str(const jit::BreakStep& step, const jit::Branch& b, int depth,
+                                   const std::vector<std::string>& names, size_t ncap) {
+  std::string out = "break " + std::to_string(depth) + " (" + step.what + ") == " + step.values_str(b.bytes) + "\n" +
+                    b.guards.str(names, ncap);
+  if (b.next) {
+    const jit::Branch* nb = b.next->head.load();
+    out += path_str(*b.next, *nb, depth + 1, names, ncap + b.guards.captured.size());
+  }
+  return out;
 }
 
 std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options) {

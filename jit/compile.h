@@ -8,9 +8,13 @@
 // not see: work outside tensors (printing, counters, C++ variables), which happens at trace time
 // only, and C++ values read inside fn, which are constants of the trace — pass values that
 // change as arguments (scalars are specialized and guarded) or keep them in tensors. A step that
-// needs data while tracing (item(), data(), printing a tensor, an output size that depends on
-// values) makes fn run in lazy eager mode, with a warning: the work between such steps is still
-// recorded, fused and run from cached plans, segment by segment, but every call re-records it.
+// needs a small value while tracing (item(), to_vector() of at most 64 elements, a count that
+// sets a size) is a graph break kept compiled: the value is computed on the call's inputs, fn
+// goes on tracing with it, and the entry runs in segments — the one computing the value, then
+// the continuation traced for that exact value (a value guard; a new value traces a new
+// continuation, counted against recompile_limit). Nothing lands before every value guard
+// passed. A larger value (printing or data() of a big tensor) makes fn run in lazy eager mode,
+// with a warning.
 #pragma once
 #include <functional>
 #include <memory>
@@ -26,7 +30,7 @@ namespace kiln {
 
 struct CompileOptions {
   std::string name = "fn";     // names fn in logs and dump files
-  int recompile_limit = 8;     // entries before fn falls back to lazy eager mode
+  int recompile_limit = 8;     // compiles (entries and continuations) before fn falls back to lazy eager mode
   // Sizes: automatic (first call specialized, a size that changes becomes a symbol), always
   // dynamic (every size but 0 and 1 symbolic from the first call), or always static.
   enum class Dynamic { Automatic, Always, Never } dynamic = Dynamic::Automatic;
@@ -40,15 +44,17 @@ struct CompileOptions {
 
 // Counters of one compiled function.
 struct CompileStats {
-  int entries = 0;             // cache entries (compiles that produced code)
+  int entries = 0;             // compiles that produced code (entries, and continuations after breaks)
   int64_t hits = 0;            // calls served by an entry
   int64_t misses = 0;          // calls that traced
+  int64_t value_misses = 0;    // ... of them, calls whose break values no continuation was traced for
   int64_t eager_calls = 0;     // calls run in lazy eager mode (past the limit or after a break)
   double compile_ms = 0;       // total trace + partition + schedule/compile time
   int64_t saved_bytes = 0;     // newest autograd entry: bytes the forward saves for backward
   int64_t save_all_bytes = 0;  // ... and what saving every value backward reads would cost
   int recomputed = 0;          // ... forward ops its backward recomputes
-  std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000")
+  std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000",
+                               // "break 0 (item() of sum): expected 3, got 5")
 };
 
 namespace detail {
@@ -208,7 +214,8 @@ class Compiled {
   // The counters of this function.
   CompileStats stats() const { return detail::compiled_stats(*core_); }
 
-  // Runs only the guards for these arguments: true when a compiled entry would serve the call.
+  // Runs only the guards for these arguments: true when a compiled entry would serve the call
+  // (value guards after graph breaks need fn's values and are not checked).
   template <class... A>
   bool guards_pass(const A&... args) {
     detail::ArgBuffer buffer;

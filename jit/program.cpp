@@ -15,13 +15,12 @@ struct Program::Instance {
   std::vector<Node*> inputs;
   std::vector<Node*> outputs;
   std::vector<Node*> rands;  // random ops in recording order: fresh Philox counters per call
+  std::vector<int64_t> rand_offsets;  // ... and their offsets from a given generator state (or empty)
   Segment seg;
   std::unique_ptr<PreparedSegment> prepared;
 };
 
 namespace {
-bool is_random(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
-
 Shape eval_shape(const Shape& s, const std::map<std::string, int64_t>& env) {
   Shape out;
   out.reserve(s.size());
@@ -50,6 +49,8 @@ NodePtr concrete_like(const Node& n, const std::map<std::string, int64_t>& env) 
 }
 }  // namespace
 
+bool is_random_op(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
+
 std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop) {
   std::vector<Node*> order;
   std::unordered_map<const Node*, int> state;
@@ -75,8 +76,12 @@ std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::se
   return order;
 }
 
-Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std::vector<std::string> symbols)
-    : inputs_(std::move(inputs)), outputs_(std::move(outputs)), symbols_(std::move(symbols)) {}
+Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std::vector<std::string> symbols,
+                 std::map<uint64_t, SymInt> rng_offsets)
+    : inputs_(std::move(inputs)),
+      outputs_(std::move(outputs)),
+      symbols_(std::move(symbols)),
+      rng_offsets_(std::move(rng_offsets)) {}
 Program::~Program() = default;
 
 size_t Program::instances() const {
@@ -127,13 +132,18 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
     c->attrs.sizes = eval_shape(n->attrs.sizes, env);
     c->attrs.strides = eval_shape(n->attrs.strides, env);
     c->attrs.offset = eval_int(n->attrs.offset, env);
-    if (is_random(c->op)) rands.push_back({n->id, c.get()});
+    if (is_random_op(c->op)) rands.push_back({n->id, c.get()});
     map[n] = c;
     inst->seg.nodes.push_back(c.get());
     inst->owned.push_back(std::move(c));
   }
   std::sort(rands.begin(), rands.end());
-  for (auto& r : rands) inst->rands.push_back(r.second);
+  for (auto& [id, r] : rands) {
+    inst->rands.push_back(r);
+    auto off = rng_offsets_.find(id);
+    if (off != rng_offsets_.end()) inst->rand_offsets.push_back(off->second.evaluate(env));
+  }
+  if (inst->rand_offsets.size() != inst->rands.size()) inst->rand_offsets.clear();
   std::set<const Node*> outs;
   for (const auto& o : outputs_) {
     NodePtr m = mapped(o);
@@ -149,7 +159,8 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   return *last_;
 }
 
-std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::vector<int64_t>& syms) {
+std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::vector<int64_t>& syms,
+                                 const std::pair<uint64_t, uint64_t>* rng_base) {
   std::lock_guard<std::mutex> lock(mu_);
   Instance& inst = instance(syms);
   KILN_CHECK(inputs.size() == inst.inputs.size(), "compiled program: expected ", inst.inputs.size(), " inputs, got ",
@@ -171,10 +182,18 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
       same = src->strides[d].is_constant() && dst->strides[d].as_int() == src->strides[d].as_int();
     if (!same) dst->strides = src->strides;
   }
-  for (Node* r : inst.rands) {
-    int64_t n = 1;
-    for (const auto& d : r->shape) n *= d.as_int();
-    std::tie(r->attrs.seed, r->attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
+  if (rng_base) {
+    KILN_CHECK(inst.rand_offsets.size() == inst.rands.size(), "compiled program: a random op has no generator offset");
+    for (size_t i = 0; i < inst.rands.size(); ++i) {
+      inst.rands[i]->attrs.seed = rng_base->first;
+      inst.rands[i]->attrs.counter = rng_base->second + static_cast<uint64_t>(inst.rand_offsets[i]);
+    }
+  } else {
+    for (Node* r : inst.rands) {
+      int64_t n = 1;
+      for (const auto& d : r->shape) n *= d.as_int();
+      std::tie(r->attrs.seed, r->attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
+    }
   }
   if (inst.prepared) inst.prepared->run();
   std::vector<Tensor> out;

@@ -22,7 +22,23 @@ void TraceSession::stop() {
   active_ = false;
 }
 
-void TraceSession::add_placeholder(TensorImpl& impl, int i) { placeholder_[&impl] = i; }
+void TraceSession::add_placeholder(TensorImpl& impl, int i) {
+  placeholder_[&impl] = i;
+  add_slot(impl.node_, nullptr);
+}
+
+void TraceSession::add_slot(NodePtr traced, NodePtr real) {
+  slot_set_.insert(traced.get());
+  slots.push_back(std::move(traced));
+  real_.push_back(std::move(real));
+}
+
+void TraceSession::enable_breaks(std::vector<std::string> symbols, std::vector<int64_t> syms, std::vector<NodePtr> real) {
+  breaks_enabled_ = true;
+  symbols_ = std::move(symbols);
+  syms_ = std::move(syms);
+  for (size_t i = 0; i < real.size(); ++i) real_[i] = std::move(real[i]);
+}
 
 void TraceSession::capture(TensorImpl& impl) {
   Captured c;
@@ -38,6 +54,7 @@ void TraceSession::capture(TensorImpl& impl) {
   // Work recorded before the trace is done now, so the trace starts from stored values.
   if (!impl.node_->materialized()) materialize({impl.node_});
   c.node = impl.node_;
+  add_slot(c.node, c.node);
   captured.push_back(std::move(c));
 }
 
@@ -65,11 +82,28 @@ void TraceSession::on_write(TensorImpl& impl) {
   else created_written.push_back(impl.shared_from_this());
 }
 
-void TraceSession::on_materialize(const std::vector<Node*>& order) {
-  for (Node* n : order)
-    if (n->id >= start_id_)
-      throw GraphBreak{std::string("a value was needed while tracing (item(), data(), printing or a data-dependent ") +
-                       "size; last op: " + op_name(order.back()->op) + ")"};
+bool TraceSession::on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) {
+  bool traced = false;
+  for (Node* n : order) traced |= n->id >= start_id_;
+  if (!traced) return false;  // work recorded before the trace
+  std::string last = op_name(order.back()->op);
+  if (!breaks_enabled_)
+    throw GraphBreak{"a value was needed while tracing (item(), data(), printing or a data-dependent size; last op: " +
+                     last + ")"};
+  int64_t elems = 0;
+  for (size_t r = 0; r < nroots; ++r)
+    if (roots[r] && !roots[r]->materialized()) elems += numel(roots[r]->shape).evaluate(hints_);
+  if (elems > kMaxBreakElements)
+    throw GraphBreak{"a value of " + std::to_string(elems) + " elements was needed while tracing (printing, data() " +
+                     "or to_vector() of a large tensor; last op: " + last + "); only values of at most " +
+                     std::to_string(kMaxBreakElements) + " elements become value guards"};
+  take_break(roots, nroots);
+  return true;
+}
+
+void TraceSession::on_random(const Node& n) {
+  rng_offsets[n.id] = rng_total;
+  rng_total = rng_total + numel(n.shape);
 }
 
 void TraceSession::on_grad(TensorImpl& leaf, bool accumulate) {

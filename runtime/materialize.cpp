@@ -112,7 +112,7 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
     }
   }
   if (order.empty()) return;
-  if (auto* o = detail::trace_observer()) o->on_materialize(order);
+  if (auto* o = detail::trace_observer(); o && o->on_materialize(order, roots, nroots)) return;
   // A node is needed after the run if something outside the segment holds it: a tensor
   // handle or a node not in this segment (use_count beyond the segment's own edges).
   sc.internal.assign(order.size(), 0);

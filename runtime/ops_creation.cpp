@@ -175,7 +175,9 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, double a, double b,
   int64_t n = 1;
   for (const auto& s : shape) n *= s.maybe_int().value_or(1);
   std::tie(at.seed, at.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
-  return record(op, std::vector<NodePtr>{}, at, dtype, shape, cpu());
+  Tensor t = record(op, std::vector<NodePtr>{}, at, dtype, shape, cpu());
+  if (auto* o = detail::trace_observer()) o->on_random(*t.node());
+  return t;
 }
 }  // namespace
 

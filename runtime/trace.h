@@ -24,8 +24,12 @@ class TraceObserver {
   // A leaf's .grad() is about to change: set (set_grad, zero_grad) or accumulated into
   // (backward), which also reads whether it was defined.
   virtual void on_grad(TensorImpl& leaf, bool accumulate) = 0;
-  // Data is needed now (item(), data(), printing): `order` is the pending subgraph.
-  virtual void on_materialize(const std::vector<Node*>& order) = 0;
+  // Data is needed now (item(), data(), printing): `order` is the pending subgraph of the
+  // `nroots` nodes asked for. Returns true when the observer computed those nodes itself
+  // (materialization then stops there); false lets it run as usual.
+  virtual bool on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) = 0;
+  // A random op was recorded: it reserved numel(n.shape) numbers of the generator.
+  virtual void on_random(const Node& n) = 0;
 };
 
 // The observer of the trace running on this thread, or null (inline: read on every op).

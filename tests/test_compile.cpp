@@ -369,16 +369,19 @@ TEST(Partition, MemoryBudgetLowersSavedBytesMonotonically) {
   EXPECT_LT(prev, INT64_MAX);
 }
 
-TEST(Compile, GraphBreakRunsEagerWithRightAnswers) {
+TEST(Compile, LargeValueNeededMidTraceRunsEagerWithRightAnswers) {
   auto fn = [](const Tensor& x) {
-    double m = x.abs().amax().item<double>();  // data-dependent: needs a value mid-trace
-    return x / m;
+    std::vector<float> v = (x * 2).to_vector<float>();  // 100 values: too many for a value guard
+    return x / static_cast<double>(1 + v.size());
   };
   auto f = compile(fn);
+  ::testing::internal::CaptureStderr();
   for (int i = 0; i < 3; ++i) {
-    Tensor x = randn({7});
+    Tensor x = randn({100});
     expect_close(f(x), fn(x));
   }
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("a value of 100 elements was needed while tracing"), std::string::npos) << err;
   EXPECT_EQ(f.stats().entries, 0);
   EXPECT_EQ(f.stats().eager_calls, 3);
 }
