@@ -277,7 +277,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g) {
   std::string dir = cache_dir();
   std::string path = dir.empty() ? "" : dir + "/" + ck->symbol + ".kobj";
   const JitMode mode = jit_mode();
-  const bool fast = (mode == JitMode::Asmjit || mode == JitMode::Tiered) && !ck->lowered->split &&
+  const bool fast = (mode == JitMode::Asmjit || mode == JitMode::Tiered) && !ck->lowered->split && !ck->lowered->column &&
                     asmjit_supports(ck->lowered->kernel);
   // Disk first (asmjit mode skips it for kernels the asmjit tier takes: that mode tests it).
   std::string object;

@@ -105,8 +105,16 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
     bd.fp.push_back(s.kind == ArgSource::Kind::AttrF1 ? n->attrs.f1 : n->attrs.f0);
   }
   const Kernel& k = L.kernel;
+  // Scratch after the outputs: per-chunk partials (split), per-kept-element accumulators (column).
+  int64_t scratch = bd.chunks;
+  if (L.column) {
+    scratch = 1;
+    for (size_t d = 0; d < g.domain.size(); ++d)
+      if (std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) == g.reduce_dims.end())
+        scratch *= g.domain[d].as_int();
+  }
   for (size_t b = bd.buffers.size(); b < k.buffers.size(); ++b) {
-    bd.partials.emplace_back(static_cast<size_t>(bd.chunks) * 8);
+    bd.partials.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
     bd.buffers.push_back(bd.partials.back().data());
   }
 }

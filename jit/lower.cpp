@@ -1,6 +1,8 @@
 #include "jit/lower.h"
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 #include <map>
 #include <sstream>
 #include <unordered_map>
@@ -10,6 +12,7 @@ namespace {
 
 constexpr int64_t kSmallInner = 8;     // a last domain dim up to this size is a compile-time constant
 constexpr int64_t kTile = 2048;        // elements per parallel tile of a long last dim
+constexpr int64_t kColumnTile = 64;    // columns per parallel index of a column reduction
 
 bool is_one(const SymInt& s) { auto v = s.maybe_int(); return v && *v == 1; }
 
@@ -91,7 +94,8 @@ struct Lowerer {
   std::shared_ptr<Lowered> L = std::make_shared<Lowered>();
   Kernel& K = L->kernel;
   std::vector<Node*> ins;
-  std::unordered_map<const Node*, int> node_idx, input_idx, acc_of;
+  std::unordered_map<const Node*, int> node_idx, input_idx, acc_of;  // acc_of: accumulator (scratch buffer in column mode)
+  ExprId kept_linear = -1;  // column mode: linear index over the kept dims
   std::map<std::tuple<int, int, int>, ExprId> iparam_ids, fparam_ids;
   std::map<std::pair<const Node*, std::vector<ExprId>>, ExprId> memo;
   std::vector<ExprId> dom;           // domain sizes
@@ -327,6 +331,7 @@ struct Lowerer {
       }
       ++j;
     }
+    if (L->column) return cast(scratch_load(it->second), r->dtype);
     Expr e{r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? Expr::Kind::AccIndex : Expr::Kind::Acc};
     e.i = it->second;
     e.dtype = r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? DType::Int64 : K.accs[it->second].dtype;
@@ -399,6 +404,7 @@ struct Lowerer {
     ExprId p = K.var(0);
     if (g.reduce_dims.empty()) lower_pointwise(p);
     else if (g.split) lower_split(p);
+    else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
     K.name = "kiln_k";
     return L;
@@ -506,9 +512,7 @@ struct Lowerer {
       body.insert(body.end(), stage.begin(), stage.end());
     }
     std::vector<Node*> full, part;
-    for (Node* o : g.outputs) (o->shape.size() == n && !(classify(*o) == NodeClass::Reduction) &&
-                               [&] { for (size_t d = 0; d < n; ++d) if (!(sym_eq(o->shape[d], g.domain[d]).value_or(false))) return false; return true; }()
-                                   ? full : part).push_back(o);
+    for (Node* o : g.outputs) (same_domain_output(o) ? full : part).push_back(o);
     if (!full.empty()) {
       auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
         std::vector<Stmt> b;
@@ -518,15 +522,121 @@ struct Lowerer {
       body.insert(body.end(), stage.begin(), stage.end());
     }
     for (Node* o : part) {
-      std::vector<ExprId> oi;
-      bool keep = o->shape.size() == n;
-      for (size_t d = 0; d < n; ++d) {
-        if (!reduced[d]) oi.push_back(idx[d]);
-        else if (keep) oi.push_back(K.iconst(0));
-      }
-      ExprId off = linearize(o, oi);
-      body.push_back(store(out_buffer(o), off, emit(o, oi)));
+      std::vector<ExprId> oi = reduced_output_index(o, idx);
+      body.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
     }
+    K.body = std::move(body);
+  }
+
+  // Whether output `o` is a non-reduction value over the whole domain.
+  bool same_domain_output(const Node* o) const {
+    const size_t n = g.domain.size();
+    if (o->shape.size() != n || classify(*o) == NodeClass::Reduction) return false;
+    for (size_t d = 0; d < n; ++d)
+      if (!sym_eq(o->shape[d], g.domain[d]).value_or(false)) return false;
+    return true;
+  }
+
+  // Index of an output of the reduced shape (keepdim or not) at domain index `idx`.
+  std::vector<ExprId> reduced_output_index(const Node* o, const std::vector<ExprId>& idx) {
+    std::vector<ExprId> oi;
+    bool keep = o->shape.size() == idx.size();
+    for (size_t d = 0; d < idx.size(); ++d) {
+      if (!reduced[d]) oi.push_back(idx[d]);
+      else if (keep) oi.push_back(K.iconst(0));
+    }
+    return oi;
+  }
+
+  // A reduction whose domain keeps its last (long, contiguous) dim: reducing along the strided
+  // dims one column at a time would walk memory across rows with a serial accumulator.
+  bool column_reduction() const {
+    const size_t n = g.domain.size();
+    if (n < 2 || reduced[n - 1] || small_inner(g.domain) || is_one(g.domain[n - 1])) return false;
+    for (const Node* r : reductions())
+      if (r->op == OpKind::ArgMax || r->op == OpKind::ArgMin) return false;
+    return true;
+  }
+
+  // Accumulator of reduction `buf` (a scratch buffer) at the current column.
+  ExprId scratch_load(int buf) {
+    Expr e{Expr::Kind::Load};
+    e.dtype = K.buffers[buf].dtype;
+    e.i = buf;
+    e.a = kept_linear;
+    return K.add(e);
+  }
+
+  ExprId identity_of(OpKind op, DType t) {
+    bool fl = is_floating(t);
+    double v = op == OpKind::Sum ? 0.0 : op == OpKind::Prod ? 1.0 : op == OpKind::Amax ? -INFINITY : INFINITY;
+    if (!fl) {
+      int64_t i = op == OpKind::Sum ? 0 : op == OpKind::Prod ? 1 : op == OpKind::Amax ? INT64_MIN : INT64_MAX;
+      return K.iconst(i);
+    }
+    Expr e{Expr::Kind::FConst};
+    e.dtype = t;
+    e.f = v;
+    return K.add(e);
+  }
+
+  // Column reductions: each parallel index owns a tile of columns (of every kept outer index)
+  // and accumulates whole rows into a per-column scratch buffer, so the innermost loop runs
+  // along the contiguous dim (vectorizable, no carried dependence) and rows are summed in
+  // order. Every stage (reductions, then stores) loops over the tile's columns innermost.
+  void lower_columns(ExprId p) {
+    const size_t n = g.domain.size();
+    L->column = true;
+    std::vector<size_t> outer, red;
+    for (size_t d = 0; d + 1 < n; ++d) (reduced[d] ? red : outer).push_back(d);
+    std::vector<ExprId> idx(n, K.iconst(0));
+    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(kColumnTile - 1)), K.iconst(kColumnTile));
+    K.parallel_extent = mul(product(outer), tiles);
+    decompose(K.iop(Expr::Kind::IDiv, p, tiles), outer, idx);
+    ExprId lo = mul(K.iop(Expr::Kind::IMod, p, tiles), K.iconst(kColumnTile));
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(kColumnTile)), dom[n - 1]);
+    const int j = new_var();
+    idx[n - 1] = K.var(j);
+    kept_idx = idx;
+    kept_linear = K.iconst(0);
+    for (size_t d = 0; d < n; ++d)
+      if (!reduced[d]) kept_linear = add(mul(kept_linear, dom[d]), idx[d]);
+    auto columns = [&](std::vector<Stmt> body) { return loop(j, lo, hi, std::move(body)); };
+    std::vector<Stmt> body;
+    for (Node* r : reductions()) {
+      const DType t = acc_dtype(r);
+      const int sb = static_cast<int>(K.buffers.size());
+      K.buffers.push_back({t, true});
+      body.push_back(columns({store(sb, kept_linear, identity_of(r->op, t))}));
+      const Node* in = r->inputs[0].get();
+      auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
+        Expr e{Expr::Kind::Binary};
+        e.op = r->op == OpKind::Sum ? OpKind::Add : r->op == OpKind::Prod ? OpKind::Mul
+             : r->op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;  // NaN-propagating max/min
+        e.dtype = t;
+        e.a = scratch_load(sb);
+        e.b = cast(emit(in, ix), t);
+        return std::vector<Stmt>{columns({store(sb, kept_linear, K.add(e))})};
+      });
+      acc_of[r] = sb;  // visible to later stages only
+      body.insert(body.end(), stage.begin(), stage.end());
+    }
+    std::vector<Node*> full, part;
+    for (Node* o : g.outputs) (same_domain_output(o) ? full : part).push_back(o);
+    if (!full.empty()) {
+      auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
+        std::vector<Stmt> b;
+        for (Node* o : full) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
+        return std::vector<Stmt>{columns(std::move(b))};
+      });
+      body.insert(body.end(), stage.begin(), stage.end());
+    }
+    std::vector<Stmt> tail;
+    for (Node* o : part) {
+      std::vector<ExprId> oi = reduced_output_index(o, idx);
+      tail.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
+    }
+    if (!tail.empty()) body.push_back(columns(std::move(tail)));
     K.body = std::move(body);
   }
 

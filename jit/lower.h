@@ -33,6 +33,7 @@ struct Lowered {
   std::vector<ArgSource> iparams, fparams;
   int num_inputs = 0, num_outputs = 0;  // buffers: inputs, then outputs, then partials
   bool split = false;
+  bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
   std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
 };
 

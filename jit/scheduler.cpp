@@ -211,6 +211,27 @@ struct Scheduler {
 
   std::vector<Step> run() {
     initial_requirements();
+    for (;;) {
+      std::vector<Step> steps = build_steps();
+      // A transcendental op that several kernels would each recompute is computed once and
+      // stored instead (e.g. a forward erf that the backward's kernels read again).
+      std::unordered_map<const Node*, int> kernels_using;
+      for (const Step& st : steps)
+        if (st.kind == Step::Kind::Kernel)
+          for (const Node* n : st.group.nodes)
+            if (!M.count(n) && classify(*n) == NodeClass::Pointwise && transcendental(n->op)) kernels_using[n]++;
+      bool more = false;
+      for (const auto& [n, k] : kernels_using)
+        if (k >= 2) {
+          M.insert(n);
+          why[n] = "expensive value recomputed in " + std::to_string(k) + " kernels";
+          more = true;
+        }
+      if (!more) return steps;
+    }
+  }
+
+  std::vector<Step> build_steps() {
     for (bool changed = true; changed;) {
       changed = false;
       for (Node* n : seg.nodes)

@@ -56,7 +56,10 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     return detail::vjp(op, attrs, inputs, o, g, view_shape);
   }
   void release() override {
+    // The output node too: a handle to it would make the lazy executor store every forward
+    // intermediate that the pending backward could otherwise recompute or fuse.
     inputs.clear();
+    out.reset();
     released = true;
   }
   const char* name() const override { return op_name(op); }
