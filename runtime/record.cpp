@@ -144,7 +144,7 @@ Tensor constant(Scalar v, DType dtype, Device device) {
   Attrs a;
   a.f0 = v.to_double();
   if (v.kind() != Scalar::Kind::Float) a.ints = {v.to_int()};  // exact for large int64
-  return record(OpKind::Full, std::vector<NodePtr>{}, a, dtype, Shape{}, device);
+  return record(OpKind::Full, std::vector<NodePtr>{}, std::move(a), dtype, Shape{}, device);
 }
 
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim) {
