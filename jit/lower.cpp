@@ -511,21 +511,30 @@ struct Lowerer {
       acc_of[r] = acc;  // visible to later stages only
       body.insert(body.end(), stage.begin(), stage.end());
     }
+    std::vector<Node*> part = store_domain_outputs(idx, red, body, [](std::vector<Stmt> b) { return b; });
+    for (Node* o : part) {
+      std::vector<ExprId> oi = reduced_output_index(o, idx);
+      body.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
+    }
+    K.body = std::move(body);
+  }
+
+  // Appends the stage storing the outputs that span the whole domain (a nest over the reduced
+  // dims around `wrap(stores)`); returns the other outputs (of the reduced shape).
+  std::vector<Node*> store_domain_outputs(const std::vector<ExprId>& idx, const std::vector<size_t>& red,
+                                          std::vector<Stmt>& body,
+                                          const std::function<std::vector<Stmt>(std::vector<Stmt>)>& wrap) {
     std::vector<Node*> full, part;
     for (Node* o : g.outputs) (same_domain_output(o) ? full : part).push_back(o);
     if (!full.empty()) {
       auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
         std::vector<Stmt> b;
         for (Node* o : full) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
-        return b;
+        return wrap(std::move(b));
       });
       body.insert(body.end(), stage.begin(), stage.end());
     }
-    for (Node* o : part) {
-      std::vector<ExprId> oi = reduced_output_index(o, idx);
-      body.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
-    }
-    K.body = std::move(body);
+    return part;
   }
 
   // Whether output `o` is a non-reduction value over the whole domain.
@@ -621,16 +630,8 @@ struct Lowerer {
       acc_of[r] = sb;  // visible to later stages only
       body.insert(body.end(), stage.begin(), stage.end());
     }
-    std::vector<Node*> full, part;
-    for (Node* o : g.outputs) (same_domain_output(o) ? full : part).push_back(o);
-    if (!full.empty()) {
-      auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
-        std::vector<Stmt> b;
-        for (Node* o : full) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
-        return std::vector<Stmt>{columns(std::move(b))};
-      });
-      body.insert(body.end(), stage.begin(), stage.end());
-    }
+    std::vector<Node*> part =
+        store_domain_outputs(idx, red, body, [&](std::vector<Stmt> b) { return std::vector<Stmt>{columns(std::move(b))}; });
     std::vector<Stmt> tail;
     for (Node* o : part) {
       std::vector<ExprId> oi = reduced_output_index(o, idx);

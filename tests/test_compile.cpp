@@ -8,22 +8,12 @@
 #include <thread>
 
 #include "kiln.h"
+#include "tests/expect_close.h"
 #include "tests/test_seed.h"
 
 using namespace kiln;
 
 namespace {
-
-// Float32 results of fused kernels may differ from the reference in the last bits.
-void expect_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-6) {
-  ASSERT_EQ(a.sizes(), b.sizes());
-  ASSERT_EQ(a.dtype(), b.dtype());
-  auto x = a.to_vector<double>(), y = b.to_vector<double>();
-  for (size_t i = 0; i < x.size(); ++i) {
-    if (std::isnan(x[i]) && std::isnan(y[i])) continue;
-    ASSERT_NEAR(x[i], y[i], atol + rtol * std::abs(y[i])) << "element " << i;
-  }
-}
 
 struct Mlp : nn::Module {
   std::shared_ptr<nn::Linear> l1, l2, l3;
