@@ -111,6 +111,24 @@ void write_entry(const std::string& path, const std::string& full_key, const std
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
+// Before the first load: the JIT's data layout comes from a file beside the kernels (keyed
+// like them), so a warm process need not create a TargetMachine only to learn it.
+void prepare_jit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const std::string dir = cache_dir();
+    if (dir.empty()) return;
+    const std::string key = target_id() + "|datalayout";
+    const std::string path = dir + "/jit-" + hex(fnv1a(key)) + ".layout";
+    std::string layout;
+    if (!read_entry(path, key, layout)) {
+      layout = host_data_layout();
+      write_entry(path, key, layout);
+    }
+    set_jit_data_layout(layout);
+  });
+}
+
 // LLVM: compiles `ck`'s kernel, loads it and writes the disk entry (any thread).
 KernelFn build_llvm(const CompiledKernel& ck, const std::string& key, const std::string& full_key,
                     const std::string& path) {
@@ -118,6 +136,7 @@ KernelFn build_llvm(const CompiledKernel& ck, const std::string& key, const std:
   bool dumping = !dump_dir().empty();
   auto t0 = std::chrono::steady_clock::now();
   std::string object = compile_to_object(ck.lowered->kernel, ck.symbol, dumping ? &opt_ir : nullptr);
+  prepare_jit();
   KernelFn fn = load_object(object, ck.symbol);
   double ms = ms_since(t0);
   if (dumping) {
@@ -283,6 +302,7 @@ std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g) {
   std::string object;
   auto t0 = std::chrono::steady_clock::now();
   if (!(fast && mode == JitMode::Asmjit) && !path.empty() && read_entry(path, full_key, object)) {
+    prepare_jit();
     ck->fn = load_object(object, ck->symbol);
     std::lock_guard<std::mutex> lock(g_mu);
     g_stats.disk_hits++;

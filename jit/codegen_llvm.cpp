@@ -18,6 +18,9 @@
 
 #include <deque>
 #include <dlfcn.h>
+
+#include <algorithm>
+#include <vector>
 #include <mutex>
 #include <unordered_map>
 
@@ -29,6 +32,7 @@ namespace {
 using namespace llvm;
 
 std::mutex g_mu;  // LLVM setup and the JIT's symbol table
+std::string g_layout_hint;  // set_jit_data_layout(), read when the JIT is created
 
 void init_llvm() {
   static std::once_flag once;
@@ -38,12 +42,38 @@ void init_llvm() {
   });
 }
 
+// The host's triple, CPU and features, read once (cpuid parsing costs ~0.4 ms per query).
+struct HostInfo {
+  std::string triple, cpu;
+  std::vector<std::string> features;  // "+name" / "-name", sorted
+};
+const HostInfo& host_info() {
+  static const HostInfo info = [] {
+    init_llvm();
+    HostInfo h;
+    h.triple = sys::getProcessTriple();
+    h.cpu = sys::getHostCPUName().str();
+    StringMap<bool> feats;
+    if (sys::getHostCPUFeatures(feats))
+      for (auto& f : feats) h.features.push_back((f.second ? "+" : "-") + f.first().str());
+    std::sort(h.features.begin(), h.features.end());
+    return h;
+  }();
+  return info;
+}
+
+orc::JITTargetMachineBuilder host_jtmb() {
+  const HostInfo& h = host_info();
+  orc::JITTargetMachineBuilder b{Triple(h.triple)};
+  b.setCPU(h.cpu);
+  b.addFeatures(h.features);
+  b.setCodeGenOptLevel(CodeGenOpt::Aggressive);
+  return b;
+}
+
 std::unique_ptr<TargetMachine> host_machine() {
-  init_llvm();
-  auto jtmb = orc::JITTargetMachineBuilder::detectHost();
-  if (!jtmb) throw Error("llvm: cannot detect host: " + toString(jtmb.takeError()));
-  jtmb->setCodeGenOptLevel(CodeGenOpt::Aggressive);
-  auto tm = jtmb->createTargetMachine();
+  auto jtmb = host_jtmb();
+  auto tm = jtmb.createTargetMachine();
   if (!tm) throw Error("llvm: cannot create target machine: " + toString(tm.takeError()));
   return std::move(*tm);
 }
@@ -432,7 +462,6 @@ struct Emitter {
           break;
         case Stmt::Kind::AccUpdate: acc_update(s); break;
         case Stmt::Kind::AccStore: {
-          const AccSpec& a = k.accs[s.acc];
           Value* v = s.value ? static_cast<Value*>(b.CreateLoad(b.getInt64Ty(), acc_idx[s.acc]))
                              : acc_value(s.acc);
           b.CreateStore(v, gep(s.buffer, expr(s.index)));
@@ -548,6 +577,12 @@ orc::LLJIT& the_jit() {
     // TargetMachine costs time at every process start) and no platform (kernels have no
     // static initializers or atexit handlers): 0.6 ms less before the first disk-cache load.
     orc::LLJITBuilder builder;
+    builder.setJITTargetMachineBuilder(host_jtmb());
+    // A layout saved by an earlier process spares creating a TargetMachine just for it.
+    if (!g_layout_hint.empty()) {
+      if (auto dl = DataLayout::parse(g_layout_hint)) builder.setDataLayout(*dl);
+      else consumeError(dl.takeError());
+    }
     builder.setCompileFunctionCreator(
         [](orc::JITTargetMachineBuilder) -> Expected<std::unique_ptr<orc::IRCompileLayer::IRCompiler>> {
           return std::make_unique<ObjectsOnly>();
@@ -612,17 +647,18 @@ KernelFn load_object(const std::string& object, const std::string& symbol) {
 }
 
 std::string llvm_target_id() {
-  init_llvm();
-  std::string id = "llvm" LLVM_VERSION_STRING ";" + sys::getHostCPUName().str() + ";";
-  StringMap<bool> feats;
-  if (sys::getHostCPUFeatures(feats)) {
-    std::vector<std::string> on;
-    for (auto& f : feats)
-      if (f.second) on.push_back(f.first().str());
-    std::sort(on.begin(), on.end());
-    for (auto& f : on) id += f + ",";
-  }
+  const HostInfo& h = host_info();
+  std::string id = "llvm" LLVM_VERSION_STRING ";" + h.cpu + ";";
+  for (const std::string& f : h.features)
+    if (f[0] == '+') id += f.substr(1) + ",";
   return id;
+}
+
+std::string host_data_layout() { return host_machine()->createDataLayout().getStringRepresentation(); }
+
+void set_jit_data_layout(const std::string& layout) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  g_layout_hint = layout;
 }
 
 }  // namespace kiln::jit
