@@ -268,6 +268,7 @@ void SymFacts::add(const SymInt& e, SymRel rel) {
       const Atom* at = lone_atom(s, c);
       if (at && at->kind == Kind::Mod && at->b.is_constant() && at->b.as_int() > 0) {
         divisible_.push_back({at->a, at->b.as_int()});
+        if (const Atom* v = sym::single_atom(at->a); v && v->kind == Kind::Symbol) tighten(v->name);
         return;
       }
       zero_.push_back(s);
@@ -299,6 +300,20 @@ void SymFacts::add_nonneg(const SymInt& g) {
   auto& b = bounds_.try_emplace(v->name, 0, INT64_MAX).first->second;
   if (c > 0) b.first = std::max<int64_t>(b.first, sym::py_div(-k + c - 1, c));  // v >= ceil(-k / c)
   else b.second = std::min<int64_t>(b.second, sym::py_div(k, -c));               // v <= floor(k / -c)
+  tighten(v->name);
+}
+
+void SymFacts::tighten(const std::string& v) {
+  // A symbol that is a multiple of k lies between the multiples of k within its bounds.
+  auto b = bounds_.find(v);
+  if (b == bounds_.end()) return;
+  for (const auto& [x, k] : divisible_) {
+    const Atom* at = sym::single_atom(x);
+    if (!at || at->kind != Kind::Symbol || at->name != v) continue;
+    auto& [lo, hi] = b->second;
+    lo = sym::py_div(lo + k - 1, k) * k;
+    if (hi != INT64_MAX) hi = sym::py_div(hi, k) * k;
+  }
 }
 
 bool SymFacts::solve(const SymInt& s) {

@@ -35,6 +35,7 @@ class SymFacts {
  private:
   bool solve(const SymInt& s);
   void add_nonneg(const SymInt& g);
+  void tighten(const std::string& v);
   void readd_all();
   SymInt simplify_once(const SymInt& e) const;
   bool implied_nonneg(const SymInt& g) const;

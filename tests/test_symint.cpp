@@ -504,3 +504,14 @@ TEST(SymFacts, OracleIsNotAskedAgain) {
   EXPECT_EQ(o.asked, 4);
   kiln::set_shape_oracle(prev);
 }
+
+TEST(SymFacts, DivisibilityTightensBounds) {
+  SymFacts f = sizes_facts();
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4), SymRel::Gt), std::nullopt);  // s0 may be 2 or 3
+  f.add(kiln::mod(s0, 4), SymRel::Eq);
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4), SymRel::Gt), true);  // s0 >= 4
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4) - 1, SymRel::Gt), std::nullopt);
+  f.add(s0 - 11, SymRel::Le);
+  EXPECT_EQ(f.decide(s0 - 8, SymRel::Le), true);  // s0 in {4, 8}
+  EXPECT_EQ(f.decide(kiln::floordiv(s1, 4), SymRel::Gt), std::nullopt);
+}
