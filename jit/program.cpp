@@ -89,25 +89,13 @@ Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std:
     if (v.is_constant()) return;
     for (auto& name : v.symbols()) used.insert(name);
   };
-  auto note_all = [&](const Shape& s) {
-    for (const auto& d : s) note(d);
-  };
   std::set<const Node*> stop;
   for (const auto& in : inputs_) {
     input_layouts_.push_back({in->shape, in->strides, in->offset});
-    note_all(in->shape);
-    note_all(in->strides);
-    note(in->offset);
+    for_each_size(std::as_const(*in), note);
     stop.insert(in.get());
   }
-  for (const Node* n : topo_order(outputs_, stop)) {
-    note_all(n->shape);
-    note_all(n->strides);
-    note(n->offset);
-    note_all(n->attrs.sizes);
-    note_all(n->attrs.strides);
-    note(n->attrs.offset);
-  }
+  for (const Node* n : topo_order(outputs_, stop)) for_each_size(*n, note);
   for (const auto& [id, off] : rng_offsets_) note(off);
   for (size_t i = 0; i < symbols_.size(); ++i)
     if (used.count(symbols_[i])) used_.push_back(i);

@@ -134,9 +134,6 @@ size_t TraceSession::simplify_graph(const std::vector<NodePtr>& roots) {
     v = std::move(s);
     ++changed;
   };
-  auto fix_all = [&](Shape& sh) {
-    for (auto& d : sh) fix(d);
-  };
   std::set<const Node*> seen;
   std::vector<Node*> stack;
   for (const auto& r : roots)
@@ -145,12 +142,7 @@ size_t TraceSession::simplify_graph(const std::vector<NodePtr>& roots) {
     Node* n = stack.back();
     stack.pop_back();
     if (n->id < start_id_ || n->materialized()) continue;  // made before the trace, or a constant of it
-    fix_all(n->shape);
-    fix_all(n->strides);
-    fix(n->offset);
-    fix_all(n->attrs.sizes);
-    fix_all(n->attrs.strides);
-    fix(n->attrs.offset);
+    for_each_size(*n, fix);
     for (const auto& in : n->inputs)
       if (seen.insert(in.get()).second) stack.push_back(in.get());
   }
