@@ -35,6 +35,21 @@ struct Mlp : nn::Module {
   Tensor forward(const Tensor& x) override { return l3->forward(l2->forward(l1->forward(x).tanh()).tanh()); }
 };
 
+// Calls the compiled f and the eager fn on (a, b): both raise kiln::Error (bad input fails the
+// same way compiled), or the results are close. True when eager raised.
+template <class F, class G>
+bool expect_matches_eager(F& f, const G& fn, const Tensor& a, const Tensor& b) {
+  Tensor want;
+  try {
+    want = fn(a, b).eval();
+  } catch (const Error&) {
+    EXPECT_THROW(f(a, b), Error);
+    return true;
+  }
+  expect_close(f(a, b), want, 1e-4, 1e-5);
+  return false;
+}
+
 }  // namespace
 
 TEST(Compile, EqualsEagerAndReplaysWithoutRecording) {
@@ -449,15 +464,7 @@ TEST(Compile, RandomProgramsAcrossShapes) {
       Tensor a = randn({rows, cols}), b = randn({rows, cols});
       if (rng() % 4 == 0) b = randn({1, cols});  // broadcast
       SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c));
-      Tensor want;
-      try {
-        want = fn(a, b).eval();
-      } catch (const Error&) {
-        EXPECT_THROW(f(a, b), Error);  // bad input fails the same way compiled
-        ++calls;
-        continue;
-      }
-      expect_close(f(a, b), want, 1e-4, 1e-5);
+      expect_matches_eager(f, fn, a, b);
       ++calls;
     }
   }
@@ -601,15 +608,7 @@ TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
       SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c) +
                    " sizes " + std::to_string(n) + ", " + std::to_string(m));
       ++calls;
-      Tensor want;
-      try {
-        want = fn(a, b).eval();
-      } catch (const Error&) {
-        ++errors;
-        EXPECT_THROW(f(a, b), Error);
-        continue;
-      }
-      expect_close(f(a, b), want, 1e-4, 1e-5);
+      errors += expect_matches_eager(f, fn, a, b);
     }
     hits += f.stats().hits;
   }
