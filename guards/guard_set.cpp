@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "runtime/autograd.h"
+#include "runtime/sym_facts.h"
 
 namespace kiln::guards {
 namespace {
@@ -19,30 +20,6 @@ bool fail(std::string* why, const A&... parts) {
     std::ostringstream os;
     (os << ... << parts);
     *why = os.str();
-  }
-  return false;
-}
-
-const char* rel_str(SymRel r) {
-  switch (r) {
-    case SymRel::Eq: return "==";
-    case SymRel::Ne: return "!=";
-    case SymRel::Lt: return "<";
-    case SymRel::Le: return "<=";
-    case SymRel::Gt: return ">";
-    case SymRel::Ge: return ">=";
-  }
-  return "?";
-}
-
-bool holds(int64_t v, SymRel r) {
-  switch (r) {
-    case SymRel::Eq: return v == 0;
-    case SymRel::Ne: return v != 0;
-    case SymRel::Lt: return v < 0;
-    case SymRel::Le: return v <= 0;
-    case SymRel::Gt: return v > 0;
-    case SymRel::Ge: return v >= 0;
   }
   return false;
 }
@@ -93,7 +70,7 @@ bool check_relations(const std::vector<SizeRelation>& relations, const std::vect
   for (size_t s = 0; s < names.size(); ++s) env[names[s]] = syms[s];
   for (const auto& r : relations) {
     int64_t v = r.expr.evaluate(env);
-    if (!holds(v, r.rel)) return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v);
+    if (!rel_holds(v, r.rel)) return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v);
   }
   return true;
 }

@@ -369,6 +369,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   if (!start_id) start_id = std::make_shared<Node>()->id;
 
   TraceSession ts(start_id, hints);
+  for (const auto& r : G.relations) ts.know(r.expr, r.rel);  // each symbol stands for sizes >= 2
   for (size_t k = 0; k < placeholders.size(); ++k) ts.add_placeholder(*placeholder_tensors[k].impl(), placeholder_arg[k]);
   {
     // Small values fn reads mid-trace are computed on this call's arguments (graph breaks).
@@ -498,6 +499,16 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   // Program inputs: the placeholders, the captured tensors as the trace read them and the values
   // breaks carry, in the order the trace met them.
   const std::vector<NodePtr>& inputs = ts.slots;
+  {
+    // Size expressions simplified with the facts the guards establish (break segments were
+    // simplified with the facts known at their break, and keep their inputs' layouts).
+    std::vector<NodePtr> roots = inputs;
+    for (const auto* v : {&outputs, &grads, &tangents}) roots.insert(roots.end(), v->begin(), v->end());
+    size_t changed = ts.simplify_graph(roots);
+    if (jit::log_enabled("symbols"))
+      jit::log_line("symbols", "compile(" + opt_.name + "): " + std::to_string(changed) +
+                                   " size expressions simplified with the facts:\n" + ts.facts()->str());
+  }
   std::vector<guards::CapturedTensor> cgs;
   for (auto& c : ts.captured) {
     guards::CapturedTensor cg;
@@ -557,6 +568,8 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   e->out.fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names,
                                          ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
   e->out.rng_total = ts.rng_total;
+  stats_.symbols = e->out.fwd->symbols_used();
+  stats_.size_relations = static_cast<int>(ts.relations.size());
   if (!jit::dump_dir().empty())
     jit::dump_file(tag + "_forward.dot", jit::graph_dot(inputs, outputs, highlight, tag + " forward"));
   // Graph breaks: a chain of segments, each continuation guarded by the values read at its break.

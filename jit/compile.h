@@ -53,6 +53,9 @@ struct CompileStats {
   int64_t saved_bytes = 0;     // newest autograd entry: bytes the forward saves for backward
   int64_t save_all_bytes = 0;  // ... and what saving every value backward reads would cost
   int recomputed = 0;          // ... forward ops its backward recomputes
+  std::vector<std::string> symbols;  // newest compile: the size symbols its (final) program uses, after
+                                     // simplification with the facts its guards establish
+  int size_relations = 0;      // ... size relations its trace relied on (guards beyond sizes >= 2)
   std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000",
                                // "break 0 (item() of sum): expected 3, got 5")
 };

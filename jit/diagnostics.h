@@ -1,4 +1,4 @@
-// KILN_LOG (categories: recompiles, guards, fusion, codegen, jit) and KILN_DUMP=DIR.
+// KILN_LOG (categories: recompiles, guards, symbols, fusion, passes, codegen, jit) and KILN_DUMP=DIR.
 #pragma once
 #include <string>
 

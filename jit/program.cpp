@@ -36,14 +36,16 @@ void not_pending(Node& n) {
     detail::pending_add(-1);
   }
 }
-// A concrete copy of `n`'s type and layout under `env` (op, inputs and attrs left to the caller).
-NodePtr concrete_like(const Node& n, const std::map<std::string, int64_t>& env) {
+// A concrete node of `n`'s type with the layout (shape, strides, offset) under `env` (op, inputs
+// and attrs left to the caller).
+NodePtr concrete_like(const Node& n, const Shape& shape, const Shape& strides, const SymInt& offset,
+                      const std::map<std::string, int64_t>& env) {
   auto c = std::make_shared<Node>();
   c->dtype = n.dtype;
   c->device = n.device;
-  c->shape = eval_shape(n.shape, env);
-  c->strides = eval_shape(n.strides, env);
-  c->offset = eval_int(n.offset, env);
+  c->shape = eval_shape(shape, env);
+  c->strides = eval_shape(strides, env);
+  c->offset = eval_int(offset, env);
   not_pending(*c);
   return c;
 }
@@ -81,7 +83,23 @@ Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std:
     : inputs_(std::move(inputs)),
       outputs_(std::move(outputs)),
       symbols_(std::move(symbols)),
-      rng_offsets_(std::move(rng_offsets)) {}
+      rng_offsets_(std::move(rng_offsets)) {
+  std::set<std::string> used;
+  auto note = [&](const SymInt& v) {
+    if (v.is_constant()) return;
+    for (auto& name : v.symbols()) used.insert(name);
+  };
+  std::set<const Node*> stop;
+  for (const auto& in : inputs_) {
+    input_layouts_.push_back({in->shape, in->strides, in->offset});
+    for_each_size(std::as_const(*in), note);
+    stop.insert(in.get());
+  }
+  for (const Node* n : topo_order(outputs_, stop)) for_each_size(*n, note);
+  for (const auto& [id, off] : rng_offsets_) note(off);
+  for (size_t i = 0; i < symbols_.size(); ++i)
+    if (used.count(symbols_[i])) used_.push_back(i);
+}
 Program::~Program() = default;
 
 size_t Program::instances() const {
@@ -96,21 +114,33 @@ std::vector<const Node*> Program::body() const {
   return {order.begin(), order.end()};
 }
 
+std::vector<std::string> Program::symbols_used() const {
+  std::vector<std::string> out;
+  for (size_t i : used_) out.push_back(symbols_[i]);
+  return out;
+}
+
 Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
-  if (last_ && last_key_ == syms) return *last_;
-  auto it = instances_.find(syms);
+  bool same = last_ != nullptr;
+  for (size_t i = 0; same && i < used_.size(); ++i) same = last_key_[i] == syms[used_[i]];
+  if (same) return *last_;
+  std::vector<int64_t> key;
+  for (size_t i : used_) key.push_back(syms[i]);
+  auto it = instances_.find(key);
   if (it != instances_.end()) {
     last_ = it->second.get();
-    last_key_ = syms;
+    last_key_ = std::move(key);
     return *last_;
   }
   std::map<std::string, int64_t> env;
-  for (size_t i = 0; i < symbols_.size(); ++i) env[symbols_[i]] = syms[i];
+  for (size_t i : used_) env[symbols_[i]] = syms[i];
   auto inst = std::make_unique<Instance>();
   std::unordered_map<const Node*, NodePtr> map;
   std::set<const Node*> stop;
-  for (const auto& in : inputs_) {
-    NodePtr leaf = concrete_like(*in, env);
+  for (size_t i = 0; i < inputs_.size(); ++i) {
+    const NodePtr& in = inputs_[i];
+    const Layout& lay = input_layouts_[i];
+    NodePtr leaf = concrete_like(*in, lay.shape, lay.strides, lay.offset, env);
     leaf->op = OpKind::Leaf;
     map[in.get()] = leaf;
     stop.insert(in.get());
@@ -125,7 +155,7 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   };
   std::vector<std::pair<uint64_t, Node*>> rands;
   for (Node* n : order) {
-    NodePtr c = concrete_like(*n, env);
+    NodePtr c = concrete_like(*n, n->shape, n->strides, n->offset, env);
     c->op = n->op;
     for (const auto& in : n->inputs) c->inputs.push_back(mapped(in));
     c->attrs = n->attrs;
@@ -154,8 +184,8 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   for (Node* n : inst->seg.nodes) inst->seg.needed.push_back(outs.count(n) > 0);
   if (!inst->seg.nodes.empty()) inst->prepared = std::make_unique<PreparedSegment>(inst->seg);
   last_ = inst.get();
-  last_key_ = syms;
-  instances_[syms] = std::move(inst);
+  last_key_ = key;
+  instances_[std::move(key)] = std::move(inst);
   return *last_;
 }
 

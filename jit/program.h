@@ -31,21 +31,31 @@ class Program {
                           const std::pair<uint64_t, uint64_t>* rng_base = nullptr);
   const std::vector<NodePtr>& inputs() const { return inputs_; }
   const std::vector<NodePtr>& outputs() const { return outputs_; }
-  // Number of size instances built so far.
+  // Number of size instances built so far (one per set of values of the symbols it uses).
   size_t instances() const;
+  // The symbols the program's sizes use (inputs' layouts, nodes, random offsets), in the
+  // order of `symbols`; instances are keyed by their values only.
+  std::vector<std::string> symbols_used() const;
   // Nodes computed by the program (not inputs or constants), topologically sorted.
   std::vector<const Node*> body() const;
 
  private:
   struct Instance;
+  // An input's layout as the program was built (later rewrites of the traced node do not apply).
+  struct Layout {
+    Shape shape, strides;
+    SymInt offset;
+  };
   Instance& instance(const std::vector<int64_t>& syms);
   std::vector<NodePtr> inputs_, outputs_;
+  std::vector<Layout> input_layouts_;
   std::vector<std::string> symbols_;
+  std::vector<size_t> used_;  // indices into symbols_ of the symbols the program uses
   std::map<uint64_t, SymInt> rng_offsets_;
   mutable std::mutex mu_;
   std::map<std::vector<int64_t>, std::unique_ptr<Instance>> instances_;
   Instance* last_ = nullptr;  // the instance used last (most calls repeat sizes)
-  std::vector<int64_t> last_key_;
+  std::vector<int64_t> last_key_;  // its key: the values of the used symbols
 };
 
 // Graphviz text of the graph behind `outputs` (stopping at `inputs`); nodes in `highlight` are

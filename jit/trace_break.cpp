@@ -65,18 +65,22 @@ void TraceSession::take_break(const NodePtr* roots, size_t nroots) {
     auto c = std::make_shared<Node>();
     c->op = n->op;
     for (const auto& in : n->inputs) c->inputs.push_back(mapped(in));
+    // Sizes simplified with the facts known now (all of them guarded before this break).
     c->attrs = n->attrs;
+    c->attrs.sizes = facts_.simplify(n->attrs.sizes);
+    c->attrs.strides = facts_.simplify(n->attrs.strides);
+    c->attrs.offset = facts_.simplify(n->attrs.offset);
     c->dtype = n->dtype;
     c->device = n->device;
-    c->shape = n->shape;
-    c->strides = n->strides;
-    c->offset = n->offset;
+    c->shape = facts_.simplify(n->shape);
+    c->strides = facts_.simplify(n->strides);
+    c->offset = facts_.simplify(n->offset);
     c->pending = false;
     detail::pending_add(-1);
     if (is_random_op(n->op)) {
       auto off = rng_offsets.find(n->id);
       if (off == rng_offsets.end()) throw GraphBreak{"a random op the trace did not see being recorded"};
-      offsets[c->id] = off->second;
+      offsets[c->id] = facts_.simplify(off->second);
       random_done_.insert(n->id);
     }
     sig += std::string(op_name(n->op)) + ",";

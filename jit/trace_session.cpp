@@ -1,5 +1,6 @@
 #include "jit/trace_session.h"
 
+#include "jit/diagnostics.h"
 #include "runtime/executor.h"
 
 namespace kiln::jit {
@@ -115,7 +116,39 @@ int64_t TraceSession::hint(const SymInt& e) { return e.evaluate(hints_); }
 
 void TraceSession::assume(const SymInt& e, SymRel rel) {
   std::string key = e.str() + "#" + std::to_string(static_cast<int>(rel));
-  if (seen_.insert(key).second) relations.push_back({e, rel});
+  if (!seen_.insert(key).second) return;
+  relations.push_back({e, rel});
+  facts_.add(e, rel);
+  if (log_enabled("symbols"))
+    log_line("symbols", "fact " + e.str() + " " + rel_str(rel) + " 0; facts now:\n" + facts_.str());
+}
+
+size_t TraceSession::simplify_graph(const std::vector<NodePtr>& roots) {
+  if (facts_.empty()) return 0;
+  size_t changed = 0;
+  auto fix = [&](SymInt& v) {
+    if (v.is_constant()) return;
+    SymInt s = facts_.simplify(v);
+    if (s.same_as(v)) return;
+    if (log_enabled("symbols")) log_line("symbols", "  " + v.str() + " -> " + s.str());
+    v = std::move(s);
+    ++changed;
+  };
+  std::set<const Node*> seen;
+  std::vector<Node*> stack;
+  for (const auto& r : roots)
+    if (r && seen.insert(r.get()).second) stack.push_back(r.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    if (n->id < start_id_ || n->materialized()) continue;  // made before the trace, or a constant of it
+    for_each_size(*n, fix);
+    for (const auto& in : n->inputs)
+      if (seen.insert(in.get()).second) stack.push_back(in.get());
+  }
+  for (auto& [id, off] : rng_offsets) fix(off);
+  fix(rng_total);
+  return changed;
 }
 
 void TraceSession::restore() {

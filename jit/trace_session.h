@@ -11,6 +11,7 @@
 #include "guards/guard_set.h"
 #include "jit/break_steps.h"
 #include "runtime/autograd.h"
+#include "runtime/sym_facts.h"
 #include "runtime/trace.h"
 
 namespace kiln::jit {
@@ -70,6 +71,13 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   bool relied_on_grad(const TensorImpl* impl) const { return grad_relied_.count(impl) > 0; }
   int64_t hint(const SymInt& e) override;
   void assume(const SymInt& e, SymRel rel) override;
+  const SymFacts* facts() const override { return &facts_; }
+  // A fact the guards establish outside the trace (a symbol stands for sizes >= 2): later
+  // decisions use it; it is not added to `relations` (the caller guards it).
+  void know(const SymInt& e, SymRel rel) { facts_.add(e, rel); }
+  // Rewrites the size expressions of every node the trace made behind `roots` (shapes, strides,
+  // offsets, size attributes; not materialized nodes) with the facts; returns how many changed.
+  size_t simplify_graph(const std::vector<NodePtr>& roots);
 
   std::vector<Captured> captured;
   std::vector<guards::SizeRelation> relations;
@@ -90,6 +98,7 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   void take_break(const NodePtr* roots, size_t nroots);
   uint64_t start_id_;
   std::map<std::string, int64_t> hints_;
+  SymFacts facts_;
   std::set<std::string> seen_;
   std::unordered_map<const TensorImpl*, int> cap_index_, placeholder_;
   std::set<const TensorImpl*> aliases_, grad_touched_, grad_relied_;

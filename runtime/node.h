@@ -111,6 +111,16 @@ struct Node : std::enable_shared_from_this<Node> {
   T* data() const { return static_cast<T*>(storage->data) + offset.as_int(); }
 };
 
+// Calls f on every size expression of `n` (a Node or const Node): shape, strides, offset and
+// the size attributes.
+template <class N, class F>
+void for_each_size(N& n, F&& f) {
+  for (auto* s : {&n.shape, &n.strides, &n.attrs.sizes, &n.attrs.strides})
+    for (auto& d : *s) f(d);
+  f(n.offset);
+  f(n.attrs.offset);
+}
+
 // Dense row-major strides for a shape.
 Shape contiguous_strides(const Shape& shape);
 // Whether shape/strides describe a dense row-major block (size-1 dims ignored).

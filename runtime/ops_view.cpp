@@ -60,29 +60,42 @@ std::optional<Shape> view_strides(const std::vector<int64_t>& old_shape, const s
   return make_shape(ns);
 }
 
-std::vector<int64_t> infer_shape(const std::vector<int64_t>& shape, int64_t numel, const char* op) {
-  std::vector<int64_t> out = shape;
+// `shape` with its -1 dimension inferred from `numel` (symbolic in compile() traces: the
+// inferred size is numel / known, relying on numel % known == 0).
+Shape infer_shape(const std::vector<int64_t>& shape, const SymInt& numel, const char* op) {
+  Shape out = make_shape(shape);
   int64_t known = 1, infer = -1;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i] == -1) {
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
       KILN_CHECK(infer < 0, op, ": only one dimension can be inferred, got shape ", str(shape));
       infer = static_cast<int64_t>(i);
     } else {
-      KILN_CHECK(out[i] >= 0, op, ": invalid shape dimension ", out[i], " in ", str(shape));
-      known *= out[i];
+      KILN_CHECK(shape[i] >= 0, op, ": invalid shape dimension ", shape[i], " in ", str(shape));
+      known *= shape[i];
     }
   }
-  if (infer >= 0) {
-    KILN_CHECK(known != 0 && numel % known == 0, op, ": shape ", str(shape), " is invalid for input of size ", numel);
-    out[infer] = numel / known;
-  } else {
-    KILN_CHECK(known == numel, op, ": shape ", str(shape), " is invalid for input of size ", numel);
-  }
+  bool ok = infer >= 0 ? known != 0 && sym_eq(mod(numel, known), 0).value_or(false)
+                       : sym_eq(numel, known).value_or(false);
+  KILN_CHECK(ok, op, ": shape ", str(shape), " is invalid for input of size ", numel.as_int());
+  if (infer >= 0) out[infer] = floordiv(numel, known);
   return out;
 }
 
 Tensor view_impl(const Tensor& x, const std::vector<int64_t>& shape, bool allow_copy, const char* op) {
-  std::vector<int64_t> ns = infer_shape(shape, x.numel(), op);
+  const Node& n = *x.node();
+  bool symbolic = std::any_of(n.shape.begin(), n.shape.end(), [](const SymInt& d) { return !d.is_constant(); });
+  if (symbolic) {
+    // Symbolic sizes (a compile() trace): views of dense data keep them symbolic.
+    bool dense = is_contiguous_layout(n.shape, n.strides);
+    if (dense || allow_copy) {
+      Tensor c = dense ? x : record(OpKind::Contiguous, {x}, Attrs{}, x.dtype(), x.shape());
+      Shape ns = infer_shape(shape, kiln::numel(n.shape), op);
+      ViewStep s = step(OpKind::View, {}, ns);
+      s.attrs.strides = contiguous_strides(ns);
+      return make_view(c, std::move(s));
+    }
+  }
+  std::vector<int64_t> ns = concrete(infer_shape(shape, x.numel(), op));
   auto st = view_strides(x.sizes(), x.strides(), ns);
   if (!st) {
     KILN_CHECK(allow_copy, op, ": view size is not compatible with input tensor's size and stride; use reshape");

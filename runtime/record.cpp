@@ -1,6 +1,7 @@
 #include "runtime/record.h"
 
 #include "runtime/autograd.h"
+#include "runtime/sym_facts.h"
 #include "runtime/trace.h"
 
 #include <algorithm>
@@ -14,6 +15,14 @@ void maybe_flush(const NodePtr& n) {
   // (Never while a compile() trace records: its graph must stay whole.)
   if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize(n);
 }
+// The facts a compile() trace has established, when one records and `s` is symbolic.
+const SymFacts* facts_for(const Shape& s) {
+  bool symbolic = false;
+  for (const auto& d : s) symbolic = symbolic || !d.is_constant();
+  if (!symbolic) return nullptr;
+  const ShapeOracle* o = shape_oracle();
+  return o ? o->facts() : nullptr;
+}
 }  // namespace
 
 Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, Shape shape,
@@ -24,6 +33,7 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
   n->attrs = std::move(attrs);
   n->dtype = dtype;
   n->device = device;
+  if (const SymFacts* f = facts_for(shape)) shape = f->simplify(shape);  // sizes as the facts state them
   n->strides = contiguous_strides(shape);
   n->shape = std::move(shape);
   n->offset = 0;
@@ -71,6 +81,11 @@ NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape,
   n->shape = std::move(shape);
   n->strides = std::move(strides);
   n->offset = std::move(offset);
+  if (const SymFacts* f = facts_for(n->shape)) {  // sizes as the facts state them
+    n->shape = f->simplify(n->shape);
+    n->strides = f->simplify(n->strides);
+    n->offset = f->simplify(n->offset);
+  }
   // A view of materialized storage is itself materialized: it only names other memory. (Not
   // while compile() traces: the program must re-derive it from the input's storage each call.)
   if (in->materialized() && !trace_observer()) n->set_storage(in->storage);

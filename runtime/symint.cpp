@@ -17,6 +17,8 @@
 #include <set>
 
 #include "runtime/error.h"
+#include "runtime/sym_facts.h"
+#include "runtime/symint_impl.h"
 
 namespace kiln {
 namespace sym {
@@ -32,18 +34,6 @@ int64_t cmul(int64_t a, int64_t b) {
   KILN_CHECK(!__builtin_mul_overflow(a, b, &r), "integer overflow in size arithmetic: ", a, " * ", b);
   return r;
 }
-template <class T>
-T py_div(T a, T b) {  // b != 0
-  T q = a / b;
-  if (a % b != 0 && ((a < 0) != (b < 0))) --q;
-  return q;
-}
-template <class T>
-T py_mod(T a, T b) {  // b != 0
-  T r = a % b;
-  if (r != 0 && ((r < 0) != (b < 0))) r += b;
-  return r;
-}
 int64_t checked_div(int64_t a, int64_t b) {
   KILN_CHECK(b != 0, "floordiv: division by zero (", a, " // 0)");
   KILN_CHECK(!(a == INT64_MIN && b == -1), "integer overflow in size arithmetic: ", a, " // -1");
@@ -53,69 +43,6 @@ int64_t checked_mod(int64_t a, int64_t b) {
   KILN_CHECK(b != 0, "mod: modulo by zero (", a, " % 0)");
   return b == -1 ? 0 : py_mod(a, b);
 }
-
-// ---- ranges: [lo, hi] with +-kInf meaning unbounded ------------------------------------------
-using Big = __int128;
-constexpr Big kInf = Big(1) << 100;
-struct Range {
-  Big lo, hi;
-};
-bool is_inf(Big v) { return v == kInf || v == -kInf; }
-Big clamp(Big v) { return std::max(-kInf, std::min(kInf, v)); }
-Big badd(Big a, Big b, bool upper) {
-  if (is_inf(a) && is_inf(b) && a != b) return upper ? kInf : -kInf;
-  if (is_inf(a)) return a;
-  if (is_inf(b)) return b;
-  return clamp(a + b);
-}
-Big bmul(Big a, Big b) {
-  if (a == 0 || b == 0) return 0;
-  Big r;
-  if (is_inf(a) || is_inf(b) || __builtin_mul_overflow(a, b, &r)) return ((a < 0) != (b < 0)) ? -kInf : kInf;
-  return clamp(r);
-}
-Big bfloor(Big x, Big k) {  // floor(x / k) for k > 0
-  if (is_inf(x)) return x;
-  if (k == kInf) return x >= 0 ? 0 : -1;
-  return py_div(x, k);
-}
-Range radd(Range a, Range b) { return {badd(a.lo, b.lo, false), badd(a.hi, b.hi, true)}; }
-Range rmul(Range a, Range b) {
-  Big c[4] = {bmul(a.lo, b.lo), bmul(a.lo, b.hi), bmul(a.hi, b.lo), bmul(a.hi, b.hi)};
-  return {*std::min_element(c, c + 4), *std::max_element(c, c + 4)};
-}
-
-// ---- atoms, monomials, polynomials -----------------------------------------------------------
-enum class Kind { Symbol, FloorDiv, Mod, Max, Min };
-struct Atom {
-  Kind kind;
-  std::string name;  // symbol name (Kind::Symbol only)
-  SymInt a, b;       // operands (other kinds)
-  std::string key;   // canonical text
-  Range range;
-};
-using AtomP = std::shared_ptr<const Atom>;
-struct Mono {
-  std::vector<AtomP> atoms;  // sorted by key; empty for the constant term
-  std::string key;           // atom keys joined by '*'
-};
-struct MonoLess {  // higher degree first, then by key; the constant term sorts last
-  bool operator()(const Mono& x, const Mono& y) const {
-    if (x.atoms.size() != y.atoms.size()) return x.atoms.size() > y.atoms.size();
-    return x.key < y.key;
-  }
-};
-using Poly = std::map<Mono, int64_t, MonoLess>;
-
-}  // namespace sym
-
-struct SymExpr {
-  sym::Poly poly;  // at least one non-constant term
-  std::string text;
-  sym::Range range;
-};
-
-namespace sym {
 
 Range range_of(const SymInt& x) {
   if (auto v = x.maybe_int()) return {*v, *v};
@@ -164,16 +91,13 @@ Mono mono_mul(const Mono& x, const Mono& y) {
   for (const auto& at : m.atoms) m.key += (m.key.empty() ? "" : "*") + at->key;
   return m;
 }
-// The atom of x when x is exactly one atom with coefficient 1, else null.
 const Atom* single_atom(const SymInt& x) {
   if (x.is_constant() || x.expr()->poly.size() != 1) return nullptr;
   const auto& [m, c] = *x.expr()->poly.begin();
   return (c == 1 && m.atoms.size() == 1) ? m.atoms[0].get() : nullptr;
 }
 
-Range atom_range(Kind k, const SymInt& a, const SymInt& b) {
-  if (k == Kind::Symbol) return {0, kInf};
-  Range ra = range_of(a), rb = range_of(b);
+Range op_range(Kind k, Range ra, Range rb) {
   switch (k) {
     case Kind::Max: return {std::max(ra.lo, rb.lo), std::max(ra.hi, rb.hi)};
     case Kind::Min: return {std::min(ra.lo, rb.lo), std::min(ra.hi, rb.hi)};
@@ -187,6 +111,10 @@ Range atom_range(Kind k, const SymInt& a, const SymInt& b) {
       if (rb.hi <= 0) return {std::min<Big>(0, badd(rb.lo, 1, false)), 0};
       return {-kInf, kInf};
   }
+}
+Range atom_range(Kind k, const SymInt& a, const SymInt& b) {
+  if (k == Kind::Symbol) return {0, kInf};
+  return op_range(k, range_of(a), range_of(b));
 }
 
 std::string operand_text(const SymInt& x, bool divisor) {
@@ -313,18 +241,14 @@ int64_t specialize(const SymInt& e) {
   t_oracle->assume(e - SymInt(v), SymRel::Eq);
   return v;
 }
-// Decides `d rel 0` from the hint and records the outcome (or its negation).
-bool decide(const SymInt& d, SymRel rel, SymRel negation) {
-  int64_t h = t_oracle->hint(d);
-  bool r = false;
-  switch (rel) {
-    case SymRel::Eq: r = h == 0; break;
-    case SymRel::Ne: r = h != 0; break;
-    case SymRel::Lt: r = h < 0; break;
-    case SymRel::Le: r = h <= 0; break;
-    case SymRel::Gt: r = h > 0; break;
-    case SymRel::Ge: r = h >= 0; break;
+// Decides `d rel 0` from the facts the oracle keeps, else from the hint, recording the outcome
+// (or its negation). `d` is first simplified with the facts.
+bool decide(SymInt d, SymRel rel, SymRel negation) {
+  if (const SymFacts* f = t_oracle->facts()) {
+    if (auto known = f->decide(d, rel)) return *known;
+    d = f->simplify(d);
   }
+  bool r = rel_holds(t_oracle->hint(d), rel);
   t_oracle->assume(d, r ? rel : negation);
   return r;
 }
@@ -338,7 +262,11 @@ ShapeOracle* set_shape_oracle(ShapeOracle* o) {
 }
 
 int64_t SymInt::symbolic_as_int() const {
-  if (t_oracle) return specialize(*this);
+  if (t_oracle) {
+    const SymFacts* f = t_oracle->facts();
+    SymInt e = f ? f->simplify(*this) : *this;
+    return e.is_constant() ? e.as_int() : specialize(e);
+  }
   throw Error("expected a constant size, got symbolic " + str());
 }
 std::optional<int64_t> SymInt::maybe_int() const {

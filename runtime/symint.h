@@ -70,6 +70,7 @@ std::optional<bool> sym_ge(const SymInt& a, const SymInt& b);
 
 // How a traced size expression compares with zero (see ShapeOracle).
 enum class SymRel { Eq, Ne, Lt, Le, Gt, Ge };
+class SymFacts;  // runtime/sym_facts.h
 // Decides what static analysis cannot while kiln::compile traces: a comparison or a size that
 // must be concrete gets its value under the sizes being traced, and the oracle records the
 // fact as a guard for later calls.
@@ -80,6 +81,9 @@ class ShapeOracle {
   virtual int64_t hint(const SymInt& e) = 0;
   // Records that the traced code relied on `e rel 0`.
   virtual void assume(const SymInt& e, SymRel rel) = 0;
+  // The facts recorded so far (comparisons they decide are not asked again; as_int() and the
+  // comparisons simplify with them first); null when the oracle keeps none.
+  virtual const SymFacts* facts() const { return nullptr; }
 };
 // The oracle of this thread (null outside traces).
 ShapeOracle* shape_oracle();

@@ -25,6 +25,21 @@ struct Mlp : nn::Module {
   Tensor forward(const Tensor& x) override { return l3->forward(l2->forward(l1->forward(x).tanh()).tanh()); }
 };
 
+// Calls the compiled f and the eager fn on (a, b): both raise kiln::Error (bad input fails the
+// same way compiled), or the results are close. True when eager raised.
+template <class F, class G>
+bool expect_matches_eager(F& f, const G& fn, const Tensor& a, const Tensor& b) {
+  Tensor want;
+  try {
+    want = fn(a, b).eval();
+  } catch (const Error&) {
+    EXPECT_THROW(f(a, b), Error);
+    return true;
+  }
+  expect_close(f(a, b), want, 1e-4, 1e-5);
+  return false;
+}
+
 }  // namespace
 
 TEST(Compile, EqualsEagerAndReplaysWithoutRecording) {
@@ -439,15 +454,7 @@ TEST(Compile, RandomProgramsAcrossShapes) {
       Tensor a = randn({rows, cols}), b = randn({rows, cols});
       if (rng() % 4 == 0) b = randn({1, cols});  // broadcast
       SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c));
-      Tensor want;
-      try {
-        want = fn(a, b).eval();
-      } catch (const Error&) {
-        EXPECT_THROW(f(a, b), Error);  // bad input fails the same way compiled
-        ++calls;
-        continue;
-      }
-      expect_close(f(a, b), want, 1e-4, 1e-5);
+      expect_matches_eager(f, fn, a, b);
       ++calls;
     }
   }
@@ -486,4 +493,117 @@ TEST(Compile, NestedCompiledFunctionsInline) {
   }
   EXPECT_EQ(outer.stats().entries, 1);
   EXPECT_EQ(inner.stats().entries, 0);  // only ever traced through
+}
+
+// Two dims marked dynamic that the trace finds equal: the program uses one symbol (s1 -> s0),
+// the only size relation is s0 == s1, other equal sizes replay, unequal sizes fail like eager.
+TEST(CompileSymbols, EqualDynamicSizesShareOneSymbol) {
+  auto fn = [](const Tensor& x, const Tensor& y) { return y.relu() * 2 + x; };  // y's node before the fact
+  CompileOptions o;
+  o.mark_dynamic = {{0, 0}, {1, 0}};
+  auto f = compile(fn, o);
+  for (int64_t n : {7, 9, 12, 7}) {
+    Tensor x = randn({n, 3}), y = randn({n, 3});
+    expect_close(f(x, y), fn(x, y));
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 1);
+  EXPECT_EQ(st.hits, 3);
+  EXPECT_EQ(st.symbols, std::vector<std::string>{"s0"});
+  EXPECT_EQ(st.size_relations, 1);  // s0 - s1 == 0 (s0 != 1 follows from s0 >= 2: not asked)
+  // Unequal sizes: the guard rejects them and the re-trace raises eager's error.
+  Tensor x = randn({5, 3}), y = randn({6, 3});
+  EXPECT_FALSE(f.guards_pass(x, y));
+  EXPECT_THROW(fn(x, y), Error);
+  EXPECT_THROW(f(x, y), Error);
+  // Broadcasting from 1 is another entry, and right.
+  Tensor y1 = randn({1, 3});
+  expect_close(f(x, y1), fn(x, y1));
+}
+
+// view(-1, 4) of a dynamic size stays symbolic: floor(s0/4) with mod(s0, 4) == 0 guarded, and
+// 4*floor(s0/4) folds back to s0 (so adding x needs no further relation). Other multiples of 4
+// replay; a size that is not one fails like eager.
+TEST(CompileSymbols, ViewOfDynamicSizeGuardsDivisibility) {
+  auto fn = [](const Tensor& x) {
+    Tensor m = x.view({-1, 4});
+    return std::make_pair(m.relu().reshape({-1}) + x, m.sum({1}));
+  };
+  CompileOptions o;
+  o.mark_dynamic = {{0, 0}};
+  auto f = compile(fn, o);
+  for (int64_t n : {8, 12, 20, 400}) {
+    Tensor x = randn({n});
+    auto got = f(x);
+    auto want = fn(x);
+    expect_close(got.first, want.first);
+    expect_close(got.second, want.second);
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 1);  // not specialized per size
+  EXPECT_EQ(st.symbols, std::vector<std::string>{"s0"});
+  // mod(s0, 4) == 0 and floor(s0/4) != 1 (one row would be specialized); floor(s0/4) != 0
+  // follows from s0 >= 2 and the divisibility (s0 >= 4) and is not asked.
+  EXPECT_EQ(st.size_relations, 2);
+  Tensor bad = randn({10});
+  EXPECT_FALSE(f.guards_pass(bad));
+  EXPECT_THROW(fn(bad), Error);
+  EXPECT_THROW(f(bad), Error);
+  // A view whose inferred size divides statically needs no relation at all.
+  auto g = compile([](const Tensor& x) { return x.view({-1, 3}).sum({1}); }, o);
+  for (int64_t n : {4, 5, 9}) {
+    Tensor x = randn({n, 6});
+    expect_close(g(x), x.view({-1, 3}).sum({1}));
+  }
+  EXPECT_EQ(g.stats().entries, 1);
+  EXPECT_EQ(g.stats().size_relations, 0);
+}
+
+// Random programs over two dynamic 1-D inputs whose sizes are equal, unequal or multiples of
+// each other across calls: compiled equals eager on every call, and fails where eager fails.
+TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
+  uint64_t seed = kiln::testing::test_seed(0x5F4C7);
+  std::mt19937_64 rng(seed);
+  int calls = 0, errors = 0;
+  int64_t hits = 0;
+  for (int prog = 0; prog < 40; ++prog) {
+    std::vector<int> ops;
+    int len = 2 + static_cast<int>(rng() % 5);
+    for (int i = 0; i < len; ++i) ops.push_back(static_cast<int>(rng() % 9));
+    auto fn = [ops](const Tensor& a, const Tensor& b) {
+      Tensor x = a;
+      for (int op : ops) {
+        switch (op) {
+          case 0: x = x + b; break;                                         // needs equal sizes (or 1)
+          case 1: x = x.view({-1, 2}).sum({1}); break;                      // needs an even size
+          case 2: x = x.view({-1, 4}).amax({1}) * 0.5; break;                // needs a multiple of 4
+          case 3: x = x * b.sum(); break;
+          case 4: x = x.view({2, -1}).t().contiguous().view({-1}); break;   // interleaves halves
+          case 5: x = x - x.mean(); break;
+          case 6: x = x.reshape({-1, 2}).reshape({-1}) * b.view({-1, 2}).sum({1}).sum(); break;
+          case 7: x = x.tanh() + b.view({-1, 2}).amin({1}).mean(); break;
+          default: x = x.exp().clamp(std::nullopt, 5.0); break;
+        }
+      }
+      return x;
+    };
+    CompileOptions o;
+    o.dynamic = CompileOptions::Dynamic::Always;
+    auto f = compile(fn, o);
+    for (int c = 0; c < 6; ++c) {
+      int64_t base = 1 + static_cast<int64_t>(rng() % 6);
+      int64_t n = base * (int64_t{1} << (rng() % 4));
+      int64_t m = rng() % 2 ? n : (rng() % 2 ? 2 * n : 1 + static_cast<int64_t>(rng() % 16));
+      Tensor a = randn({n}), b = randn({m});
+      SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c) +
+                   " sizes " + std::to_string(n) + ", " + std::to_string(m));
+      ++calls;
+      errors += expect_matches_eager(f, fn, a, b);
+    }
+    hits += f.stats().hits;
+  }
+  EXPECT_EQ(calls, 240);
+  EXPECT_GT(hits, 20);
+  EXPECT_GT(errors, 10);
+  EXPECT_LT(errors, 200);
 }

@@ -351,3 +351,36 @@ TEST(CompileBreaks, ThreadsShareContinuations) {
   EXPECT_EQ(f.stats().eager_calls, 0);
   EXPECT_GE(f.stats().entries, 4);
 }
+
+// Size facts across a break: s0 == s1 is established before it (the break segment is simplified
+// with it), mod(s0, 2) == 0 only in the continuation that views y in pairs. Equal even sizes
+// replay; odd sizes fail in that branch like eager and run in the other; unequal sizes are
+// rejected before anything runs.
+TEST(CompileBreaks, SizeFactsBeforeAndAfterABreak) {
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    Tensor s = x + y;
+    if ((s.sum() > 0).item<bool>()) return s * y.view({-1, 2}).sum({1}, true).expand({-1, 2}).reshape({-1});
+    return s.relu();
+  };
+  CompileOptions o;
+  o.mark_dynamic = {{0, 0}, {1, 0}};
+  auto f = compile(fn, o);
+  for (int64_t n : {8, 12, 6, 7, 10, 9, 8}) {
+    for (double sign : {1.0, -1.0}) {
+      Tensor x = (rand({n}) + 1) * sign, y = rand({n}) * sign;
+      SCOPED_TRACE("n " + std::to_string(n) + " sign " + std::to_string(sign));
+      Tensor want;
+      try {
+        want = fn(x, y).eval();
+      } catch (const Error&) {
+        EXPECT_THROW(f(x, y), Error);
+        continue;
+      }
+      expect_close(f(x, y), want);
+    }
+  }
+  EXPECT_EQ(f.stats().symbols, std::vector<std::string>{"s0"});
+  Tensor x = rand({6}), y = rand({4});
+  EXPECT_FALSE(f.guards_pass(x, y));
+  EXPECT_THROW(f(x, y), Error);
+}

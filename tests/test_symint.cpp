@@ -7,6 +7,7 @@
 #include <random>
 
 #include "runtime/error.h"
+#include "runtime/sym_facts.h"
 #include "runtime/symint.h"
 
 using kiln::SymInt;
@@ -326,3 +327,191 @@ TEST(SymInt, RandomizedAgainstDirectEvaluation) {
 }
 
 }  // namespace
+
+// ---- facts: simplification and decisions under what a trace established ----------------------
+namespace {
+using kiln::SymFacts;
+using kiln::SymRel;
+
+// Symbols standing for sizes >= 2, as in a compile() trace.
+SymFacts sizes_facts() {
+  SymFacts f;
+  for (const auto& s : {s0, s1, s2}) f.add(s - 2, SymRel::Ge);
+  return f;
+}
+}  // namespace
+
+TEST(SymFacts, EqualSymbolsBecomeOneRepresentative) {
+  SymFacts f = sizes_facts();
+  expect_same(f.simplify(s1 + s0), s1 + s0);  // nothing known yet
+  f.add(s0 - s1, SymRel::Eq);
+  expect_same(f.simplify(s1), s0);  // the earlier-ranked symbol stays
+  expect_same(f.simplify(s1 * s2 + s0), s0 * s2 + s0);
+  expect_same(f.simplify(kiln::floordiv(s1, 2)), kiln::floordiv(s0, 2));
+  EXPECT_EQ(f.decide(s1 - s0, SymRel::Eq), true);
+  EXPECT_EQ(f.decide(s1 - s0, SymRel::Ne), false);
+  EXPECT_EQ(f.decide(s2 - s0, SymRel::Eq), std::nullopt);  // s2 is not involved
+  // Chains resolve to the first symbol; a constant equality replaces the symbol by it.
+  f.add(s2 - s1, SymRel::Eq);
+  expect_same(f.simplify(s2), s0);
+  f.add(s0 - 6, SymRel::Eq);
+  EXPECT_EQ(f.simplify(s2 * s1).maybe_int(), 36);
+  EXPECT_NE(f.str().find("s1 -> 6"), std::string::npos) << f.str();
+}
+
+TEST(SymFacts, DivisibilityFoldsModAndFloorDiv) {
+  SymFacts f = sizes_facts();
+  // Without the fact nothing folds.
+  expect_same(f.simplify(kiln::mod(s0, 4)), kiln::mod(s0, 4));
+  expect_same(f.simplify(kiln::floordiv(s0, 4) * 4), kiln::floordiv(s0, 4) * 4);
+  EXPECT_EQ(f.decide(kiln::mod(s0, 4), SymRel::Eq), std::nullopt);
+  f.add(kiln::mod(s0, 4), SymRel::Eq);
+  EXPECT_EQ(f.simplify(kiln::mod(s0, 4)).maybe_int(), 0);
+  EXPECT_EQ(f.simplify(kiln::mod(s0, 2)).maybe_int(), 0);           // 2 divides 4
+  EXPECT_EQ(f.simplify(kiln::mod(3 * s0 + 8, 4)).maybe_int(), 0);   // term by term
+  expect_same(f.simplify(kiln::mod(s0, 8)), kiln::mod(s0, 8));      // 8 does not divide 4
+  expect_same(f.simplify(kiln::floordiv(s0, 4) * 4), s0);
+  expect_same(f.simplify(kiln::floordiv(s0, 4) * 8 + s1), 2 * s0 + s1);
+  expect_same(f.simplify(kiln::floordiv(s0, 4) * 2), kiln::floordiv(s0, 4) * 2);  // not exact
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4) * 4 - s0, SymRel::Eq), true);
+  // The fact on s0 says nothing about s1.
+  expect_same(f.simplify(kiln::mod(s1, 4)), kiln::mod(s1, 4));
+  expect_same(f.simplify(kiln::floordiv(s1, 4) * 4), kiln::floordiv(s1, 4) * 4);
+  EXPECT_EQ(f.decide(kiln::mod(s1, 4), SymRel::Eq), std::nullopt);
+  // Through an equality: s1 == s0 makes s1 divisible too.
+  f.add(s1 - s0, SymRel::Eq);
+  EXPECT_EQ(f.simplify(kiln::mod(s1, 4)).maybe_int(), 0);
+}
+
+TEST(SymFacts, BoundsDecideMaxMinAndComparisons) {
+  SymFacts none;
+  expect_same(none.simplify(kiln::sym_max(s0, 1)), kiln::sym_max(s0, 1));  // s0 may be 0
+  EXPECT_EQ(none.decide(s0 - 1, SymRel::Eq), std::nullopt);
+  SymFacts f = sizes_facts();
+  expect_same(f.simplify(kiln::sym_max(s0, 1)), s0);
+  EXPECT_EQ(f.simplify(kiln::sym_min(s0, 2)).maybe_int(), 2);
+  expect_same(f.simplify(kiln::sym_max(s0, 5)), kiln::sym_max(s0, 5));  // s0 may be 2..4
+  EXPECT_EQ(f.decide(s0 - 1, SymRel::Eq), false);
+  EXPECT_EQ(f.decide(s0 - 1, SymRel::Gt), true);
+  EXPECT_EQ(f.simplify(kiln::floordiv(1, s0)).maybe_int(), 0);  // 0 <= 1 < s0
+  f.add(s0 - 5, SymRel::Ge);
+  expect_same(f.simplify(kiln::sym_max(s0, 5)), s0);
+  EXPECT_EQ(f.decide(s0 - 3, SymRel::Lt), false);
+  f.add(s1 - 8, SymRel::Le);  // s1 in [2, 8]
+  EXPECT_EQ(f.simplify(kiln::floordiv(s1, 9)).maybe_int(), 0);
+  expect_same(f.simplify(kiln::mod(s1, 9)), s1);
+  EXPECT_EQ(f.decide(s1 - 9, SymRel::Lt), true);
+  EXPECT_EQ(f.decide(s2 - 9, SymRel::Lt), std::nullopt);  // s2's bound is only >= 2
+  // A relation between symbols decides what it implies.
+  f.add(s2 - s1, SymRel::Gt);
+  EXPECT_EQ(f.decide(s2 - s1, SymRel::Ge), true);
+  EXPECT_EQ(f.decide(s2 - s1 + 3, SymRel::Gt), true);
+  EXPECT_EQ(f.decide(s1 - s2, SymRel::Eq), false);
+  expect_same(f.simplify(kiln::sym_min(s1, s2)), s1);
+}
+
+TEST(SymFacts, ExactDivisionByAPositiveMonomial) {
+  SymFacts none;
+  expect_same(none.simplify(kiln::floordiv(s0 * s1, s1)), kiln::floordiv(s0 * s1, s1));  // s1 may be 0
+  SymFacts f = sizes_facts();
+  expect_same(f.simplify(kiln::floordiv(s0 * s1, s1)), s0);
+  expect_same(f.simplify(kiln::floordiv(2 * s0 * s1 + 4 * s1, 2 * s1)), s0 + 2);
+  EXPECT_EQ(f.simplify(kiln::mod(s0 * s1, s1)).maybe_int(), 0);
+  expect_same(f.simplify(kiln::floordiv(s0 * s1 + 1, s1)), kiln::floordiv(s0 * s1 + 1, s1));
+}
+
+// Simplification is exact: at every point satisfying the facts, the simplified expression has
+// the same value (random expressions, random facts, points filtered by the facts).
+TEST(SymFacts, RandomizedSimplificationAgreesWhereFactsHold) {
+  std::mt19937 rng(777);
+  int checked = 0, changed = 0;
+  for (int round = 0; round < 40; ++round) {
+    SymFacts f = sizes_facts();
+    std::vector<std::pair<SymInt, SymRel>> facts;
+    int nf = std::uniform_int_distribution<int>(1, 3)(rng);
+    for (int i = 0; i < nf; ++i) {
+      const SymInt* syms[] = {&s0, &s1, &s2};
+      const SymInt& a = *syms[rng() % 3];
+      const SymInt& b = *syms[rng() % 3];
+      int64_t k = 2 + static_cast<int64_t>(rng() % 3);
+      switch (rng() % 4) {
+        case 0: facts.push_back({a - b, SymRel::Eq}); break;
+        case 1: facts.push_back({kiln::mod(a, k), SymRel::Eq}); break;
+        case 2: facts.push_back({a - static_cast<int64_t>(3 + rng() % 6), SymRel::Ge}); break;
+        default: facts.push_back({a - b, SymRel::Gt}); break;
+      }
+    }
+    for (const auto& [e, r] : facts) f.add(e, r);
+    std::vector<Env> points;
+    for (int64_t a = 2; a <= 13; ++a)
+      for (int64_t b = 2; b <= 13; b += 1 + (a % 2))
+        for (int64_t c = 2; c <= 13; c += 4) {
+          Env env{{"s0", a}, {"s1", b}, {"s2", c}};
+          bool ok = true;
+          for (const auto& [e, r] : facts) ok = ok && kiln::rel_holds(e.evaluate(env), r);
+          if (ok) points.push_back(env);
+        }
+    for (int i = 0; i < 40; ++i) {
+      Node n = random_node(rng, 3);
+      SymInt s = f.simplify(n.sym);
+      changed += !s.same_as(n.sym);
+      SCOPED_TRACE(n.sym.str() + " -> " + s.str() + " under\n" + f.str());
+      for (const Env& env : points) {
+        int64_t want;
+        try {
+          want = n.eval(env);
+        } catch (...) {
+          continue;
+        }
+        ASSERT_EQ(s.evaluate(env), want) << "s0=" << env.at("s0") << " s1=" << env.at("s1") << " s2=" << env.at("s2");
+        ++checked;
+        for (SymRel r : {SymRel::Eq, SymRel::Lt, SymRel::Ge}) {
+          auto d = f.decide(n.sym - 4, r);
+          if (d) ASSERT_EQ(*d, kiln::rel_holds(want - 4, r)) << kiln::rel_str(r);
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 10000);
+  EXPECT_GT(changed, 200);
+}
+
+// A fake oracle keeping facts: comparisons and as_int() it has decided are not asked again.
+TEST(SymFacts, OracleIsNotAskedAgain) {
+  struct Oracle : kiln::ShapeOracle {
+    SymFacts f = sizes_facts();
+    std::map<std::string, int64_t> env{{"s0", 8}, {"s1", 8}, {"s2", 3}};
+    int asked = 0;
+    int64_t hint(const SymInt& e) override { return ++asked, e.evaluate(env); }
+    void assume(const SymInt& e, SymRel r) override { f.add(e, r); }
+    const SymFacts* facts() const override { return &f; }
+  } o;
+  kiln::ShapeOracle* prev = kiln::set_shape_oracle(&o);
+  EXPECT_EQ(kiln::sym_eq(s0, 1), false);  // s0 >= 2: no question
+  EXPECT_EQ(o.asked, 0);
+  EXPECT_EQ(kiln::sym_eq(s0, s1), true);
+  EXPECT_EQ(o.asked, 1);
+  EXPECT_EQ(kiln::sym_eq(s1, s0), true);
+  EXPECT_EQ(kiln::sym_le(s1 * 2, s0 + s1), true);
+  EXPECT_EQ(kiln::sym_eq(kiln::mod(s0, 4), 0), true);
+  EXPECT_EQ(o.asked, 2);
+  EXPECT_EQ((kiln::floordiv(s1, 4) * 4).as_int(), 8);  // == s0 under the facts: still symbolic
+  EXPECT_EQ(o.asked, 3);
+  EXPECT_EQ(s0.as_int(), 8);  // now s0 -> 8 is a fact
+  EXPECT_EQ((s1 * s1).as_int(), 64);
+  EXPECT_EQ(o.asked, 3);
+  EXPECT_EQ(kiln::sym_lt(s2, s0), true);  // s2 is not known: asked
+  EXPECT_EQ(o.asked, 4);
+  kiln::set_shape_oracle(prev);
+}
+
+TEST(SymFacts, DivisibilityTightensBounds) {
+  SymFacts f = sizes_facts();
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4), SymRel::Gt), std::nullopt);  // s0 may be 2 or 3
+  f.add(kiln::mod(s0, 4), SymRel::Eq);
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4), SymRel::Gt), true);  // s0 >= 4
+  EXPECT_EQ(f.decide(kiln::floordiv(s0, 4) - 1, SymRel::Gt), std::nullopt);
+  f.add(s0 - 11, SymRel::Le);
+  EXPECT_EQ(f.decide(s0 - 8, SymRel::Le), true);  // s0 in {4, 8}
+  EXPECT_EQ(f.decide(kiln::floordiv(s1, 4), SymRel::Gt), std::nullopt);
+}
