@@ -1,6 +1,6 @@
 // Hand-written baselines: the practical limit for W1 and W3-forward. Built with
 // -O3 -march=native -fopenmp-simd; transcendentals vectorize through the GNU vector ABI
-// (resolved to SLEEF's libsleefgnuabi, the same vector math kiln's JIT calls).
+// (resolved to SLEEF's libsleefgnuabi, which this program links before libkiln's libmvec).
 #include <tbb/parallel_for.h>
 #include <tbb/partitioner.h>
 
@@ -107,8 +107,8 @@ void w3_row(const float* __restrict x, const float* __restrict w, const float* _
 
 #if defined(__AVX512F__)
 // The same row with explicit AVX-512 and glibc's libmvec for erf/exp (about 4x faster than
-// SLEEF's erff here). libmvec is opened RTLD_LOCAL and called through pointers so that its
-// _ZGV* symbols never interpose on the SLEEF ones kiln's JIT resolves from the process.
+// SLEEF's erff here; kiln's JIT calls libmvec too), called through pointers from a local
+// handle, independent of which library the process's _ZGV* names resolve to.
 using VF = __m512 (*)(__m512);
 struct Mvec {
   VF erf = nullptr, exp = nullptr;
