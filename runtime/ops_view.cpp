@@ -124,6 +124,16 @@ Tensor flatten(const Tensor& x, int64_t start, int64_t end) {
   start = wrap_dim(start, n, "flatten");
   end = wrap_dim(end, n, "flatten");
   KILN_CHECK(start <= end, "flatten: start_dim ", start, " cannot come after end_dim ", end);
+  const Shape& xs = x.shape();
+  if (std::any_of(xs.begin(), xs.end(), [](const SymInt& d) { return !d.is_constant(); })) {
+    // Symbolic sizes (a compile() trace): the flattened size is their product, no guard.
+    Shape out(xs.begin(), xs.begin() + start);
+    SymInt p = 1;
+    for (int64_t i = start; i <= end; ++i) p = p * xs[i];
+    out.push_back(p);
+    out.insert(out.end(), xs.begin() + end + 1, xs.end());
+    return x.reshape_sym(out);
+  }
   std::vector<int64_t> s, sz = x.sizes();
   for (int64_t i = 0; i < start; ++i) s.push_back(sz[i]);
   int64_t p = 1;

@@ -559,6 +559,23 @@ TEST(CompileSymbols, ViewOfDynamicSizeGuardsDivisibility) {
   EXPECT_EQ(g.stats().size_relations, 0);
 }
 
+// flatten of dynamic dims keeps the product symbolic: one compile serves every batch, with no
+// size relation (sizes() would have specialized each one).
+TEST(CompileSymbols, FlattenOfDynamicDimsStaysSymbolic) {
+  auto fn = [](const Tensor& x) { return x.flatten(0, 1).relu() * 2.0 + x.flatten(1).sum({1}).sum(); };
+  CompileOptions o;
+  o.mark_dynamic = {{0, 0}, {0, 1}};
+  auto f = compile(fn, o);
+  for (auto [b, t] : std::vector<std::pair<int64_t, int64_t>>{{3, 5}, {4, 7}, {9, 2}, {2, 16}}) {
+    Tensor x = randn({b, t, 6});
+    expect_close(f(x), fn(x));
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 1);
+  EXPECT_EQ(st.symbols, (std::vector<std::string>{"s0", "s1"}));
+  EXPECT_EQ(st.size_relations, 0);
+}
+
 // Random programs over two dynamic 1-D inputs whose sizes are equal, unequal or multiples of
 // each other across calls: compiled equals eager on every call, and fails where eager fails.
 TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
