@@ -134,16 +134,15 @@ KernelFn build_llvm(const CompiledKernel& ck, const std::string& key, const std:
                     const std::string& path) {
   std::string opt_ir;
   bool dumping = !dump_dir().empty();
+  if (dumping) {  // before compiling: a kernel that crashes LLVM is still on disk
+    dump_file(ck.symbol + ".loop.txt", "// key: " + key + "\n" + ck.lowered->kernel.str());
+    dump_file(ck.symbol + ".ll", emit_llvm_ir(ck.lowered->kernel, ck.symbol));
+  }
   auto t0 = std::chrono::steady_clock::now();
   std::string object = compile_to_object(ck.lowered->kernel, ck.symbol, dumping ? &opt_ir : nullptr);
   prepare_jit();
   KernelFn fn = load_object(object, ck.symbol);
   double ms = ms_since(t0);
-  if (dumping) {
-    dump_file(ck.symbol + ".loop.txt", "// key: " + key + "\n" + ck.lowered->kernel.str());
-    dump_file(ck.symbol + ".ll", emit_llvm_ir(ck.lowered->kernel, ck.symbol));
-    dump_file(ck.symbol + ".opt.ll", opt_ir);
-  }
   if (log_enabled("codegen"))
     log_line("codegen", "compiled " + ck.symbol + " in " + std::to_string(ms) + " ms (" +
                             std::to_string(ck.lowered->kernel.exprs.size()) + " exprs)");

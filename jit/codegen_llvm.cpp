@@ -10,6 +10,7 @@
 #include <llvm/IR/Verifier.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/ErrorHandling.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "jit/diagnostics.h"
 #include "runtime/error.h"
 
 namespace kiln::jit {
@@ -34,9 +36,19 @@ using namespace llvm;
 std::mutex g_mu;  // LLVM setup and the JIT's symbol table
 std::string g_layout_hint;  // set_jit_data_layout(), read when the JIT is created
 
+// LLVM reports backend failures (e.g. LLVM 16's x86 "Cannot select" on some AVX-512 mask
+// broadcasts) through report_fatal_error, which would abort the process. The handler turns
+// them into a kiln::Error thrown out of the compile, which the code cache turns into an
+// interpreter fallback for that kernel (logged once). The compile's own LLVMContext and
+// TargetMachine are lost on that path.
+[[noreturn]] void llvm_fatal(void*, const char* reason, bool) {
+  throw Error(std::string("llvm: ") + reason);
+}
+
 void init_llvm() {
   static std::once_flag once;
   std::call_once(once, [] {
+    install_fatal_error_handler(llvm_fatal, nullptr);
     InitializeNativeTarget();
     InitializeNativeTargetAsmPrinter();
   });
@@ -536,7 +548,12 @@ std::unique_ptr<Module> build_module(const Kernel& k, const std::string& symbol,
   return mod;
 }
 
-void optimize(Module& mod, TargetMachine& tm) {
+// Vectorizers of one compile attempt (a backend failure retries with fewer).
+struct Vectorizers {
+  bool loops = true, slp = true;
+};
+
+void optimize(Module& mod, TargetMachine& tm, Vectorizers vec) {
   mod.setDataLayout(tm.createDataLayout());
   mod.setTargetTriple(tm.getTargetTriple().str());
   LoopAnalysisManager lam;
@@ -544,8 +561,8 @@ void optimize(Module& mod, TargetMachine& tm) {
   CGSCCAnalysisManager cgam;
   ModuleAnalysisManager mam;
   PipelineTuningOptions pto;
-  pto.LoopVectorization = true;
-  pto.SLPVectorization = true;
+  pto.LoopVectorization = vec.loops;
+  pto.SLPVectorization = vec.slp;
   PassBuilder pb(&tm, pto);
   TargetLibraryInfoImpl tlii(tm.getTargetTriple());
   tlii.addVectorizableFunctions(vector_functions(tm));
@@ -605,6 +622,28 @@ orc::LLJIT& the_jit() {
   return *jit;
 }
 
+std::string compile_once(const Kernel& k, const std::string& symbol, std::string* optimized_ir, Vectorizers vec) {
+  auto tm = host_machine();
+  vector_functions(*tm);
+  LLVMContext ctx;
+  auto mod = build_module(k, symbol, ctx);
+  optimize(*mod, *tm, vec);
+  if (optimized_ir) {
+    optimized_ir->clear();
+    raw_string_ostream os(*optimized_ir);
+    mod->print(os, nullptr);
+    os.flush();
+    // Written before code generation, so IR that makes LLVM's backend fail is on disk.
+    dump_file(symbol + ".opt.ll", *optimized_ir);
+  }
+  SmallVector<char, 0> obj;
+  raw_svector_ostream os(obj);
+  legacy::PassManager pm;
+  if (tm->addPassesToEmitFile(pm, os, nullptr, CGFT_ObjectFile)) throw Error("llvm: target cannot emit object files");
+  pm.run(*mod);
+  return std::string(obj.begin(), obj.end());
+}
+
 }  // namespace
 
 std::string emit_llvm_ir(const Kernel& k, const std::string& symbol) {
@@ -617,21 +656,23 @@ std::string emit_llvm_ir(const Kernel& k, const std::string& symbol) {
 }
 
 std::string compile_to_object(const Kernel& k, const std::string& symbol, std::string* optimized_ir) {
-  auto tm = host_machine();
-  vector_functions(*tm);
-  LLVMContext ctx;
-  auto mod = build_module(k, symbol, ctx);
-  optimize(*mod, *tm);
-  if (optimized_ir) {
-    raw_string_ostream os(*optimized_ir);
-    mod->print(os, nullptr);
+  // LLVM 16's x86 backend cannot select some vectorized AVX-512 mask patterns (a v8i1 compare
+  // broadcast to bytes): such a kernel is compiled again without the SLP vectorizer, then
+  // without any vectorizer, before the caller falls back to the interpreter.
+  const Vectorizers attempts[] = {{true, true}, {true, false}, {false, false}};
+  std::string first_error;
+  for (const Vectorizers& vec : attempts) {
+    try {
+      std::string obj = compile_once(k, symbol, optimized_ir, vec);
+      if (!first_error.empty() && log_enabled("codegen"))
+        log_line("codegen", symbol + ": compiled with " + (vec.loops ? "the loop vectorizer only" : "no vectorizer") +
+                                " after: " + first_error.substr(0, 200));
+      return obj;
+    } catch (const Error& e) {
+      if (first_error.empty()) first_error = e.what();
+    }
   }
-  SmallVector<char, 0> obj;
-  raw_svector_ostream os(obj);
-  legacy::PassManager pm;
-  if (tm->addPassesToEmitFile(pm, os, nullptr, CGFT_ObjectFile)) throw Error("llvm: target cannot emit object files");
-  pm.run(*mod);
-  return std::string(obj.begin(), obj.end());
+  throw Error(first_error);
 }
 
 KernelFn load_object(const std::string& object, const std::string& symbol) {
