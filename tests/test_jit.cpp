@@ -164,20 +164,6 @@ TEST(JitDifferential, RandomGraphsMatchInterpreter) {
 
 
 // Long chains: the scheduler stores a value every 128 fused ops ("kernel depth limit").
-// Graphs that once made LLVM 16's x86 backend abort the process ("Cannot select" on an AVX-512
-// mask broadcast, seed 15 family 348): the compile is retried with fewer vectorizers, so
-// they run compiled (a fallback to the interpreter fails check_program).
-TEST(JitDifferential, LlvmBackendFailuresAreRetried) {
-  SKIP_UNDER_INTERP_REGISTRATION();
-  for (int variant = 0; variant < 4; ++variant) {
-    kiln::set_executor(kiln::interpreter());
-    Program p = make_program(15, 348, variant);
-    std::string err = check_program(p);
-    EXPECT_TRUE(err.empty()) << "variant " << variant << ": " << err;
-  }
-  kiln::set_executor(kiln::jit::jit_executor());
-}
-
 TEST(JitDifferential, LongChains) {
   SKIP_UNDER_INTERP_REGISTRATION();
   auto build = [](bool transcendental) {
