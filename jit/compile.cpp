@@ -8,6 +8,7 @@
 #include <set>
 
 #include "guards/guard_set.h"
+#include "runtime/ops.h"
 #include "jit/diagnostics.h"
 #include "jit/break_steps.h"
 #include "jit/partition.h"
@@ -32,13 +33,16 @@ int64_t node_bytes(const Node& n, const std::map<std::string, int64_t>& hints) {
 }
 
 // The backward of a compiled function: runs the compiled backward program on the values the
-// forward saved and the output's gradient.
+// forward saved and the gradients of its differentiable results. With several such results the
+// engine hands it their gradients packed into one flat vector (see PackGrad).
 struct CompiledGrad final : GradNode {
   std::shared_ptr<Program> bwd;
   std::vector<int64_t> syms;
   std::vector<Tensor> saved;
   std::vector<int> slot;  // per `next` edge: index into the program's outputs, or -1 (unused input)
-  DType out_dtype = DType::Float32;
+  std::vector<DType> out_dtypes;                // per differentiable result
+  std::vector<std::vector<int64_t>> out_shapes; // ... its sizes (several results: packed layout)
+  std::vector<int64_t> offsets;                 // ... its offset in the packed gradient
   bool released = false;
   std::string fn_name;
 
@@ -47,10 +51,18 @@ struct CompiledGrad final : GradNode {
                "function is not supported; call the function uncompiled for higher-order gradients");
     KILN_CHECK(!released, "compile(", fn_name, "): trying to backward through the compiled graph a second time; ",
                "pass retain_graph=true the first time");
-    Tensor gc = detail::cast(g, out_dtype).contiguous();
     std::vector<NodePtr> roots;
     for (const auto& s : saved) roots.push_back(s.node());
-    roots.push_back(gc.node());
+    if (out_dtypes.size() == 1) {
+      roots.push_back(detail::cast(g, out_dtypes[0]).contiguous().node());
+    } else {
+      for (size_t i = 0; i < out_dtypes.size(); ++i) {
+        int64_t n = 1;
+        for (int64_t d : out_shapes[i]) n *= d;
+        Tensor part = g.narrow(0, offsets[i], n).reshape(out_shapes[i]);
+        roots.push_back(detail::cast(part, out_dtypes[i]).contiguous().node());
+      }
+    }
     materialize(roots);
     std::vector<Node*> ins;
     for (const auto& r : roots) ins.push_back(r.get());
@@ -67,6 +79,21 @@ struct CompiledGrad final : GradNode {
   const char* name() const override { return "CompiledFunctionBackward"; }
 };
 
+// The gradient of one of several differentiable results of a compiled function, placed at the
+// result's offset in a zero flat vector: the engine sums what meets at the CompiledGrad, so it
+// receives every result's gradient side by side (zeros for results the loss does not reach).
+struct PackGrad final : GradNode {
+  int64_t offset = 0, total = 0;
+  DType dtype = DType::Float64;
+
+  std::vector<Tensor> apply(const Tensor& g, bool) override {
+    Tensor flat = detail::cast(g, dtype).contiguous().reshape({-1});
+    int64_t n = flat.numel();
+    return {kiln::pad(flat, {offset, total - offset - n})};
+  }
+  const char* name() const override { return "CompiledFunctionResultBackward"; }
+};
+
 }  // namespace
 
 // How a traced call's final program lands: its results, side effects and backward.
@@ -78,14 +105,15 @@ struct Outcome {
   std::vector<int> cap_written;      // per fwd output after the results: captured index written
   std::vector<int> cap_grad;         // ... captured parameter whose .grad() is set
   std::vector<int> arg_written;      // ... flat argument written in place
+  std::vector<int> arg_grad;         // ... flat argument whose .grad() a backward in fn added to
   std::vector<int> cap_grad_cleared; // captured parameters whose .grad() fn cleared
   // Autograd (outputs that need grad, backward run later by the caller).
   std::shared_ptr<Program> bwd;
-  int diff_result = -1;              // result value that carries the CompiledGrad
+  std::vector<int> diff_results;     // result values that carry the CompiledGrad
   size_t saved_begin = 0, saved_count = 0;
   std::vector<int> diff_args, diff_caps;  // differentiable inputs, in `next` order
   std::vector<int> grad_slot;        // per differentiable input: bwd output or -1
-  DType diff_dtype = DType::Float32;
+  std::vector<DType> diff_dtypes;    // ... and their dtypes
   SymInt rng_total;                  // (entries with breaks) numbers the call's random ops reserve
 };
 
@@ -438,6 +466,15 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       e->out.arg_written.push_back(i);
       outputs.push_back(placeholder_tensors[k].node());
     }
+    // Gradients a backward in fn accumulated into arguments (placeholders start without one;
+    // the call adds the argument's own earlier gradient, as AccumulateGrad does).
+    for (size_t k = 0; k < placeholders.size(); ++k) {
+      const auto& g = placeholder_tensors[k].impl()->grad;
+      if (!g) continue;
+      e->out.arg_grad.push_back(placeholder_arg[k]);
+      outputs.push_back(g->node());
+      grads_set = true;
+    }
     // A tensor fn created, wrote in place and kept (not returned) would go stale on replay.
     for (auto& w : ts.created_written) {
       auto impl = w.lock();
@@ -457,12 +494,12 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         ++rt;
       }
     if (!diff_results.empty()) {
-      if (diff_results.size() > 1)
-        throw jit::GraphBreak{"more than one result needs grad (only one differentiable result is supported)"};
-      int r = diff_results[0];
-      int ti = 0;
-      for (int q = 0; q < r; ++q) ti += e->out.result_tensor[q] >= 0;
-      const Tensor& out_t = result_tensors[ti];
+      std::vector<Tensor> diff_outs;
+      for (int r : diff_results) {
+        int ti = 0;
+        for (int q = 0; q < r; ++q) ti += e->out.result_tensor[q] >= 0;
+        diff_outs.push_back(result_tensors[ti]);
+      }
       for (size_t k = 0; k < placeholders.size(); ++k)
         if (placeholder_tensors[k].requires_grad()) {
           e->out.diff_args.push_back(placeholder_arg[k]);
@@ -476,17 +513,21 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         e->out.diff_caps.push_back(static_cast<int>(k));
         diff_inputs.push_back(Tensor(c.impl));
       }
-      auto tan = std::make_shared<Node>();
-      tan->op = OpKind::Leaf;
-      tan->dtype = out_t.dtype();
-      tan->device = out_t.device();
-      tan->shape = out_t.shape();
-      tan->strides = contiguous_strides(tan->shape);
-      tan->offset = 0;
-      tangents.push_back(tan);
-      e->out.diff_result = r;
-      e->out.diff_dtype = out_t.dtype();
-      std::vector<Tensor> gs = kiln::grad({out_t}, diff_inputs, {Tensor::from_node(tan)}, false, false, true);
+      std::vector<Tensor> tangent_tensors;
+      for (const Tensor& out_t : diff_outs) {
+        auto tan = std::make_shared<Node>();
+        tan->op = OpKind::Leaf;
+        tan->dtype = out_t.dtype();
+        tan->device = out_t.device();
+        tan->shape = out_t.shape();
+        tan->strides = contiguous_strides(tan->shape);
+        tan->offset = 0;
+        tangents.push_back(tan);
+        tangent_tensors.push_back(Tensor::from_node(tan));
+        e->out.diff_dtypes.push_back(out_t.dtype());
+      }
+      e->out.diff_results = diff_results;
+      std::vector<Tensor> gs = kiln::grad(diff_outs, diff_inputs, tangent_tensors, false, false, true);
       for (const auto& g : gs) {
         e->out.grad_slot.push_back(g.defined() ? static_cast<int>(grads.size()) : -1);
         if (g.defined()) grads.push_back(g.node());
@@ -547,14 +588,14 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       highlight.insert(s.get());
     }
     std::vector<NodePtr> bwd_inputs = part.saved;
-    bwd_inputs.push_back(tangents[0]);
+    bwd_inputs.insert(bwd_inputs.end(), tangents.begin(), tangents.end());
     e->out.bwd = std::make_shared<Program>(bwd_inputs, grads, G.symbol_names);
     stats_.saved_bytes = part.saved_bytes;
     stats_.save_all_bytes = part.save_all_bytes;
     stats_.recomputed = part.recomputed;
     if (!jit::dump_dir().empty()) {
       std::vector<NodePtr> joint_in = inputs, joint_out = outputs;
-      joint_in.push_back(tangents[0]);
+      joint_in.insert(joint_in.end(), tangents.begin(), tangents.end());
       joint_out.insert(joint_out.end(), grads.begin(), grads.end());
       jit::dump_file(tag + "_joint.dot", jit::graph_dot(joint_in, joint_out, highlight, tag + " joint graph"));
       jit::dump_file(tag + "_backward.dot", jit::graph_dot(bwd_inputs, grads, highlight, tag + " backward"));
@@ -646,6 +687,16 @@ std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& out
     Tensor target = *as_tensor(args[i]);
     target.assign_(outs[o++]);
   }
+  for (int i : e.arg_grad) {
+    const auto& impl = as_tensor(args[i])->impl();
+    Tensor g = outs[o++];
+    if (impl->grad) {
+      NoGradGuard ng;
+      g = kiln::add(Tensor(impl->grad), g);
+    }
+    g.impl()->requires_grad = false;
+    impl->grad = g.impl();
+  }
   if (e.bwd) {
     auto node = std::make_shared<CompiledGrad>();
     node->bwd = e.bwd;
@@ -653,13 +704,37 @@ std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& out
     node->saved.assign(outs.begin() + static_cast<long>(e.saved_begin),
                        outs.begin() + static_cast<long>(e.saved_begin + e.saved_count));
     node->slot = e.grad_slot;
-    node->out_dtype = e.diff_dtype;
+    node->out_dtypes = e.diff_dtypes;
     node->fn_name = opt_.name;
     for (int i : e.diff_args) node->next.push_back(grad_edge(*as_tensor(args[i])));
     for (int k : e.diff_caps) node->next.push_back(grad_edge(Tensor(captured(k).impl.lock())));
-    Tensor& out = std::get<Tensor>(results[e.diff_result]);
-    out.impl()->requires_grad = true;
-    out.impl()->grad_fn = node;
+    if (e.diff_results.size() == 1) {
+      Tensor& out = std::get<Tensor>(results[e.diff_results[0]]);
+      out.impl()->requires_grad = true;
+      out.impl()->grad_fn = node;
+    } else {
+      // Several differentiable results: each packs its gradient into the node's flat input.
+      bool same = std::all_of(e.diff_dtypes.begin(), e.diff_dtypes.end(),
+                              [&](DType t) { return t == e.diff_dtypes[0]; });
+      int64_t total = 0;
+      for (int r : e.diff_results) {
+        const Tensor& out = std::get<Tensor>(results[r]);
+        node->out_shapes.push_back(out.sizes());
+        node->offsets.push_back(total);
+        total += out.numel();
+      }
+      std::shared_ptr<GradNode> join = node;
+      for (size_t i = 0; i < e.diff_results.size(); ++i) {
+        Tensor& out = std::get<Tensor>(results[e.diff_results[i]]);
+        auto pack = std::make_shared<PackGrad>();
+        pack->offset = node->offsets[i];
+        pack->total = total;
+        pack->dtype = same ? e.diff_dtypes[0] : DType::Float64;
+        pack->next.push_back(Edge{join});
+        out.impl()->requires_grad = true;
+        out.impl()->grad_fn = pack;
+      }
+    }
   }
   out_spec = e.out_spec;
   return results;

@@ -139,6 +139,10 @@ Tensor permute(const Tensor& x, const std::vector<int64_t>& dims);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
 Tensor expand(const Tensor& x, const std::vector<int64_t>& shape);
 Tensor broadcast_to(const Tensor& x, const std::vector<int64_t>& shape);
+// x expanded / viewed / reshaped to other's shape (symbolic sizes stay symbolic).
+Tensor expand_as(const Tensor& x, const Tensor& other);
+Tensor view_as(const Tensor& x, const Tensor& other);
+Tensor reshape_as(const Tensor& x, const Tensor& other);
 std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& ts);
 Tensor contiguous(const Tensor& x);
 Tensor cat(const std::vector<Tensor>& ts, int64_t dim = 0);

@@ -217,6 +217,23 @@ Tensor expand(const Tensor& x, const std::vector<int64_t>& shape) {
   return x.expand_sym(target);
 }
 Tensor broadcast_to(const Tensor& x, const std::vector<int64_t>& shape) { return expand(x, shape); }
+Tensor expand_as(const Tensor& x, const Tensor& other) { return x.expand_sym(other.shape()); }
+
+namespace {
+// view_as / reshape_as: other's (possibly symbolic) shape, checked against x's element count.
+Tensor view_to(const Tensor& x, const Shape& shape, bool allow_copy, const char* op) {
+  bool symbolic = std::any_of(shape.begin(), shape.end(), [](const SymInt& d) { return !d.is_constant(); }) ||
+                  std::any_of(x.shape().begin(), x.shape().end(), [](const SymInt& d) { return !d.is_constant(); });
+  if (!symbolic) return allow_copy ? reshape(x, concrete(shape)) : x.view(concrete(shape));
+  SymInt n = kiln::numel(shape), m = kiln::numel(x.shape());
+  KILN_CHECK(sym_eq(n, m).value_or(false), op, ": shape ", str(shape), " is invalid for input of size ", m.str());
+  KILN_CHECK(allow_copy || is_contiguous_layout(x.shape(), x.node()->strides), op,
+             ": view size is not compatible with input tensor's size and stride; use reshape_as");
+  return x.reshape_sym(shape);
+}
+}  // namespace
+Tensor view_as(const Tensor& x, const Tensor& other) { return view_to(x, other.shape(), false, "view_as"); }
+Tensor reshape_as(const Tensor& x, const Tensor& other) { return view_to(x, other.shape(), true, "reshape_as"); }
 
 std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& ts) {
   Shape s;
