@@ -63,14 +63,31 @@ bool check_captured(const CapturedTensor& c, std::vector<int64_t>& syms, size_t 
   return check_tensor(c.guard, *src->node(), src->requires_grad, syms, "captured tensor", static_cast<int>(k), why);
 }
 
+// Says which relation failed: a specialized size in the user's terms ("arg 0 dim 0: expected
+// 16, got 24, specialized by mean()"), other relations as written. `origin` names each symbol
+// ("arg 0 dim 0"; empty when unknown).
 bool check_relations(const std::vector<SizeRelation>& relations, const std::vector<std::string>& names,
-                     const std::vector<int64_t>& syms, std::string* why) {
+                     const std::vector<int64_t>& syms, std::string* why,
+                     const std::vector<std::string>& origin = {}) {
   if (relations.empty()) return true;
   std::map<std::string, int64_t> env;
   for (size_t s = 0; s < names.size(); ++s) env[names[s]] = syms[s];
   for (const auto& r : relations) {
     int64_t v = r.expr.evaluate(env);
-    if (!rel_holds(v, r.rel)) return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v);
+    if (rel_holds(v, r.rel)) continue;
+    if (!why) return false;
+    std::vector<std::string> used = r.expr.symbols();
+    if (r.rel == SymRel::Eq && used.size() == 1) {
+      size_t s = std::find(names.begin(), names.end(), used[0]) - names.begin();
+      std::optional<int64_t> c = (r.expr - SymInt::symbol(used[0])).maybe_int();
+      if (c && s < names.size()) {
+        std::string who = s < origin.size() && !origin[s].empty() ? origin[s] : "size " + used[0];
+        return fail(why, who, ": expected ", -*c, ", got ", syms[s],
+                    r.by.empty() ? std::string(" (specialized while tracing)") : ", specialized by " + r.by);
+      }
+    }
+    return fail(why, "size relation ", r.expr.str(), " ", rel_str(r.rel), " 0: got ", v,
+                r.by.empty() ? std::string() : " (relied on by " + r.by + ")");
   }
   return true;
 }
@@ -146,7 +163,16 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
   }
   for (size_t k = 0; k < captured.size(); ++k)
     if (!check_captured(captured[k], syms, k, why)) return false;
-  return check_relations(relations, symbol_names, syms, why);
+  if (!why) return check_relations(relations, symbol_names, syms, why);
+  std::vector<std::string> origin(symbol_names.size());
+  for (size_t i = 0; i < tensor_slot.size(); ++i) {
+    if (tensor_slot[i] < 0) continue;
+    const TensorGuard& g = tensors[tensor_slot[i]];
+    for (size_t d = 0; d < g.symbols.size(); ++d)
+      if (g.symbols[d] >= 0 && origin[g.symbols[d]].empty())
+        origin[g.symbols[d]] = "arg " + std::to_string(i) + " dim " + std::to_string(d);
+  }
+  return check_relations(relations, symbol_names, syms, why, origin);
 }
 
 bool BranchGuards::check(std::vector<int64_t>& syms, const std::vector<std::string>& names, size_t first,

@@ -25,6 +25,7 @@ struct TensorGuard {
 struct SizeRelation {
   SymInt expr;
   SymRel rel;
+  std::string by;  // the kiln call that relied on it ("mean()"), or ""
 };
 
 // Where a captured tensor (one fn reads without taking it as an argument) is found at call time.

@@ -162,6 +162,7 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
     c->attrs.sizes = eval_shape(n->attrs.sizes, env);
     c->attrs.strides = eval_shape(n->attrs.strides, env);
     c->attrs.offset = eval_int(n->attrs.offset, env);
+    bind_size_attrs(*c);
     if (is_random_op(c->op)) rands.push_back({n->id, c.get()});
     map[n] = c;
     inst->seg.nodes.push_back(c.get());

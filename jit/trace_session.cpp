@@ -1,5 +1,7 @@
 #include "jit/trace_session.h"
 
+#include "jit/call_site.h"
+
 #include "jit/diagnostics.h"
 #include "runtime/executor.h"
 
@@ -117,8 +119,14 @@ int64_t TraceSession::hint(const SymInt& e) { return e.evaluate(hints_); }
 void TraceSession::assume(const SymInt& e, SymRel rel) {
   std::string key = e.str() + "#" + std::to_string(static_cast<int>(rel));
   if (!seen_.insert(key).second) return;
-  relations.push_back({e, rel});
+  std::string by = kiln_call_site();
+  if (const char* op = detail::backward_op()) by += std::string(by.empty() ? "" : " in ") + "the backward of " + op;
+  relations.push_back({e, rel, by});
   facts_.add(e, rel);
+  if (log_enabled("recompiles"))
+    log_line("recompiles", "trace relies on " + e.str() + " " + rel_str(rel) + " 0" +
+                               (by.empty() ? std::string() : " (" + by + ")") +
+                               (rel == SymRel::Eq ? ": a size is specialized" : ""));
   if (log_enabled("symbols"))
     log_line("symbols", "fact " + e.str() + " " + rel_str(rel) + " 0; facts now:\n" + facts_.str());
 }

@@ -12,6 +12,7 @@
 
 namespace kiln {
 namespace {
+thread_local const char* t_backward_op = nullptr;
 thread_local bool g_grad_enabled __attribute__((tls_model("initial-exec"))) = true;
 
 // Accumulates into a leaf's .grad().
@@ -70,6 +71,7 @@ bool grad_enabled() { return g_grad_enabled; }
 void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
 
 namespace detail {
+const char* backward_op() { return t_backward_op; }
 
 Edge grad_edge(const Tensor& t) {
   if (!t.defined()) return {};
@@ -170,7 +172,13 @@ void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain
     std::vector<Tensor> grads;
     bool is_leaf_acc = dynamic_cast<AccumulateGrad*>(n) != nullptr;
     if (capture && capture->count(n)) (*capture)[n] = g;
-    if (g.defined() && !(capture && is_leaf_acc)) grads = n->apply(g, create_graph);
+    if (g.defined() && !(capture && is_leaf_acc)) {
+      struct Naming {
+        explicit Naming(const char* op) { t_backward_op = op; }
+        ~Naming() { t_backward_op = nullptr; }
+      } naming(n->name());
+      grads = n->apply(g, create_graph);
+    }
     for (size_t i = 0; i < n->next.size(); ++i) {
       GradNode* nx = n->next[i].fn.get();
       if (!nx) continue;

@@ -35,7 +35,7 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
     if (one && *one && !(gone && *gone)) dims.push_back(static_cast<int64_t>(i));
   }
   Tensor r = dims.empty() ? g : sum(g, dims, true);
-  return reshape(r, concrete(shape));
+  return reshape_to(r, shape);
 }
 
 namespace {
@@ -51,7 +51,7 @@ Tensor into_zeros(const Tensor& x, const ViewStep& s, const Tensor& g) {
 
 Tensor inverse_view(OpKind op, const Attrs& a, const Tensor& x, const Tensor& g) {
   switch (op) {
-    case OpKind::View: return reshape(g, x.sizes());
+    case OpKind::View: return reshape_to(g, x.shape());
     case OpKind::Permute: {
       std::vector<int64_t> inv(a.ints.size());
       for (size_t i = 0; i < a.ints.size(); ++i) inv[a.ints[i]] = static_cast<int64_t>(i);
@@ -174,11 +174,12 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     // ---- copies ----
     case OpKind::Cat: {
       std::vector<Tensor> r;
-      int64_t d = a.ints[0], at = 0;
+      int64_t d = a.ints[0];
+      SymInt at = 0;
       for (const auto& t : in) {
-        int64_t n = t.size(d);
-        r.push_back(is_floating(t.dtype()) ? g.narrow(d, at, n) : Tensor());
-        at += n;
+        const SymInt& n = t.shape()[d];
+        r.push_back(is_floating(t.dtype()) ? slice_window(g, d, at, at + n, 1) : Tensor());
+        at = at + n;
       }
       return r;
     }

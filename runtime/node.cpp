@@ -28,6 +28,21 @@ const char* op_name(OpKind op) {
 
 bool is_view_op(OpKind op) { return op >= OpKind::View && op <= OpKind::AsStrided; }
 
+void bind_size_attrs(Node& n) {
+  Attrs& a = n.attrs;
+  if (a.sizes.empty()) return;
+  if (n.op == OpKind::Full) {
+    int64_t v = a.sizes[0].as_int();
+    a.f0 = static_cast<double>(v);
+    if (!a.ints.empty()) a.ints = {v};
+  } else if (n.op == OpKind::Slice && a.sizes.size() == 2 && a.ints.size() == 4) {
+    a.ints[1] = a.sizes[0].as_int();
+    a.ints[2] = a.sizes[1].as_int();
+  } else if (n.op == OpKind::Select && a.sizes.size() == 1 && a.ints.size() == 2) {
+    a.ints[1] = a.sizes[0].as_int();
+  }
+}
+
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   KILN_CHECK(device.type == DeviceType::CPU, "Storage::allocate: no allocator for device ",
              device.str());

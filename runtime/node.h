@@ -121,6 +121,13 @@ void for_each_size(N& n, F&& f) {
   f(n.attrs.offset);
 }
 
+// Size attributes that stand for integer attributes in compile() traces, where they can be
+// symbolic: a Full with attrs.sizes = {v} fills with the size value v (a mean's count); a Slice
+// with attrs.sizes = {start, stop} and a Select with attrs.sizes = {index} take those bounds.
+// Their ints / f0 hold the traced values; once every size is concrete, this copies the sizes
+// into them (compiled programs call it when they instantiate a trace for concrete sizes).
+void bind_size_attrs(Node& n);
+
 // Dense row-major strides for a shape.
 Shape contiguous_strides(const Shape& shape);
 // Whether shape/strides describe a dense row-major block (size-1 dims ignored).

@@ -39,7 +39,7 @@ SymInt reduced_count(const Tensor& x, const std::vector<int64_t>& dims) {
   return n;
 }
 Tensor count_tensor(const Tensor& x, const std::vector<int64_t>& dims, DType t) {
-  return full_shape(Shape{}, static_cast<double>(reduced_count(x, dims).as_int()), t, x.device());
+  return detail::size_value(reduced_count(x, dims), t, x.device());
 }
 }  // namespace
 
@@ -69,7 +69,7 @@ Tensor amin(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
 namespace {
 Tensor arg_reduce(OpKind op, const char* name, const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (dim) return reduce(op, x, {*dim}, keepdim, kInt64, name, true);
-  KILN_CHECK(x.numel() > 0, name, "(): expected a non-empty tensor");
+  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false), name, "(): expected a non-empty tensor");
   Tensor r = reduce(op, x, {}, false, kInt64, name, true);  // index into the flattened tensor
   return keepdim ? reshape(r, std::vector<int64_t>(x.dim(), 1)) : r;
 }
@@ -103,11 +103,11 @@ std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
   return value_and_index(x, dim, keepdim, false);
 }
 Tensor max(const Tensor& x) {
-  KILN_CHECK(x.numel() > 0, "max(): expected a non-empty tensor (there is no identity for max)");
+  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false), "max(): expected a non-empty tensor (there is no identity for max)");
   return amax(x);
 }
 Tensor min(const Tensor& x) {
-  KILN_CHECK(x.numel() > 0, "min(): expected a non-empty tensor (there is no identity for min)");
+  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false), "min(): expected a non-empty tensor (there is no identity for min)");
   return amin(x);
 }
 
@@ -126,8 +126,9 @@ Tensor var(const Tensor& x, std::vector<int64_t> dims, double correction, bool k
   Tensor m = mean(x, dims, true);
   Tensor d = sub(x, m);
   Tensor ss = sum(mul(d, d), dims, keepdim);
-  double n = static_cast<double>(reduced_count(x, dims).as_int());
-  return div(ss, std::max(n - correction, 0.0));
+  SymInt n = reduced_count(x, dims);
+  if (auto c = n.maybe_int()) return div(ss, std::max(static_cast<double>(*c) - correction, 0.0));
+  return div(ss, clamp(sub(detail::size_value(n, ss.dtype(), x.device()), correction), Scalar(0.0), std::nullopt));
 }
 namespace {
 // root(t) = pow(t, 1/p) (sqrt for p = 2) with PyTorch's gradient convention for norms and std:
@@ -153,7 +154,7 @@ Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
   m = where(eq(abs(m), std::numeric_limits<double>::infinity()), detail::constant(0, m.dtype(), m.device()), m);
   Tensor s = log(sum(exp(sub(x, m)), dims, keepdim));
   Tensor mk = m;
-  if (!keepdim) mk = reshape(m, concrete(s.shape()));
+  if (!keepdim) mk = detail::reshape_to(m, s.shape());
   return add(s, mk);
 }
 

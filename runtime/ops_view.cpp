@@ -252,34 +252,55 @@ Tensor Tensor::slice(int64_t dim, std::optional<int64_t> start, std::optional<in
   KILN_CHECK(this->dim() > 0, "slice: cannot slice a 0-d tensor");
   int64_t d = wrap_dim(dim, this->dim(), "slice");
   KILN_CHECK(stp > 0, "slice: step must be greater than zero, got ", stp, " (use flip for reversed order)");
-  int64_t n = shape()[d].as_int();
-  auto clampi = [n](int64_t v) {
-    if (v < 0) v += n;
-    return std::clamp<int64_t>(v, 0, n);
-  };
-  int64_t b = start ? clampi(*start) : 0, e = stop ? clampi(*stop) : n;
-  if (e < b) e = b;
-  return make_view(*this, step(OpKind::Slice, {d, b, e, stp}));
+  const SymInt& n = shape()[d];
+  if (auto c = n.maybe_int()) {
+    auto clampi = [n = *c](int64_t v) {
+      if (v < 0) v += n;
+      return std::clamp<int64_t>(v, 0, n);
+    };
+    int64_t b = start ? clampi(*start) : 0, e = stop ? clampi(*stop) : *c;
+    if (e < b) e = b;
+    return make_view(*this, step(OpKind::Slice, {d, b, e, stp}));
+  }
+  // A symbolic size: the bounds clamp symbolically (PyTorch's rule, no guard).
+  auto clamps = [&n](int64_t v) -> SymInt { return v < 0 ? sym_max(n + SymInt(v), 0) : sym_min(SymInt(v), n); };
+  SymInt b = start ? clamps(*start) : SymInt(0), e = stop ? clamps(*stop) : n;
+  return detail::slice_window(*this, d, b, sym_max(e, b), stp);
 }
 
 Tensor Tensor::select(int64_t dim, int64_t index) const {
   KILN_CHECK(this->dim() > 0, "select: cannot select on a 0-d tensor");
   int64_t d = wrap_dim(dim, this->dim(), "select");
-  int64_t n = shape()[d].as_int();
-  KILN_CHECK(index >= -n && index < n, "select: index ", index, " is out of bounds for dimension ", d,
-             " with size ", n);
-  return make_view(*this, step(OpKind::Select, {d, index < 0 ? index + n : index}));
+  const SymInt& n = shape()[d];
+  if (auto c = n.maybe_int()) {
+    KILN_CHECK(index >= -*c && index < *c, "select: index ", index, " is out of bounds for dimension ", d,
+               " with size ", *c);
+    return make_view(*this, step(OpKind::Select, {d, index < 0 ? index + *c : index}));
+  }
+  // A symbolic size: in bounds is a guarded relation, a negative index counts from the end.
+  bool ok = index >= 0 ? sym_lt(SymInt(index), n).value_or(false) : sym_ge(n + SymInt(index), 0).value_or(false);
+  KILN_CHECK(ok, "select: index ", index, " is out of bounds for dimension ", d, " with size ", n.str());
+  if (index >= 0) return make_view(*this, step(OpKind::Select, {d, index}));
+  ViewStep s = step(OpKind::Select, {d, detail::size_hint(n + SymInt(index))});
+  s.attrs.sizes = {n + SymInt(index)};
+  return make_view(*this, std::move(s));
 }
 
 Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
   KILN_CHECK(this->dim() > 0, "narrow: cannot narrow a 0-d tensor");
   int64_t d = wrap_dim(dim, this->dim(), "narrow");
-  int64_t n = shape()[d].as_int();
-  KILN_CHECK(start >= -n && start <= n, "narrow: start (", start, ") is out of bounds for dimension of size ", n);
-  if (start < 0) start += n;
-  KILN_CHECK(length >= 0 && start + length <= n, "narrow: start (", start, ") + length (", length,
-             ") exceeds dimension size (", n, ")");
-  return make_view(*this, step(OpKind::Slice, {d, start, start + length, 1}));
+  const SymInt& n = shape()[d];
+  if (auto c = n.maybe_int()) {
+    KILN_CHECK(start >= -*c && start <= *c, "narrow: start (", start, ") is out of bounds for dimension of size ", *c);
+    if (start < 0) start += *c;
+    KILN_CHECK(length >= 0 && start + length <= *c, "narrow: start (", start, ") + length (", length,
+               ") exceeds dimension size (", *c, ")");
+    return make_view(*this, step(OpKind::Slice, {d, start, start + length, 1}));
+  }
+  SymInt b = start < 0 ? n + SymInt(start) : SymInt(start);
+  KILN_CHECK(length >= 0 && sym_ge(b, 0).value_or(false) && sym_le(b + SymInt(length), n).value_or(false),
+             "narrow: start (", start, ") + length (", length, ") exceeds dimension size (", n.str(), ")");
+  return detail::slice_window(*this, d, b, b + SymInt(length), 1);
 }
 
 Tensor Tensor::index(const std::vector<TensorIndex>& idx) const {
@@ -354,12 +375,14 @@ Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
 
 std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
   int64_t d = wrap_dim(dim, x.dim(), "split");
-  int64_t n = x.size(d), sum = 0;
+  const SymInt& n = x.shape()[d];
+  int64_t sum = 0;
   for (int64_t s : sizes) {
     KILN_CHECK(s >= 0, "split: split sizes must be non-negative, got ", str(sizes));
     sum += s;
   }
-  KILN_CHECK(sum == n, "split: split sizes ", str(sizes), " must sum to the size of dimension ", d, " (", n, ")");
+  KILN_CHECK(detail::same_size(SymInt(sum), n), "split: split sizes ", str(sizes),
+             " must sum to the size of dimension ", d, " (", n.str(), ")");
   std::vector<Tensor> out;
   int64_t at = 0;
   for (int64_t s : sizes) {
@@ -369,22 +392,45 @@ std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, in
   return out;
 }
 
+namespace {
+// Pieces of `size` (symbolic allowed) along d; the last one holds the rest. Their number is
+// fixed by the traced size and guarded as a relation, not a specialization.
+std::vector<Tensor> split_pieces(const Tensor& x, const SymInt& size, int64_t d) {
+  const SymInt& n = x.shape()[d];
+  if (n.is_constant() && size.is_constant()) {
+    int64_t nn = n.as_int(), sz = size.as_int();
+    std::vector<int64_t> sizes;
+    for (int64_t at = 0; at < nn; at += sz) sizes.push_back(std::min(sz, nn - at));
+    if (sizes.empty()) sizes.push_back(0);
+    return split(x, sizes, d);
+  }
+  SymInt count = floordiv(n + size - SymInt(1), size);
+  int64_t c = std::max<int64_t>(detail::size_hint(count), 1);
+  KILN_CHECK(detail::same_size(sym_max(count, 1), SymInt(c)), "split: internal error (piece count)");
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < c; ++i) {
+    SymInt b = size * SymInt(i), e = i + 1 < c ? size * SymInt(i + 1) : n;
+    out.push_back(detail::slice_window(x, d, b, e, 1));
+  }
+  return out;
+}
+}  // namespace
+
 std::vector<Tensor> split(const Tensor& x, int64_t size, int64_t dim) {
   KILN_CHECK(size > 0, "split: split_size must be positive, got ", size);
-  int64_t d = wrap_dim(dim, x.dim(), "split");
-  int64_t n = x.size(d);
-  std::vector<int64_t> sizes;
-  for (int64_t at = 0; at < n; at += size) sizes.push_back(std::min(size, n - at));
-  if (sizes.empty()) sizes.push_back(0);
-  return split(x, sizes, d);
+  return split_pieces(x, size, wrap_dim(dim, x.dim(), "split"));
 }
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   KILN_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
   int64_t d = wrap_dim(dim, x.dim(), "chunk");
-  int64_t n = x.size(d);
-  int64_t size = (n + chunks - 1) / chunks;
-  return split(x, std::max<int64_t>(size, 1), d);
+  const SymInt& n = x.shape()[d];
+  if (n.maybe_int() == 0) {  // PyTorch: `chunks` empty pieces of a size-0 dim
+    std::vector<Tensor> out;
+    for (int64_t i = 0; i < chunks; ++i) out.push_back(x.narrow(d, 0, 0));
+    return out;
+  }
+  return split_pieces(x, sym_max(floordiv(n + SymInt(chunks - 1), chunks), 1), d);
 }
 
 Tensor flip(const Tensor& x, const std::vector<int64_t>& dims) {
@@ -399,41 +445,44 @@ Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats) {
   KILN_CHECK(repeats.size() >= static_cast<size_t>(x.dim()), "repeat: number of repeat dims (", repeats.size(),
              ") can not be smaller than number of dimensions of tensor (", x.dim(), ")");
   for (int64_t r : repeats) KILN_CHECK(r >= 0, "repeat: repeats must be non-negative, got ", str(repeats));
-  std::vector<int64_t> padded(repeats.size() - x.dim(), 1), sz = x.sizes();
-  padded.insert(padded.end(), sz.begin(), sz.end());
-  Tensor r = reshape(x, padded);
-  std::vector<int64_t> inter, exp, fin;
+  Shape padded(repeats.size() - x.dim(), SymInt(1));
+  padded.insert(padded.end(), x.shape().begin(), x.shape().end());
+  Shape inter, exp, fin;
   for (size_t i = 0; i < repeats.size(); ++i) {
     inter.push_back(1);
     inter.push_back(padded[i]);
     exp.push_back(repeats[i]);
     exp.push_back(padded[i]);
-    fin.push_back(repeats[i] * padded[i]);
+    fin.push_back(padded[i] * SymInt(repeats[i]));
   }
-  return reshape(contiguous(expand(reshape(r, inter), exp)), fin);
+  // Always a fresh tensor (never an alias of x, even for all-ones repeats).
+  Tensor e = detail::reshape_to(contiguous(x), inter).expand_sym(exp);
+  return detail::reshape_to(record(OpKind::Contiguous, {e}, Attrs{}, x.dtype(), e.shape()), fin);
 }
 
 Tensor pad(const Tensor& x, const std::vector<int64_t>& p, double value) {
   KILN_CHECK(p.size() % 2 == 0, "pad: padding length must be divisible by 2, got ", p.size());
   KILN_CHECK(static_cast<int64_t>(p.size() / 2) <= x.dim(), "pad: padding length too large (", p.size(),
              ") for a tensor of dimension ", x.dim());
-  std::vector<int64_t> out = x.sizes();
+  Shape out = x.shape();
   Tensor src = x;
   int64_t n = x.dim();
   for (size_t k = 0; k < p.size() / 2; ++k) {
     int64_t d = n - 1 - static_cast<int64_t>(k);
     int64_t l = p[2 * k], r = p[2 * k + 1];
-    out[d] += l + r;
-    KILN_CHECK(out[d] >= 0, "pad: resulting padded dimension ", d, " has negative size ", out[d]);
+    out[d] = out[d] + SymInt(l + r);
+    KILN_CHECK(sym_ge(out[d], 0).value_or(false), "pad: resulting padded dimension ", d, " has negative size ",
+               out[d].str());
     // Negative padding crops the input.
-    src = src.slice(d, std::max<int64_t>(-l, 0), src.size(d) - std::max<int64_t>(-r, 0));
+    const SymInt& sd = src.shape()[d];
+    src = detail::slice_window(src, d, SymInt(std::max<int64_t>(-l, 0)), sd - SymInt(std::max<int64_t>(-r, 0)), 1);
   }
-  Tensor result = full(out, value, x.dtype());
+  Tensor result = full_shape(out, value, x.dtype(), x.device());
   Tensor win = result;
   for (size_t k = 0; k < p.size() / 2; ++k) {
     int64_t d = n - 1 - static_cast<int64_t>(k);
     int64_t l = std::max<int64_t>(p[2 * k], 0);
-    win = win.narrow(d, l, src.size(d));
+    win = detail::slice_window(win, d, SymInt(l), SymInt(l) + src.shape()[d], 1);
   }
   win.assign_(src);
   return result;
@@ -442,8 +491,8 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& p, double value) {
 namespace {
 Tensor triangle(const Tensor& x, int64_t k, bool lower, const char* op) {
   KILN_CHECK(x.dim() >= 2, op, ": input tensor must have at least 2 dimensions, got ", x.dim());
-  int64_t h = x.size(-2), w = x.size(-1);
-  Tensor diff = sub(arange(w).unsqueeze(0), arange(h).unsqueeze(1));  // col - row
+  const SymInt &h = x.shape()[x.dim() - 2], &w = x.shape()[x.dim() - 1];
+  Tensor diff = sub(detail::arange_of(w).unsqueeze(0), detail::arange_of(h).unsqueeze(1));  // col - row
   Tensor keep = lower ? le(diff, k) : ge(diff, k);
   return where(keep, x, detail::constant(0, x.dtype(), x.device()));
 }

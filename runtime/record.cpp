@@ -1,6 +1,7 @@
 #include "runtime/record.h"
 
 #include "runtime/autograd.h"
+#include "runtime/ops.h"
 #include "runtime/sym_facts.h"
 #include "runtime/trace.h"
 
@@ -162,6 +163,46 @@ Tensor constant(Scalar v, DType dtype, Device device) {
   return record(OpKind::Full, std::vector<NodePtr>{}, std::move(a), dtype, Shape{}, device);
 }
 
+Tensor size_value(const SymInt& v, DType dtype, Device device) {
+  if (v.is_constant()) return constant(Scalar(v.as_int()), dtype, device);
+  Attrs a;
+  int64_t hint = size_hint(v);
+  a.f0 = static_cast<double>(hint);
+  a.ints = {hint};
+  a.sizes = {v};
+  return record(OpKind::Full, std::vector<NodePtr>{}, std::move(a), dtype, Shape{}, device);
+}
+
+int64_t size_hint(const SymInt& v) {
+  if (v.is_constant()) return v.as_int();
+  ShapeOracle* o = shape_oracle();
+  KILN_CHECK(o, "a symbolic size outside a compile() trace: ", v.str());
+  return o->hint(v);
+}
+
+Tensor reshape_to(const Tensor& t, const Shape& shape) {
+  if (same_shape(t.shape(), shape)) return t;
+  bool symbolic = std::any_of(shape.begin(), shape.end(), [](const SymInt& d) { return !d.is_constant(); });
+  return symbolic ? t.reshape_sym(shape) : reshape(t, concrete(shape));
+}
+
+Tensor slice_window(const Tensor& x, int64_t d, const SymInt& start, const SymInt& stop, int64_t step) {
+  ViewStep s{OpKind::Slice, Attrs{}, {}};
+  s.attrs.ints = {d, size_hint(start), size_hint(stop), step};
+  if (!start.is_constant() || !stop.is_constant()) s.attrs.sizes = {start, stop};
+  return make_view(x, std::move(s));
+}
+
+Tensor arange_of(const SymInt& n, Device device) {
+  Attrs a;
+  a.f0 = 0;
+  a.f1 = 1;
+  a.ints = {0, 1};
+  return record(OpKind::Arange, std::vector<NodePtr>{}, a, kInt64, Shape{n}, device);
+}
+
+bool same_size(const SymInt& a, const SymInt& b) { return sym_eq(a, b).value_or(false); }
+
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim) {
   Shape out;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
@@ -195,18 +236,25 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
       }
       break;
     }
-    case OpKind::Slice: {  // {dim, start, stop, step}, already clamped
+    case OpKind::Slice: {  // {dim, start, stop, step}, already clamped (sizes: symbolic bounds)
       shape = sh;
       strides = st;
-      int64_t d = ints[0], start = ints[1], stop = ints[2], stp = ints[3];
-      shape[d] = SymInt((std::max<int64_t>(stop - start, 0) + stp - 1) / stp);
+      int64_t d = ints[0], stp = ints[3];
+      if (step.attrs.sizes.size() == 2) {
+        const SymInt &start = step.attrs.sizes[0], &stop = step.attrs.sizes[1];
+        shape[d] = floordiv(sym_max(stop - start, 0) + SymInt(stp - 1), stp);
+        offset = offset + st[d] * start;
+      } else {
+        int64_t start = ints[1], stop = ints[2];
+        shape[d] = SymInt((std::max<int64_t>(stop - start, 0) + stp - 1) / stp);
+        offset = offset + st[d] * start;
+      }
       strides[d] = st[d] * stp;
-      offset = offset + st[d] * start;
       break;
     }
     case OpKind::Select: {
       int64_t d = ints[0];
-      offset = offset + st[d] * ints[1];
+      offset = offset + st[d] * (step.attrs.sizes.size() == 1 ? step.attrs.sizes[0] : SymInt(ints[1]));
       for (size_t i = 0; i < sh.size(); ++i)
         if (static_cast<int64_t>(i) != d) {
           shape.push_back(sh[i]);

@@ -33,6 +33,19 @@ void check_expandable(const Shape& from, const Shape& to, const char* op);
 Tensor expand_to(const Tensor& t, const Shape& shape);
 // A 0-d constant tensor.
 Tensor constant(Scalar v, DType dtype, Device device);
+// A 0-d tensor holding the size value `v` (symbolic in compile() traces: no guard on it).
+Tensor size_value(const SymInt& v, DType dtype, Device device);
+// The traced value of a size: its constant, or the shape oracle's hint (no guard recorded).
+int64_t size_hint(const SymInt& v);
+// `t` reshaped to `shape` (symbolic sizes stay symbolic; no node when already that shape).
+Tensor reshape_to(const Tensor& t, const Shape& shape);
+// The window [start, stop) with `step` of dim `d` (bounds already within [0, size]); symbolic
+// bounds stay symbolic.
+Tensor slice_window(const Tensor& x, int64_t d, const SymInt& start, const SymInt& stop, int64_t step);
+// 0, 1, ..., n-1 (int64; n symbolic in compile() traces).
+Tensor arange_of(const SymInt& n, Device device = cpu());
+// Whether two sizes are equal (in compile() traces the answer is guarded, not a specialization).
+bool same_size(const SymInt& a, const SymInt& b);
 // Shape of a reduction over `dims` (sorted, wrapped).
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim);
 // Applies one view step to a node, recording a view node; used by view ops and replays.

@@ -37,6 +37,9 @@ extern thread_local TraceObserver* t_trace_observer __attribute__((tls_model("in
 inline TraceObserver* trace_observer() { return t_trace_observer; }
 // Installs `o` for this thread (null: none); returns the previous one.
 TraceObserver* set_trace_observer(TraceObserver* o);
+// The backward node the autograd engine is applying on this thread ("mul"), or null: names
+// the op whose gradient relied on a size in compile()'s diagnostics.
+const char* backward_op();
 
 // The Philox generator's (seed, counter).
 std::pair<uint64_t, uint64_t> rng_state();
