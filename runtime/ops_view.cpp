@@ -366,6 +366,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   KILN_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
   int64_t d = wrap_dim(dim, x.dim(), "chunk");
   int64_t n = x.size(d);
+  if (n == 0) return split(x, std::vector<int64_t>(static_cast<size_t>(chunks), 0), d);  // PyTorch: `chunks` empty pieces
   int64_t size = (n + chunks - 1) / chunks;
   return split(x, std::max<int64_t>(size, 1), d);
 }
@@ -393,7 +394,7 @@ Tensor repeat(const Tensor& x, const std::vector<int64_t>& repeats) {
     exp.push_back(padded[i]);
     fin.push_back(repeats[i] * padded[i]);
   }
-  return reshape(contiguous(expand(reshape(r, inter), exp)), fin);
+  return reshape(expand(reshape(r, inter), exp).clone(), fin);  // always a fresh tensor, never x itself
 }
 
 Tensor pad(const Tensor& x, const std::vector<int64_t>& p, double value) {

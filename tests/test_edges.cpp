@@ -1,0 +1,140 @@
+// PyTorch semantics at the edges (empty dims, 0-d tensors, non-finite numbers, huge sizes,
+// bad paths and options): PyTorch's result, or a kiln::Error that says what was expected.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <string>
+
+#include "expect_close.h"
+#include "kiln.h"
+
+using namespace kiln;
+
+namespace {
+// `f` throws kiln::Error (not another exception) whose message contains every `part`.
+void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    for (const auto& p : parts) EXPECT_NE(m.find(p), std::string::npos) << "'" << p << "' not in: " << m;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "not a kiln::Error: " << e.what();
+  }
+}
+}  // namespace
+
+// torch.cumsum of a 0-d tensor is its value (dim 0 or -1), int promoted to int64.
+TEST(Edges, CumsumOfZeroDim) {
+  Tensor x = scalar_tensor(3.5);
+  Tensor r = cumsum(x, 0);
+  EXPECT_EQ(r.dim(), 0);
+  EXPECT_EQ(r.item<double>(), 3.5);
+  EXPECT_EQ(cumsum(x, -1).item<double>(), 3.5);
+  Tensor i = cumsum(scalar_tensor(int64_t{7}, kInt32), 0);
+  EXPECT_EQ(i.dtype(), kInt64);
+  EXPECT_EQ(i.item<int64_t>(), 7);
+  expect_error([&] { cumsum(x, 1); }, {"cumsum", "range"});
+  // The gradient is the identity.
+  Tensor g = scalar_tensor(2.0).requires_grad_();
+  cumsum(g * 3, 0).backward();
+  EXPECT_EQ(g.grad().item<double>(), 3.0);
+}
+
+// torch.masked_fill(x, mask, v) broadcasts x and mask: x [3], mask [2, 3] gives [2, 3].
+TEST(Edges, MaskedFillBroadcastsBothWays) {
+  Tensor x = arange(3.0);
+  Tensor m = from_vector<float>({1, 0, 1, 0, 0, 1}, std::vector<int64_t>{2, 3}) != 0.0;
+  Tensor r = masked_fill(x, m, 7.0);
+  expect_close(r, from_vector<float>({7, 1, 7, 0, 1, 7}, std::vector<int64_t>{2, 3}));
+  Tensor rt = masked_fill(x, m, scalar_tensor(-1.0, kFloat32));
+  expect_close(rt, from_vector<float>({-1, 1, -1, 0, 1, -1}, std::vector<int64_t>{2, 3}));
+  expect_error([&] { masked_fill(x, ones({2, 4}, kBool), 1.0); }, {"masked_fill", "broadcast"});
+  // The gradient reaches x summed over the broadcast dim.
+  Tensor xg = arange(3.0).requires_grad_();
+  masked_fill(xg, m, 0.0).sum().backward();
+  expect_close(xg.grad(), from_vector<float>({1, 2, 0}));
+}
+
+// A non-finite double in a Scalar keeps its integer view defined (saturated, NaN as 0):
+// masked_fill with -inf is the common case.
+TEST(Edges, ScalarOfNonFiniteDouble) {
+  volatile double inf = std::numeric_limits<double>::infinity(), nan = std::nan("");
+  EXPECT_EQ(Scalar(inf).to_int(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(Scalar(-inf).to_int(), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(Scalar(nan).to_int(), 0);
+  EXPECT_EQ(Scalar(1e300).to_int(), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(Scalar(-2.5).to_int(), -2);
+  Tensor r = masked_fill(arange(3.0), arange(3) > 0, -inf);
+  EXPECT_EQ(r.to_vector<double>(), (std::vector<double>{0, -inf, -inf}));
+}
+
+// softmax/log_softmax over a size-0 dim give an empty result; over another dim of an empty
+// tensor too.
+TEST(Edges, SoftmaxOverEmptyDim) {
+  for (auto shape : {std::vector<int64_t>{3, 0}, std::vector<int64_t>{0}, std::vector<int64_t>{0, 3}}) {
+    Tensor x = zeros(shape);
+    EXPECT_EQ(softmax(x, -1).sizes(), shape);
+    EXPECT_EQ(log_softmax(x, -1).sizes(), shape);
+    EXPECT_EQ(softmax(x, 0).sizes(), shape);
+  }
+  Tensor x = zeros({3, 0}).requires_grad_();
+  log_softmax(x, 1).sum().backward();
+  EXPECT_EQ(x.grad().sizes(), (std::vector<int64_t>{3, 0}));
+}
+
+// norm(p=±inf) over an empty dim is an error naming norm (max/min have no identity); over
+// non-empty dims of an empty tensor it is an empty result.
+TEST(Edges, InfNormOfEmptyNamesNorm) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (double p : {inf, -inf}) {
+    try {
+      norm(zeros({0}), p);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("norm"), std::string::npos) << m;
+      EXPECT_NE(m.find("empty"), std::string::npos) << m;
+      EXPECT_EQ(m.find("amax"), std::string::npos) << m;
+      EXPECT_EQ(m.find("amin"), std::string::npos) << m;
+    }
+    expect_error([&] { norm(zeros({0, 3}), p, {0}); }, {"norm", "dim 0"});
+    EXPECT_EQ(norm(zeros({0, 3}), p, {1}).sizes(), (std::vector<int64_t>{0}));
+  }
+}
+
+// chunk(n) of a size-0 dim gives n empty chunks.
+TEST(Edges, ChunkOfEmptyDim) {
+  auto c = zeros({0}).chunk(3);
+  ASSERT_EQ(c.size(), 3u);
+  for (auto& t : c) EXPECT_EQ(t.sizes(), (std::vector<int64_t>{0}));
+  auto d = chunk(zeros({2, 0}), 4, 1);
+  ASSERT_EQ(d.size(), 4u);
+  for (auto& t : d) EXPECT_EQ(t.sizes(), (std::vector<int64_t>{2, 0}));
+  EXPECT_EQ(zeros({5}).chunk(3).size(), 3u);  // unchanged elsewhere: sizes 2, 2, 1
+}
+
+// atan2's gradient at (0, 0) is 0 for both inputs (PyTorch: 0 and -0), not NaN.
+TEST(Edges, Atan2GradientAtOrigin) {
+  Tensor y = from_vector<float>({0, 1, 0}).requires_grad_(), x = from_vector<float>({0, 0, 2}).requires_grad_();
+  atan2(y, x).sum().backward();
+  EXPECT_EQ(y.grad().to_vector<float>(), (std::vector<float>{0, 0, 0.5f}));
+  EXPECT_EQ(x.grad().to_vector<float>(), (std::vector<float>{0, -1, 0}));
+  EXPECT_TRUE(std::signbit(x.grad().to_vector<float>()[0]));
+}
+
+// repeat always returns a fresh tensor: writing into it leaves x alone.
+TEST(Edges, RepeatNeverAliases) {
+  for (auto reps : {std::vector<int64_t>{1}, std::vector<int64_t>{1, 1}, std::vector<int64_t>{2}}) {
+    Tensor x = arange(3.0).eval();
+    Tensor r = x.repeat(reps);
+    r.add_(10.0);
+    EXPECT_EQ(x.to_vector<float>(), (std::vector<float>{0, 1, 2}));
+    EXPECT_EQ(r.to_vector<float>()[0], 10.0f);
+  }
+}
