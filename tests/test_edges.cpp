@@ -138,3 +138,41 @@ TEST(Edges, RepeatNeverAliases) {
     EXPECT_EQ(r.to_vector<float>()[0], 10.0f);
   }
 }
+
+// one_hot with num_classes given never reads the indices: compiled, it is one entry serving
+// any values; a bad index is an error when the result is computed (as for gather).
+TEST(Edges, OneHotWithClassesReadsNoValues) {
+  auto fn = [](const Tensor& t) { return one_hot(t, 5).sum({0}); };
+  auto f = compile(fn);
+  for (auto v : {std::vector<int64_t>{0, 1, 4}, std::vector<int64_t>{3, 3, 2}, std::vector<int64_t>{4, 0, 0}}) {
+    Tensor t = from_vector(v);
+    EXPECT_EQ(f(t).to_vector<int64_t>(), fn(t).to_vector<int64_t>());
+  }
+  auto st = f.stats();
+  EXPECT_EQ(st.entries, 1);
+  EXPECT_EQ(st.hits, 2);
+  EXPECT_EQ(st.eager_calls, 0);
+  EXPECT_EQ(one_hot(from_vector<int64_t>({2, 0}), 3).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 1, 1, 0, 0}));
+  expect_error([&] { f(from_vector<int64_t>({0, 5, 1})).eval(); }, {"index 5", "out of bounds"});
+  expect_error([&] { one_hot(from_vector<int64_t>({0, -1}), 3).eval(); }, {"index -1", "out of bounds"});
+  expect_error([&] { one_hot(from_vector<int64_t>({3}), 3).eval(); }, {"index 3", "out of bounds"});
+}
+
+// AdamW's weight decay defaults to 0.01 however its options are written.
+TEST(Edges, AdamWDefaultWeightDecay) {
+  Tensor p = full({2}, 2.0).requires_grad_();
+  p.set_grad(zeros({2}));  // moments stay 0: the step is the decay alone
+  optim::AdamW opt({p}, optim::AdamOptions{.lr = 0.5});
+  opt.step();
+  expect_close(p.detach(), full({2}, 2.0 * (1 - 0.5 * 0.01)));
+  Tensor q = full({2}, 2.0).requires_grad_();
+  q.set_grad(zeros({2}));
+  optim::AdamW none({q}, optim::AdamOptions{.lr = 0.5, .weight_decay = 0});
+  none.step();
+  expect_close(q.detach(), full({2}, 2.0));
+  Tensor a = full({2}, 2.0).requires_grad_();
+  a.set_grad(zeros({2}));
+  optim::Adam adam({a}, optim::AdamOptions{.lr = 0.5});  // Adam's default stays 0
+  adam.step();
+  expect_close(a.detach(), full({2}, 2.0));
+}
