@@ -15,6 +15,18 @@ void maybe_flush(const NodePtr& n) {
   // (Never while a compile() trace records: its graph must stay whole.)
   if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize(n);
 }
+// A dense tensor of constant sizes must have a byte count that int64 holds (PyTorch: "Storage
+// size calculation overflowed"); otherwise numel * itemsize would wrap around.
+void check_storage_size(OpKind op, const Shape& shape, DType dtype) {
+  int64_t bytes = static_cast<int64_t>(itemsize(dtype));
+  bool overflow = false;
+  for (const auto& d : shape) {
+    if (!d.is_constant()) return;  // symbolic: checked when an instance binds concrete sizes
+    overflow = overflow || __builtin_mul_overflow(bytes, d.as_int(), &bytes);
+  }
+  KILN_CHECK(!overflow, op_name(op), ": storage size calculation overflowed with sizes=", str(shape), " (",
+             dtype_name(dtype), ": more than 2^63 - 1 bytes)");
+}
 // The facts a compile() trace has established, when one records and `s` is symbolic.
 const SymFacts* facts_for(const Shape& s) {
   bool symbolic = false;
@@ -34,6 +46,7 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
   n->dtype = dtype;
   n->device = device;
   if (const SymFacts* f = facts_for(shape)) shape = f->simplify(shape);  // sizes as the facts state them
+  check_storage_size(op, shape, dtype);
   n->strides = contiguous_strides(shape);
   n->shape = std::move(shape);
   n->offset = 0;

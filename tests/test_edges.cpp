@@ -176,3 +176,56 @@ TEST(Edges, AdamWDefaultWeightDecay) {
   adam.step();
   expect_close(a.detach(), full({2}, 2.0));
 }
+
+// Sizes whose byte count does not fit in int64 are errors at record time, not wrapped sizes.
+TEST(Edges, HugeSizesAreErrors) {
+  expect_error([] { zeros({int64_t{1} << 62}).eval(); }, {"[4611686018427387904]", "overflow"});
+  expect_error([] { zeros({int64_t{1} << 31, int64_t{1} << 31}).eval(); }, {"[2147483648, 2147483648]", "overflow"});
+  expect_error([] { ones({int64_t{1} << 40, int64_t{1} << 40}, kInt64).eval(); }, {"overflow"});
+  expect_error([] { arange(0.0, 4e18).eval(); }, {"overflow"});
+}
+
+// arange with a non-finite or too large range says so (PyTorch: "unsupported range").
+TEST(Edges, ArangeOfNonFiniteOrHugeRange) {
+  const double inf = std::numeric_limits<double>::infinity();
+  expect_error([&] { arange(inf); }, {"arange", "unsupported range", "inf"});
+  expect_error([&] { arange(0.0, 1.0, std::nan("")); }, {"arange", "step", "nan"});
+  expect_error([&] { arange(std::nan("")); }, {"arange", "unsupported range", "nan"});
+  expect_error([&] { arange(-inf, 0.0); }, {"arange", "unsupported range"});
+  expect_error([&] { arange(0.0, 1e30); }, {"arange", "1e+30", "elements"});
+  EXPECT_EQ(arange(0.0, 1.0, 0.25).numel(), 4);
+}
+
+// Module::load of a directory or a missing file: a kiln::Error naming the path and why.
+TEST(Edges, ModuleLoadOfDirectoryOrMissingFile) {
+  char tmpl[] = "/tmp/kiln-edges-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  nn::Linear l(2, 3);
+  expect_error([&] { l.load(dir); }, {dir, "directory"});
+  expect_error([&] { l.load(dir + "/missing.kiln"); }, {dir + "/missing.kiln", "No such file"});
+  l.save(dir + "/ok.kiln");
+  EXPECT_NO_THROW(l.load(dir + "/ok.kiln"));
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+// mark_dynamic / mark_static naming an argument or dim that does not exist is an error.
+TEST(Edges, MarkDynamicOutOfRange) {
+  auto fn = [](const Tensor& x, double s) { return x * s; };
+  auto bad = [&](std::pair<int, int> key, bool dynamic, std::vector<std::string> parts) {
+    CompileOptions o;
+    (dynamic ? o.mark_dynamic : o.mark_static) = {key};
+    auto f = compile(fn, o);
+    expect_error([&] { f(zeros({2, 3}), 2.0); }, parts);
+  };
+  bad({2, 0}, true, {"mark_dynamic", "argument 2", "2 flattened arguments"});
+  bad({0, 2}, true, {"mark_dynamic", "dim 2", "rank 2"});
+  bad({0, -1}, true, {"mark_dynamic", "dim -1"});
+  bad({1, 0}, true, {"mark_dynamic", "argument 1", "not a tensor"});
+  bad({0, 5}, false, {"mark_static", "dim 5"});
+  CompileOptions ok;
+  ok.mark_dynamic = {{0, 1}};
+  auto f = compile(fn, ok);
+  expect_close(f(ones({2, 3}), 2.0), full({2, 3}, 2.0));
+}
