@@ -23,6 +23,7 @@ void check_sizes(const std::vector<int64_t>& shape, const char* op) {
 }  // namespace detail
 
 Tensor full_shape(const Shape& shape, Scalar value, DType dtype, Device device) {
+  detail::check_fill_value(value, dtype, "full");
   Attrs a;
   a.f0 = value.to_double();
   if (value.kind() != Scalar::Kind::Float) a.ints = {value.to_int()};

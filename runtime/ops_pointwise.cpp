@@ -287,6 +287,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
   KILN_CHECK(mask.defined() && mask.dtype() == kBool, "masked_fill: expected a bool mask, got ",
              mask.defined() ? dtype_name(mask.dtype()) : "undefined");
   detail::broadcast_shapes(mask.shape(), x.shape(), "masked_fill");  // result: the broadcast shape
+  detail::check_fill_value(value, x.dtype(), "masked_fill");
   return where(mask, constant(value, x.dtype(), x.device()), x);
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {

@@ -168,7 +168,15 @@ Tensor expand_to(const Tensor& t, const Shape& shape) {
   return same_shape(t.shape(), shape) ? t : t.expand_sym(shape);
 }
 
+void check_fill_value(Scalar v, DType dtype, const char* op) {
+  if (v.kind() != Scalar::Kind::Float || !is_integral(dtype)) return;
+  const double lim = dtype == DType::Int32 ? 0x1p31 : 0x1p63, d = v.to_double();
+  KILN_CHECK(d >= -lim && d < lim, op, ": value ", d, " cannot be converted to type ", dtype_name(dtype),
+             " without overflow (expected a finite number in [", -lim, ", ", lim, "))");
+}
+
 Tensor constant(Scalar v, DType dtype, Device device) {
+  check_fill_value(v, dtype, "fill");
   Attrs a;
   a.f0 = v.to_double();
   if (v.kind() != Scalar::Kind::Float) a.ints = {v.to_int()};  // exact for large int64

@@ -33,6 +33,9 @@ void check_expandable(const Shape& from, const Shape& to, const char* op);
 Tensor expand_to(const Tensor& t, const Shape& shape);
 // A 0-d constant tensor.
 Tensor constant(Scalar v, DType dtype, Device device);
+// Throws unless the number `v` converts to `dtype` without overflow (a floating value filled
+// into an integer tensor: inf, NaN or out of range would be an undefined cast in the kernels).
+void check_fill_value(Scalar v, DType dtype, const char* op);
 // Shape of a reduction over `dims` (sorted, wrapped).
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim);
 // Applies one view step to a node, recording a view node; used by view ops and replays.

@@ -72,6 +72,12 @@ TEST(Edges, ScalarOfNonFiniteDouble) {
   EXPECT_EQ(Scalar(-2.5).to_int(), -2);
   Tensor r = masked_fill(arange(3.0), arange(3) > 0, -inf);
   EXPECT_EQ(r.to_vector<double>(), (std::vector<double>{0, -inf, -inf}));
+  // Into an integer tensor such a value cannot go (PyTorch: "cannot be converted ... without overflow").
+  expect_error([&] { masked_fill(arange(3), arange(3) > 0, -inf).eval(); }, {"masked_fill", "int64", "overflow"});
+  expect_error([&] { full({2}, nan, kInt64).eval(); }, {"full", "nan", "int64"});
+  expect_error([&] { full({2}, 3e9, kInt32).eval(); }, {"full", "int32", "overflow"});
+  EXPECT_EQ(full({2}, -2.5, kInt64).to_vector<int64_t>(), (std::vector<int64_t>{-2, -2}));
+  EXPECT_EQ(full({1}, 2147483647.0, kInt32).to_vector<int32_t>(), (std::vector<int32_t>{2147483647}));
 }
 
 // softmax/log_softmax over a size-0 dim give an empty result; over another dim of an empty
