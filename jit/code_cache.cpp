@@ -2,7 +2,9 @@
 
 #include <tbb/task_arena.h>
 
+#include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -12,7 +14,6 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <mutex>
 #include <optional>
@@ -57,17 +58,65 @@ double ms_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
 
+// Says once per process that compiled kernels are not kept on disk, and why (every later
+// failure is only logged under KILN_LOG=codegen).
+void warn_unwritable(const std::string& what) {
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true))
+    std::fprintf(stderr, "[kiln] warning: kernel disk cache %s; compiled kernels are not kept across runs (set "
+                 "KILN_CACHE_DIR to a writable directory, or to off)\n", what.c_str());
+  else if (log_enabled("codegen"))
+    log_line("codegen", "kernel disk cache " + what);
+}
+
+// The bytes of the regular file at `path`. Opened without blocking (a FIFO there must not hang
+// the process); anything else at the path (a directory, a FIFO, a device) is removed so that
+// the entry can be written again, and an unreadable file is left to be replaced by the write.
+enum class ReadResult { Missing, Read, Unreadable };
+ReadResult read_file(const std::string& path, std::string& buf, std::string& why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    if (errno == ENOENT) return ReadResult::Missing;
+    why = std::string("cannot open: ") + std::strerror(errno);
+  } else {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      why = std::string("cannot stat: ") + std::strerror(errno);
+    } else if (!S_ISREG(st.st_mode)) {
+      why = S_ISDIR(st.st_mode) ? "a directory, not a file" : "not a regular file";
+    } else {
+      buf.resize(static_cast<size_t>(st.st_size));
+      size_t got = 0;
+      while (got < buf.size()) {
+        ssize_t n = ::read(fd, buf.data() + got, buf.size() - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += static_cast<size_t>(n);
+      }
+      buf.resize(got);  // a short read shows up as a bad length or checksum
+      ::close(fd);
+      return ReadResult::Read;
+    }
+    ::close(fd);
+  }
+  std::error_code ec;
+  struct stat lst {};
+  if (::lstat(path.c_str(), &lst) == 0 && !S_ISREG(lst.st_mode)) std::filesystem::remove_all(path, ec);
+  return ReadResult::Unreadable;
+}
+
 // Disk entry: magic | u64 key length | key | u64 object length | object | u64 hash of all before.
 bool read_entry(const std::string& path, const std::string& full_key, std::string& object) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return false;
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  auto fail = [&](const char* why) {
-    if (log_enabled("codegen")) log_line("codegen", std::string("disk cache entry ") + path + " rejected: " + why);
+  std::string buf, why;
+  auto fail = [&](const std::string& reason) {
+    if (log_enabled("codegen")) log_line("codegen", "disk cache entry " + path + " rejected: " + reason);
     std::lock_guard<std::mutex> lock(g_mu);
     g_stats.disk_rebuilds++;
     return false;
   };
+  ReadResult r = read_file(path, buf, why);
+  if (r == ReadResult::Missing) return false;
+  if (r == ReadResult::Unreadable) return fail(why);
   if (buf.size() < 32 || std::memcmp(buf.data(), kMagic, 8) != 0) return fail("bad header");
   uint64_t stored;
   std::memcpy(&stored, buf.data() + buf.size() - 8, 8);
@@ -97,18 +146,33 @@ void write_entry(const std::string& path, const std::string& full_key, const std
   out += object;
   uint64_t h = fnv1a(out);
   out.append(reinterpret_cast<const char*>(&h), 8);
-  // Atomic: write a unique temporary file, then rename over the entry.
+  // Atomic: write a unique temporary file, then rename over the entry. On any failure (a
+  // read-only directory, a full disk) the temporary file is removed and the process goes on.
   std::string tmp = path + ".tmp." + std::to_string(reinterpret_cast<uintptr_t>(&out)) + "." +
                     std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    if (!f) return;  // cache directory not writable: keep going without disk caching
-    f.write(out.data(), static_cast<std::streamsize>(out.size()));
-    if (!f) return;
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    warn_unwritable("cannot create files in " + std::filesystem::path(path).parent_path().string() + " (" +
+                    std::strerror(errno) + ")");
+    return;
   }
+  std::string error;
+  for (size_t done = 0; done < out.size() && error.empty();) {
+    ssize_t n = ::write(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) error = n < 0 ? std::strerror(errno) : "no progress";
+    else done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 && error.empty()) error = std::strerror(errno);
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) std::filesystem::remove(tmp, ec);
+  if (error.empty()) {
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) error = "cannot rename over " + path + ": " + ec.message();
+  }
+  if (!error.empty()) {
+    std::filesystem::remove(tmp, ec);
+    warn_unwritable("cannot write " + tmp + " (" + error + ")");
+  }
 }
 
 // Before the first load: the JIT's data layout comes from a file beside the kernels (keyed
@@ -347,7 +411,13 @@ std::string cache_dir() {
     if (!d.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(d, ec);
-      if (ec) d.clear();
+      if (ec || !std::filesystem::is_directory(d, ec)) {
+        warn_unwritable("directory " + d + " is unusable (" + (ec ? ec.message() : std::string("not a directory")) +
+                        ")");
+        d.clear();
+      } else if (::access(d.c_str(), W_OK) != 0) {
+        warn_unwritable("directory " + d + " is not writable (" + std::strerror(errno) + "); entries are only read");
+      }
     }
     return d;
   }();

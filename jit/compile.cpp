@@ -272,8 +272,22 @@ class CompiledCore {
     return {out.begin() + 1 + static_cast<long>(k), out.end()};
   }
 
+  // Every (argument, dim) of a mark option names a dim of a tensor argument (else kiln::Error).
+  void check_marks(const std::vector<std::pair<int, int>>& marks, const char* what, const std::vector<Value>& args) {
+    for (auto [arg, dim] : marks) {
+      KILN_CHECK(arg >= 0 && static_cast<size_t>(arg) < args.size(), "compile(", opt_.name, "): ", what,
+                 " names argument ", arg, ", but fn got ", args.size(), " flattened arguments");
+      const Tensor* t = as_tensor(args[static_cast<size_t>(arg)]);
+      KILN_CHECK(t, "compile(", opt_.name, "): ", what, " names argument ", arg, " (dim ", dim, "), which is not a tensor");
+      KILN_CHECK(dim >= 0 && dim < t->dim(), "compile(", opt_.name, "): ", what, " names dim ", dim, " of argument ",
+                 arg, ", a tensor of rank ", t->dim(), " (expected 0 <= dim < ", t->dim(), ")");
+    }
+  }
+
   // Which dims become symbols on this trace (automatic dynamic shapes).
   std::set<std::pair<int, int>> dynamic_dims(const std::vector<Value>& args) {
+    check_marks(opt_.mark_dynamic, "mark_dynamic", args);
+    check_marks(opt_.mark_static, "mark_static", args);
     std::set<std::pair<int, int>> dyn;
     std::set<std::pair<int, int>> fixed(opt_.mark_static.begin(), opt_.mark_static.end());
     for (size_t i = 0; i < args.size(); ++i) {

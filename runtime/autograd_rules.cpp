@@ -133,8 +133,10 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       return {st(where(x_loses, 0.0, share), 0), st(where(y_loses, 0.0, share), 1)};
     }
     case OpKind::Atan2: {
+      // PyTorch: 0 (and -0) at (0, 0), where the formula is 0/0.
       const Tensor& y = in[1];
       Tensor den = add(mul(x, x), mul(y, y));
+      den = where(eq(den, 0), 1.0, den);
       return {st(div(mul(g, y), den), 0), st(neg(div(mul(g, x), den)), 1)};
     }
     case OpKind::Remainder: return {st(g, 0), st(neg(mul(g, floor(div(x, in[1])))), 1)};

@@ -23,6 +23,7 @@ void check_sizes(const std::vector<int64_t>& shape, const char* op) {
 }  // namespace detail
 
 Tensor full_shape(const Shape& shape, Scalar value, DType dtype, Device device) {
+  detail::check_fill_value(value, dtype, "full");
   Attrs a;
   a.f0 = value.to_double();
   if (value.kind() != Scalar::Kind::Float) a.ints = {value.to_int()};
@@ -51,10 +52,14 @@ Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<DType> dtype)
   bool fl = start.is_floating() || end.is_floating() || step.is_floating();
   DType t = dtype ? *dtype : fl ? kFloat32 : kInt64;
   double st = step.to_double();
-  KILN_CHECK(st != 0, "arange: step must be nonzero");
+  KILN_CHECK(std::isfinite(start.to_double()) && std::isfinite(end.to_double()), "arange: unsupported range: ",
+             start.to_double(), " -> ", end.to_double(), " (expected finite start and end)");
+  KILN_CHECK(st != 0 && !std::isnan(st), "arange: step must be nonzero and not nan, got ", st);
   double n = std::ceil((end.to_double() - start.to_double()) / st);
   KILN_CHECK(n >= 0, "arange: upper bound and larger bound inconsistent with step sign (start=",
              start.to_double(), ", end=", end.to_double(), ", step=", st, ")");
+  KILN_CHECK(n < 0x1p63, "arange: the range [", start.to_double(), ", ", end.to_double(), ") with step ", st,
+             " holds ", n, " elements, more than int64 can count (invalid size, possible overflow)");
   Attrs a;
   a.f0 = start.to_double();
   a.f1 = st;

@@ -96,17 +96,19 @@ Tensor embedding(const Tensor& indices, const Tensor& weight) {
 Tensor one_hot(const Tensor& indices, int64_t num_classes) {
   KILN_CHECK(indices.defined() && indices.dtype() == kInt64, "one_hot: expected an int64 index tensor, got ",
              indices.defined() ? dtype_name(indices.dtype()) : "undefined");
-  if (num_classes < 0) {
+  if (num_classes < 0) {  // inferred from the values: the one case that reads them
     KILN_CHECK(indices.numel() > 0, "one_hot: can not infer total number of classes from an empty tensor");
+    int64_t lo = amin(indices).item<int64_t>();
+    KILN_CHECK(lo >= 0, "one_hot: class values must be non-negative, got ", lo);
     num_classes = amax(indices).item<int64_t>() + 1;
   }
-  if (indices.numel() > 0) {
-    int64_t lo = amin(indices).item<int64_t>(), hi = amax(indices).item<int64_t>();
-    KILN_CHECK(lo >= 0, "one_hot: class values must be non-negative, got ", lo);
-    KILN_CHECK(hi < num_classes, "one_hot: class values must be smaller than num_classes (", num_classes, "), got ", hi);
-  }
-  Tensor classes = arange(num_classes);
-  return to(eq(unsqueeze(indices, -1), classes), kInt64);
+  // A scatter of ones: the values are never read here (an index outside [0, num_classes) is
+  // an error of the scatter kernel when the result is computed, as for gather).
+  Shape shape = indices.shape();
+  shape.push_back(SymInt(num_classes));
+  Tensor idx = unsqueeze(indices, -1);
+  return scatter(full_shape(shape, 0, kInt64, indices.device()), -1, idx,
+                 full_shape(idx.shape(), 1, kInt64, indices.device()));
 }
 
 Tensor nonzero(const Tensor& x) {

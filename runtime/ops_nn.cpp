@@ -12,6 +12,12 @@ using detail::str;
 namespace {
 Tensor as_float(const Tensor& x) { return is_floating(x.dtype()) ? x : detail::cast(x, kFloat32); }
 
+// Whether dim `d` of `x` has size 0 (a size symbol stands for sizes >= 2: never).
+bool empty_dim(const Tensor& x, int64_t d) {
+  auto z = sym_eq(x.shape()[d], 0);
+  return z && *z;
+}
+
 Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op) {
   if (reduction == "mean") return mean(l);
   if (reduction == "sum") return sum(l);
@@ -24,6 +30,7 @@ Tensor softmax(const Tensor& xin, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
   if (x.dim() == 0) return div(exp(sub(x, x)), 1);
+  if (empty_dim(x, d)) return div(exp(x), sum(exp(x), {d}, true));  // empty result (no max to shift by)
   // The max shift only guards exp against overflow; its gradient cancels exactly, so it is
   // taken from a detached x (no backward work for it).
   Tensor e = exp(sub(x, amax(x.detach(), {d}, true)));
@@ -34,6 +41,7 @@ Tensor log_softmax(const Tensor& xin, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
   if (x.dim() == 0) return sub(x, x);
+  if (empty_dim(x, d)) return sub(x, log(sum(exp(x), {d}, true)));  // empty result (no max to shift by)
   Tensor shifted = sub(x, amax(x.detach(), {d}, true));  // shift's gradient cancels: detached
   return sub(shifted, log(sum(exp(shifted), {d}, true)));
 }

@@ -286,14 +286,15 @@ Tensor lerp(const Tensor& a, const Tensor& b, const Tensor& w) { return add(a, m
 Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
   KILN_CHECK(mask.defined() && mask.dtype() == kBool, "masked_fill: expected a bool mask, got ",
              mask.defined() ? dtype_name(mask.dtype()) : "undefined");
-  detail::check_expandable(mask.shape(), x.shape(), "masked_fill");
+  detail::broadcast_shapes(mask.shape(), x.shape(), "masked_fill");  // result: the broadcast shape
+  detail::check_fill_value(value, x.dtype(), "masked_fill");
   return where(mask, constant(value, x.dtype(), x.device()), x);
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {
   KILN_CHECK(mask.defined() && mask.dtype() == kBool, "masked_fill: expected a bool mask");
   KILN_CHECK(value.dim() == 0, "masked_fill: expected a 0-dim value tensor, got shape ",
              detail::str(value.shape()));
-  detail::check_expandable(mask.shape(), x.shape(), "masked_fill");
+  detail::broadcast_shapes(mask.shape(), x.shape(), "masked_fill");  // result: the broadcast shape
   return where(mask, cast(value, x.dtype()), x);
 }
 

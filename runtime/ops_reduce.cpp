@@ -164,7 +164,14 @@ Tensor norm(const Tensor& xin, double p, std::vector<int64_t> dims, bool keepdim
   bool wants_grad = grad_enabled() && x.requires_grad();
   if (p == 2) return root_zero_grad(sum(mul(x, x), dims, keepdim), 2, wants_grad);
   if (p == 1) return sum(abs(x), dims, keepdim);
-  if (std::isinf(p)) return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
+  if (std::isinf(p)) {  // max/min have no identity: every reduced dim must be non-empty
+    for (int64_t d : detail::wrap_dims(dims, x.dim(), "norm")) {
+      auto z = sym_eq(x.shape()[d], 0);
+      KILN_CHECK(!(z && *z), "norm(): cannot compute the ", p > 0 ? "" : "-", "inf norm over an empty dim (expected ",
+                 "reduced dim ", d, " to have non-zero size, got input shape ", str(x.shape()), ")");
+    }
+    return p > 0 ? amax(abs(x), dims, keepdim) : amin(abs(x), dims, keepdim);
+  }
   if (p == 0) return sum(detail::cast(ne(x, 0), x.dtype()), dims, keepdim);
   Tensor a = abs(x);
   Tensor powered;
@@ -178,9 +185,12 @@ Tensor norm(const Tensor& xin, double p, std::vector<int64_t> dims, bool keepdim
 }
 
 Tensor cumsum(const Tensor& x, int64_t dim) {
+  KILN_CHECK(x.defined(), "cumsum: got an undefined tensor");
   DType t = sum_type(x.dtype());
   Attrs a;
   a.ints = {detail::wrap_dim(dim, x.dim(), "cumsum")};
+  // A 0-d tensor (dim 0 or -1): its own value, as a 1-element scan (the kernels need a dim).
+  if (x.dim() == 0) return reshape(cumsum(reshape(x, {1}), 0), std::vector<int64_t>{});
   return record(OpKind::Cumsum, {detail::cast(x, t)}, a, t, x.shape());
 }
 

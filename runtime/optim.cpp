@@ -57,10 +57,11 @@ void SGD::step() {
 
 Adam::Adam(std::vector<Tensor> params, AdamOptions o) : Adam(std::move(params), o, false) {}
 Adam::Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled)
-    : Optimizer(std::move(params), o.lr), o_(o), decoupled_(decoupled) {
+    : Optimizer(std::move(params), o.lr), o_(o), weight_decay_(o.weight_decay.value_or(decoupled ? 1e-2 : 0)),
+      decoupled_(decoupled) {
   KILN_CHECK(o.beta1 >= 0 && o.beta1 < 1 && o.beta2 >= 0 && o.beta2 < 1, "Adam: betas must be in [0, 1), got (",
              o.beta1, ", ", o.beta2, ")");
-  KILN_CHECK(o.eps >= 0 && o.weight_decay >= 0, "Adam: eps and weight_decay must be non-negative");
+  KILN_CHECK(o.eps >= 0 && weight_decay_ >= 0, "Adam: eps and weight_decay must be non-negative");
   NoGradGuard ng;
   for (const auto& p : params_) {
     m_.push_back(zeros_like(p));
@@ -80,9 +81,9 @@ void Adam::step() {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     DType dt = p.dtype();
-    if (o_.weight_decay != 0) {
-      if (decoupled_) p.mul_((1 - lr_t_ * o_.weight_decay).to(dt));
-      else g = g + o_.weight_decay * p;
+    if (weight_decay_ != 0) {
+      if (decoupled_) p.mul_((1 - lr_t_ * weight_decay_).to(dt));
+      else g = g + weight_decay_ * p;
     }
     m_[i].mul_(o_.beta1).add_(g * (1 - o_.beta1));
     v_[i].mul_(o_.beta2).add_(g * g * (1 - o_.beta2));

@@ -1,6 +1,7 @@
 // optim: optimizers with PyTorch's update formulas, gradient clipping and LR schedulers.
 // Updates are recorded lazily like any other op (under NoGradGuard) and rebind parameters.
 #pragma once
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -48,7 +49,8 @@ class SGD : public Optimizer {
 };
 
 struct AdamOptions {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  std::optional<double> weight_decay;  // unset: the optimizer's default (Adam 0, AdamW 1e-2, as PyTorch)
 };
 // Adam (weight decay as L2 added to the gradient).
 class Adam : public Optimizer {
@@ -59,6 +61,7 @@ class Adam : public Optimizer {
  protected:
   Adam(std::vector<Tensor> params, AdamOptions o, bool decoupled);
   AdamOptions o_;
+  double weight_decay_;  // o_.weight_decay or the default
   bool decoupled_;
   std::vector<Tensor> m_, v_;  // first and second moments (zeros at construction)
 };
@@ -66,7 +69,7 @@ class Adam : public Optimizer {
 // AdamW: Adam with decoupled weight decay (default 1e-2).
 class AdamW : public Adam {
  public:
-  AdamW(std::vector<Tensor> params, AdamOptions o = {1e-3, 0.9, 0.999, 1e-8, 1e-2});
+  AdamW(std::vector<Tensor> params, AdamOptions o = {});
 };
 
 // Scales gradients so their global p-norm is at most max_norm; returns the norm before

@@ -16,6 +16,18 @@ void maybe_flush(const NodePtr& n) {
   // (Never while a compile() trace records: its graph must stay whole.)
   if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize(n);
 }
+// A dense tensor of constant sizes must have a byte count that int64 holds (PyTorch: "Storage
+// size calculation overflowed"); otherwise numel * itemsize would wrap around.
+void check_storage_size(OpKind op, const Shape& shape, DType dtype) {
+  int64_t bytes = static_cast<int64_t>(itemsize(dtype));
+  bool overflow = false;
+  for (const auto& d : shape) {
+    if (!d.is_constant()) return;  // symbolic: checked when an instance binds concrete sizes
+    overflow = overflow || __builtin_mul_overflow(bytes, d.as_int(), &bytes);
+  }
+  KILN_CHECK(!overflow, op_name(op), ": storage size calculation overflowed with sizes=", str(shape), " (",
+             dtype_name(dtype), ": more than 2^63 - 1 bytes)");
+}
 // The facts a compile() trace has established, when one records and `s` is symbolic.
 const SymFacts* facts_for(const Shape& s) {
   bool symbolic = false;
@@ -35,6 +47,7 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
   n->dtype = dtype;
   n->device = device;
   if (const SymFacts* f = facts_for(shape)) shape = f->simplify(shape);  // sizes as the facts state them
+  check_storage_size(op, shape, dtype);
   n->strides = contiguous_strides(shape);
   n->shape = std::move(shape);
   n->offset = 0;
@@ -156,7 +169,15 @@ Tensor expand_to(const Tensor& t, const Shape& shape) {
   return same_shape(t.shape(), shape) ? t : t.expand_sym(shape);
 }
 
+void check_fill_value(Scalar v, DType dtype, const char* op) {
+  if (v.kind() != Scalar::Kind::Float || !is_integral(dtype)) return;
+  const double lim = dtype == DType::Int32 ? 0x1p31 : 0x1p63, d = v.to_double();
+  KILN_CHECK(d >= -lim && d < lim, op, ": value ", d, " cannot be converted to type ", dtype_name(dtype),
+             " without overflow (expected a finite number in [", -lim, ", ", lim, "))");
+}
+
 Tensor constant(Scalar v, DType dtype, Device device) {
+  check_fill_value(v, dtype, "fill");
   Attrs a;
   a.f0 = v.to_double();
   if (v.kind() != Scalar::Kind::Float) a.ints = {v.to_int()};  // exact for large int64

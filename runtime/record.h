@@ -46,6 +46,9 @@ Tensor slice_window(const Tensor& x, int64_t d, const SymInt& start, const SymIn
 Tensor arange_of(const SymInt& n, Device device = cpu());
 // Whether two sizes are equal (in compile() traces the answer is guarded, not a specialization).
 bool same_size(const SymInt& a, const SymInt& b);
+// Throws unless the number `v` converts to `dtype` without overflow (a floating value filled
+// into an integer tensor: inf, NaN or out of range would be an undefined cast in the kernels).
+void check_fill_value(Scalar v, DType dtype, const char* op);
 // Shape of a reduction over `dims` (sorted, wrapped).
 Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepdim);
 // Applies one view step to a node, recording a view node; used by view ops and replays.

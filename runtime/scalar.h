@@ -16,7 +16,7 @@ class Scalar {
   Scalar(T v) {  // NOLINT: implicit from any C++ number
     if constexpr (std::is_same_v<T, bool>) { kind_ = Kind::Bool; i_ = v; d_ = v; }
     else if constexpr (std::is_integral_v<T>) { kind_ = Kind::Int; i_ = static_cast<int64_t>(v); d_ = static_cast<double>(v); }
-    else { kind_ = Kind::Float; d_ = static_cast<double>(v); i_ = static_cast<int64_t>(v); }
+    else { kind_ = Kind::Float; d_ = static_cast<double>(v); i_ = saturate(d_); }
   }
   Kind kind() const { return kind_; }
   double to_double() const { return d_; }
@@ -28,6 +28,14 @@ class Scalar {
   }
 
  private:
+  // A double as int64 without undefined behavior: truncated, saturated, NaN as 0 (to_int() of
+  // a floating Scalar is never used for values; this only keeps the cast defined).
+  static int64_t saturate(double v) {
+    if (!(v == v)) return 0;
+    if (v >= 0x1p63) return INT64_MAX;
+    if (v < -0x1p63) return INT64_MIN;
+    return static_cast<int64_t>(v);
+  }
   Kind kind_ = Kind::Int;
   double d_ = 0;
   int64_t i_ = 0;

@@ -1,4 +1,9 @@
 // The state-dict file format (see nn.h): versioned, length-prefixed, hashed.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -18,6 +23,35 @@ uint64_t fnv1a(const char* p, size_t n) {
     h *= 1099511628211ull;
   }
   return h;
+}
+
+// The whole file at `path`; a missing, unreadable or non-regular file is a kiln::Error naming
+// the path and the reason (never a stream exception, never a blocking open of a FIFO).
+std::string read_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  KILN_CHECK(fd >= 0, "load_state_dict_file: cannot open '", path, "': ", std::strerror(errno));
+  struct stat st {};
+  std::string buf;
+  std::string error;
+  if (::fstat(fd, &st) != 0) {
+    error = std::strerror(errno);
+  } else if (S_ISDIR(st.st_mode)) {
+    error = "is a directory, expected a state dict file";
+  } else if (!S_ISREG(st.st_mode)) {
+    error = "is not a regular file";
+  } else {
+    char chunk[1 << 16];
+    for (;;) {
+      ssize_t n = ::read(fd, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) error = std::strerror(errno);
+      if (n <= 0) break;
+      buf.append(chunk, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  KILN_CHECK(error.empty(), "load_state_dict_file: cannot read '", path, "': ", error);
+  return buf;
 }
 
 template <class T>
@@ -78,9 +112,7 @@ void save_state_dict(const std::map<std::string, Tensor>& sd, const std::string&
 }
 
 std::map<std::string, Tensor> load_state_dict_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  KILN_CHECK(f.good(), "load_state_dict_file: cannot open '", path, "'");
-  std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::string buf = read_file(path);
   KILN_CHECK(buf.size() >= sizeof kMagic + 16 && std::memcmp(buf.data(), kMagic, sizeof kMagic) == 0,
              "load_state_dict_file: '", path, "' is not a kiln state dict (bad magic or too short)");
   uint64_t stored;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <atomic>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "kiln.h"
@@ -582,7 +583,7 @@ TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
   uint64_t seed = kiln::testing::test_seed(0x5F4C7);
   std::mt19937_64 rng(seed);
   int calls = 0, errors = 0;
-  int64_t hits = 0;
+  int64_t hits = 0, expected_hits = 0;
   for (int prog = 0; prog < 40; ++prog) {
     std::vector<int> ops;
     int len = 2 + static_cast<int>(rng() % 5);
@@ -607,6 +608,10 @@ TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
     CompileOptions o;
     o.dynamic = CompileOptions::Dynamic::Always;
     auto f = compile(fn, o);
+    // Sizes that an earlier call of this program ran with (not failing) are served by the
+    // entry it made or used: each such call must be a hit.
+    std::set<std::pair<int64_t, int64_t>> served;
+    int64_t repeats = 0;
     for (int c = 0; c < 6; ++c) {
       int64_t base = 1 + static_cast<int64_t>(rng() % 6);
       int64_t n = base * (int64_t{1} << (rng() % 4));
@@ -615,12 +620,22 @@ TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
       SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c) +
                    " sizes " + std::to_string(n) + ", " + std::to_string(m));
       ++calls;
-      errors += expect_matches_eager(f, fn, a, b);
+      repeats += served.count({n, m});
+      bool error = expect_matches_eager(f, fn, a, b);
+      errors += error;
+      if (!error) served.insert({n, m});
     }
-    hits += f.stats().hits;
+    auto st = f.stats();
+    SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog));
+    EXPECT_GE(st.hits, repeats);
+    EXPECT_EQ(st.hits + st.misses, 6);  // 6 calls stay under the recompile limit: none runs eagerly
+    EXPECT_EQ(st.eager_calls, 0);
+    EXPECT_LE(st.hits, 5);  // the first call compiles
+    expected_hits += repeats;
+    hits += st.hits;
   }
   EXPECT_EQ(calls, 240);
-  EXPECT_GT(hits, 20);
+  EXPECT_GE(hits, expected_hits);
   EXPECT_GT(errors, 10);
   EXPECT_LT(errors, 200);
 }

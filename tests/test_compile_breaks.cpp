@@ -5,6 +5,9 @@
 
 #include <cmath>
 #include <atomic>
+#include <bit>
+#include <optional>
+#include <set>
 #include <random>
 #include <thread>
 
@@ -295,34 +298,71 @@ TEST(CompileBreaks, RandomProgramsWithAValueInTheMiddle) {
         default: return x.sigmoid() * 2;
       }
     };
-    auto fn = [=](const Tensor& a, const Tensor& b) {
+    // The eager run reports the bits of the value it read (the trace's reads are not reported).
+    std::optional<uint64_t> read_bits;
+    bool report = false;
+    auto fn = [=, &read_bits, &report](const Tensor& a, const Tensor& b) {
       Tensor x = a;
       for (int op : pre) x = apply(x, b, op);
       Tensor out;
+      uint64_t bits = 0;
       if (read == 0) {  // a rounded scalar: few distinct values, so hits and misses both happen
-        double v = (x.sum() * 2).round().item<double>();
-        out = x * v;
+        float v = (x.sum() * 2).round().item<float>();
+        bits = std::bit_cast<uint32_t>(v);
+        out = x * static_cast<double>(v);
       } else if (read == 1) {  // a branch
-        out = (x.amax() > 0.5).item<bool>() ? x.exp() : x.neg();
+        bool up = (x.amax() > 0.5).item<bool>();
+        bits = up;
+        out = up ? x.exp() : x.neg();
       } else {  // a size
         int64_t k = (x > 0.5).sum().item<int64_t>();
+        bits = static_cast<uint64_t>(k);
         out = x.reshape({-1}).slice(0, 0, k).sum({0}, true) + x.sum();
       }
+      if (report) read_bits = bits;
       for (int op : post) out = apply(out, b.sum(), op % 2);
       return out;
     };
     CompileOptions o;
     o.recompile_limit = 4;
     auto f = compile(fn, o);
+    // What the calls must do, from the values they read (all inputs have one shape: one entry,
+    // a continuation per distinct value): a value seen before is a hit; a new one is a miss
+    // that compiles while fewer than recompile_limit compiles were made; the miss at the limit
+    // turns the function eager, after which a new value runs eagerly (not a miss) and a value
+    // seen before is still served by the entry.
+    std::set<uint64_t> seen;
+    int64_t want_hits = 0, want_misses = 0, want_eager = 0;
+    bool eager = false;
     for (int c = 0; c < 6; ++c) {
       Tensor a = (randn({2, 3}) * 2).round() * 0.5, b = randn({2, 3});
       SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog) + " call " + std::to_string(c));
+      report = true;
       Tensor want = fn(a, b).eval();
+      report = false;
+      ASSERT_TRUE(read_bits.has_value());
+      if (seen.count(*read_bits)) {
+        ++want_hits;
+      } else if (eager) {
+        ++want_eager;
+      } else if (static_cast<int>(seen.size()) < o.recompile_limit) {
+        ++want_misses;
+        seen.insert(*read_bits);
+      } else {
+        ++want_misses;
+        ++want_eager;
+        eager = true;
+      }
       expect_close(f(a, b), want, 1e-4, 1e-5);
     }
     auto st = f.stats();
-    EXPECT_EQ(st.hits + st.misses, 6);
-    EXPECT_LE(st.entries, 4);
+    SCOPED_TRACE("seed " + std::to_string(seed) + " program " + std::to_string(prog));
+    EXPECT_EQ(st.hits, want_hits);
+    EXPECT_EQ(st.misses, want_misses);
+    EXPECT_EQ(st.eager_calls, want_eager);
+    EXPECT_EQ(st.hits + st.misses + st.eager_calls - (eager ? 1 : 0), 6);  // every call counted once
+    EXPECT_EQ(st.entries, static_cast<int>(seen.size()));
+    EXPECT_LE(st.entries, o.recompile_limit);
   }
 }
 

@@ -257,8 +257,9 @@ struct Child {
   }
 };
 
-Child run_child(const std::string& env, const std::string& args) {
-  std::string cmd = "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" KILN_JIT_CACHE_CHILD "' " + args + " 2>&1";
+// `prefix`: shell commands run before the child in the same shell (limits, traps, timeout).
+Child run_child(const std::string& env, const std::string& args, const std::string& prefix = "") {
+  std::string cmd = prefix + "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" KILN_JIT_CACHE_CHILD "' " + args + " 2>&1";
   Child c;
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return c;
@@ -377,6 +378,90 @@ TEST(JitDiskCache, ColdWarmCorrupted) {
               "(read + verify + link); warm workload %.1f ms vs cold %.1f ms\n",
               kernels, cold.num("compile_ms") / kernels, warm.num("load_ms") / std::max(1.0, warm.num("disk_hits")),
               warm.num("jit_ms"), cold.num("jit_ms"));
+}
+
+// Entry paths that cannot be read as files: a FIFO (opening it must not block) and a
+// directory. Both are rejected, counted as rebuilds and replaced by a good entry, so the next
+// process loads every kernel from disk.
+TEST(JitDiskCache, UnreadableEntriesAreReplaced) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  char tmpl[] = "/tmp/kiln-jit-cache-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl, env = "KILN_CACHE_DIR=" + dir;
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); }
+  } cleanup{dir};
+  Child cold = run_child(env, "workload");
+  ASSERT_EQ(cold.num("ok"), 1) << cold.out;
+  const double kernels = cold.num("compiles");
+  auto files = entries(dir);
+  ASSERT_GE(files.size(), 2u);
+  std::filesystem::remove(files[0]);
+  ASSERT_EQ(mkfifo(files[0].c_str(), 0644), 0);
+  std::filesystem::remove(files[1]);
+  std::filesystem::create_directories(files[1] / "inside");
+  Child bad = run_child(env, "workload", "timeout 120 ");  // a blocking open would hang here
+  ASSERT_EQ(bad.rc, 0) << bad.out;
+  EXPECT_EQ(bad.num("ok"), 1) << bad.out;
+  EXPECT_EQ(bad.num("disk_rebuilds"), 2) << bad.out;
+  EXPECT_EQ(bad.num("compiles"), 2) << bad.out;
+  EXPECT_EQ(bad.out.find("[kiln:jit]"), std::string::npos) << bad.out;  // no kernel fell back to the interpreter
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(std::filesystem::is_regular_file(files[i])) << files[i];
+  Child healed = run_child(env, "workload", "timeout 120 ");
+  EXPECT_EQ(healed.num("ok"), 1) << healed.out;
+  EXPECT_EQ(healed.num("compiles"), 0) << healed.out;
+  EXPECT_EQ(healed.num("disk_hits"), kernels) << healed.out;
+}
+
+// A cache directory that cannot be written (a regular file, a read-only directory, writes
+// that fail midway as on a full disk): the process goes on, says so once on stderr (also
+// under KILN_LOG=codegen) and leaves no temporary file behind.
+TEST(JitDiskCache, UnwritableDirectoryIsReportedOnce) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  char tmpl[] = "/tmp/kiln-jit-cache-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::permissions(d, std::filesystem::perms::owner_all, ec);
+      std::filesystem::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  const std::string warning = "[kiln] warning: kernel disk cache";
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  // (a) KILN_CACHE_DIR names a regular file.
+  const std::string file = dir + "/not-a-dir";
+  std::ofstream(file) << "x";
+  for (const char* log : {"", "KILN_LOG=codegen "}) {
+    Child c = run_child(std::string(log) + "KILN_CACHE_DIR=" + file, "workload");
+    EXPECT_EQ(c.num("ok"), 1) << c.out;
+    EXPECT_EQ(count(c.out, warning), 1u) << c.out;
+    EXPECT_NE(c.out.find(file), std::string::npos) << c.out;
+  }
+  // (b) writes fail midway (a file size limit stands in for a full disk: EFBIG, not a signal).
+  const std::string full = dir + "/full";
+  std::filesystem::create_directories(full);
+  Child f = run_child("KILN_CACHE_DIR=" + full, "workload", "trap '' XFSZ; ulimit -f 1; ");
+  EXPECT_EQ(f.num("ok"), 1) << f.out;
+  EXPECT_EQ(count(f.out, warning), 1u) << f.out;
+  for (auto& e : std::filesystem::directory_iterator(full))
+    EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
+  // (c) a read-only directory (root writes anyway: checked only for other users).
+  if (geteuid() != 0) {
+    const std::string ro = dir + "/ro";
+    std::filesystem::create_directories(ro);
+    std::filesystem::permissions(ro, std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+    Child r = run_child("KILN_CACHE_DIR=" + ro, "workload");
+    EXPECT_EQ(r.num("ok"), 1) << r.out;
+    EXPECT_EQ(count(r.out, warning), 1u) << r.out;
+  }
 }
 
 // Threads that compile: a child process without a disk cache, where 8 threads request the
