@@ -2,6 +2,7 @@
 #include "runtime/autograd.h"
 
 #include <algorithm>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -78,6 +79,9 @@ Edge grad_edge(const Tensor& t) {
   auto& impl = t.impl();
   if (impl->grad_fn) return {impl->grad_fn};
   if (!impl->requires_grad) return {};
+  // Threads may share a leaf (a module's parameters): its accumulator is made once, locked.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
   if (!impl->accumulator) impl->accumulator = std::make_shared<AccumulateGrad>(impl);
   return {impl->accumulator};
 }

@@ -1,8 +1,10 @@
 // Materialization: collect the pending subgraph of the requested nodes and run it.
 #include <algorithm>
 #include <atomic>
-#include <mutex>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 
 #include "runtime/executor.h"
 #include "runtime/trace.h"
@@ -65,17 +67,144 @@ Executor& current_executor() {
 }
 
 namespace {
+// Threads share tensors, so two materialize() calls may reach the same pending nodes. Each
+// call claims the pending nodes it collects (Node::claim = its thread's token) and only the
+// owner reads or changes a pending node; other threads test ready() alone. A call that meets
+// a node another thread owns gives back its claims, waits until that node is released, and
+// collects again holding g_retry_mu, now waiting in place for claims it meets. Calls that hold
+// all their claims never wait, and only one call at a time waits while holding claims, so no
+// two calls wait on each other. (Nested calls, made inside an executor's run, cannot give
+// back their outer call's claims and wait in place as well.) A node released without being
+// stored is computed again by its next owner: same inputs, same result.
 std::atomic<uint32_t> g_epoch{0};
+std::atomic<uint32_t> g_next_token{1};
+thread_local uint32_t t_token __attribute__((tls_model("initial-exec"))) = 0;
+std::atomic<int> g_waiters{0};
+std::mutex g_wait_mu;
+std::condition_variable g_wait_cv;
+std::mutex g_retry_mu;
+
+uint32_t thread_token() {
+  if (t_token == 0) t_token = g_next_token.fetch_add(1, std::memory_order_relaxed);
+  return t_token;
+}
+
+uint32_t next_epoch() {
+  uint32_t epoch = g_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (epoch == 0) epoch = g_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
+  return epoch;
+}
+
+// Wakes calls waiting for a claim to go (a wakeup missed by a racing waiter costs it at most
+// one wait_for period).
+void notify_waiters() {
+  if (g_waiters.load(std::memory_order_seq_cst) == 0) return;
+  std::lock_guard<std::mutex> lock(g_wait_mu);
+  g_wait_cv.notify_all();
+}
+
+// Blocks until `n` is ready or no thread owns it.
+void wait_released(const NodePtr& n) {
+  g_waiters.fetch_add(1, std::memory_order_seq_cst);
+  {
+    std::unique_lock<std::mutex> lock(g_wait_mu);
+    while (!n->ready() && n->claim.load(std::memory_order_acquire) != 0)
+      g_wait_cv.wait_for(lock, std::chrono::microseconds(500));
+  }
+  g_waiters.fetch_sub(1, std::memory_order_relaxed);
+}
 
 // Reusable buffers of one materialize() call; nested calls on a thread get their own.
 struct Scratch {
   std::vector<Node*> order;
   std::vector<std::pair<Node*, size_t>> stack;
+  std::vector<Node*> claimed;     // nodes this call claimed (all in `order` once collected)
+  std::vector<uint8_t> mine;      // per segment position: claimed by this call
   std::vector<int32_t> internal;  // per segment position: edges from inside the segment
   Segment seg;
 };
 thread_local std::vector<std::unique_ptr<Scratch>> t_scratch;
 thread_local size_t t_depth = 0;
+
+// Gives back every claim this call holds (no node was freed since they were taken).
+void give_back(Scratch& sc) {
+  if (sc.claimed.empty()) return;
+  for (Node* n : sc.claimed) n->claim.store(0, std::memory_order_release);
+  sc.claimed.clear();
+  notify_waiters();
+}
+
+enum class Enter { Skip, Visit, Busy };
+
+// Decides about node `n` met by the collection of this call (`tok`, `epoch`): nothing to do
+// (computed, or visited already), visit it (claimed now or by an outer call on this thread),
+// or busy (another thread owns it).
+Enter enter(Node* n, uint32_t tok, uint32_t epoch, Scratch& sc) {
+  if (n->ready()) return Enter::Skip;
+  uint32_t c = n->claim.load(std::memory_order_acquire);
+  if (c == tok) {
+    if (n->mark == epoch || n->materialized()) return Enter::Skip;
+    n->mark = epoch;
+    return Enter::Visit;
+  }
+  if (c != 0 || !n->claim.compare_exchange_strong(c, tok, std::memory_order_acquire)) return Enter::Busy;
+  if (n->materialized()) {  // computed by a run that failed, or outside materialize()
+    n->claim.store(0, std::memory_order_release);
+    notify_waiters();
+    return Enter::Skip;
+  }
+  sc.claimed.push_back(n);
+  n->mark = epoch;
+  return Enter::Visit;
+}
+
+// Collects the pending ancestors of the roots into sc.order (topological order, positions in
+// Node::pos), claiming them. On meeting a node another thread owns: with `wait`, waits for it;
+// without, gives back every claim and returns that node.
+NodePtr collect(Scratch& sc, const NodePtr* roots, size_t nroots, uint32_t tok, bool wait) {
+  uint32_t epoch = next_epoch();
+  auto& order = sc.order;
+  auto& stack = sc.stack;
+  order.clear();
+  stack.clear();
+  for (size_t r = 0; r < nroots; ++r) {
+    if (!roots[r]) continue;
+    Enter e;
+    while ((e = enter(roots[r].get(), tok, epoch, sc)) == Enter::Busy) {
+      if (!wait) {
+        give_back(sc);
+        return roots[r];
+      }
+      wait_released(roots[r]);
+    }
+    if (e == Enter::Skip) continue;
+    stack.push_back({roots[r].get(), 0});
+    // Iterative post-order DFS over the pending nodes.
+    while (!stack.empty()) {
+      auto& [n, i] = stack.back();
+      if (i < n->inputs.size()) {
+        const NodePtr& in = n->inputs[i];  // stays valid: n is this thread's
+        e = enter(in.get(), tok, epoch, sc);
+        if (e == Enter::Busy) {
+          if (!wait) {
+            NodePtr busy = in;
+            give_back(sc);
+            return busy;
+          }
+          wait_released(in);
+          continue;
+        }
+        ++i;
+        if (e == Enter::Visit) stack.push_back({in.get(), 0});
+      } else {
+        n->pos = static_cast<int32_t>(order.size());
+        order.push_back(n);
+        stack.pop_back();
+      }
+    }
+  }
+  return nullptr;
+}
 
 void materialize_roots(const NodePtr* roots, size_t nroots) {
   if (t_scratch.size() <= t_depth) t_scratch.push_back(std::make_unique<Scratch>());
@@ -84,35 +213,26 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
     Depth() { ++t_depth; }
     ~Depth() { --t_depth; }
   } depth;
-  // Iterative post-order DFS over unmaterialized nodes; a node is visited when its mark is
-  // this call's epoch (0 is never used, so fresh nodes are unvisited).
-  uint32_t epoch = g_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
-  if (epoch == 0) epoch = g_epoch.fetch_add(1, std::memory_order_relaxed) + 1;
-  std::vector<Node*>& order = sc.order;
-  auto& stack = sc.stack;
-  order.clear();
-  for (size_t r = 0; r < nroots; ++r) {
-    Node* root = roots[r].get();
-    if (!root || root->materialized() || root->mark == epoch) continue;
-    stack.push_back({root, 0});
-    root->mark = epoch;
-    while (!stack.empty()) {
-      auto& [n, i] = stack.back();
-      if (i < n->inputs.size()) {
-        Node* in = n->inputs[i++].get();
-        if (!in->materialized() && in->mark != epoch) {
-          in->mark = epoch;
-          stack.push_back({in, 0});
-        }
-      } else {
-        n->pos = static_cast<int32_t>(order.size());
-        order.push_back(n);
-        stack.pop_back();
-      }
-    }
+  uint32_t tok = thread_token();
+  bool nested = t_depth > 1;
+  sc.claimed.clear();
+  if (NodePtr busy = collect(sc, roots, nroots, tok, nested)) {
+    std::lock_guard<std::mutex> retry(g_retry_mu);
+    wait_released(busy);
+    collect(sc, roots, nroots, tok, true);
   }
+  std::vector<Node*>& order = sc.order;
   if (order.empty()) return;
-  if (auto* o = detail::trace_observer(); o && o->on_materialize(order, roots, nroots)) return;
+  std::vector<NodePtr> observed;  // declared before `claims`: alive while claims are given back
+  struct Claims {                 // gives back the claims when the segment is not run to the end
+    Scratch& sc;
+    ~Claims() { give_back(sc); }
+  } claims{sc};
+  if (auto* o = detail::trace_observer()) {
+    // The observer may compute roots itself and cut nodes loose: keep them alive.
+    for (Node* n : order) observed.push_back(n->shared_from_this());
+    if (o->on_materialize(order, roots, nroots)) return;
+  }
   // A node is needed after the run if something outside the segment holds it: a tensor
   // handle or a node not in this segment (use_count beyond the segment's own edges).
   sc.internal.assign(order.size(), 0);
@@ -130,17 +250,33 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
   // to keep_alive, released below after the segment's nodes are cut loose.
   seg.keep_alive.clear();
   struct Release {  // drops the segment's references even when the executor throws
-    Segment& s;
+    Scratch& sc;
     ~Release() {
-      s.keep_alive.clear();
-      s.nodes.clear();
+      give_back(sc);  // (a throwing run) before keep_alive may free claimed nodes
+      sc.seg.keep_alive.clear();
+      sc.seg.nodes.clear();
     }
-  } release{seg};
+  } release{sc};
   g_materializations.fetch_add(1, std::memory_order_relaxed);
   current_executor().run(seg);
   detail::count_executed(order.size());
-  for (Node* n : order)
-    if (n->materialized()) n->inputs.clear();
+  // In topological order, so cutting a node loose frees only nodes already passed. A node is
+  // ready before its claim goes; an outer call's claims (nested calls) stay.
+  bool all_mine = sc.claimed.size() == order.size();
+  if (!all_mine) {
+    sc.mine.assign(order.size(), 0);
+    for (Node* n : sc.claimed) sc.mine[n->pos] = 1;
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    Node* n = order[i];
+    if (n->materialized()) {
+      n->inputs.clear();
+      n->set_ready();
+    }
+    if (all_mine || sc.mine[i]) n->claim.store(0, std::memory_order_release);
+  }
+  sc.claimed.clear();
+  notify_waiters();
 }
 }  // namespace
 

@@ -79,7 +79,10 @@ void Node::set_storage(std::shared_ptr<Storage> s, bool drop_inputs) {
   if (pending) detail::pending_add(-1);
   pending = false;
   storage = std::move(s);
-  if (drop_inputs) inputs.clear();
+  if (drop_inputs) {
+    inputs.clear();
+    set_ready();
+  }
 }
 
 Shape contiguous_strides(const Shape& shape) {

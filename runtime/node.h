@@ -98,17 +98,29 @@ struct Node : std::enable_shared_from_this<Node> {
   // position in its segment. Meaningless outside materialize() and Executor::run().
   uint32_t mark = 0;
   int32_t pos = -1;
+  // The thread whose materialize() owns this pending node now (0: none). Only the owner reads
+  // or changes a pending node's inputs, storage and scratch (see materialize.cpp).
+  std::atomic<uint32_t> claim{0};
 
   Node();
   ~Node();
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
   bool materialized() const { return storage != nullptr; }
-  // Marks the node computed into `s` and (by default) cuts it loose from its inputs.
+  // Computed for good (storage final, inputs dropped): safe to test from any thread, and once
+  // true the node's storage may be read from any thread.
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+  // Marks a materialized node ready (after its inputs were dropped).
+  void set_ready() { ready_.store(true, std::memory_order_release); }
+  // Marks the node computed into `s` and (by default) cuts it loose from its inputs, which
+  // also makes it ready().
   void set_storage(std::shared_ptr<Storage> s, bool drop_inputs = true);
   // Typed pointer to the element at the node's offset (requires materialized, constant offset).
   template <class T>
   T* data() const { return static_cast<T*>(storage->data) + offset.as_int(); }
+
+ private:
+  std::atomic<bool> ready_{false};
 };
 
 // Calls f on every size expression of `n` (a Node or const Node): shape, strides, offset and

@@ -102,7 +102,7 @@ NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape,
   }
   // A view of materialized storage is itself materialized: it only names other memory. (Not
   // while compile() traces: the program must re-derive it from the input's storage each call.)
-  if (in->materialized() && !trace_observer()) n->set_storage(in->storage);
+  if (in->ready() && !trace_observer()) n->set_storage(in->storage);
   return n;
 }
 
