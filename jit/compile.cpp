@@ -489,12 +489,13 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       outputs.push_back(g->node());
       grads_set = true;
     }
-    // A tensor fn created, wrote in place and kept (not returned) would go stale on replay.
+    // A tensor fn created, wrote in place and kept (neither returned nor the base of a returned
+    // view) would go stale on replay.
     for (auto& w : ts.created_written) {
       auto impl = w.lock();
       if (!impl) continue;
       bool returned = false;
-      for (const auto& r : result_tensors) returned |= r.impl() == impl;
+      for (const auto& r : result_tensors) returned |= r.impl() == impl || r.impl()->base == impl;
       KILN_CHECK(returned, "compile(", opt_.name, "): fn keeps a tensor it created and then modified in place ",
                  "(optimizer state created on the first step?); create such state before calling the compiled ",
                  "function");

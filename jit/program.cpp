@@ -192,6 +192,18 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
 
 std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::vector<int64_t>& syms,
                                  const std::pair<uint64_t, uint64_t>* rng_base) {
+  // Views in the program were laid out against inputs that start at their storage's first
+  // element: an input at another offset (a narrowed argument, a slice of a packed gradient) is
+  // copied to a dense buffer first.
+  std::vector<Tensor> dense;
+  std::vector<Node*> ins = inputs;
+  for (Node*& in : ins) {
+    auto off = in->offset.maybe_int();
+    if (off && *off == 0) continue;
+    dense.push_back(Tensor::from_node(in->shared_from_this()).clone());
+    dense.back().eval();
+    in = dense.back().node().get();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   Instance& inst = instance(syms);
   KILN_CHECK(inputs.size() == inst.inputs.size(), "compiled program: expected ", inst.inputs.size(), " inputs, got ",
@@ -203,9 +215,9 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
       for (Node* n : i.inputs) n->storage.reset();
     }
   } reset{inst};
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < ins.size(); ++i) {
     Node* dst = inst.inputs[i];
-    const Node* src = inputs[i];
+    const Node* src = ins[i];
     dst->storage = src->storage;
     dst->offset = src->offset;
     bool same = dst->strides.size() == src->strides.size();

@@ -20,7 +20,7 @@ void check_index_fits(const Tensor& idx, const Tensor& other, int64_t skip, cons
              "same number of dimensions as ", what, " (", other.dim(), "), got ", idx.dim());
   for (int64_t d = 0; d < idx.dim(); ++d) {
     if (d == skip) continue;
-    KILN_CHECK(idx.size(d) <= other.size(d), op, ": size of index ", str(idx.shape()), " at dim ", d,
+    KILN_CHECK(sym_le(idx.shape()[d], other.shape()[d]).value_or(false), op, ": size of index ", str(idx.shape()), " at dim ", d,
                " must not exceed the size of ", what, " ", str(other.shape()));
   }
 }
@@ -77,9 +77,9 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
   KILN_CHECK(src.dim() == x.dim(), "index_add: source and destination must have the same number of dimensions (",
              x.dim(), "), got ", src.dim());
   for (int64_t i = 0; i < x.dim(); ++i) {
-    int64_t want = i == d ? idx.size(0) : x.size(i);
-    KILN_CHECK(src.size(i) == want, "index_add: source shape ", str(src.shape()), " does not match: expected size ",
-               want, " at dim ", i);
+    const SymInt& want = i == d ? idx.shape()[0] : x.shape()[i];
+    KILN_CHECK(detail::same_size(src.shape()[i], want), "index_add: source shape ", str(src.shape()),
+               " does not match: expected size ", want.str(), " at dim ", i);
   }
   Tensor s = detail::cast(alpha.to_double() == 1 ? src : mul(src, alpha), x.dtype());
   return indexed(OpKind::IndexAdd, {x, idx, s}, d, x.dtype(), x.shape());
@@ -88,9 +88,9 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor
 Tensor embedding(const Tensor& indices, const Tensor& weight) {
   KILN_CHECK(weight.dim() == 2, "embedding: weight must be 2-D, got shape ", str(weight.shape()));
   check_index_dtype(indices, "embedding");
-  std::vector<int64_t> shape = indices.sizes();
-  shape.push_back(weight.size(1));
-  return reshape(index_select(weight, 0, reshape(indices, {-1})), shape);
+  Shape shape = indices.shape();
+  shape.push_back(weight.shape()[1]);
+  return detail::reshape_to(index_select(weight, 0, detail::reshape_to(indices, {numel(indices.shape())})), shape);
 }
 
 Tensor one_hot(const Tensor& indices, int64_t num_classes) {

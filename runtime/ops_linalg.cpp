@@ -50,24 +50,27 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 Tensor mm(const Tensor& a, const Tensor& b) {
   check_mm(a, b, "mm");
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got ", a.dim(), "-d and ", b.dim(), "-d");
-  KILN_CHECK(a.size(1) == b.size(0), "mm: mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1),
-             " and ", b.size(0), "x", b.size(1), ")");
+  KILN_CHECK(detail::same_size(a.shape()[1], b.shape()[0]), "mm: mat1 and mat2 shapes cannot be multiplied (",
+             a.shape()[0].str(), "x", a.shape()[1].str(), " and ", b.shape()[0].str(), "x", b.shape()[1].str(), ")");
   return gemm(a, b);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
   check_mm(a, b, "bmm");
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got ", a.dim(), "-d and ", b.dim(), "-d");
-  KILN_CHECK(a.size(0) == b.size(0), "bmm: batch sizes differ (", a.size(0), " and ", b.size(0), ")");
-  KILN_CHECK(a.size(2) == b.size(1), "bmm: shapes ", str(a.shape()), " and ", str(b.shape()), " cannot be multiplied");
+  KILN_CHECK(detail::same_size(a.shape()[0], b.shape()[0]), "bmm: batch sizes differ (", a.shape()[0].str(), " and ",
+             b.shape()[0].str(), ")");
+  KILN_CHECK(detail::same_size(a.shape()[2], b.shape()[1]), "bmm: shapes ", str(a.shape()), " and ", str(b.shape()),
+             " cannot be multiplied");
   return gemm(a, b);
 }
 
 Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) {
   KILN_CHECK(w.defined() && w.dim() == 2, "linear: weight must be 2-D [out, in], got ",
              w.defined() ? str(w.shape()) : "undefined");
-  KILN_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == w.size(1), "linear: input's last dim (",
-             x.defined() && x.dim() ? x.size(-1) : -1, ") must equal weight's in_features (", w.size(1), ")");
+  KILN_CHECK(x.defined() && x.dim() >= 1 && detail::same_size(x.shape().back(), w.shape()[1]),
+             "linear: input's last dim (", x.defined() && x.dim() ? x.shape().back().str() : "none",
+             ") must equal weight's in_features (", w.shape()[1].str(), ")");
   Tensor y = matmul(x, w.t());
   return b ? add(y, *b) : y;
 }

@@ -46,6 +46,16 @@ Tensor log_softmax(const Tensor& xin, int64_t dim) {
   return sub(shifted, log(sum(exp(shifted), {d}, true)));
 }
 
+namespace {
+// Whether two shapes are equal dim by dim (guarded relations in compile() traces).
+bool same_sizes(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!detail::same_size(a[i], b[i])) return false;
+  return true;
+}
+}  // namespace
+
 Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::optional<Tensor>& w,
                   const std::optional<Tensor>& b, double eps) {
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "layer_norm: expected a floating point input");
@@ -55,7 +65,7 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::op
   std::vector<int64_t> dims;
   for (int64_t i = 0; i < k; ++i) {
     int64_t d = x.dim() - k + i;
-    KILN_CHECK(x.size(d) == ns[i], "layer_norm: given normalized_shape=", str(ns),
+    KILN_CHECK(detail::same_size(x.shape()[d], ns[i]), "layer_norm: given normalized_shape=", str(ns),
                ", expected input with shape [*, ", str(ns).substr(1), ", but got input of size ", str(x.shape()));
     dims.push_back(d);
   }
@@ -79,15 +89,15 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   int64_t cdim = logits.dim() == 1 ? 0 : 1;
   Tensor lsm = log_softmax(logits, cdim);
   if (is_floating(target.dtype())) {  // class probabilities
-    KILN_CHECK(target.sizes() == logits.sizes(), "cross_entropy: probability targets must match logits shape ",
+    KILN_CHECK(same_sizes(target.shape(), logits.shape()), "cross_entropy: probability targets must match logits shape ",
                str(logits.shape()), ", got ", str(target.shape()));
     Tensor l = neg(sum(mul(lsm, target), {cdim}));
     return reduce_loss(l, reduction, "cross_entropy");
   }
   KILN_CHECK(target.dtype() == kInt64, "cross_entropy: expected int64 class indices, got ", dtype_name(target.dtype()));
-  std::vector<int64_t> want = logits.sizes();
+  Shape want = logits.shape();
   want.erase(want.begin() + cdim);
-  KILN_CHECK(target.sizes() == want, "cross_entropy: expected target of shape ", str(want), " for logits of shape ",
+  KILN_CHECK(same_sizes(target.shape(), want), "cross_entropy: expected target of shape ", str(want), " for logits of shape ",
              str(logits.shape()), ", got ", str(target.shape()));
   Tensor picked = squeeze(gather(lsm, cdim, unsqueeze(target, cdim)), cdim);
   return reduce_loss(neg(picked), reduction, "cross_entropy");
@@ -118,16 +128,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                     std::optional<double> scale) {
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
              "at least 2 dims");
-  KILN_CHECK(q.size(-1) == k.size(-1), "scaled_dot_product_attention: q and k must share the last dim, got ",
-             str(q.shape()), " and ", str(k.shape()));
-  KILN_CHECK(k.size(-2) == v.size(-2), "scaled_dot_product_attention: k and v must share the sequence dim, got ",
-             str(k.shape()), " and ", str(v.shape()));
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  KILN_CHECK(detail::same_size(qs.back(), ks.back()), "scaled_dot_product_attention: q and k must share the last dim, got ",
+             str(qs), " and ", str(ks));
+  KILN_CHECK(detail::same_size(ks[ks.size() - 2], vs[vs.size() - 2]),
+             "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
   KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
-  double s = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(-1))));
-  Tensor scores = mul(matmul(q, transpose(k, -2, -1)), s);
+  Tensor scores = matmul(q, transpose(k, -2, -1));
+  if (scale || qs.back().is_constant())
+    scores = mul(scores, scale.value_or(1.0 / std::sqrt(static_cast<double>(qs.back().as_int()))));
+  else  // a symbolic head size: 1/sqrt(d) computed from it
+    scores = mul(scores, rsqrt(detail::size_value(qs.back(), scores.dtype(), scores.device())));
   const double ninf = -std::numeric_limits<double>::infinity();
   if (is_causal) {
-    Tensor keep = tril(ones({q.size(-2), k.size(-2)}, kBool));
+    Tensor keep = tril(full_shape({qs[qs.size() - 2], ks[ks.size() - 2]}, true, kBool, q.device()));
     scores = where(keep, scores, ninf);
   } else if (attn_mask) {
     scores = attn_mask->dtype() == kBool ? where(*attn_mask, scores, ninf) : add(scores, *attn_mask);

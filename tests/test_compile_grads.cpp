@@ -79,3 +79,22 @@ TEST(CompileGrads, SeveralDifferentiableResultsStayCompiled) {
   EXPECT_EQ(f.stats().eager_calls, 0);
   EXPECT_LE(f.stats().entries, 2);
 }
+
+TEST(CompileGrads, ResultsThatAreViewsOfArguments) {
+  // The second result is the argument itself (an identity transpose): its gradient is a slice
+  // of the packed gradients, at an offset, and must reach x unchanged.
+  auto fn = [](const Tensor& x, const Tensor& y) { return std::vector<Tensor>{y * 2.0, x.transpose(0, 0)}; };
+  auto f = compile(fn);
+  Tensor x = zeros({2, 2}, kFloat64).requires_grad_(), y = zeros({3}, kFloat64).requires_grad_();
+  backward(f(x, y), {tensor({1, 2, 3}, kFloat64), tensor({{10, 20}, {30, 40}}, kFloat64)});
+  EXPECT_EQ(x.grad().to_vector<double>(), (std::vector<double>{10, 20, 30, 40}));
+  EXPECT_EQ(y.grad().to_vector<double>(), (std::vector<double>{2, 4, 6}));
+}
+
+TEST(CompileGrads, NarrowedArgumentsAreReadAtTheirOffset) {
+  auto f = compile([](const Tensor& x) { return x.transpose(0, 0) + 0.0; });
+  Tensor big = arange(0, 12, 1, kFloat64).reshape({4, 3});
+  Tensor part = big.narrow(0, 1, 2);  // dense rows 1..2, offset 3
+  expect_close(f(part), part, 0, 0);
+  expect_close(f(big.narrow(0, 2, 2)), big.narrow(0, 2, 2), 0, 0);
+}

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -100,6 +101,7 @@ int run_worker(const std::string& path, const std::vector<size_t>& indices) {
     }
     std::string msg;
     for (const auto& f : o.failures) msg += (msg.empty() ? "" : " | ") + one_line(f);
+    if (o.polymorphic && !o.third_size_reused) std::fprintf(out, "M %zu %s\n", i, one_line(o.third_size_miss).c_str());
     std::fprintf(out, "R %zu %d %d %d %s\n", i, o.failures.empty() ? 1 : 0, o.polymorphic ? 1 : 0,
                  o.third_size_reused ? 1 : 0, msg.c_str());
     std::fflush(out);
@@ -111,6 +113,7 @@ int run_worker(const std::string& path, const std::vector<size_t>& indices) {
 struct Result {
   bool done = false, pass = false, poly = false, reused = false;
   std::string msg;
+  std::string miss;  // polymorphic, third size not reused: why
 };
 
 struct Worker {
@@ -156,6 +159,7 @@ std::string status_text(int status) {
 std::map<size_t, Result> run_parallel(const std::string& path, const std::vector<size_t>& sel, int jobs,
                                       double timeout_s) {
   std::map<size_t, Result> res;
+  std::map<size_t, std::string> misses;
   std::vector<Worker> ws(static_cast<size_t>(std::max(1, jobs)));
   for (size_t k = 0; k < sel.size(); ++k) ws[k % ws.size()].queue.push_back(sel[k]);
   for (auto& w : ws)
@@ -164,6 +168,11 @@ std::map<size_t, Result> run_parallel(const std::string& path, const std::vector
     if (line.rfind("S ", 0) == 0) {
       w.current = std::stoul(line.substr(2));
       w.started = std::chrono::steady_clock::now();
+      return;
+    }
+    if (line.rfind("M ", 0) == 0) {
+      size_t sp = line.find(' ', 2);
+      misses[std::stoul(line.substr(2, sp - 2))] = sp == std::string::npos ? "" : line.substr(sp + 1);
       return;
     }
     if (line.rfind("R ", 0) != 0) return;
@@ -222,6 +231,7 @@ std::map<size_t, Result> run_parallel(const std::string& path, const std::vector
       }
     }
   }
+  for (auto& [i, m] : misses) res[i].miss = m;
   return res;
 }
 
@@ -264,6 +274,19 @@ TEST(TorchPrograms, Replay) {
             << "third size served by the symbolic entry: " << reused << " of " << poly
             << " size-polymorphic programs (" << (poly ? 100.0 * static_cast<double>(reused) / static_cast<double>(poly) : 100.0)
             << "%)\n";
+  std::map<std::string, std::vector<std::string>> why;  // third-size misses by reason
+  for (size_t i : sel)
+    if (res[i].poly && !res[i].reused) {
+      std::string m = res[i].miss;
+      size_t by = m.find(", specialized by ");
+      std::string key = by != std::string::npos ? m.substr(by + 2) : m.substr(0, m.find(':'));
+      why[key].push_back(json::parse(lines[i]).at("id").get<std::string>() + ": " + m);
+    }
+  std::vector<std::pair<size_t, std::string>> ranked;
+  for (auto& [k, v] : why) ranked.push_back({v.size(), k});
+  std::sort(ranked.rbegin(), ranked.rend());
+  for (size_t k = 0; k < ranked.size() && k < 15; ++k)
+    std::cout << "  new compile for the third size (" << ranked[k].first << "): " << why[ranked[k].second][0].substr(0, 300) << "\n";
   for (size_t k = 0; k < fails.size() && k < 60; ++k) std::cout << "  FAIL " << fails[k].substr(0, 600) << "\n";
   if (const char* rep = std::getenv("KILN_REPLAY_REPORT")) {  // every failure, whole
     std::ofstream f(rep);

@@ -593,6 +593,7 @@ std::vector<Tensor> run_op(const Ctx& c) {
     std::optional<int64_t> st, en;
     if (c.has("start")) st = c.i("start", 0);
     if (c.has("end")) en = c.i("end", 0);
+    else if (c.has("stop")) en = c.i("stop", 0);
     return one(x.slice(c.i("dim", 0), st, en, c.i("step", 1)));
   }
   if (op == "narrow") return one(c.tensor(0).narrow(c.i("dim", 0), c.i("start", 0), c.i("length", 0)));

@@ -301,7 +301,11 @@ Outcome replay(const Program& p) {
     for (size_t k = 0; k < order.size(); ++k) {
       if (k == 2) before_third = f.stats().entries;
       ck.outputs(cat("compiled call ", k), order[k], f(set_inputs(p, order[k], false)));
-      if (k == 2) o.third_size_reused = f.stats().entries == before_third && f.stats().eager_calls == 0;
+      if (k == 2) {
+        o.third_size_reused = f.stats().entries == before_third && f.stats().eager_calls == 0;
+        if (!o.third_size_reused)
+          o.third_size_miss = f.stats().eager_calls ? "runs eager" : f.stats().last_miss;
+      }
     }
   });
   ck.guarded("dynamic", [&] {

@@ -33,6 +33,7 @@ struct Outcome {
   std::vector<std::string> failures;  // "mode: what differed"; empty when every mode passed
   bool polymorphic = false;            // three input sets of different sizes
   bool third_size_reused = false;      // ... and the third set ran on the symbolic entry
+  std::string third_size_miss;         // ... else why its guards missed
 };
 
 // Runs every mode on one program (exceptions become failures).
