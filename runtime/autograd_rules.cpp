@@ -31,8 +31,10 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   size_t lead = gs.size() - shape.size();
   for (size_t i = 0; i < gs.size(); ++i) {
     if (i < lead) { dims.push_back(static_cast<int64_t>(i)); continue; }
-    auto one = sym_eq(shape[i - lead], 1), gone = sym_eq(gs[i], 1);
-    if (one && *one && !(gone && *gone)) dims.push_back(static_cast<int64_t>(i));
+    auto same = sym_eq(shape[i - lead], gs[i]);  // before asking about 1 (could specialize a size)
+    if (same && *same) continue;
+    auto one = sym_eq(shape[i - lead], 1);
+    if (one && *one) dims.push_back(static_cast<int64_t>(i));
   }
   Tensor r = dims.empty() ? g : sum(g, dims, true);
   return reshape_to(r, shape);

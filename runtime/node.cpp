@@ -118,10 +118,13 @@ bool is_contiguous_layout(const Shape& shape, const Shape& strides) {
   }
   SymInt expected = 1;
   for (size_t i = shape.size(); i-- > 0;) {
-    auto one = sym_eq(shape[i], 1);
-    if (one && *one) continue;
+    // The stride first: asking whether a symbolic size is 1 could specialize it.
     auto same = sym_eq(strides[i], expected);
-    if (!same || !*same) return false;
+    if (!same || !*same) {
+      auto one = sym_eq(shape[i], 1);
+      if (one && *one) continue;
+      return false;
+    }
     expected = expected * shape[i];
   }
   return true;

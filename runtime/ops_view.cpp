@@ -17,8 +17,12 @@ void check_expandable(const Shape& from, const Shape& to, const char* op) {
   for (size_t i = 0; ok && i < from.size(); ++i) {
     const SymInt& f = from[from.size() - 1 - i];
     const SymInt& t = to[to.size() - 1 - i];
-    auto same = sym_eq(f, t), one = sym_eq(f, 1);
-    ok = (same && *same) || (one && *one);
+    auto same = sym_eq(f, t);  // before asking whether f is 1 (which could specialize it)
+    ok = same && *same;
+    if (!ok) {
+      auto one = sym_eq(f, 1);
+      ok = one && *one;
+    }
   }
   KILN_CHECK(ok, op, ": shape ", str(from), " cannot be expanded to shape ", str(to));
 }

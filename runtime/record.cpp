@@ -147,10 +147,14 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     const SymInt* y = i < n - b.size() ? nullptr : &b[i - (n - b.size())];
     if (!x) { out[i] = *y; continue; }
     if (!y) { out[i] = *x; continue; }
-    auto x1 = sym_eq(*x, 1), y1 = sym_eq(*y, 1), same = sym_eq(*x, *y);
-    if (same && *same) out[i] = *x;
-    else if (x1 && *x1) out[i] = *y;
-    else if (y1 && *y1) out[i] = *x;
+    // Equal sizes first: asking whether a size is 1 would specialize a symbolic size that
+    // happens to be 1 in the traced call.
+    auto same = sym_eq(*x, *y);
+    if (same && *same) { out[i] = *x; continue; }
+    auto x1 = sym_eq(*x, 1);
+    if (x1 && *x1) { out[i] = *y; continue; }
+    auto y1 = sym_eq(*y, 1);
+    if (y1 && *y1) out[i] = *x;
     else
       throw Error(cat(op, ": shapes ", str(a), " and ", str(b),
                       " cannot be broadcast (expected equal sizes or 1 at dim ", i, ", got ", x->str(),
@@ -263,7 +267,7 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
       int64_t d = ints[0], stp = ints[3];
       if (step.attrs.sizes.size() == 2) {
         const SymInt &start = step.attrs.sizes[0], &stop = step.attrs.sizes[1];
-        shape[d] = floordiv(sym_max(stop - start, 0) + SymInt(stp - 1), stp);
+        shape[d] = floordiv(stop - start + SymInt(stp - 1), stp);  // callers keep start <= stop
         offset = offset + st[d] * start;
       } else {
         int64_t start = ints[1], stop = ints[2];

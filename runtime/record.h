@@ -39,8 +39,8 @@ Tensor size_value(const SymInt& v, DType dtype, Device device);
 int64_t size_hint(const SymInt& v);
 // `t` reshaped to `shape` (symbolic sizes stay symbolic; no node when already that shape).
 Tensor reshape_to(const Tensor& t, const Shape& shape);
-// The window [start, stop) with `step` of dim `d` (bounds already within [0, size]); symbolic
-// bounds stay symbolic.
+// The window [start, stop) with `step` of dim `d` (bounds already within [0, size] and
+// start <= stop); symbolic bounds stay symbolic.
 Tensor slice_window(const Tensor& x, int64_t d, const SymInt& start, const SymInt& stop, int64_t step);
 // 0, 1, ..., n-1 (int64; n symbolic in compile() traces).
 Tensor arange_of(const SymInt& n, Device device = cpu());

@@ -32,6 +32,8 @@ std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inp
 struct Outcome {
   std::vector<std::string> failures;  // "mode: what differed"; empty when every mode passed
   bool polymorphic = false;            // three input sets of different sizes
+  bool coverable = false;              // ... whose third set changes only dims the second set
+                                       // made symbolic, to sizes >= 2 (others must recompile)
   bool third_size_reused = false;      // ... and the third set ran on the symbolic entry
   std::string third_size_miss;         // ... else why its guards missed
 };
