@@ -126,7 +126,10 @@ void TraceSession::assume(const SymInt& e, SymRel rel) {
   if (log_enabled("recompiles"))
     log_line("recompiles", "trace relies on " + e.str() + " " + rel_str(rel) + " 0" +
                                (by.empty() ? std::string() : " (" + by + ")") +
-                               (rel == SymRel::Eq ? ": a size is specialized" : ""));
+                               (rel == SymRel::Eq && e.symbols().size() == 1 &&
+                                        (e - SymInt::symbol(e.symbols()[0])).maybe_int()
+                                    ? ": a size is specialized"
+                                    : ""));
   if (log_enabled("symbols"))
     log_line("symbols", "fact " + e.str() + " " + rel_str(rel) + " 0; facts now:\n" + facts_.str());
 }
