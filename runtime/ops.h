@@ -20,6 +20,14 @@ Tensor full(const std::vector<int64_t>& shape, Scalar value, std::optional<DType
 Tensor empty(const std::vector<int64_t>& shape, DType dtype = kFloat32, Device device = cpu());
 // Symbolic-shape fill (used by tracing and internal decompositions).
 Tensor full_shape(const Shape& shape, Scalar value, DType dtype, Device device = cpu());
+// zeros / ones / full / arange with SymInt sizes (from Tensor::sym_size): symbolic in
+// compile() traces, so a shape computed from an input's size does not specialize it.
+Tensor zeros_symint(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
+Tensor ones_symint(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
+Tensor full_symint(const Shape& shape, Scalar value, std::optional<DType> dtype = std::nullopt,
+                   Device device = cpu());
+// 0, 1, ..., end-1 (int64).
+Tensor arange_symint(const SymInt& end, Device device = cpu());
 Tensor arange(Scalar end, std::optional<DType> dtype = std::nullopt);
 Tensor arange(Scalar start, Scalar end, Scalar step = 1, std::optional<DType> dtype = std::nullopt);
 Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32);

@@ -237,6 +237,22 @@ Tensor view_to(const Tensor& x, const Shape& shape, bool allow_copy, const char*
 }
 }  // namespace
 Tensor view_as(const Tensor& x, const Tensor& other) { return view_to(x, other.shape(), false, "view_as"); }
+Tensor Tensor::view_symint(const Shape& shape) const { return view_to(*this, shape, false, "view"); }
+Tensor Tensor::reshape_symint(const Shape& shape) const { return view_to(*this, shape, true, "reshape"); }
+Tensor Tensor::expand_symint(const Shape& shape) const {
+  KILN_CHECK(shape.size() >= static_cast<size_t>(dim()), "expand: the number of sizes provided (", shape.size(),
+             ") must be greater or equal to the number of dimensions in the tensor (", dim(), ")");
+  return expand_sym(shape);
+}
+Tensor Tensor::narrow_symint(int64_t dim, const SymInt& start, const SymInt& length) const {
+  KILN_CHECK(this->dim() > 0, "narrow: cannot narrow a 0-d tensor");
+  int64_t d = wrap_dim(dim, this->dim(), "narrow");
+  const SymInt& n = shape()[d];
+  KILN_CHECK(sym_ge(start, 0).value_or(false) && sym_ge(length, 0).value_or(false) &&
+                 sym_le(start + length, n).value_or(false),
+             "narrow: start (", start.str(), ") + length (", length.str(), ") exceeds dimension size (", n.str(), ")");
+  return detail::slice_window(*this, d, start, start + length, 1);
+}
 Tensor reshape_as(const Tensor& x, const Tensor& other) { return view_to(x, other.shape(), true, "reshape_as"); }
 
 std::vector<Tensor> broadcast_tensors(const std::vector<Tensor>& ts) {

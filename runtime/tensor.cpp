@@ -36,11 +36,15 @@ const NodePtr& Tensor::node() const {
 
 std::vector<int64_t> Tensor::sizes() const { return concrete(shape()); }
 
-int64_t Tensor::size(int64_t d) const {
+// size() and numel() stay on the stack while they specialize a symbolic size (no sibling
+// call), so compile()'s diagnostics can name them.
+__attribute__((optimize("no-optimize-sibling-calls"))) int64_t Tensor::size(int64_t d) const {
   return shape()[detail::wrap_dim(d, dim(), "size")].as_int();
 }
 
-int64_t Tensor::numel() const { return kiln::numel(shape()).as_int(); }
+SymInt Tensor::sym_size(int64_t d) const { return shape()[detail::wrap_dim(d, dim(), "sym_size")]; }
+
+__attribute__((optimize("no-optimize-sibling-calls"))) int64_t Tensor::numel() const { return kiln::numel(shape()).as_int(); }
 
 std::vector<int64_t> Tensor::strides() const { return concrete(node()->strides); }
 

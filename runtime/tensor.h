@@ -92,10 +92,15 @@ class Tensor {
   int64_t dim() const { return static_cast<int64_t>(node()->shape.size()); }
   // Symbolic shape.
   const Shape& shape() const { return node()->shape; }
-  // Constant sizes; throws if a size is symbolic.
+  // Sizes as integers. Inside a compile() trace a symbolic size is specialized to its traced
+  // value, with a guard (KILN_LOG=recompiles names the call); use sym_sizes() to keep it symbolic.
   std::vector<int64_t> sizes() const;
-  // Size of dim `d` (negative counts from the end).
+  // Size of dim `d` (negative counts from the end); specializes like sizes().
   int64_t size(int64_t d) const;
+  // Size of dim `d` as a SymInt: symbolic inside compile() traces, no specialization.
+  SymInt sym_size(int64_t d) const;
+  // Every size as a SymInt (the symbolic shape).
+  const Shape& sym_sizes() const { return shape(); }
   int64_t numel() const;
   // Element strides into storage (views may be non-contiguous).
   std::vector<int64_t> strides() const;
@@ -147,6 +152,12 @@ class Tensor {
   // --- views and movement ---
   Tensor reshape(const std::vector<int64_t>& shape) const;
   Tensor reshape_sym(const Shape& shape) const;  // symbolic-shape reshape
+  // reshape / view / expand / narrow with SymInt sizes (from sym_size(), arithmetic on them):
+  // shapes computed from symbolic sizes stay symbolic in compile() traces.
+  Tensor reshape_symint(const Shape& shape) const;
+  Tensor view_symint(const Shape& shape) const;
+  Tensor expand_symint(const Shape& shape) const;
+  Tensor narrow_symint(int64_t dim, const SymInt& start, const SymInt& length) const;
   Tensor view(const std::vector<int64_t>& shape) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor squeeze(std::optional<int64_t> dim = std::nullopt) const;
