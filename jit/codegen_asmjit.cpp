@@ -1,6 +1,7 @@
 #include "jit/codegen_asmjit.h"
 
 #include "jit/diagnostics.h"
+#include "kernels/vmath.h"
 
 #include <asmjit/x86.h>
 
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <type_traits>
 #include <unordered_map>
 
 // asmjit's debug output writes here (the build renames its reference to libc's `stderr`,
@@ -38,9 +40,41 @@ constexpr size_t kMaxExprs = 256;  // larger kernels go to LLVM (compiles past ~
 
 [[noreturn]] void unsupported(const std::string& what) { throw AsmjitError("asmjit codegen: " + what); }
 
-// ---- math the generated code calls (the scalar libm functions, lane by lane for vectors) ----
+// ---- math the generated code calls ----
+// Transcendentals are kiln's shared functions (kernels/vmath.h): the same bits as the LLVM
+// tier and the interpreter, lane by lane or scalar. Vector loops call the 8 x f32 / 4 x f64
+// form once per vector (through a stack slot), scalar code the scalar form.
+int vm_fn(OpKind op) {  // vmath::Fn of op, or -1
+  switch (op) {
+    case OpKind::Exp: return static_cast<int>(vmath::Fn::Exp);
+    case OpKind::Exp2: return static_cast<int>(vmath::Fn::Exp2);
+    case OpKind::Expm1: return static_cast<int>(vmath::Fn::Expm1);
+    case OpKind::Log: return static_cast<int>(vmath::Fn::Log);
+    case OpKind::Log2: return static_cast<int>(vmath::Fn::Log2);
+    case OpKind::Log1p: return static_cast<int>(vmath::Fn::Log1p);
+    case OpKind::Sin: return static_cast<int>(vmath::Fn::Sin);
+    case OpKind::Cos: return static_cast<int>(vmath::Fn::Cos);
+    case OpKind::Tan: return static_cast<int>(vmath::Fn::Tan);
+    case OpKind::Atan: return static_cast<int>(vmath::Fn::Atan);
+    case OpKind::Tanh: return static_cast<int>(vmath::Fn::Tanh);
+    case OpKind::Erf: return static_cast<int>(vmath::Fn::Erf);
+    case OpKind::Pow: return static_cast<int>(vmath::Fn::Pow);
+    case OpKind::Atan2: return static_cast<int>(vmath::Fn::Atan2);
+    default: return -1;
+  }
+}
 template <class T>
-T sigmoid(T x) { return T(1) / (T(1) + std::exp(-x)); }
+T vm1(T x, int f) {
+  if constexpr (std::is_same_v<T, float>) return vmath::f32(static_cast<vmath::Fn>(f), x);
+  else return vmath::f64(static_cast<vmath::Fn>(f), x);
+}
+template <class T>
+T vm2(T x, T y, int f) {
+  if constexpr (std::is_same_v<T, float>) return vmath::f32(static_cast<vmath::Fn>(f), x, y);
+  else return vmath::f64(static_cast<vmath::Fn>(f), x, y);
+}
+template <class T>
+T sigmoid(T x) { return vmath::sigmoid(x); }
 template <class T>
 T remainder_py(T x, T y) {
   T r = std::fmod(x, y);
@@ -53,30 +87,32 @@ using Fn1 = T (*)(T);
 template <class T>
 using Fn2 = T (*)(T, T);
 
+#define KILN_VM1(F) [](T x) -> T { return vm1<T>(x, static_cast<int>(vmath::Fn::F)); }
 template <class T>
 Fn1<T> unary_fn(OpKind op) {
   switch (op) {
-    case OpKind::Exp: return [](T x) -> T { return std::exp(x); };
-    case OpKind::Exp2: return [](T x) -> T { return std::exp2(x); };
-    case OpKind::Expm1: return [](T x) -> T { return std::expm1(x); };
-    case OpKind::Log: return [](T x) -> T { return std::log(x); };
-    case OpKind::Log2: return [](T x) -> T { return std::log2(x); };
-    case OpKind::Log1p: return [](T x) -> T { return std::log1p(x); };
-    case OpKind::Sin: return [](T x) -> T { return std::sin(x); };
-    case OpKind::Cos: return [](T x) -> T { return std::cos(x); };
-    case OpKind::Tan: return [](T x) -> T { return std::tan(x); };
-    case OpKind::Atan: return [](T x) -> T { return std::atan(x); };
-    case OpKind::Tanh: return [](T x) -> T { return std::tanh(x); };
-    case OpKind::Erf: return [](T x) -> T { return std::erf(x); };
+    case OpKind::Exp: return KILN_VM1(Exp);
+    case OpKind::Exp2: return KILN_VM1(Exp2);
+    case OpKind::Expm1: return KILN_VM1(Expm1);
+    case OpKind::Log: return KILN_VM1(Log);
+    case OpKind::Log2: return KILN_VM1(Log2);
+    case OpKind::Log1p: return KILN_VM1(Log1p);
+    case OpKind::Sin: return KILN_VM1(Sin);
+    case OpKind::Cos: return KILN_VM1(Cos);
+    case OpKind::Tan: return KILN_VM1(Tan);
+    case OpKind::Atan: return KILN_VM1(Atan);
+    case OpKind::Tanh: return KILN_VM1(Tanh);
+    case OpKind::Erf: return KILN_VM1(Erf);
     case OpKind::Sigmoid: return &sigmoid<T>;
     default: return nullptr;
   }
 }
+#undef KILN_VM1
 template <class T>
 Fn2<T> binary_fn(OpKind op) {
   switch (op) {
-    case OpKind::Pow: return [](T x, T y) -> T { return std::pow(x, y); };
-    case OpKind::Atan2: return [](T x, T y) -> T { return std::atan2(x, y); };
+    case OpKind::Pow: return [](T x, T y) -> T { return vm2<T>(x, y, static_cast<int>(vmath::Fn::Pow)); };
+    case OpKind::Atan2: return [](T x, T y) -> T { return vm2<T>(x, y, static_cast<int>(vmath::Fn::Atan2)); };
     case OpKind::Fmod: return [](T x, T y) -> T { return std::fmod(x, y); };
     case OpKind::Remainder: return &remainder_py<T>;
     default: return nullptr;
@@ -90,9 +126,22 @@ template <class T>
 void lanes2(T* p, const T* q, int64_t n, Fn2<T> f) {
   for (int64_t i = 0; i < n; ++i) p[i] = f(p[i], q[i]);
 }
+// One vector of a vmath function in place (q: second operand or null): 8 floats / 4 doubles.
+void vm_vec_f32(float* p, const float* q, int64_t f) { vmath::apply8f(static_cast<vmath::Fn>(f), p, q); }
+void vm_vec_f64(double* p, const double* q, int64_t f) { vmath::apply4d(static_cast<vmath::Fn>(f), p, q); }
+void sigmoid_vec_f32(float* p) {
+  for (int i = 0; i < 8; ++i) p[i] = -p[i];
+  vmath::apply8f(vmath::Fn::Exp, p, nullptr);
+  for (int i = 0; i < 8; ++i) p[i] = 1.0f / (1.0f + p[i]);
+}
+void sigmoid_vec_f64(double* p) {
+  for (int i = 0; i < 4; ++i) p[i] = -p[i];
+  vmath::apply4d(vmath::Fn::Exp, p, nullptr);
+  for (int i = 0; i < 4; ++i) p[i] = 1.0 / (1.0 + p[i]);
+}
 
 // AVX compare predicates.
-constexpr uint32_t kEqOQ = 0x00, kUnord = 0x03, kNeqUQ = 0x04, kTrueUQ = 0x0F, kLtOQ = 0x11, kLeOQ = 0x12,
+constexpr uint32_t kEqOQ = 0x00, kUnord = 0x03, kNleUQ = 0x06, kNeqUQ = 0x04, kTrueUQ = 0x0F, kLtOQ = 0x11, kLeOQ = 0x12,
                    kGeOQ = 0x1D, kGtOQ = 0x1E;
 
 bool is_index_kind(Expr::Kind k) {
@@ -417,10 +466,13 @@ struct Emitter {
         if (f32) cc.vdivss(r.x, sconst(f32, 1.0), d); else cc.vdivsd(r.x, sconst(f32, 1.0), d);
         return r;
       }
-      case OpKind::Relu:
+      case OpKind::Relu: {  // x if x > 0 or NaN, else +0 (not vmaxss: relu(-0) would be -0)
+        x86::Xmm m = X();
+        if (f32) cc.vcmpss(m, a.x, sconst(f32, 0.0), kNleUQ); else cc.vcmpsd(m, a.x, sconst(f32, 0.0), kNleUQ);
         r.x = X();
-        if (f32) cc.vmaxss(r.x, sconst(f32, 0.0), a.x); else cc.vmaxsd(r.x, sconst(f32, 0.0), a.x);
+        cc.vandps(r.x, m, a.x);
         return r;
+      }
       case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: {
         uint32_t mode = op == OpKind::Floor ? 9 : op == OpKind::Ceil ? 10 : 8;
         r.x = X();
@@ -786,15 +838,35 @@ struct Emitter {
     return y;
   }
 
-  // Applies a libm function lane by lane through a stack slot.
+  // Applies a math function to a vector through a stack slot: vmath's vector form (the same
+  // bits as the scalar form and the LLVM tier), sigmoid through it, fmod/remainder lane by lane.
   x86::Ymm vcall(OpKind op, x86::Ymm a, const x86::Ymm* b) {
     x86::Mem sa = cc.newStack(32, 32), sb;
     cc.vmovups(sa, a);
     x86::Gp pa = cc.newIntPtr(), pb = cc.newIntPtr(), n = cc.newGpq(), f = cc.newIntPtr();
     cc.lea(pa, sa);
-    cc.mov(n, vf32 ? 8 : 4);
+    if (b) {
+      sb = cc.newStack(32, 32);
+      cc.vmovups(sb, *b);
+      cc.lea(pb, sb);
+    } else {
+      cc.xor_(pb, pb);
+    }
     InvokeNode* inv;
-    if (!b) {
+    const int vf = vm_fn(op);
+    if (vf >= 0) {
+      cc.mov(n, vf);
+      uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&vm_vec_f32) : reinterpret_cast<uint64_t>(&vm_vec_f64);
+      cc.invoke(&inv, target, FuncSignatureT<void, void*, void*, int64_t>(CallConvId::kHost));
+      inv->setArg(0, pa);
+      inv->setArg(1, pb);
+      inv->setArg(2, n);
+    } else if (op == OpKind::Sigmoid) {
+      uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&sigmoid_vec_f32) : reinterpret_cast<uint64_t>(&sigmoid_vec_f64);
+      cc.invoke(&inv, target, FuncSignatureT<void, void*>(CallConvId::kHost));
+      inv->setArg(0, pa);
+    } else if (!b) {
+      cc.mov(n, vf32 ? 8 : 4);
       cc.mov(f, vf32 ? reinterpret_cast<uint64_t>(unary_fn<float>(op)) : reinterpret_cast<uint64_t>(unary_fn<double>(op)));
       uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&lanes1<float>) : reinterpret_cast<uint64_t>(&lanes1<double>);
       cc.invoke(&inv, target, FuncSignatureT<void, void*, int64_t, void*>(CallConvId::kHost));
@@ -802,9 +874,7 @@ struct Emitter {
       inv->setArg(1, n);
       inv->setArg(2, f);
     } else {
-      sb = cc.newStack(32, 32);
-      cc.vmovups(sb, *b);
-      cc.lea(pb, sb);
+      cc.mov(n, vf32 ? 8 : 4);
       cc.mov(f, vf32 ? reinterpret_cast<uint64_t>(binary_fn<float>(op)) : reinterpret_cast<uint64_t>(binary_fn<double>(op)));
       uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&lanes2<float>) : reinterpret_cast<uint64_t>(&lanes2<double>);
       cc.invoke(&inv, target, FuncSignatureT<void, void*, void*, int64_t, void*>(CallConvId::kHost));
@@ -873,7 +943,12 @@ struct Emitter {
             if (f) cc.vdivps(r, vconst(1.0), d); else cc.vdivpd(r, vconst(1.0), d);
             return r;
           }
-          case OpKind::Relu: r = Y(); if (f) cc.vmaxps(r, vconst(0.0), a); else cc.vmaxpd(r, vconst(0.0), a); return r;
+          case OpKind::Relu: {  // as the scalar form: x if x > 0 or NaN, else +0
+            x86::Ymm m = vcmp(a, vconst(0.0), kNleUQ);
+            r = Y();
+            cc.vandps(r, m, a);
+            return r;
+          }
           case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: {
             uint32_t mode = e.op == OpKind::Floor ? 9 : e.op == OpKind::Ceil ? 10 : 8;
             r = Y();

@@ -26,6 +26,7 @@
 #include <unordered_map>
 
 #include "jit/diagnostics.h"
+#include "kernels/vmath.h"
 #include "runtime/error.h"
 
 namespace kiln::jit {
@@ -104,36 +105,28 @@ const VectorMath& sleef_library() {
   return libs;
 }
 
-// ---- vector math: libm scalar names -> SLEEF vector-ABI variants present in this process ----
+// ---- vector math: kiln's scalar math entry points -> their AVX2 vector forms ----
+// Kernels call kiln_vm_<f>[f] (kernels/vmath.h), never libm: every tier and the interpreter
+// compute a transcendental with the same per-element function, so a value's bits do not depend
+// on which tier runs it, on the vector width or on whether it falls in a loop's scalar tail.
+// The vectorizer may use only the 8 x float / 4 x double forms (the ones the asmjit tier calls);
+// at other widths it calls the scalar form per element (the same bits).
 const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
   // Leaked like the JIT below: background compiles may still run while statics are destroyed.
   static auto& names = *new std::deque<std::string>();
   static auto& descs = *new std::vector<VecDesc>();
   static std::once_flag once;
   std::call_once(once, [&] {
-    const VectorMath& lib = sleef_library();
-    const char* unary[] = {"exp", "exp2", "expm1", "log", "log2", "log1p", "sin", "cos", "tan", "atan", "tanh", "erf"};
-    const char* binary[] = {"pow", "atan2"};
-    StringRef feats = tm.getTargetFeatureString();
-    struct Isa { char code; int bits; const char* feature; };
-    const Isa isas[] = {{'b', 128, "+sse2"}, {'d', 256, "+avx2"}, {'e', 512, "+avx512f"}};
-    auto add = [&](const std::string& fn, bool is_binary) {
-      for (const Isa& isa : isas) {
-        if (!feats.contains(isa.feature)) continue;
-        for (bool f32 : {true, false}) {
-          int vf = isa.bits / (f32 ? 32 : 64);
-          std::string scalar = fn + (f32 ? "f" : "");
-          std::string vec = std::string("_ZGV") + isa.code + "N" + std::to_string(vf) + (is_binary ? "vv_" : "v_") + scalar;
-          if (!lib.has(vec.c_str())) continue;
-          names.push_back(scalar);
-          StringRef s = names.back();
-          names.push_back(vec);
-          descs.push_back({s, names.back(), ElementCount::getFixed(vf)});
-        }
+    if (!vmath::have_vector() || !tm.getTargetFeatureString().contains("+avx2")) return;
+    for (int i = 0; i < vmath::kCount; ++i) {
+      const std::string fn = vmath::name(static_cast<vmath::Fn>(i));
+      for (bool f32 : {true, false}) {
+        names.push_back("kiln_vm_" + fn + (f32 ? "f" : ""));
+        StringRef s = names.back();
+        names.push_back(std::string(f32 ? "kiln_vm8_" : "kiln_vm4_") + fn + (f32 ? "f" : ""));
+        descs.push_back({s, names.back(), ElementCount::getFixed(f32 ? 8 : 4)});
       }
-    };
-    for (const char* f : unary) add(f, false);
-    for (const char* f : binary) add(f, true);
+    }
   });
   return descs;
 }
@@ -173,7 +166,7 @@ struct Emitter {
   }
 
   Value* call_math(const std::string& name, DType t, std::vector<Value*> args) {
-    std::string fname = name + (t == DType::Float32 ? "f" : "");
+    std::string fname = "kiln_vm_" + name + (t == DType::Float32 ? "f" : "");  // kernels/vmath.h
     Type* ty = reg_type(t);
     std::vector<Type*> tys(args.size(), ty);
     FunctionCallee f = mod.getOrInsertFunction(fname, FunctionType::get(ty, tys, false));

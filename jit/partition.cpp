@@ -91,6 +91,14 @@ class FlowNetwork {
 };
 
 bool is_reduction(OpKind op) { return op >= OpKind::Sum && op <= OpKind::Cumsum; }
+bool is_comparison(OpKind op) {
+  switch (op) {
+    case OpKind::Eq: case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge:
+      return true;
+    default:
+      return false;
+  }
+}
 
 }  // namespace
 
@@ -197,14 +205,38 @@ Partition partition(const std::vector<NodePtr>& inputs, const std::vector<NodePt
     return total;
   };
 
+  // Comparisons the backward makes between two forward values (amax/amin's "equals the
+  // result" mask eq(x, out), maximum/minimum's lt/gt/eq of x and y) must see exactly the bits the
+  // forward saw: a value recomputed by other code (another kernel, a reduction split differently)
+  // could round differently and empty the mask. Both operands — and the views between them and
+  // their bases — are pinned to the forward: the cut then either saves them or computes the
+  // comparison in the forward program and saves its mask.
+  std::set<int> pinned;
+  for (Node* n : body) {
+    const int c = idx[n];
+    if (fwd[c] || tan[c] || !is_comparison(n->op) || n->inputs.size() != 2) continue;
+    bool both = true;
+    for (const auto& in : n->inputs) {
+      const Node* u = in.get();
+      while (u && is_view_op(u->op) && !u->inputs.empty() && idx.count(u) && !is_input[idx[u]]) u = u->inputs[0].get();
+      both = both && u && idx.count(u) && (fwd[idx[u]] || is_input[idx[u]]) && !tan[idx[u]];
+    }
+    if (!both) continue;
+    for (const auto& in : n->inputs)
+      for (const Node* u = in.get(); u && idx.count(u) && !is_input[idx[u]];
+           u = is_view_op(u->op) && !u->inputs.empty() ? u->inputs[0].get() : nullptr)
+        pinned.insert(idx[u]);
+  }
+  result.pinned = static_cast<int>(pinned.size());
+
   std::set<int> saved;
   if (options.save_all) {
     saved = save_all;
   } else {
-    std::set<int> banned;
+    std::set<int> banned = pinned;
     std::vector<int> candidates;
     for (int v = 0; v < N; ++v)
-      if (fwd[v] && !is_input[v] && costly_to_recompute(nodes[v]->op)) {
+      if (fwd[v] && !is_input[v] && costly_to_recompute(nodes[v]->op) && !pinned.count(v)) {
         banned.insert(v);
         OpKind op = nodes[v]->op;
         if (op != OpKind::RandUniform && op != OpKind::RandNormal && op != OpKind::RandInt) candidates.push_back(v);

@@ -3,11 +3,18 @@
 #include <type_traits>
 
 #include "kernels/reference.h"
+#include "kernels/vmath.h"
 #include "runtime/error.h"
 #include "runtime/philox.h"
 
 namespace kiln::kernels {
 namespace {
+
+// Transcendentals: kiln's shared functions (kernels/vmath.h), the same bits as the JIT's tiers.
+inline float vm(vmath::Fn f, float x) { return vmath::f32(f, x); }
+inline double vm(vmath::Fn f, double x) { return vmath::f64(f, x); }
+inline float vm(vmath::Fn f, float x, float y) { return vmath::f32(f, x, y); }
+inline double vm(vmath::Fn f, double x, double y) { return vmath::f64(f, x, y); }
 
 template <class T, class F>
 void generate(const Operand& out, F&& f) {  // out[i] = f(i) over the contiguous output
@@ -146,22 +153,22 @@ void unary_typed(OpKind op, const Operand& out, const Operand& in) {
   }
   if constexpr (fl) {
     switch (op) {
-      case OpKind::Exp: m([](C x) { return std::exp(x); }); return;
-      case OpKind::Exp2: m([](C x) { return std::exp2(x); }); return;
-      case OpKind::Expm1: m([](C x) { return std::expm1(x); }); return;
-      case OpKind::Log: m([](C x) { return std::log(x); }); return;
-      case OpKind::Log2: m([](C x) { return std::log2(x); }); return;
-      case OpKind::Log1p: m([](C x) { return std::log1p(x); }); return;
+      case OpKind::Exp: m([](C x) { return vm(vmath::Fn::Exp, x); }); return;
+      case OpKind::Exp2: m([](C x) { return vm(vmath::Fn::Exp2, x); }); return;
+      case OpKind::Expm1: m([](C x) { return vm(vmath::Fn::Expm1, x); }); return;
+      case OpKind::Log: m([](C x) { return vm(vmath::Fn::Log, x); }); return;
+      case OpKind::Log2: m([](C x) { return vm(vmath::Fn::Log2, x); }); return;
+      case OpKind::Log1p: m([](C x) { return vm(vmath::Fn::Log1p, x); }); return;
       case OpKind::Sqrt: m([](C x) { return std::sqrt(x); }); return;
       case OpKind::Rsqrt: m([](C x) { return C(1) / std::sqrt(x); }); return;
       case OpKind::Reciprocal: m([](C x) { return C(1) / x; }); return;
-      case OpKind::Sin: m([](C x) { return std::sin(x); }); return;
-      case OpKind::Cos: m([](C x) { return std::cos(x); }); return;
-      case OpKind::Tan: m([](C x) { return std::tan(x); }); return;
-      case OpKind::Atan: m([](C x) { return std::atan(x); }); return;
-      case OpKind::Tanh: m([](C x) { return std::tanh(x); }); return;
-      case OpKind::Sigmoid: m([](C x) { return C(1) / (C(1) + std::exp(-x)); }); return;
-      case OpKind::Erf: m([](C x) { return std::erf(x); }); return;
+      case OpKind::Sin: m([](C x) { return vm(vmath::Fn::Sin, x); }); return;
+      case OpKind::Cos: m([](C x) { return vm(vmath::Fn::Cos, x); }); return;
+      case OpKind::Tan: m([](C x) { return vm(vmath::Fn::Tan, x); }); return;
+      case OpKind::Atan: m([](C x) { return vm(vmath::Fn::Atan, x); }); return;
+      case OpKind::Tanh: m([](C x) { return vm(vmath::Fn::Tanh, x); }); return;
+      case OpKind::Sigmoid: m([](C x) { return vmath::sigmoid(x); }); return;
+      case OpKind::Erf: m([](C x) { return vm(vmath::Fn::Erf, x); }); return;
       default: break;
     }
   }
@@ -258,12 +265,12 @@ void binary_typed(OpKind op, const Operand& out, const Operand& a, const Operand
       else m([](C x, C y) { return x < y ? x : y; });
       return;
     case OpKind::Pow:
-      if constexpr (fl) m([](C x, C y) { return std::pow(x, y); });
+      if constexpr (fl) m([](C x, C y) { return vm(vmath::Fn::Pow, x, y); });
       else if constexpr (is_bool) m([](C x, C y) { return x || !y; });
       else m([](C x, C y) { return int_pow<C>(x, y); });
       return;
     case OpKind::Atan2:
-      if constexpr (fl) m([](C x, C y) { return std::atan2(x, y); });
+      if constexpr (fl) m([](C x, C y) { return vm(vmath::Fn::Atan2, x, y); });
       else break;
       return;
     case OpKind::Remainder:

@@ -97,4 +97,46 @@ TEST(CompileGrads, NarrowedArgumentsAreReadAtTheirOffset) {
   Tensor part = big.narrow(0, 1, 2);  // dense rows 1..2, offset 3
   expect_close(f(part), part, 0, 0);
   expect_close(f(big.narrow(0, 2, 2)), big.narrow(0, 2, 2), 0, 0);
+
+// Recomputation never changes results: the backward of amax/amin compares x with the saved
+// result (eq(x, out): "equals the extremum"); maximum/minimum compare x with y. A min cut that
+// recomputed x in the backward by other code than the forward's (another tier, another kernel
+// shape: vector body vs scalar tail) could round it differently, and the mask came out empty:
+// all-NaN (0/0) gradients for amin(maximum(erf(x*x), x*x)). The partitioner keeps both sides
+// of such comparisons from the forward; compiled gradients must equal eager ones (default cut
+// and save_all, float32 at sizes that give vector bodies and tails), with no NaN.
+TEST(CompileGrads, RecomputedComparisonsKeepTheirMasks) {
+  manual_seed(kiln::testing::test_seed(11));
+  using Fn = std::function<Tensor(const Tensor&)>;
+  const std::vector<std::pair<std::string, Fn>> fns = {
+      {"amin(maximum(erf(x*x), x*x))", [](const Tensor& x) { return amin(maximum(erf(x * x), x * x)); }},
+      {"amax(minimum(tanh(x)*3, sin(x)+x))", [](const Tensor& x) { return amax(minimum(tanh(x) * 3, sin(x) + x)); }},
+      {"amax(exp(x)*x, dim 1).sum()", [](const Tensor& x) { return amax(exp(x) * x, {1}).sum(); }},
+      {"max(erf(x)+x, dim 1).values.sum()", [](const Tensor& x) { return max(erf(x) + x, 1).first.sum(); }},
+      {"min(log1p(x*x), dim 0).values.sum()", [](const Tensor& x) { return min(log1p(x * x), 0).first.sum(); }},
+      {"(maximum(erf(x), tanh(x)) * x).sum()", [](const Tensor& x) { return (maximum(erf(x), tanh(x)) * x).sum(); }},
+  };
+  for (bool save_all : {false, true}) {
+    for (const auto& [name, fn] : fns) {
+      CompileOptions o;
+      o.save_all = save_all;
+      auto f = compile([fn = fn](const Tensor& x) { return fn(x); }, o);
+      for (std::vector<int64_t> shape : {std::vector<int64_t>{3, 5}, {7, 37}, {33, 129}, {5, 1031}}) {
+        SCOPED_TRACE(name + (save_all ? " save_all" : " min-cut") + " shape [" + std::to_string(shape[0]) + "," +
+                     std::to_string(shape[1]) + "]");
+        Tensor base = randn(shape, kFloat32) * 2;
+        Tensor x = base.detach().requires_grad_(), xe = base.detach().requires_grad_();
+        Tensor y = f(x);
+        y.backward();
+        Tensor ye = fn(xe);
+        ye.backward();
+        ASSERT_TRUE(x.grad().defined());
+        expect_close(y, ye, 1e-6, 1e-6);
+        Tensor g = x.grad().to(kFloat64), ge = xe.grad().to(kFloat64);
+        EXPECT_FALSE(isnan(g).any().item<bool>()) << "NaN in the compiled gradient";
+        expect_close(g, ge, 1e-5, 1e-5);
+      }
+      EXPECT_EQ(f.stats().eager_calls, 0);
+    }
+  }
 }

@@ -502,6 +502,96 @@ TEST(JitExit, ExitWhileBackgroundCompilesRun) {
   EXPECT_EQ(bad, 0) << report;
 }
 
+// ============================================================== 3b. reproducible runs (child processes)
+
+// The same program gives the same bits in every process, whichever tier runs each kernel
+// when. tests/jit_repro_child.cpp evaluates random graphs (twice each) in fresh processes:
+// two cold runs in fresh empty KILN_CACHE_DIRs (tiered: kernels start on asmjit, the background
+// LLVM compile swaps in at some point, differently in each run), a warm run in the first
+// directory (LLVM code from disk from the start), and KILN_JIT=asmjit / KILN_JIT=llvm runs
+// without a disk cache (one tier only). Every output of every graph must have the same bits
+// (a hash of them) in every run and pass. KILN_REPRO_GRAPHS sets the number of graphs
+// (default 400; the differential test's 1200 with KILN_REPRO_GRAPHS=1200).
+TEST(JitReproducible, ColdWarmAndTiersGiveSameBits) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  const int graphs = env_int("KILN_REPRO_GRAPHS", 400);
+  std::vector<std::string> dirs;
+  struct Cleanup {
+    std::vector<std::string>* d;
+    ~Cleanup() {
+      for (auto& x : *d) { std::error_code ec; std::filesystem::remove_all(x, ec); }
+    }
+  } cleanup{&dirs};
+  auto fresh_dir = [&] {
+    char tmpl[] = "/tmp/kiln-repro-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    dirs.push_back(tmpl);
+    return std::string(tmpl);
+  };
+  using Lines = std::map<std::string, std::string>;  // "graph pass output" -> "dtype numel hash"
+  auto run = [&](const std::string& name, const std::string& env) -> Lines {
+    const std::string out = fresh_dir() + "/out.txt";
+    std::string cmd = "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" KILN_JIT_REPRO_CHILD "' " + out +
+                      " 0 " + std::to_string(graphs) + " 2>&1";
+    auto t0 = std::chrono::steady_clock::now();
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string text;
+    if (f) {
+      char buf[4096];
+      while (size_t n = std::fread(buf, 1, sizeof buf, f)) text.append(buf, n);
+    }
+    int st = f ? pclose(f) : -1;
+    EXPECT_TRUE(f && WIFEXITED(st) && WEXITSTATUS(st) == 0) << name << ": child failed:\n" << text;
+    Lines lines;
+    std::ifstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream ls(line);
+      std::string g, pass, o, rest;
+      ls >> g >> pass >> o;
+      std::getline(ls, rest);
+      lines[g + " " + pass + " " + o] = rest;
+    }
+    std::printf("[ jit ] %-34s %zu outputs in %.1f s\n", name.c_str(), lines.size(),
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return lines;
+  };
+  const std::string cold_dir = fresh_dir();
+  Lines ref = run("cold (tiered, empty cache)", "KILN_CACHE_DIR=" + cold_dir);
+  ASSERT_GT(ref.size(), static_cast<size_t>(graphs));
+  std::vector<std::pair<std::string, Lines>> others;
+  others.emplace_back("second cold (tiered, empty cache)", run("second cold (tiered, empty cache)", "KILN_CACHE_DIR=" + fresh_dir()));
+  others.emplace_back("warm (tiered, LLVM from disk)", run("warm (tiered, LLVM from disk)", "KILN_CACHE_DIR=" + cold_dir));
+  others.emplace_back("KILN_JIT=asmjit", run("KILN_JIT=asmjit", "KILN_CACHE_DIR=off KILN_JIT=asmjit"));
+  others.emplace_back("KILN_JIT=llvm", run("KILN_JIT=llvm", "KILN_CACHE_DIR=off KILN_JIT=llvm"));
+  const uint64_t seed = test_seed();
+  for (auto& [name, lines] : others) {
+    EXPECT_EQ(lines.size(), ref.size()) << name;
+    int shown = 0, differing = 0;
+    std::set<int> graphs_differing;
+    for (auto& [key, val] : ref) {
+      auto it = lines.find(key);
+      if (it != lines.end() && it->second == val) continue;
+      ++differing;
+      int g = std::atoi(key.c_str());
+      if (graphs_differing.insert(g).second && shown++ < 3)
+        ADD_FAILURE() << name << " differs from the first cold run at graph/pass/output " << key << ": " << val
+                      << " vs " << (it == lines.end() ? std::string("(missing)") : it->second) << "\n"
+                      << make_program(seed, g / 4, g % 4).str();
+    }
+    std::printf("[ jit ] %-34s %d of %zu outputs differ from the first cold run (%zu graphs)\n", name.c_str(),
+                differing, ref.size(), graphs_differing.size());
+  }
+  // Within each run, a graph's second evaluation (after swaps) equals its first.
+  for (auto& [key, val] : ref) {
+    std::istringstream ks(key);
+    std::string g, pass, o;
+    ks >> g >> pass >> o;
+    if (pass != "0") continue;
+    auto it = ref.find(g + " 1 " + o);
+    if (it != ref.end()) EXPECT_EQ(it->second, val) << "graph " << g << " output " << o << ": passes differ";
+  }
+}
+
 // ============================================================== 4. codegen
 
 TEST(JitCodegen, PointwiseChainIsVectorized) {
@@ -524,18 +614,20 @@ TEST(JitCodegen, PointwiseChainIsVectorized) {
     const std::string ty = dt == kF32 ? "float" : "double";
     const std::string fn = dt == kF32 ? "expf" : "exp";
     const std::string tfn = dt == kF32 ? "tanhf" : "tanh";
+    const std::string width = dt == kF32 ? "8" : "4";
     std::smatch m;
     EXPECT_TRUE(std::regex_search(ir, m, std::regex("<(2|4|8|16) x " + ty + ">"))) << "no vector type in:\n" << ir;
-    // Calls (not just the vector-function-abi-variant attribute) of SLEEF's vector-ABI functions.
-    const std::string vt = "<(2|4|8|16) x " + ty + ">";
+    // Calls (not just the vector-function-abi-variant attribute) of kiln's vector math
+    // (kernels/vmath.h: libmvec's AVX2 forms, the same bits as the scalar kiln_vm_* calls).
+    const std::string vt = "<" + width + " x " + ty + ">";
     std::string calls;
     for (const std::string& f : {fn, tfn}) {
-      std::regex call("call " + vt + " @_ZGV[bcde]N(2|4|8|16)v_" + f + "\\(");
-      EXPECT_TRUE(std::regex_search(ir, m, call)) << f << " is not a SLEEF vector call in:\n" << ir;
+      std::regex call("call " + vt + " @kiln_vm" + width + "_" + f + "\\(");
+      EXPECT_TRUE(std::regex_search(ir, m, call)) << f << " is not a vector math call in:\n" << ir;
       calls += " " + m.str();
     }
     std::printf("[ jit ] %s exp/tanh chain:%s\n", kiln::dtype_name(dt), calls.c_str());
-    // It links (SLEEF resolved in this process).
+    // It links (kiln's vector math resolved in this process).
     kiln::jit::KernelFn f = kiln::jit::load_object(obj, sym);
     ASSERT_NE(f, nullptr);
   }

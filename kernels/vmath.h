@@ -1,0 +1,43 @@
+// The transcendental functions every backend computes with (the interpreter, the asmjit tier
+// and the LLVM tier), so that a value is the same bits whichever tier or kernel computes it,
+// in a vector loop or in its scalar tail.
+//
+// Each function is defined per element as one lane of one vector implementation: glibc's
+// libmvec AVX2 variant (`_ZGVdN8v_expf`, `_ZGVdN4v_exp`; SLEEF's GNU-ABI build where libmvec
+// lacks the name). These compute each lane from that lane's input alone, so
+//   - `kiln_vm8_<f>f` / `kiln_vm4_<f>` (8 x float / 4 x double, AVX2 vector ABI) call it,
+//   - `kiln_vm_<f>f` / `kiln_vm_<f>` (scalar) broadcast the argument and take lane 0,
+// and both give the same bits for every element. Without AVX2 (or without either library's
+// variant) every entry point uses the scalar libm function instead, again the same everywhere.
+// The LLVM tier calls the scalar names and maps them to the vector ones for its vectorizer
+// (VF 8 / 4 only); the asmjit tier calls the vector ones in its AVX2 loops.
+#pragma once
+#include <cstdint>
+
+namespace kiln::vmath {
+
+enum class Fn : int { Exp, Exp2, Expm1, Log, Log2, Log1p, Sin, Cos, Tan, Atan, Tanh, Erf, Pow, Atan2, Count };
+constexpr int kCount = static_cast<int>(Fn::Count);
+const char* name(Fn f);  // libm's name of the double function: "exp", ..., "pow", "atan2"
+inline bool is_binary(Fn f) { return f == Fn::Pow || f == Fn::Atan2; }
+
+// Whether the vector entry points exist for this process (AVX2 host); when false the JIT must
+// not map calls to them.
+bool have_vector();
+
+// Scalar (the same bits as any lane of the vector forms).
+float f32(Fn f, float x);
+double f64(Fn f, double x);
+float f32(Fn f, float x, float y);
+double f64(Fn f, double x, double y);
+
+// In place over 8 floats / 4 doubles (y: the second operand of pow/atan2, else null); the
+// same bits as the scalar forms element by element.
+void apply8f(Fn f, float* x, const float* y);
+void apply4d(Fn f, double* x, const double* y);
+
+// Sigmoid as every backend computes it: 1 / (1 + exp(-x)), exp as above.
+inline float sigmoid(float x) { return 1.0f / (1.0f + f32(Fn::Exp, -x)); }
+inline double sigmoid(double x) { return 1.0 / (1.0 + f64(Fn::Exp, -x)); }
+
+}  // namespace kiln::vmath
