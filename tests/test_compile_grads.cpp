@@ -97,6 +97,7 @@ TEST(CompileGrads, NarrowedArgumentsAreReadAtTheirOffset) {
   Tensor part = big.narrow(0, 1, 2);  // dense rows 1..2, offset 3
   expect_close(f(part), part, 0, 0);
   expect_close(f(big.narrow(0, 2, 2)), big.narrow(0, 2, 2), 0, 0);
+}
 
 // Recomputation never changes results: the backward of amax/amin compares x with the saved
 // result (eq(x, out): "equals the extremum"); maximum/minimum compare x with y. A min cut that
