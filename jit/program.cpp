@@ -95,7 +95,13 @@ Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std:
     for_each_size(std::as_const(*in), note);
     stop.insert(in.get());
   }
-  for (const Node* n : topo_order(outputs_, stop)) for_each_size(*n, note);
+  // The traced graph is a template: it never runs, so it does not count as pending eager work
+  // (which would make later eager code materialize early, op by op, past the pending limit).
+  for (Node* n : topo_order(outputs_, stop)) {
+    for_each_size(std::as_const(*n), note);
+    not_pending(*n);
+  }
+  for (const auto& in : inputs_) not_pending(*in);
   for (const auto& [id, off] : rng_offsets_) note(off);
   for (size_t i = 0; i < symbols_.size(); ++i)
     if (used.count(symbols_[i])) used_.push_back(i);

@@ -20,6 +20,9 @@ const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "lo
 
 // The AVX2 variants, resolved once: libmvec first, then SLEEF's GNU-ABI build (the same order
 // as the LLVM JIT's symbol search used to have; both are link dependencies of libkiln).
+// float32 only: float64 is computed with scalar libm (< 1 ulp) in every backend, since float64
+// users expect PyTorch's float64 accuracy (libmvec's double variants allow 4 ulp, which grows
+// past 1e-9 relative through a tan or an exp); the d4 entries stay null, and vec4 runs libm per lane.
 struct Table {
   void* f8[kCount] = {};
   void* d4[kCount] = {};
@@ -31,12 +34,9 @@ struct Table {
     void* libs[] = {dlopen("libmvec.so.1", RTLD_NOW | RTLD_GLOBAL), dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL)};
     for (int i = 0; i < kCount; ++i) {
       const std::string abi = is_binary(static_cast<Fn>(i)) ? "vv_" : "v_";
-      const std::string nf = "_ZGVdN8" + abi + kNames[i] + "f", nd = "_ZGVdN4" + abi + kNames[i];
-      for (void* lib : libs) {
-        if (!lib) continue;
-        if (!f8[i]) f8[i] = dlsym(lib, nf.c_str());
-        if (!d4[i]) d4[i] = dlsym(lib, nd.c_str());
-      }
+      const std::string nf = "_ZGVdN8" + abi + kNames[i] + "f";
+      for (void* lib : libs)
+        if (lib && !f8[i]) f8[i] = dlsym(lib, nf.c_str());
     }
   }
 };

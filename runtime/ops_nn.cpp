@@ -135,8 +135,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
              "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
   KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
   Tensor scores = matmul(q, transpose(k, -2, -1));
-  if (scale || qs.back().is_constant())
-    scores = mul(scores, scale.value_or(1.0 / std::sqrt(static_cast<double>(qs.back().as_int()))));
+  if (scale)
+    scores = mul(scores, *scale);
+  else if (qs.back().is_constant())
+    scores = mul(scores, 1.0 / std::sqrt(static_cast<double>(qs.back().as_int())));
   else  // a symbolic head size: 1/sqrt(d) computed from it
     scores = mul(scores, rsqrt(detail::size_value(qs.back(), scores.dtype(), scores.device())));
   const double ninf = -std::numeric_limits<double>::infinity();
