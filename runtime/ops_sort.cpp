@@ -24,6 +24,12 @@ constexpr int64_t kPairwiseLimit = int64_t{1} << 24;
 // Permutation (int64, [..., n]) that sorts the last dim of v, by pairwise ranks.
 Tensor sort_perm_pairwise(const Tensor& v, bool descending) {
   Tensor x = v.dtype() == kBool ? to(v, kInt32) : v;
+  const SymInt& n = x.shape().back();
+  Tensor ar = detail::arange_of(n, x.device());
+  // Every comparison must see the same bits of each element: a value fused into the comparison
+  // kernel would be recomputed per use (vector and scalar code paths of a transcendental may
+  // round differently, making x[i] < x[i] true). An index_select (an opaque op) stores x once.
+  x = index_select(x, -1, ar);
   Tensor a = unsqueeze(x, -1);  // element i: [..., n, 1]
   Tensor b = unsqueeze(x, -2);  // element j: [..., 1, n]
   Tensor before, same;
@@ -36,8 +42,6 @@ Tensor sort_perm_pairwise(const Tensor& v, bool descending) {
     before = descending ? gt(b, a) : lt(b, a);
     same = eq(b, a);
   }
-  const SymInt& n = x.shape().back();
-  Tensor ar = detail::arange_of(n, x.device());
   Tensor lower_index = lt(unsqueeze(ar, 0), unsqueeze(ar, 1));  // [n(i), n(j)]: j < i
   Tensor rank = sum(logical_or(before, logical_and(same, lower_index)), std::vector<int64_t>{-1}, false, kInt64);
   Tensor idx = detail::expand_to(ar, x.shape());
