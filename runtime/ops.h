@@ -223,4 +223,71 @@ Tensor operator~(const Tensor& a);
 // Result dtype of an op over these operands (torch.result_type rules).
 DType result_type(const std::vector<Tensor>& tensors, const std::vector<Scalar>& scalars = {});
 
+// ---------- PyTorch conveniences (runtime/ops_api.cpp, ops_sort.cpp, ops_einsum.cpp,
+// ops_advindex.cpp) ----------
+// Reductions over a single dim: sum(x, 1), mean(x, -1) (braced lists pick the dims forms).
+template <DimIndex I>
+Tensor sum(const Tensor& x, I dim, bool keepdim = false, std::optional<DType> dtype = std::nullopt) {
+  return sum(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim, dtype);
+}
+#define KILN_ONE_DIM_DECL(name)                                        \
+  template <DimIndex I>                                                \
+  Tensor name(const Tensor& x, I dim, bool keepdim = false) {          \
+    return name(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim); \
+  }
+KILN_ONE_DIM_DECL(mean) KILN_ONE_DIM_DECL(prod) KILN_ONE_DIM_DECL(amax) KILN_ONE_DIM_DECL(amin)
+KILN_ONE_DIM_DECL(all) KILN_ONE_DIM_DECL(any) KILN_ONE_DIM_DECL(logsumexp)
+#undef KILN_ONE_DIM_DECL
+template <DimIndex I>
+Tensor var(const Tensor& x, I dim, double correction = 1, bool keepdim = false) {
+  return var(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, correction, keepdim);
+}
+template <DimIndex I>
+Tensor std(const Tensor& x, I dim, double correction = 1, bool keepdim = false) {
+  return kiln::std(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, correction, keepdim);
+}
+// Inclusive sum scan computed and returned in `dtype` (default: int types widen to int64).
+Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype);
+// Inclusive product scan along `dim` (in `dtype` when given).
+Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = std::nullopt);
+// clamp with one bound (a number or a broadcasting tensor).
+Tensor clamp_min(const Tensor& x, Scalar min);
+Tensor clamp_min(const Tensor& x, const Tensor& min);
+Tensor clamp_max(const Tensor& x, Scalar max);
+Tensor clamp_max(const Tensor& x, const Tensor& max);
+// Removes the listed dims that have size 1 (others are kept).
+Tensor squeeze(const Tensor& x, std::initializer_list<int64_t> dims);
+Tensor squeeze(const Tensor& x, const std::vector<int64_t>& dims);
+// Slices along `dim`, in order (views).
+std::vector<Tensor> unbind(const Tensor& x, int64_t dim = 0);
+// Moves dims `source` to positions `destination`; the others keep their order.
+Tensor movedim(const Tensor& x, int64_t source, int64_t destination);
+Tensor movedim(const Tensor& x, const std::vector<int64_t>& source, const std::vector<int64_t>& destination);
+// The diagonal (offset above/below the main one) of dims dim1, dim2, as a view appended last.
+Tensor diagonal(const Tensor& x, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
+// Circular shift along `dims` (no dims: over the flattened tensor).
+Tensor roll(const Tensor& x, int64_t shift, std::optional<int64_t> dim = std::nullopt);
+Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims);
+// Sorted values and int64 indices along `dim`; always stable; NaN sorts as the greatest value.
+std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false, bool stable = false);
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false, bool stable = false);
+// The k largest (largest=false: smallest) elements and their indices along `dim`, in sorted order.
+std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
+                               bool sorted = true);
+// int64 samples of category indices from the rows of `probs` ([n] or [rows, n], unnormalized
+// non-negative weights), with or without replacement (Philox, like rand).
+Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
+// A random permutation of 0..n-1.
+Tensor randperm(int64_t n, DType dtype = kInt64);
+// Einstein summation: "ij,jk->ik", implicit output, repeated labels (diagonals), "...".
+Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands);
+// Pairwise p-norm distances between the rows of x1 [..., P, M] and x2 [..., R, M]: [..., P, R].
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2.0);
+// Out-of-place x[indices] = values (accumulate: +=), indices as for Tensor::index.
+Tensor index_put(const Tensor& x, const std::vector<TensorIndex>& indices, const Tensor& values,
+                 bool accumulate = false);
+// from_vector of bools (std::vector<bool> is bit-packed, so it has its own definition).
+template <>
+Tensor from_vector<bool>(const std::vector<bool>& values, std::optional<std::vector<int64_t>> shape);
+
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "runtime/ops.h"
+#include "runtime/advindex.h"
 #include "runtime/record.h"
 
 namespace kiln {
@@ -324,6 +325,7 @@ Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
 }
 
 Tensor Tensor::index(const std::vector<TensorIndex>& idx) const {
+  if (detail::has_index_tensor(idx)) return detail::advanced_index(*this, idx);
   int64_t consumed = 0, ellipses = 0;
   for (const auto& i : idx) {
     if (std::holds_alternative<int64_t>(i) || std::holds_alternative<Slice>(i)) ++consumed;

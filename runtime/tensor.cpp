@@ -1,5 +1,6 @@
 #include "runtime/tensor.h"
 
+#include "runtime/advindex.h"
 #include "runtime/autograd.h"
 #include "runtime/ops.h"
 #include "runtime/record.h"
@@ -192,11 +193,13 @@ Tensor& Tensor::clamp_(std::optional<Scalar> mn, std::optional<Scalar> mx) {
   return assign_(kiln::clamp(*this, mn, mx));
 }
 Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, const Tensor& v) {
+  if (detail::has_index_tensor(idx)) return index_put_(idx, v, false);
   Tensor view = index(idx);
   view.copy_(v);  // x[idx] = v copies, converting v's dtype
   return *this;
 }
 Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, Scalar v) {
+  if (detail::has_index_tensor(idx)) return index_put_(idx, full_shape(Shape{}, v, dtype(), device()), false);
   Tensor view = index(idx);
   view.fill_(v);
   return *this;

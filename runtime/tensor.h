@@ -1,11 +1,13 @@
 // Tensor: a cheap handle to a node of the lazy graph. Ops record; data access materializes.
 #pragma once
+#include <concepts>
 #include <cstdint>
 #include <initializer_list>
 #include <iosfwd>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -72,7 +74,15 @@ struct Slice {
   Slice(SliceBound start = None, SliceBound stop = None, int64_t step = 1)
       : start(start.value), stop(stop.value), step(step) {}
 };
-using TensorIndex = std::variant<int64_t, Slice, NoneIndex, EllipsisIndex>;
+// An index tensor (advanced indexing): int64/int32 positions or a bool mask (runtime/ops_advindex.cpp).
+struct IndexTensor {
+  std::shared_ptr<TensorImpl> impl;
+  IndexTensor(const Tensor& t);  // NOLINT: implicit, so x.index({idx, Slice()}) reads like x[idx, :]
+};
+using TensorIndex = std::variant<int64_t, Slice, NoneIndex, EllipsisIndex, IndexTensor>;
+// A dim, not a bool (single-dim overloads of reductions; braced lists pick the dims overloads).
+template <class I>
+concept DimIndex = std::integral<I> && !std::same_as<I, bool>;
 
 // Handle to a lazy tensor. Copying a Tensor copies the handle, not the data.
 class Tensor {
@@ -226,7 +236,83 @@ class Tensor {
   // base if this is a view. The primitive behind every in-place op.
   Tensor& assign_(const Tensor& value);
 
+  // --- PyTorch conveniences (runtime/ops_api.cpp, ops_sort.cpp, ops_advindex.cpp) ---
+  // Reductions over one dim: x.sum(1), x.mean(-1) (braced lists still pick the dims forms).
+  template <DimIndex I> Tensor sum(I d, bool keepdim = false) const { return sum(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor mean(I d, bool keepdim = false) const { return mean(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor prod(I d, bool keepdim = false) const { return prod(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor amax(I d, bool keepdim = false) const { return amax(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor amin(I d, bool keepdim = false) const { return amin(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor all(I d, bool keepdim = false) const { return all(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor any(I d, bool keepdim = false) const { return any(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor logsumexp(I d, bool keepdim = false) const { return logsumexp(one_dim(d), keepdim); }
+  template <DimIndex I> Tensor var(I d, double correction = 1, bool keepdim = false) const {
+    return var(one_dim(d), correction, keepdim);
+  }
+  template <DimIndex I> Tensor std(I d, double correction = 1, bool keepdim = false) const {
+    return std(one_dim(d), correction, keepdim);
+  }
+  // Sum accumulated and returned in `dtype`.
+  Tensor sum(std::vector<int64_t> dims, bool keepdim, DType dtype) const;
+  // Max/min over all elements; (values, int64 indices) along `dim`.
+  Tensor max() const;
+  Tensor min() const;
+  std::pair<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  std::pair<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  // Inclusive scans along `dim`, computed and returned in `dtype` when given.
+  Tensor cumsum(int64_t dim, std::optional<DType> dtype) const;
+  Tensor cumprod(int64_t dim, std::optional<DType> dtype = std::nullopt) const;
+  // clamp with one bound.
+  Tensor clamp_min(Scalar min) const;
+  Tensor clamp_max(Scalar max) const;
+  // Expanded / viewed / reshaped to other's shape.
+  Tensor expand_as(const Tensor& other) const;
+  Tensor view_as(const Tensor& other) const;
+  Tensor reshape_as(const Tensor& other) const;
+  // Removes the listed size-1 dims (others are kept, as PyTorch).
+  Tensor squeeze(std::initializer_list<int64_t> dims) const;
+  Tensor squeeze(const std::vector<int64_t>& dims) const;
+  // Slices along `dim` (views), in order.
+  std::vector<Tensor> unbind(int64_t dim = 0) const;
+  // Moves dim `source` to position `destination` (others keep their order).
+  Tensor movedim(int64_t source, int64_t destination) const;
+  Tensor movedim(const std::vector<int64_t>& source, const std::vector<int64_t>& destination) const;
+  // The diagonal of dims (dim1, dim2) as a view, appended as the last dim.
+  Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;
+  // Elements shifted circularly along `dims` (no dims: the flattened tensor, reshaped back).
+  Tensor roll(int64_t shift, std::optional<int64_t> dim = std::nullopt) const;
+  Tensor roll(const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) const;
+  // Sorted values and their int64 indices along `dim` (stable; NaN sorts as the greatest).
+  std::pair<Tensor, Tensor> sort(int64_t dim = -1, bool descending = false, bool stable = false) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false, bool stable = false) const;
+  // The k largest (or smallest) values and indices along `dim`, sorted.
+  std::pair<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
+  // Elementwise comparisons (bool results).
+  Tensor eq(const Tensor& o) const; Tensor eq(Scalar o) const;
+  Tensor ne(const Tensor& o) const; Tensor ne(Scalar o) const;
+  Tensor lt(const Tensor& o) const; Tensor lt(Scalar o) const;
+  Tensor le(const Tensor& o) const; Tensor le(Scalar o) const;
+  Tensor gt(const Tensor& o) const; Tensor gt(Scalar o) const;
+  Tensor ge(const Tensor& o) const; Tensor ge(Scalar o) const;
+  // Casts (PyTorch's .float() .double() .long() .int() .bool(); those names are C++ keywords).
+  Tensor to_float() const; Tensor to_double() const; Tensor to_long() const;
+  Tensor to_int() const; Tensor to_bool() const;
+  // The last two dims transposed (PyTorch's .mT).
+  Tensor mT() const;
+  // In-place forms (functionalized through assign_).
+  Tensor& masked_fill_(const Tensor& mask, Scalar value);
+  Tensor& masked_fill_(const Tensor& mask, const Tensor& value);
+  Tensor& exp_(); Tensor& log_(); Tensor& sqrt_(); Tensor& rsqrt_(); Tensor& relu_();
+  Tensor& sigmoid_(); Tensor& tanh_(); Tensor& neg_(); Tensor& abs_(); Tensor& sin_(); Tensor& cos_();
+  Tensor& floor_(); Tensor& ceil_(); Tensor& round_(); Tensor& reciprocal_(); Tensor& square_();
+  Tensor& clamp_min_(Scalar min);
+  Tensor& clamp_max_(Scalar max);
+  Tensor& pow_(Scalar e);
+  // x[indices] = v (accumulate=false) or x[indices] += v (accumulate=true, duplicates add up).
+  Tensor& index_put_(const std::vector<TensorIndex>& idx, const Tensor& v, bool accumulate);
+
  private:
+  template <DimIndex I> static std::vector<int64_t> one_dim(I d) { return {static_cast<int64_t>(d)}; }
   std::shared_ptr<TensorImpl> impl_;
 };
 
@@ -234,6 +320,9 @@ class Tensor {
 std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // The same text as operator<<.
 std::string to_string(const Tensor& t);
+
+// to_vector of a bool tensor (std::vector<bool> has no element pointers).
+template <> std::vector<bool> Tensor::to_vector<bool>() const;
 
 // Computes all given tensors in one segment.
 void eval(const std::vector<Tensor>& ts);

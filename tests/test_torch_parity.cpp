@@ -314,6 +314,35 @@ void check_corpus(const std::filesystem::path& path, bool grads, bool compiled) 
 }
 }  // namespace
 
+// The project-owned corpus of the API of issue 10 (tests/parity/api_parity.jsonl, written by
+// tests/parity/make_api_parity.py with PyTorch 2.11): always present, so required.
+std::filesystem::path api_corpus() {
+  const char* s = std::getenv("KILN_SOURCE_DIR");
+  std::filesystem::path src = s && *s ? std::filesystem::path(s) : std::filesystem::path(KILN_TEST_SOURCE_DIR);
+  return src / "tests" / "parity" / "api_parity.jsonl";
+}
+#define KILN_API_CORPUS(path)                                          \
+  auto path = api_corpus();                                            \
+  ASSERT_TRUE(std::filesystem::exists(path)) << "missing project corpus " << path; \
+  ASSERT_TRUE(std::ifstream(path)) << "cannot open " << path
+
+TEST(TorchParityApi, AllCases) {
+  KILN_API_CORPUS(path);
+  check_corpus(path, false, false);
+}
+TEST(TorchParityApi, Gradients) {
+  KILN_API_CORPUS(path);
+  check_corpus(path, true, false);
+}
+TEST(TorchParityApi, AllCasesCompiled) {
+  KILN_API_CORPUS(path);
+  check_corpus(path, false, true);
+}
+TEST(TorchParityApi, GradientsCompiled) {
+  KILN_API_CORPUS(path);
+  check_corpus(path, true, true);
+}
+
 TEST(TorchParity, AllCases) {
   KILN_PARITY_CORPUS(path);
   check_corpus(*path, false, false);

@@ -291,7 +291,8 @@ bool loose_op(const std::string& op) {
       "logsumexp", "norm", "vector_norm", "linalg_vector_norm", "linalg.vector_norm", "linalg_norm",
       "linalg.norm", "cumsum", "matmul", "mm", "bmm", "linear", "outer", "ger", "dot", "softmax", "log_softmax",
       "layer_norm", "cross_entropy", "mse_loss", "smooth_l1_loss", "sdpa", "scaled_dot_product_attention",
-      "conv2d", "contiguous_chain", "mlp_mse", "mlp_xent", "index_add", "scatter_add", "linspace"};
+      "conv2d", "contiguous_chain", "mlp_mse", "mlp_xent", "index_add", "scatter_add", "linspace", "cumprod",
+      "einsum", "cdist", "index_put"};
   return s.count(op) > 0;
 }
 
@@ -542,11 +543,8 @@ std::vector<Tensor> run_op(const Ctx& c) {
     }
     return one(kiln::norm(x, p, dims_or_all(c.dims()), c.b("keepdim", false)));
   }
-  if (op == "cumsum") {
-    Tensor x = c.tensor(0);
-    if (auto t = dtype_attr(c)) x = kiln::to(x, *t);
-    return one(kiln::cumsum(x, c.i("dim", 0)));
-  }
+  if (op == "cumsum") return one(kiln::cumsum(c.tensor(0), c.i("dim", 0), dtype_attr(c)));
+  if (op == "cumprod") return one(kiln::cumprod(c.tensor(0), c.i("dim", 0), dtype_attr(c)));
 
   // ---- views and movement ----
   if (op == "reshape" || op == "view") {
@@ -559,12 +557,7 @@ std::vector<Tensor> run_op(const Ctx& c) {
     Tensor x = c.tensor(0);
     auto d = c.dims();
     if (!d) return one(kiln::squeeze(x));
-    std::vector<int64_t> ds;
-    for (int64_t v : *d) ds.push_back(v < 0 ? v + std::max<int64_t>(x.dim(), 1) : v);
-    std::sort(ds.rbegin(), ds.rend());
-    ds.erase(std::unique(ds.begin(), ds.end()), ds.end());
-    for (int64_t v : ds) x = kiln::squeeze(x, v);
-    return one(x);
+    return one(kiln::squeeze(x, *d));
   }
   if (op == "unsqueeze") return one(kiln::unsqueeze(c.tensor(0), c.i("dim", 0)));
   if (op == "permute") return one(kiln::permute(c.tensor(0), c.ints(c.key({"dims", "dim"}))));
@@ -618,6 +611,74 @@ std::vector<Tensor> run_op(const Ctx& c) {
     std::string mode = c.s("mode", "constant");
     if (mode != "constant") throw Unsupported("pad: mode '" + mode + "' is not supported by kiln");
     return one(kiln::pad(c.tensor(0), c.ints("pad"), c.d("value", 0)));
+  }
+
+  // ---- API of issue 10 (tests/parity/api_parity.jsonl) ----
+  if (op == "expand_as") return one(c.tensor(0).expand_as(c.tensor(1)));
+  if (op == "view_as") return one(c.tensor(0).view_as(c.tensor(1)));
+  if (op == "reshape_as") return one(c.tensor(0).reshape_as(c.tensor(1)));
+  if (op == "mT") return one(c.tensor(0).mT());
+  if (op == "unbind") return kiln::unbind(c.tensor(0), c.i("dim", 0));
+  if (op == "movedim") {
+    if (c.at("source").is_array()) return one(kiln::movedim(c.tensor(0), c.ints("source"), c.ints("destination")));
+    return one(kiln::movedim(c.tensor(0), c.i("source", 0), c.i("destination", 0)));
+  }
+  if (op == "diagonal") return one(kiln::diagonal(c.tensor(0), c.i("offset", 0), c.i("dim1", 0), c.i("dim2", 1)));
+  if (op == "roll") {
+    if (!c.has("dims")) return one(kiln::roll(c.tensor(0), c.ints("shifts"), {}));
+    return one(kiln::roll(c.tensor(0), c.ints("shifts"), c.ints("dims")));
+  }
+  if (op == "sort") {
+    auto [v, i] = kiln::sort(c.tensor(0), c.i("dim", -1), c.b("descending", false), c.b("stable", false));
+    return {v, i};
+  }
+  if (op == "argsort") return one(kiln::argsort(c.tensor(0), c.i("dim", -1), c.b("descending", false)));
+  if (op == "topk") {
+    auto [v, i] = kiln::topk(c.tensor(0), c.i("k", 1), c.i("dim", -1), c.b("largest", true), c.b("sorted", true));
+    return {v, i};
+  }
+  if (op == "einsum") return one(kiln::einsum(c.s("equation", ""), c.all_tensors()));
+  if (op == "cdist") return one(kiln::cdist(c.tensor(0), c.tensor(1), c.d("p", 2)));
+  static const std::map<std::string, Tensor& (Tensor::*)()> inplace = {
+      {"exp_", &Tensor::exp_}, {"relu_", &Tensor::relu_}, {"sigmoid_", &Tensor::sigmoid_}, {"tanh_", &Tensor::tanh_},
+      {"neg_", &Tensor::neg_}, {"abs_", &Tensor::abs_},   {"sqrt_", &Tensor::sqrt_},       {"log_", &Tensor::log_}};
+  if (auto it = inplace.find(op); it != inplace.end()) {
+    Tensor y = c.tensor(0).clone();
+    (y.*(it->second))();
+    return one(y);
+  }
+  if (op == "clamp_min_" || op == "clamp_max_") {
+    Tensor y = c.tensor(0).clone();
+    if (op == "clamp_min_") y.clamp_min_(scalar_of(c.at("min")));
+    else y.clamp_max_(scalar_of(c.at("max")));
+    return one(y);
+  }
+  if (op == "masked_fill_") {
+    Tensor y = c.tensor(0).clone();
+    y.masked_fill_(c.tensor(1), scalar_of(c.at("value")));
+    return one(y);
+  }
+  if (op == "index" || op == "index_put") {
+    // attrs.spec: ints, null (None), "...", [start, stop, step] slices, {"tensor": k} (k-th index tensor input).
+    size_t first = op == "index" ? 1 : 2;
+    std::vector<kiln::TensorIndex> idx;
+    for (const auto& e : c.at("spec")) {
+      if (e.is_object()) idx.push_back(c.tensor(first + static_cast<size_t>(integer(e.at("tensor")))));
+      else if (e.is_string()) idx.push_back(kiln::Ellipsis);
+      else if (e.is_null()) idx.push_back(kiln::None);
+      else if (e.is_array()) {
+        auto b = [&](size_t k) -> kiln::SliceBound {
+          if (k >= e.size() || e[k].is_null()) return kiln::None;
+          return integer(e[k]);
+        };
+        int64_t step = e.size() > 2 && !e[2].is_null() ? integer(e[2]) : 1;
+        idx.push_back(kiln::Slice(b(0), b(1), step));
+      } else {
+        idx.push_back(integer(e));
+      }
+    }
+    if (op == "index") return one(c.tensor(0).index(idx));
+    return one(kiln::index_put(c.tensor(0), idx, c.tensor(1), c.b("accumulate", false)));
   }
 
   // ---- indexing ----
