@@ -157,7 +157,10 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   auto mapped = [&](const NodePtr& n) -> NodePtr {
     auto f = map.find(n.get());
     if (f != map.end()) return f->second;
-    return n;  // a constant (materialized when traced)
+    // A constant (materialized when traced); anything else is a value the program never gets.
+    KILN_CHECK(n->materialized(), "compiled program: internal error: ", op_name(n->op), " ", shape_str(n->shape),
+               " is neither an input nor computed by the program");
+    return n;
   };
   std::vector<std::pair<uint64_t, Node*>> rands;
   for (Node* n : order) {

@@ -264,8 +264,13 @@ struct Scheduler {
       // reads is produced before that kernel.
       size_t first_dep = 0;
       for (Node* in : g.inputs) {
-        auto it = producer.find(storage_root(in));
-        if (it != producer.end()) first_dep = std::max(first_dep, it->second + 1);
+        // The step producing the input itself (an as_strided view gets its storage from a view
+        // step of its own) or any view on the way to its storage root.
+        for (Node* v = in;; v = v->inputs[0].get()) {
+          auto it = producer.find(v);
+          if (it != producer.end()) first_dep = std::max(first_dep, it->second + 1);
+          if (!is_view_op(v->op) || v->inputs.empty()) break;
+        }
       }
       bool merged = false;
       for (size_t k = steps.size(); k-- > first_dep;) {
