@@ -149,7 +149,7 @@ Tensor std(const Tensor& x, std::vector<int64_t> dims, double correction, bool k
 Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
   Tensor x = as_float(xin);
   // Empty input: no max to shift by (amax would throw); PyTorch gives log(sum(exp(x))), i.e. -inf.
-  if (auto n = numel(x.shape()).maybe_int(); n && *n == 0) return log(sum(exp(x), dims, keepdim));
+  if (auto empty = sym_eq(numel(x.shape()), 0); empty && *empty) return log(sum(exp(x), dims, keepdim));
   Tensor m = amax(x.detach(), dims, true);  // the shift's gradient cancels exactly: detached
   m = where(eq(abs(m), std::numeric_limits<double>::infinity()), detail::constant(0, m.dtype(), m.device()), m);
   Tensor s = log(sum(exp(sub(x, m)), dims, keepdim));

@@ -447,7 +447,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   KILN_CHECK(chunks > 0, "chunk: chunks must be positive, got ", chunks);
   int64_t d = wrap_dim(dim, x.dim(), "chunk");
   const SymInt& n = x.shape()[d];
-  if (n.maybe_int() == 0) {  // PyTorch: `chunks` empty pieces of a size-0 dim
+  if (auto empty = sym_eq(n, 0); empty && *empty) {  // PyTorch: `chunks` empty pieces of a size-0 dim
     std::vector<Tensor> out;
     for (int64_t i = 0; i < chunks; ++i) out.push_back(x.narrow(d, 0, 0));
     return out;
