@@ -159,4 +159,49 @@ Tensor Sequential::forward(const Tensor& x) {
   return y;
 }
 
+ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) {
+  for (auto& m : modules) push_back(std::move(m));
+}
+ModuleList& ModuleList::push_back(std::shared_ptr<Module> m) {
+  KILN_CHECK(m != nullptr, "ModuleList: null module");
+  register_module(std::to_string(modules_.size()), m);
+  modules_.push_back(std::move(m));
+  return *this;
+}
+const std::shared_ptr<Module>& ModuleList::operator[](size_t i) const {
+  KILN_CHECK(i < modules_.size(), "ModuleList: index ", i, " out of range (size ", modules_.size(), ")");
+  return modules_[i];
+}
+
+ModuleDict::ModuleDict(std::vector<std::pair<std::string, std::shared_ptr<Module>>> items) {
+  for (auto& [k, m] : items) insert(k, std::move(m));
+}
+ModuleDict& ModuleDict::insert(const std::string& key, std::shared_ptr<Module> m) {
+  KILN_CHECK(m != nullptr, "ModuleDict: null module for key '", key, "'");
+  KILN_CHECK(!key.empty() && key.find('.') == std::string::npos, "ModuleDict: invalid key '", key,
+             "' (must be non-empty and contain no '.')");
+  for (auto& [k, c] : children_)
+    if (k == key) {
+      c = std::move(m);
+      return *this;
+    }
+  register_module(key, std::move(m));
+  return *this;
+}
+const std::shared_ptr<Module>& ModuleDict::operator[](const std::string& key) const {
+  for (auto& [k, c] : children_)
+    if (k == key) return c;
+  throw Error("ModuleDict: no module under key '" + key + "'");
+}
+bool ModuleDict::contains(const std::string& key) const {
+  for (auto& [k, _] : children_)
+    if (k == key) return true;
+  return false;
+}
+std::vector<std::string> ModuleDict::keys() const {
+  std::vector<std::string> out;
+  for (auto& [k, _] : children_) out.push_back(k);
+  return out;
+}
+
 }  // namespace kiln::nn

@@ -116,6 +116,68 @@ class Sequential : public Module {
   std::shared_ptr<Module> operator[](size_t i) const { return children_.at(i).second; }
 };
 
+// Holds modules in a list, registered as children named "0", "1", ... (no forward).
+class ModuleList : public Module {
+ public:
+  ModuleList() = default;
+  // A list of `modules`, in order.
+  explicit ModuleList(std::vector<std::shared_ptr<Module>> modules);
+  // Appends a module (named by its index).
+  ModuleList& push_back(std::shared_ptr<Module> m);
+  // Same as push_back (PyTorch's name).
+  ModuleList& append(std::shared_ptr<Module> m) { return push_back(std::move(m)); }
+  // Number of modules.
+  size_t size() const { return modules_.size(); }
+  // Whether the list holds no module.
+  bool empty() const { return modules_.empty(); }
+  // The i-th module (throws kiln::Error out of range).
+  const std::shared_ptr<Module>& operator[](size_t i) const;
+  // The i-th module as an M (throws kiln::Error out of range or when it is not an M).
+  template <class M>
+  std::shared_ptr<M> at(size_t i) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[i]);
+    KILN_CHECK(m != nullptr, "ModuleList: module ", i, " has another type");
+    return m;
+  }
+  // Iteration over the modules, in order.
+  std::vector<std::shared_ptr<Module>>::const_iterator begin() const { return modules_.begin(); }
+  std::vector<std::shared_ptr<Module>>::const_iterator end() const { return modules_.end(); }
+
+ private:
+  std::vector<std::shared_ptr<Module>> modules_;
+};
+
+// Holds modules by string key in insertion order, registered as children named by key (no forward).
+class ModuleDict : public Module {
+ public:
+  ModuleDict() = default;
+  // A dict of (key, module) pairs, in order.
+  explicit ModuleDict(std::vector<std::pair<std::string, std::shared_ptr<Module>>> items);
+  // Adds a module under `key` (non-empty, no '.'); an existing key keeps its position and gets
+  // the new module.
+  ModuleDict& insert(const std::string& key, std::shared_ptr<Module> m);
+  // The module under `key` (throws kiln::Error when absent).
+  const std::shared_ptr<Module>& operator[](const std::string& key) const;
+  // The module under `key` as an M (throws kiln::Error when absent or not an M).
+  template <class M>
+  std::shared_ptr<M> at(const std::string& key) const {
+    auto m = std::dynamic_pointer_cast<M>((*this)[key]);
+    KILN_CHECK(m != nullptr, "ModuleDict: module '", key, "' has another type");
+    return m;
+  }
+  // Whether a module is stored under `key`.
+  bool contains(const std::string& key) const;
+  // Keys in insertion order.
+  std::vector<std::string> keys() const;
+  // Number of modules.
+  size_t size() const { return children_.size(); }
+  // Whether the dict holds no module.
+  bool empty() const { return children_.empty(); }
+  // Iteration over (key, module) pairs in insertion order.
+  auto begin() const { return children_.cbegin(); }
+  auto end() const { return children_.cend(); }
+};
+
 // Activation modules.
 class ReLU : public Module { public: Tensor forward(const Tensor& x) override { return relu(x); } };
 class Tanh : public Module { public: Tensor forward(const Tensor& x) override { return tanh(x); } };
