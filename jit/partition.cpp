@@ -193,7 +193,14 @@ Partition partition(const std::vector<NodePtr>& inputs, const std::vector<NodePt
         if (in_graph(in)) net.add(2 * idx[in.get()] + 1, 2 * idx[n], kInf);
     for (const auto& o : bwd_outputs)
       if (in_graph(o) && !tan[idx[o.get()]]) net.add(2 * idx[o.get()] + 1, T, kInf);
-    net.max_flow(S, T);
+    // An uncuttable source-to-sink path (infinite flow) would leave a forward value the
+    // backward needs neither saved nor recomputable: save what eager autograd saves instead.
+    if (net.max_flow(S, T) >= kInf / 2) {
+      saved = save_all;
+      int64_t all = 0;
+      for (int v : saved) all += bytes(*nodes[v]);
+      return all;
+    }
     std::vector<bool> side = net.source_side(S);
     saved.clear();
     int64_t total = 0;
@@ -222,10 +229,14 @@ Partition partition(const std::vector<NodePtr>& inputs, const std::vector<NodePt
       both = both && u && idx.count(u) && (fwd[idx[u]] || is_input[idx[u]]) && !tan[idx[u]];
     }
     if (!both) continue;
+    // Only the bases are pinned, and only forward ones: views are index arithmetic over their
+    // base (no rounding of their own), and a view attached to the source would, with its
+    // infinite weight (views are never saved), open an uncuttable path to the sink; a
+    // backward-only node attached to the source would look available without being saved.
     for (const auto& in : n->inputs)
       for (const Node* u = in.get(); u && idx.count(u) && !is_input[idx[u]];
            u = is_view_op(u->op) && !u->inputs.empty() ? u->inputs[0].get() : nullptr)
-        pinned.insert(idx[u]);
+        if (fwd[idx[u]] && !is_view_op(u->op)) pinned.insert(idx[u]);
   }
   result.pinned = static_cast<int>(pinned.size());
 

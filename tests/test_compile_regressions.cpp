@@ -87,3 +87,23 @@ TEST(CompileRegressions, BackwardReadsAnAsStridedViewAfterItsStep) {
   fn(xe).backward(g);
   expect_close(x.grad(), xe.grad(), 0, 0);
 }
+
+// The min cut pinned a view operand of amax's backward comparison to the forward; with views'
+// infinite weight the cut had no finite solution and the backward read an unsaved input
+// ("leaf node without storage"), or wrong gradients.
+TEST(CompileRegressions, ComparisonOperandThatIsAViewKeepsTheCutFinite) {
+  auto fn = [](const Tensor& x) {
+    Tensor r = x.relu();
+    Tensor s = stack({eq(Scalar(int64_t{1}), clamp(r, Scalar(-0.5), Scalar(1.0))).to(kFloat64), r}, 0);
+    Tensor flat = flatten(s, -1, -1);
+    Tensor top = flat.slice(0, 0, 1);
+    return std::vector<Tensor>{max(flat), matmul(top, top)};
+  };
+  auto f = compile(fn);
+  for (double v : {0.7, 1.0, -0.3}) {
+    Tensor x = scalar_tensor(v, kFloat64).requires_grad_(), xe = x.detach().requires_grad_();
+    backward(f(x), {scalar_tensor(1.5, kFloat64), scalar_tensor(-2.0, kFloat64)});
+    backward(fn(xe), {scalar_tensor(1.5, kFloat64), scalar_tensor(-2.0, kFloat64)});
+    expect_close(x.grad(), xe.grad(), 1e-12, 1e-12);
+  }
+}
