@@ -30,27 +30,25 @@ extern "C" void __tsan_release(void* addr);
 namespace kiln::kernels {
 
 #if defined(KILN_TSAN)
-namespace detail {
-struct ForkJoin {  // two sync addresses: fork (caller -> bodies), join (bodies -> caller)
+struct TsanForkJoin {  // two sync addresses: fork (caller -> bodies), join (bodies -> caller)
   char fork = 0, join = 0;
-  ForkJoin() { __tsan_release(&fork); }
+  TsanForkJoin() { __tsan_release(&fork); }
   void after_join() { __tsan_acquire(&join); }
   struct Body {  // acquire fork on entry, release join on exit (also when the body throws)
-    ForkJoin& fj;
-    explicit Body(ForkJoin& f) : fj(f) { __tsan_acquire(&fj.fork); }
+    TsanForkJoin& fj;
+    explicit Body(TsanForkJoin& f) : fj(f) { __tsan_acquire(&fj.fork); }
     ~Body() { __tsan_release(&fj.join); }
   };
 };
-}  // namespace detail
 #endif
 
 // tbb::parallel_for(range, body), body(const tbb::blocked_range<int64_t>&).
 template <class F>
 void parallel_for(const tbb::blocked_range<int64_t>& range, const F& body) {
 #if defined(KILN_TSAN)
-  detail::ForkJoin fj;
+  TsanForkJoin fj;
   tbb::parallel_for(range, [&](const tbb::blocked_range<int64_t>& r) {
-    detail::ForkJoin::Body scope(fj);
+    TsanForkJoin::Body scope(fj);
     body(r);
   });
   fj.after_join();
@@ -63,9 +61,9 @@ void parallel_for(const tbb::blocked_range<int64_t>& range, const F& body) {
 template <class F>
 void parallel_for(int64_t first, int64_t last, const F& body) {
 #if defined(KILN_TSAN)
-  detail::ForkJoin fj;
+  TsanForkJoin fj;
   tbb::parallel_for(first, last, [&](int64_t i) {
-    detail::ForkJoin::Body scope(fj);
+    TsanForkJoin::Body scope(fj);
     body(i);
   });
   fj.after_join();
