@@ -12,6 +12,7 @@
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #if defined(__SANITIZE_THREAD__)
@@ -33,12 +34,44 @@ namespace kiln::kernels {
 struct TsanForkJoin {  // two sync addresses: fork (caller -> bodies), join (bodies -> caller)
   char fork = 0, join = 0;
   TsanForkJoin() { __tsan_release(&fork); }
-  void after_join() { __tsan_acquire(&join); }
-  struct Body {  // acquire fork on entry, release join on exit (also when the body throws)
-    TsanForkJoin& fj;
-    explicit Body(TsanForkJoin& f) : fj(f) { __tsan_acquire(&fj.fork); }
-    ~Body() { __tsan_release(&fj.join); }
+  // After the loop: the bodies' releases, and TBB's own join. TBB's root task node (its
+  // wait_context) lives in tbb::parallel_for's stack frame, below the caller's; the last
+  // worker decrements it with an (instrumented) atomic after the bodies' release, then the
+  // caller waits inside libtbb, unseen. Acquiring every word of that dead frame region picks up
+  // that atomic's release, so the caller's later use of its stack does not race with the
+  // worker's last touch of TBB's node.
+  __attribute__((noinline)) void after_join() {
+    __tsan_acquire(&join);
+    char* sp = static_cast<char*>(__builtin_frame_address(0));
+    for (size_t off = 8; off <= 4096; off += 8) __tsan_acquire(sp - off);
+  }
+};
+
+// The loop body TBB copies into its tasks. A task is built by one thread and run (stolen) by
+// another, and its memory is reused for later tasks, all through uninstrumented TBB; reading the
+// two pointers kept in the task is synchronized by TBB, so that read is not instrumented. The
+// body proper then acquires `fork` and releases `join`.
+template <class F>
+struct TsanBody {
+  TsanForkJoin* fj;
+  const F* body;
+  struct Ptrs {
+    TsanForkJoin* fj;
+    const F* body;
   };
+  __attribute__((no_sanitize_thread, noinline)) static Ptrs load(const TsanBody* self) {
+    return {self->fj, self->body};
+  }
+  template <class Arg>
+  void operator()(const Arg& arg) const {
+    Ptrs p = load(this);
+    __tsan_acquire(&p.fj->fork);
+    struct Release {
+      TsanForkJoin* fj;
+      ~Release() { __tsan_release(&fj->join); }
+    } release{p.fj};
+    (*p.body)(arg);
+  }
 };
 #endif
 
@@ -47,10 +80,7 @@ template <class F>
 void parallel_for(const tbb::blocked_range<int64_t>& range, const F& body) {
 #if defined(KILN_TSAN)
   TsanForkJoin fj;
-  tbb::parallel_for(range, [&](const tbb::blocked_range<int64_t>& r) {
-    TsanForkJoin::Body scope(fj);
-    body(r);
-  });
+  tbb::parallel_for(range, TsanBody<F>{&fj, &body});
   fj.after_join();
 #else
   tbb::parallel_for(range, body);
@@ -62,10 +92,7 @@ template <class F>
 void parallel_for(int64_t first, int64_t last, const F& body) {
 #if defined(KILN_TSAN)
   TsanForkJoin fj;
-  tbb::parallel_for(first, last, [&](int64_t i) {
-    TsanForkJoin::Body scope(fj);
-    body(i);
-  });
+  tbb::parallel_for(first, last, TsanBody<F>{&fj, &body});
   fj.after_join();
 #else
   tbb::parallel_for(first, last, body);
