@@ -24,6 +24,12 @@
 #endif
 
 #if defined(KILN_TSAN)
+#define KILN_PARALLEL_NOINLINE __attribute__((noinline))  // see TsanForkJoin::after_join
+#else
+#define KILN_PARALLEL_NOINLINE
+#endif
+
+#if defined(KILN_TSAN)
 extern "C" void __tsan_acquire(void* addr);
 extern "C" void __tsan_release(void* addr);
 #endif
@@ -35,15 +41,17 @@ struct TsanForkJoin {  // two sync addresses: fork (caller -> bodies), join (bod
   char fork = 0, join = 0;
   TsanForkJoin() { __tsan_release(&fork); }
   // After the loop: the bodies' releases, and TBB's own join. TBB's root task node (its
-  // wait_context) lives in tbb::parallel_for's stack frame, below the caller's; the last
-  // worker decrements it with an (instrumented) atomic after the bodies' release, then the
-  // caller waits inside libtbb, unseen. Acquiring every word of that dead frame region picks up
-  // that atomic's release, so the caller's later use of its stack does not race with the
-  // worker's last touch of TBB's node.
-  __attribute__((noinline)) void after_join() {
+  // wait_context) lives in the stack frame of the (noinline) wrapper that called
+  // tbb::parallel_for, or below it; the last worker decrements it with an (instrumented) atomic
+  // after the bodies' release, then the caller waits inside libtbb, unseen. Acquiring every
+  // word from the wrapper's frame down over the dead callee frames picks up that atomic's
+  // release, so the caller's later use of its stack does not race with the worker's last touch
+  // of TBB's node.
+  __attribute__((noinline)) void after_join(const void* wrapper_frame) {
     __tsan_acquire(&join);
-    char* sp = static_cast<char*>(__builtin_frame_address(0));
-    for (size_t off = 8; off <= 4096; off += 8) __tsan_acquire(sp - off);
+    const char* top = static_cast<const char*>(wrapper_frame);
+    char* p = static_cast<char*>(__builtin_frame_address(0)) - 4096;
+    for (p -= reinterpret_cast<uintptr_t>(p) % 8; p < top; p += 8) __tsan_acquire(p);
   }
 };
 
@@ -77,11 +85,11 @@ struct TsanBody {
 
 // tbb::parallel_for(range, body), body(const tbb::blocked_range<int64_t>&).
 template <class F>
-void parallel_for(const tbb::blocked_range<int64_t>& range, const F& body) {
+KILN_PARALLEL_NOINLINE void parallel_for(const tbb::blocked_range<int64_t>& range, const F& body) {
 #if defined(KILN_TSAN)
   TsanForkJoin fj;
   tbb::parallel_for(range, TsanBody<F>{&fj, &body});
-  fj.after_join();
+  fj.after_join(__builtin_frame_address(0));
 #else
   tbb::parallel_for(range, body);
 #endif
@@ -89,11 +97,11 @@ void parallel_for(const tbb::blocked_range<int64_t>& range, const F& body) {
 
 // tbb::parallel_for(first, last, body), body(int64_t) for each index.
 template <class F>
-void parallel_for(int64_t first, int64_t last, const F& body) {
+KILN_PARALLEL_NOINLINE void parallel_for(int64_t first, int64_t last, const F& body) {
 #if defined(KILN_TSAN)
   TsanForkJoin fj;
   tbb::parallel_for(first, last, TsanBody<F>{&fj, &body});
-  fj.after_join();
+  fj.after_join(__builtin_frame_address(0));
 #else
   tbb::parallel_for(first, last, body);
 #endif
