@@ -86,7 +86,7 @@ check_tsan_log() {
           f ~ /\/usr\/include\/c\+\+\//) next
       top[cur] = f; tbb[cur] = (f ~ /\/(oneapi\/)?tbb\/[^ ]*:[0-9]+ / || f ~ /\(libtbb[^ ]*\+0x[0-9a-f]+\)$/); next }
     inrep && /^SUMMARY: ThreadSanitizer/ {
-      if (race && tbb[1] && tbb[2]) ++ok; else { ++bad; print "   unsuppressed: " $0 }
+      if (race && tbb[1] && tbb[2]) ++ok; else { ++bad; print "   unsuppressed: " $0; print "     access 1: " substr(top[1], 1, 160); print "     access 2: " substr(top[2], 1, 160) }
       inrep = 0; next }
     END { printf "   TSan reports: %d inside TBB on both sides (let pass), %d others\n", ok, bad; exit bad > 0 }
   ' "$1"
@@ -103,10 +103,10 @@ run_tsan() {
     echo "   KILN_JIT=$jit"
     # report_signal_unsafe=0: LLVM's crash handlers; history_size: deeper stacks for old accesses.
     KILN_JIT=$jit KILN_SOURCE_DIR="$src" KILN_CACHE_DIR="$dir/kiln-cache" \
-      TSAN_OPTIONS="halt_on_error=0:history_size=4:report_signal_unsafe=0:second_deadlock_stack=1" \
+      TSAN_OPTIONS="halt_on_error=0:history_size=7:report_signal_unsafe=0:second_deadlock_stack=1" \
       "$dir/tests/test_threads" >>"$log" 2>&1 || status=1
     KILN_JIT=$jit KILN_SOURCE_DIR="$src" KILN_CACHE_DIR="$dir/kiln-cache" \
-      TSAN_OPTIONS="halt_on_error=0:history_size=4:report_signal_unsafe=0:second_deadlock_stack=1" \
+      TSAN_OPTIONS="halt_on_error=0:history_size=7:report_signal_unsafe=0:second_deadlock_stack=1" \
       "$dir/tests/test_jit" --gtest_filter='JitConcurrency.*' >>"$log" 2>&1 || status=1
   done
   grep -E '^\[  (PASSED|FAILED) ' "$log" | sort | uniq -c
