@@ -1,7 +1,6 @@
 // The JIT executor: schedules each segment, runs fused kernels from the code cache over TBB,
 // and hands library/reference ops to the interpreter's kernels. Installed as the default
 // executor unless KILN_JIT=interp.
-#include <tbb/parallel_for.h>
 
 #include <algorithm>
 #include <array>
@@ -16,6 +15,7 @@
 
 #include "jit/code_cache.h"
 #include "kernels/node_operand.h"
+#include "kernels/parallel.h"
 #include "kernels/reference.h"
 #include "jit/diagnostics.h"
 #include "jit/executor.h"
@@ -225,7 +225,7 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
     } else {
       int64_t per_index = std::max<int64_t>(1, work / extent);
       int64_t grain = std::max<int64_t>(1, 16384 / per_index);
-      tbb::parallel_for(tbb::blocked_range<int64_t>(0, extent, grain), [&](const tbb::blocked_range<int64_t>& r) {
+      kernels::parallel_for(tbb::blocked_range<int64_t>(0, extent, grain), [&](const tbb::blocked_range<int64_t>& r) {
         fn(r.begin(), r.end(), bd.buffers.data(), bd.ip.data(), bd.fp.data());
       });
     }

@@ -1,7 +1,6 @@
 // Batched GEMM on OpenBLAS (sgemm / dgemm). Operands with a unit stride in either of their
 // last two dims go to BLAS directly (as N or T); others are packed first.
 #include <cblas.h>
-#include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
@@ -112,7 +111,7 @@ void row_blocks_typed(const Operand& out, const Operand& a, const Operand& b,
   // One BLAS thread per block: TBB provides the parallelism (no spinning BLAS pool beside it).
   const int saved = openblas_get_num_threads();
   openblas_set_num_threads(1);
-  tbb::parallel_for(int64_t{0}, blocks, [&](int64_t i) {
+  parallel_for(int64_t{0}, blocks, [&](int64_t i) {
     const int64_t r0 = i * block, r1 = std::min(m, r0 + block);
     std::vector<T> abuf, bbuf;
     Mat<T> A = prepare<T, T>(a.ptr<T>() + r0 * a.strides[0], r1 - r0, k, a.strides[0], a.strides[1], abuf);

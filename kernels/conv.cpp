@@ -10,7 +10,7 @@ void im2col(const Operand& out, const Operand& x, const std::vector<int64_t>& p)
   const int64_t Wo = (W + 2 * pw - dw * (kw - 1) - 1) / sw + 1;
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);
-    tbb::parallel_for(int64_t(0), N * C, [&](int64_t nc) {
+    parallel_for(int64_t(0), N * C, [&](int64_t nc) {
       int64_t n = nc / C, c = nc % C;
       const T* xp = x.ptr<T>() + n * x.strides[0] + c * x.strides[1];
       for (int64_t i = 0; i < kh; ++i)
@@ -36,7 +36,7 @@ void col2im(const Operand& out, const Operand& cols, const std::vector<int64_t>&
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);
     using Cm = compute_t<T>;
-    tbb::parallel_for(int64_t(0), N * C, [&](int64_t nc) {
+    parallel_for(int64_t(0), N * C, [&](int64_t nc) {
       int64_t n = nc / C, c = nc % C;
       T* op = out.ptr<T>() + n * out.strides[0] + c * out.strides[1];
       for (int64_t h = 0; h < H; ++h)

@@ -25,8 +25,8 @@ void generate(const Operand& out, F&& f) {  // out[i] = f(i) over the contiguous
   };
   if (n < kParallelThreshold) run(0, n);
   else
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 16384),
-                      [&](const tbb::blocked_range<int64_t>& r) { run(r.begin(), r.end()); });
+    parallel_for(tbb::blocked_range<int64_t>(0, n, 16384),
+                 [&](const tbb::blocked_range<int64_t>& r) { run(r.begin(), r.end()); });
 }
 
 template <class T>

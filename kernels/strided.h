@@ -1,12 +1,11 @@
 // Strided operands and the N-d loop every reference kernel is built on.
 #pragma once
-#include <tbb/parallel_for.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/parallel.h"
 #include "runtime/dtype.h"
 
 namespace kiln::kernels {
@@ -90,8 +89,8 @@ void nd_for(const std::vector<int64_t>& sizes_in, const std::array<std::vector<i
   if (serial || total < kParallelThreshold) {
     run(0, total);
   } else {
-    tbb::parallel_for(tbb::blocked_range<int64_t>(0, total, 16384),
-                      [&](const tbb::blocked_range<int64_t>& r) { run(r.begin(), r.end()); });
+    parallel_for(tbb::blocked_range<int64_t>(0, total, 16384),
+                 [&](const tbb::blocked_range<int64_t>& r) { run(r.begin(), r.end()); });
   }
 }
 
