@@ -204,15 +204,18 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   // Views in the program were laid out against inputs that start at their storage's first
   // element: an input at another offset (a narrowed argument, a slice of a packed gradient) is
   // copied to a dense buffer first.
+  // (The common case — every input at offset 0 — copies nothing: no per-call allocation.)
   std::vector<Tensor> dense;
-  std::vector<Node*> ins = inputs;
-  for (Node*& in : ins) {
-    auto off = in->offset.maybe_int();
+  std::vector<Node*> moved;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto off = inputs[i]->offset.maybe_int();
     if (off && *off == 0) continue;
-    dense.push_back(Tensor::from_node(in->shared_from_this()).clone());
+    if (moved.empty()) moved = inputs;
+    dense.push_back(Tensor::from_node(inputs[i]->shared_from_this()).clone());
     dense.back().eval();
-    in = dense.back().node().get();
+    moved[i] = dense.back().node().get();
   }
+  const std::vector<Node*>& ins = moved.empty() ? inputs : moved;
   std::lock_guard<std::mutex> lock(mu_);
   Instance& inst = instance(syms);
   KILN_CHECK(inputs.size() == inst.inputs.size(), "compiled program: expected ", inst.inputs.size(), " inputs, got ",

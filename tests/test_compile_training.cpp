@@ -7,18 +7,13 @@
 
 #include "kiln.h"
 #include "tests/expect_close.h"
+#include "tests/training_step.h"
 
 using namespace kiln;
+using kiln::testing::copy_params;
+using kiln::testing::mse_step;
 
 namespace {
-
-// Copies every parameter of `src` into `dst` (same architecture).
-void copy_params(nn::Module& src, nn::Module& dst) {
-  auto s = src.named_parameters(), d = dst.named_parameters();
-  ASSERT_EQ(s.size(), d.size());
-  NoGradGuard ng;
-  for (size_t i = 0; i < s.size(); ++i) d[i].second.copy_(s[i].second);
-}
 
 void expect_same_params(nn::Module& a, nn::Module& b, double rtol, double atol) {
   auto pa = a.parameters(), pb = b.parameters();
@@ -89,18 +84,11 @@ TEST(CompileTraining, MlpMseAdamOverTwelveBatchSizesCompilesTwice) {
   Mlp eager_net, comp_net;
   copy_params(eager_net, comp_net);
   optim::Adam opt_e(eager_net.parameters(), {.lr = 1e-2}), opt_c(comp_net.parameters(), {.lr = 1e-2});
-  auto step = [](nn::Module& net, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
-    opt.zero_grad();
-    Tensor loss = mse_loss(net(x), y);
-    loss.backward();
-    opt.step();
-    return loss.detach();
-  };
-  auto f = compile([&](const Tensor& x, const Tensor& y) { return step(comp_net, opt_c, x, y); });
+  auto f = compile([&](const Tensor& x, const Tensor& y) { return mse_step(comp_net, opt_c, x, y); });
   for (int64_t b = 10; b <= 21; ++b) {
     Tensor x = randn({b, 6}), y = randn({b, 3});
     Tensor lc = f(x, y);
-    Tensor le = step(eager_net, opt_e, x, y);
+    Tensor le = mse_step(eager_net, opt_e, x, y);
     expect_close(lc, le, 1e-4, 1e-6);
     expect_same_params(comp_net, eager_net, 1e-4, 1e-6);
   }

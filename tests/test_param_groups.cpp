@@ -8,6 +8,7 @@
 
 #include "expect_close.h"
 #include "kiln.h"
+#include "training_step.h"
 
 using namespace kiln;
 
@@ -277,11 +278,6 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> split_decay(const nn::Module
   return {decay, no_decay};
 }
 
-void copy_params(const nn::Module& src, nn::Module& dst) {
-  auto a = src.parameters(), b = dst.parameters();
-  NoGradGuard ng;
-  for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-}
 
 using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(const nn::Module&)>;
 
@@ -290,17 +286,10 @@ using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(const nn::Module
 void check_compiled_group_changes(const MakeOpt& make, const char* option, double value) {
   manual_seed(21);
   ListMlp eager_net, comp_net;
-  copy_params(eager_net, comp_net);
+  kiln::testing::copy_params(eager_net, comp_net);
   auto opt_e = make(eager_net), opt_c = make(comp_net);
   ASSERT_EQ(opt_c->param_groups().size(), 2u);
-  auto step = [](nn::Module& net, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
-    opt.zero_grad();
-    Tensor loss = mse_loss(net(x), y);
-    loss.backward();
-    opt.step();
-    return loss.detach();
-  };
-  auto f = compile([&](const Tensor& x, const Tensor& y) { return step(comp_net, *opt_c, x, y); });
+  auto f = compile([&](const Tensor& x, const Tensor& y) { return kiln::testing::mse_step(comp_net, *opt_c, x, y); });
   optim::CosineAnnealingLR sched_e(*opt_e, 10, 1e-4), sched_c(*opt_c, 10, 1e-4);
   const int steps = 8;
   for (int s = 0; s < steps; ++s) {
@@ -310,7 +299,7 @@ void check_compiled_group_changes(const MakeOpt& make, const char* option, doubl
     if (s == 5)
       for (auto* o : {opt_e.get(), opt_c.get()}) o->param_groups()[0].set(option, value);
     Tensor lc = f(x, y);
-    Tensor le = step(eager_net, *opt_e, x, y);
+    Tensor le = kiln::testing::mse_step(eager_net, *opt_e, x, y);
     expect_close(lc, le, 1e-4, 1e-6);
     auto pe = eager_net.parameters(), pc = comp_net.parameters();
     for (size_t i = 0; i < pe.size(); ++i) expect_close(pc[i], pe[i], 1e-4, 1e-6);
