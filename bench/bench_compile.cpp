@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "bench_common.h"
-#include "jit/code_cache.h"
+#include "jit/exec/code_cache.h"
 #include "kiln.h"
 
 using namespace bench;

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/executor.h"
+#include "jit/exec/executor.h"
 #include "kiln.h"
 
 namespace {

@@ -26,8 +26,8 @@
 #include <sstream>
 
 #include "baselines.h"
-#include "jit/code_cache.h"
-#include "jit/executor.h"
+#include "jit/exec/code_cache.h"
+#include "jit/exec/executor.h"
 #include "kiln.h"
 
 using namespace bench;

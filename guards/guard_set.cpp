@@ -3,8 +3,8 @@
 #include <map>
 #include <sstream>
 
-#include "runtime/autograd.h"
-#include "runtime/sym_facts.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/ir/sym_facts.h"
 
 namespace kiln::guards {
 namespace {

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <variant>
 
-#include "runtime/tensor.h"
+#include "runtime/tensor/tensor.h"
 
 namespace kiln {
 

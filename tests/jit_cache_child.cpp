@@ -31,8 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "jit/code_cache.h"
-#include "jit/executor.h"
+#include "jit/exec/code_cache.h"
+#include "jit/exec/executor.h"
 #include "kiln.h"
 
 namespace {

@@ -29,11 +29,11 @@
 #include <thread>
 #include <unordered_set>
 #include <vector>
-#include "jit/code_cache.h"
-#include "jit/codegen_llvm.h"
-#include "jit/executor.h"
-#include "jit/lower.h"
-#include "jit/scheduler.h"
+#include "jit/exec/code_cache.h"
+#include "jit/cpu_llvm/codegen_llvm.h"
+#include "jit/exec/executor.h"
+#include "jit/loop/lower.h"
+#include "jit/graph/scheduler.h"
 #include "kiln.h"
 #include "test_seed.h"
 

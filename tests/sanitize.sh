@@ -16,7 +16,7 @@
 #
 # TSan and TBB: TBB (kernel threads, the JIT's background compiler) is not instrumented, so
 # TSan does not see the synchronization inside it. Two measures:
-# - kiln's TBB loops all go through kernels/parallel.h, which under TSan annotates TBB's fork
+# - kiln's TBB loops all go through kernels/cpu/parallel.h, which under TSan annotates TBB's fork
 #   and join (__tsan_release/__tsan_acquire): what the caller did before a parallel loop
 #   happens-before each body, each body happens-before what the caller does after the loop.
 #   So a race between a kernel body and ordinary code is reported, and fails the run.

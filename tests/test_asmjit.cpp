@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
-#include "jit/code_cache.h"
-#include "jit/codegen_asmjit.h"
-#include "jit/executor.h"
-#include "jit/lower.h"
-#include "jit/scheduler.h"
+#include "jit/exec/code_cache.h"
+#include "jit/cpu_asmjit/codegen_asmjit.h"
+#include "jit/exec/executor.h"
+#include "jit/loop/lower.h"
+#include "jit/graph/scheduler.h"
 #include "kiln.h"
 #include "jit_random_graphs.h"
 

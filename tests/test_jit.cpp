@@ -84,11 +84,11 @@
 #include <unordered_set>
 #include <vector>
 
-#include "jit/code_cache.h"
-#include "jit/codegen_llvm.h"
-#include "jit/executor.h"
-#include "jit/lower.h"
-#include "jit/scheduler.h"
+#include "jit/exec/code_cache.h"
+#include "jit/cpu_llvm/codegen_llvm.h"
+#include "jit/exec/executor.h"
+#include "jit/loop/lower.h"
+#include "jit/graph/scheduler.h"
 #include "kiln.h"
 #include "test_seed.h"
 
@@ -618,7 +618,7 @@ TEST(JitCodegen, PointwiseChainIsVectorized) {
     std::smatch m;
     EXPECT_TRUE(std::regex_search(ir, m, std::regex("<(2|4|8|16) x " + ty + ">"))) << "no vector type in:\n" << ir;
     // Calls (not just the vector-function-abi-variant attribute) of kiln's vector math
-    // (kernels/vmath.h: libmvec's AVX2 forms, the same bits as the scalar kiln_vm_* calls).
+    // (kernels/cpu/vmath.h: libmvec's AVX2 forms, the same bits as the scalar kiln_vm_* calls).
     const std::string vt = "<" + width + " x " + ty + ">";
     std::string calls;
     for (const std::string& f : {fn, tfn}) {

@@ -1,4 +1,4 @@
-// Graph passes of the JIT (jit/passes.h): each pass fires on a graph built to need it (counters
+// Graph passes of the JIT (jit/graph/passes.h): each pass fires on a graph built to need it (counters
 // and values against the reference interpreter), constant-value guards keep a cached rewrite
 // from being reused with other constants, and random graphs full of duplicates and no-ops agree
 // with the interpreter. Float32 results are compared with rtol 1e-5 (transcendentals may differ
@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "jit/executor.h"
-#include "jit/passes.h"
+#include "jit/exec/executor.h"
+#include "jit/graph/passes.h"
 #include "kiln.h"
 #include "test_seed.h"
 

@@ -6,9 +6,9 @@
 #include <functional>
 #include <random>
 
-#include "runtime/error.h"
-#include "runtime/sym_facts.h"
-#include "runtime/symint.h"
+#include "runtime/core/error.h"
+#include "runtime/ir/sym_facts.h"
+#include "runtime/ir/symint.h"
 
 using kiln::SymInt;
 

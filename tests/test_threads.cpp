@@ -6,7 +6,7 @@
 #include <thread>
 #include <vector>
 
-#include "jit/code_cache.h"
+#include "jit/exec/code_cache.h"
 #include "kiln.h"
 
 using namespace kiln;

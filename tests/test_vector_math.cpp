@@ -1,5 +1,5 @@
 // The transcendental functions compiled kernels call (glibc's libmvec where it has the function,
-// SLEEF's u10 build otherwise — jit/codegen_llvm.cpp) are accurate to the bound the project
+// SLEEF's u10 build otherwise — jit/cpu_llvm/codegen_llvm.cpp) are accurate to the bound the project
 // states: at most 4 ulp (glibc's documented bound for libmvec; SLEEF's u10 is <= 1 ulp).
 //
 // Registered with KILN_JIT=llvm so the default run measures the LLVM kernels' vector calls
@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/ops.h"
+#include "runtime/ops/ops.h"
 
 namespace {
 

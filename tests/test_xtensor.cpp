@@ -5,7 +5,7 @@
 #include <xtensor/xio.hpp>
 
 #include "kiln.h"
-#include "runtime/xtensor_interop.h"
+#include "runtime/tensor/xtensor_interop.h"
 
 using namespace kiln;
 

@@ -1,0 +1,872 @@
+// compile(): the cache of guarded entries, the trace on a miss, and the replay on a hit.
+#include "jit/compile/compile.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "guards/guard_set.h"
+#include "runtime/ops/ops.h"
+#include "jit/diag/diagnostics.h"
+#include "jit/compile/break_steps.h"
+#include "jit/compile/partition.h"
+#include "jit/compile/program.h"
+#include "jit/compile/trace_session.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/exec/executor.h"
+#include "runtime/tensor/record.h"
+
+namespace kiln::detail {
+namespace {
+
+using jit::Program;
+using jit::TraceSession;
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t node_bytes(const Node& n, const std::map<std::string, int64_t>& hints) {
+  return numel(n.shape).evaluate(hints) * static_cast<int64_t>(itemsize(n.dtype));
+}
+
+// The backward of a compiled function: runs the compiled backward program on the values the
+// forward saved and the gradients of its differentiable results. With several such results the
+// engine hands it their gradients packed into one flat vector (see PackGrad).
+struct CompiledGrad final : GradNode {
+  std::shared_ptr<Program> bwd;
+  std::vector<int64_t> syms;
+  std::vector<Tensor> saved;
+  std::vector<int> slot;  // per `next` edge: index into the program's outputs, or -1 (unused input)
+  std::vector<DType> out_dtypes;                // per differentiable result
+  std::vector<std::vector<int64_t>> out_shapes; // ... its sizes (several results: packed layout)
+  std::vector<int64_t> offsets;                 // ... its offset in the packed gradient
+  bool released = false;
+  std::string fn_name;
+
+  std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
+    KILN_CHECK(!create_graph, "compile(", fn_name, "): double backward (create_graph=true) through a compiled ",
+               "function is not supported; call the function uncompiled for higher-order gradients");
+    KILN_CHECK(!released, "compile(", fn_name, "): trying to backward through the compiled graph a second time; ",
+               "pass retain_graph=true the first time");
+    std::vector<NodePtr> roots;
+    for (const auto& s : saved) roots.push_back(s.node());
+    if (out_dtypes.size() == 1) {
+      roots.push_back(detail::cast(g, out_dtypes[0]).contiguous().node());
+    } else {
+      for (size_t i = 0; i < out_dtypes.size(); ++i) {
+        int64_t n = 1;
+        for (int64_t d : out_shapes[i]) n *= d;
+        Tensor part = g.narrow(0, offsets[i], n).reshape(out_shapes[i]);
+        roots.push_back(detail::cast(part, out_dtypes[i]).contiguous().node());
+      }
+    }
+    materialize(roots);
+    std::vector<Node*> ins;
+    for (const auto& r : roots) ins.push_back(r.get());
+    std::vector<Tensor> outs = bwd->run(ins, syms);
+    std::vector<Tensor> grads(slot.size());
+    for (size_t i = 0; i < slot.size(); ++i)
+      if (slot[i] >= 0) grads[i] = outs[slot[i]];
+    return grads;
+  }
+  void release() override {
+    saved.clear();
+    released = true;
+  }
+  const char* name() const override { return "CompiledFunctionBackward"; }
+};
+
+// The gradient of one of several differentiable results of a compiled function, placed at the
+// result's offset in a zero flat vector: the engine sums what meets at the CompiledGrad, so it
+// receives every result's gradient side by side (zeros for results the loss does not reach).
+struct PackGrad final : GradNode {
+  int64_t offset = 0, total = 0;
+  DType dtype = DType::Float64;
+
+  std::vector<Tensor> apply(const Tensor& g, bool) override {
+    Tensor flat = detail::cast(g, dtype).contiguous().reshape({-1});
+    int64_t n = flat.numel();
+    return {kiln::pad(flat, {offset, total - offset - n})};
+  }
+  const char* name() const override { return "CompiledFunctionResultBackward"; }
+};
+
+}  // namespace
+
+// How a traced call's final program lands: its results, side effects and backward.
+struct Outcome {
+  std::shared_ptr<Program> fwd;
+  std::vector<Value> results;        // result template (tensors filled per call)
+  std::vector<int64_t> out_spec;
+  std::vector<int> result_tensor;    // per result value: fwd output index (-1 scalar)
+  std::vector<int> cap_written;      // per fwd output after the results: captured index written
+  std::vector<int> cap_grad;         // ... captured parameter whose .grad() is set
+  std::vector<int> arg_written;      // ... flat argument written in place
+  std::vector<int> arg_grad;         // ... flat argument whose .grad() a backward in fn added to
+  std::vector<int> cap_grad_cleared; // captured parameters whose .grad() fn cleared
+  // Autograd (outputs that need grad, backward run later by the caller).
+  std::shared_ptr<Program> bwd;
+  std::vector<int> diff_results;     // result values that carry the CompiledGrad
+  size_t saved_begin = 0, saved_count = 0;
+  std::vector<int> diff_args, diff_caps;  // differentiable inputs, in `next` order
+  std::vector<int> grad_slot;        // per differentiable input: bwd output or -1
+  std::vector<DType> diff_dtypes;    // ... and their dtypes
+  SymInt rng_total;                  // (entries with breaks) numbers the call's random ops reserve
+};
+
+namespace {
+
+// One compiled entry: its guards, and its program or (with graph breaks) its tree of segments.
+struct Entry {
+  guards::GuardSet guards;
+  Outcome out;                             // the program (no breaks)
+  std::unique_ptr<jit::BreakStep> breaks;  // the first graph break: its continuations end in Outcomes
+};
+
+// Where a call finds a captured tensor: its current node, or its .grad()'s.
+TensorImpl* captured_source(const guards::CapturedTensor& c) {
+  auto impl = c.impl.lock();
+  return c.grad_of ? impl->grad.get() : impl.get();
+}
+
+}  // namespace
+
+class CompiledCore {
+ public:
+  explicit CompiledCore(CompileOptions o) : opt_(std::move(o)) {}
+
+  std::vector<Value> call(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn,
+                          std::vector<int64_t>& out_spec) {
+    if (trace_observer()) return run_eager(args, fn, out_spec, false);  // inside another trace: inline
+    std::vector<int64_t> syms;
+    // Fast path: the entry that served the last hit (entries are immutable and never freed;
+    // continuations after breaks are only ever added).
+    if (Entry* last = last_hit_.load(std::memory_order_acquire); last && last->guards.check(args, spec, syms, nullptr)) {
+      if (!last->breaks) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return replay(*last, args, syms, out_spec);
+      }
+      std::vector<Value> out;
+      if (replay_path(*last, args, syms, out, out_spec, nullptr)) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return out;
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (eager_) {
+      stats_.eager_calls++;
+      lock.unlock();
+      return run_eager(args, fn, out_spec, true);
+    }
+    std::string first_why;
+    Entry* missed = nullptr;  // input guards passed, but no continuation was traced for the break values
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
+      std::string* why = it == entries_.rbegin() ? &first_why : nullptr;
+      if (!(*it)->guards.check(args, spec, syms, why)) continue;
+      Entry& e = **it;
+      last_hit_.store(&e, std::memory_order_release);
+      lock.unlock();
+      if (!e.breaks) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return replay(e, args, syms, out_spec);
+      }
+      std::vector<Value> out;
+      if (replay_path(e, args, syms, out, out_spec, &first_why)) {
+        hits_.fetch_add(1, std::memory_order_relaxed);
+        return out;
+      }
+      lock.lock();
+      missed = &e;
+      break;
+    }
+    stats_.misses++;
+    if (missed) stats_.value_misses++;
+    if (!entries_.empty()) {
+      stats_.last_miss = first_why;
+      if (jit::log_enabled("recompiles"))
+        jit::log_line("recompiles", "compile(" + opt_.name + "): recompiling (compile " +
+                                        std::to_string(stats_.entries + 1) + "): " + first_why);
+    }
+    if (stats_.entries >= opt_.recompile_limit) {
+      eager_ = true;
+      std::fprintf(stderr, "[kiln] warning: compile(%s) reached its recompile limit (%d compiles; last miss: %s); "
+                   "running it in lazy eager mode from now on\n", opt_.name.c_str(), opt_.recompile_limit,
+                   first_why.c_str());
+      stats_.eager_calls++;
+      lock.unlock();
+      return run_eager(args, fn, out_spec, true);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    std::unique_ptr<Entry> fresh;
+    try {
+      fresh = trace(args, spec, fn);
+    } catch (const jit::GraphBreak& b) {
+      eager_ = true;
+      std::fprintf(stderr, "[kiln] warning: compile(%s) cannot compile fn: %s; it runs in lazy eager mode\n",
+                   opt_.name.c_str(), b.reason.c_str());
+      stats_.eager_calls++;
+      lock.unlock();
+      return run_eager(args, fn, out_spec, true);
+    }
+    // A new continuation of the missed entry, or a new entry.
+    Entry* e = missed && merge(*missed, *fresh, syms) ? missed : fresh.get();
+    if (e == fresh.get() && jit::log_enabled("guards")) {
+      const guards::GuardSet& G = e->guards;
+      std::string text = G.str();
+      if (e->breaks) text += path_str(*e->breaks, *e->breaks->head.load(), 0, G.symbol_names, G.captured.size());
+      jit::log_line("guards", "compile(" + opt_.name + ") entry " + opt_.name + "_" + std::to_string(entries_.size()) +
+                                  ":\n" + text);
+    }
+    std::string why;
+    if (!e->guards.check(args, spec, syms, &why))
+      throw Error("compile(" + opt_.name + "): internal error: a fresh entry rejects the call it was traced for (" +
+                  why + ")");
+    std::vector<Value> out;
+    bool served = true;
+    if (!e->breaks) out = replay(*e, args, syms, out_spec);
+    else served = replay_path(*e, args, syms, out, out_spec, &why);
+    stats_.compile_ms += ms_since(t0);
+    stats_.entries++;
+    last_hit_.store(e, std::memory_order_release);
+    if (e == fresh.get()) entries_.push_back(std::move(fresh));
+    if (!served) {
+      // The break values differ between the trace and its replay (kernels that round differently).
+      stats_.eager_calls++;
+      lock.unlock();
+      return run_eager(args, fn, out_spec, true);
+    }
+    return out;
+  }
+
+  CompileStats stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    CompileStats s = stats_;
+    s.hits = hits_.load();
+    return s;
+  }
+
+  bool guards_pass(const std::vector<Value>& args, const std::vector<int64_t>& spec) {
+    thread_local std::vector<int64_t> syms;
+    if (Entry* last = last_hit_.load(std::memory_order_acquire); last && last->guards.check(args, spec, syms, nullptr))
+      return true;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = entries_.rbegin(); it != entries_.rend(); ++it)
+      if ((*it)->guards.check(args, spec, syms, nullptr)) return true;
+    return false;
+  }
+
+ private:
+  std::vector<Value> run_eager(const std::vector<Value>& args, const TraceFn& fn, std::vector<int64_t>& out_spec,
+                               bool) {
+    std::vector<Value> out = fn(args);
+    return split_results(out, out_spec);
+  }
+
+  static std::vector<Value> split_results(const std::vector<Value>& out, std::vector<int64_t>& out_spec) {
+    size_t k = static_cast<size_t>(std::get<int64_t>(out[0]));
+    out_spec.clear();
+    for (size_t i = 0; i < k; ++i) out_spec.push_back(std::get<int64_t>(out[1 + i]));
+    return {out.begin() + 1 + static_cast<long>(k), out.end()};
+  }
+
+  // Every (argument, dim) of a mark option names a dim of a tensor argument (else kiln::Error).
+  void check_marks(const std::vector<std::pair<int, int>>& marks, const char* what, const std::vector<Value>& args) {
+    for (auto [arg, dim] : marks) {
+      KILN_CHECK(arg >= 0 && static_cast<size_t>(arg) < args.size(), "compile(", opt_.name, "): ", what,
+                 " names argument ", arg, ", but fn got ", args.size(), " flattened arguments");
+      const Tensor* t = as_tensor(args[static_cast<size_t>(arg)]);
+      KILN_CHECK(t, "compile(", opt_.name, "): ", what, " names argument ", arg, " (dim ", dim, "), which is not a tensor");
+      KILN_CHECK(dim >= 0 && dim < t->dim(), "compile(", opt_.name, "): ", what, " names dim ", dim, " of argument ",
+                 arg, ", a tensor of rank ", t->dim(), " (expected 0 <= dim < ", t->dim(), ")");
+    }
+  }
+
+  // Which dims become symbols on this trace (automatic dynamic shapes).
+  std::set<std::pair<int, int>> dynamic_dims(const std::vector<Value>& args) {
+    check_marks(opt_.mark_dynamic, "mark_dynamic", args);
+    check_marks(opt_.mark_static, "mark_static", args);
+    std::set<std::pair<int, int>> dyn;
+    std::set<std::pair<int, int>> fixed(opt_.mark_static.begin(), opt_.mark_static.end());
+    for (size_t i = 0; i < args.size(); ++i) {
+      const Tensor* t = as_tensor(args[i]);
+      if (!t) continue;
+      std::vector<int64_t> sz = t->sizes();
+      auto seen = seen_sizes_.find(static_cast<int>(i));
+      for (size_t d = 0; d < sz.size(); ++d) {
+        std::pair<int, int> key{static_cast<int>(i), static_cast<int>(d)};
+        if (fixed.count(key)) continue;
+        bool changed = seen != seen_sizes_.end() && seen->second.size() == sz.size() && seen->second[d] != sz[d];
+        if (changed) changed_.insert(key);
+        if (opt_.dynamic == CompileOptions::Dynamic::Always || changed_.count(key) ||
+            (opt_.dynamic != CompileOptions::Dynamic::Never &&
+             std::find(opt_.mark_dynamic.begin(), opt_.mark_dynamic.end(), key) != opt_.mark_dynamic.end()))
+          if (opt_.dynamic != CompileOptions::Dynamic::Never) dyn.insert(key);
+      }
+      if (seen == seen_sizes_.end()) seen_sizes_[static_cast<int>(i)] = sz;
+    }
+    return dyn;
+  }
+
+  std::unique_ptr<Entry> trace(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn);
+  // Runs an entry without breaks.
+  std::vector<Value> replay(Entry& e, const std::vector<Value>& args, const std::vector<int64_t>& syms,
+                            std::vector<int64_t>& out_spec);
+  // Lands a final program's outputs: results, side effects, the backward node. `captured(k)`
+  // is the call's captured tensor k.
+  template <class Captured>
+  std::vector<Value> land(const Outcome& e, std::vector<Tensor>& outs, const std::vector<Value>& args,
+                          const std::vector<int64_t>& syms, const Captured& captured, std::vector<int64_t>& out_spec);
+  // Runs an entry with graph breaks: each break's segment, the continuation its values pick,
+  // then the final segment; nothing lands (and the generator does not advance) before every
+  // value guard passed. False when no continuation was traced for these values (`why` says).
+  bool replay_path(Entry& e, const std::vector<Value>& args, std::vector<int64_t>& syms, std::vector<Value>& results,
+                   std::vector<int64_t>& out_spec, std::string* why);
+  // Hangs the continuation `fresh` was traced for into `into` (same guards, same path up to
+  // the break values that were new); false (keep `fresh` as an entry of its own) otherwise.
+  bool merge(Entry& into, Entry& fresh, const std::vector<int64_t>& syms);
+  // A continuation's value guards and later guards in words, from `b` on (KILN_LOG=guards).
+  static std::string path_str(const jit::BreakStep& step, const jit::Branch& b, int depth,
+                              const std::vector<std::string>& names, size_t ncap);
+
+  CompileOptions opt_;
+  mutable std::mutex mu_;
+  std::atomic<Entry*> last_hit_{nullptr};
+  std::atomic<int64_t> hits_{0};
+  std::vector<std::unique_ptr<Entry>> entries_;
+  CompileStats stats_;
+  bool eager_ = false;
+  std::map<int, std::vector<int64_t>> seen_sizes_;
+  std::set<std::pair<int, int>> changed_;
+};
+
+std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const std::vector<int64_t>& spec,
+                                           const TraceFn& fn) {
+  auto e = std::make_unique<Entry>();
+  guards::GuardSet& G = e->guards;
+  G.spec = spec;
+  G.grad_mode = grad_enabled();
+  std::set<std::pair<int, int>> dyn = dynamic_dims(args);
+  // Placeholders: leaves without storage, sizes constant or symbolic.
+  std::map<std::string, int64_t> hints;
+  std::vector<Value> trace_args;
+  std::vector<NodePtr> placeholders;
+  std::vector<Tensor> placeholder_tensors;
+  std::vector<int> placeholder_arg;
+  uint64_t start_id = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    G.kinds.push_back(value_kind(args[i]));
+    const Tensor* t = as_tensor(args[i]);
+    G.scalars.push_back(t ? Value(int64_t{0}) : args[i]);  // tensors are guarded by G.tensors
+    if (!t) {
+      G.tensor_slot.push_back(-1);
+      trace_args.push_back(args[i]);
+      continue;
+    }
+    KILN_CHECK(t->defined(), "compile(", opt_.name, "): argument ", i, " is an undefined tensor");
+    const Node& n = *t->node();
+    guards::TensorGuard g;
+    g.dtype = n.dtype;
+    g.device = n.device;
+    g.requires_grad = t->requires_grad();
+    g.sizes = concrete(n.shape);
+    g.symbols.assign(g.sizes.size(), -1);
+    g.contiguous = is_contiguous_layout(n.shape, n.strides);
+    auto ph = std::make_shared<Node>();
+    if (!start_id) start_id = ph->id;
+    ph->op = OpKind::Leaf;
+    ph->dtype = n.dtype;
+    ph->device = n.device;
+    Shape shape = n.shape;
+    if (g.contiguous) {
+      for (size_t d = 0; d < g.sizes.size(); ++d)
+        if (dyn.count({static_cast<int>(i), static_cast<int>(d)}) && g.sizes[d] >= 2) {
+          int s = static_cast<int>(G.symbol_names.size());
+          std::string name = "s" + std::to_string(s);
+          G.symbol_names.push_back(name);
+          g.symbols[d] = s;
+          shape[d] = SymInt::symbol(name);
+          hints[name] = g.sizes[d];
+          // 0 and 1 stay specialized: a symbol stands for sizes of at least 2.
+          G.relations.push_back({shape[d] - SymInt(2), SymRel::Ge});
+        }
+      ph->strides = contiguous_strides(shape);
+    } else {
+      g.strides = concrete(n.strides);
+      ph->strides = n.strides;
+    }
+    ph->shape = shape;
+    ph->offset = 0;
+    G.tensor_slot.push_back(static_cast<int>(G.tensors.size()));
+    G.tensors.push_back(g);
+    Tensor pt = Tensor::from_node(ph);
+    if (g.requires_grad) pt.requires_grad_(true);
+    placeholders.push_back(ph);
+    placeholder_tensors.push_back(pt);
+    placeholder_arg.push_back(static_cast<int>(i));
+    trace_args.emplace_back(pt);
+  }
+  if (!start_id) start_id = std::make_shared<Node>()->id;
+
+  TraceSession ts(start_id, hints);
+  for (const auto& r : G.relations) ts.know(r.expr, r.rel);  // each symbol stands for sizes >= 2
+  for (size_t k = 0; k < placeholders.size(); ++k) ts.add_placeholder(*placeholder_tensors[k].impl(), placeholder_arg[k]);
+  {
+    // Small values fn reads mid-trace are computed on this call's arguments (graph breaks).
+    std::vector<NodePtr> real;
+    for (int i : placeholder_arg) real.push_back(as_tensor(args[i])->node());
+    materialize(real);
+    std::vector<int64_t> hint_syms;
+    for (const auto& name : G.symbol_names) hint_syms.push_back(hints.at(name));
+    ts.enable_breaks(G.symbol_names, hint_syms, real);
+  }
+  std::vector<Value> results;
+  std::vector<NodePtr> outputs;  // fwd program outputs
+  std::vector<NodePtr> tangents, grads;
+  std::vector<Tensor> diff_inputs;
+  {
+    ts.start();
+    struct Undo {
+      TraceSession& ts;
+      bool done = false;
+      ~Undo() {
+        if (!done) {
+          ts.stop();
+          ts.restore();
+        }
+      }
+    } undo{ts};
+    std::vector<Value> out = fn(trace_args);
+    results = split_results(out, e->out.out_spec);
+    // Results: tensors become program outputs; scalars are constants of the trace.
+    std::vector<Tensor> result_tensors;
+    for (auto& v : results) {
+      if (auto* t = std::get_if<Tensor>(&v)) {
+        KILN_CHECK(t->defined(), "compile(", opt_.name, "): fn returned an undefined tensor");
+        e->out.result_tensor.push_back(static_cast<int>(outputs.size()));
+        outputs.push_back(t->node());
+        result_tensors.push_back(*t);
+        v = Tensor();
+      } else {
+        e->out.result_tensor.push_back(-1);
+      }
+    }
+    // Side effects on captured tensors: in-place writes and gradients set by a backward in fn.
+    bool grads_set = false;
+    for (size_t k = 0; k < ts.captured.size(); ++k) {
+      auto& c = ts.captured[k];
+      if (c.written) {
+        e->out.cap_written.push_back(static_cast<int>(k));
+        outputs.push_back(c.impl->node());
+      }
+    }
+    for (size_t k = 0; k < ts.captured.size(); ++k) {
+      auto& c = ts.captured[k];
+      if (c.impl->grad != c.grad_before) {
+        if (!c.impl->grad) {
+          e->out.cap_grad_cleared.push_back(static_cast<int>(k));
+          continue;
+        }
+        e->out.cap_grad.push_back(static_cast<int>(k));
+        outputs.push_back(c.impl->grad->node());
+        grads_set = true;
+      }
+    }
+    for (auto& [i, w] : ts.placeholder_written) {
+      if (!w) continue;
+      size_t k = std::find(placeholder_arg.begin(), placeholder_arg.end(), i) - placeholder_arg.begin();
+      e->out.arg_written.push_back(i);
+      outputs.push_back(placeholder_tensors[k].node());
+    }
+    // Gradients a backward in fn accumulated into arguments (placeholders start without one;
+    // the call adds the argument's own earlier gradient, as AccumulateGrad does).
+    for (size_t k = 0; k < placeholders.size(); ++k) {
+      const auto& g = placeholder_tensors[k].impl()->grad;
+      if (!g) continue;
+      e->out.arg_grad.push_back(placeholder_arg[k]);
+      outputs.push_back(g->node());
+      grads_set = true;
+    }
+    // A tensor fn created, wrote in place and kept (neither returned nor the base of a returned
+    // view) would go stale on replay.
+    for (auto& w : ts.created_written) {
+      auto impl = w.lock();
+      if (!impl) continue;
+      bool returned = false;
+      for (const auto& r : result_tensors) returned |= r.impl() == impl || r.impl()->base == impl;
+      KILN_CHECK(returned, "compile(", opt_.name, "): fn keeps a tensor it created and then modified in place ",
+                 "(optimizer state created on the first step?); create such state before calling the compiled ",
+                 "function");
+    }
+    // Outputs that need grad with the backward left to the caller: trace the joint graph.
+    std::vector<int> diff_results;
+    size_t rt = 0;
+    for (size_t r = 0; r < results.size(); ++r)
+      if (e->out.result_tensor[r] >= 0) {
+        if (result_tensors[rt].requires_grad() && !grads_set && grad_enabled()) diff_results.push_back(static_cast<int>(r));
+        ++rt;
+      }
+    if (!diff_results.empty()) {
+      std::vector<Tensor> diff_outs;
+      for (int r : diff_results) {
+        int ti = 0;
+        for (int q = 0; q < r; ++q) ti += e->out.result_tensor[q] >= 0;
+        diff_outs.push_back(result_tensors[ti]);
+      }
+      for (size_t k = 0; k < placeholders.size(); ++k)
+        if (placeholder_tensors[k].requires_grad()) {
+          e->out.diff_args.push_back(placeholder_arg[k]);
+          diff_inputs.push_back(placeholder_tensors[k]);
+        }
+      for (size_t k = 0; k < ts.captured.size(); ++k) {
+        auto& c = ts.captured[k];
+        if (!c.requires_grad_before || c.grad_of >= 0) continue;
+        if (c.grad_fn_before)
+          throw jit::GraphBreak{"fn reads a tensor with gradient history from outside; pass it as an argument"};
+        e->out.diff_caps.push_back(static_cast<int>(k));
+        diff_inputs.push_back(Tensor(c.impl));
+      }
+      std::vector<Tensor> tangent_tensors;
+      for (const Tensor& out_t : diff_outs) {
+        auto tan = std::make_shared<Node>();
+        tan->op = OpKind::Leaf;
+        tan->dtype = out_t.dtype();
+        tan->device = out_t.device();
+        tan->shape = out_t.shape();
+        tan->strides = contiguous_strides(tan->shape);
+        tan->offset = 0;
+        tangents.push_back(tan);
+        tangent_tensors.push_back(Tensor::from_node(tan));
+        e->out.diff_dtypes.push_back(out_t.dtype());
+      }
+      e->out.diff_results = diff_results;
+      std::vector<Tensor> gs = kiln::grad(diff_outs, diff_inputs, tangent_tensors, false, false, true);
+      for (const auto& g : gs) {
+        e->out.grad_slot.push_back(g.defined() ? static_cast<int>(grads.size()) : -1);
+        if (g.defined()) grads.push_back(g.node());
+      }
+    }
+    undo.done = true;
+    ts.stop();
+    ts.restore();
+  }
+  // Program inputs: the placeholders, the captured tensors as the trace read them and the values
+  // breaks carry, in the order the trace met them.
+  const std::vector<NodePtr>& inputs = ts.slots;
+  {
+    // Size expressions simplified with the facts the guards establish (break segments were
+    // simplified with the facts known at their break, and keep their inputs' layouts).
+    std::vector<NodePtr> roots = inputs;
+    for (const auto* v : {&outputs, &grads, &tangents}) roots.insert(roots.end(), v->begin(), v->end());
+    size_t changed = ts.simplify_graph(roots);
+    if (jit::log_enabled("symbols"))
+      jit::log_line("symbols", "compile(" + opt_.name + "): " + std::to_string(changed) +
+                                   " size expressions simplified with the facts:\n" + ts.facts()->str());
+  }
+  std::vector<guards::CapturedTensor> cgs;
+  for (auto& c : ts.captured) {
+    guards::CapturedTensor cg;
+    cg.grad_of = c.grad_of >= 0;
+    cg.impl = c.grad_of >= 0 ? ts.captured[c.grad_of].impl : c.impl;
+    const Node& n = *c.node;
+    cg.guard.dtype = n.dtype;
+    cg.guard.device = n.device;
+    cg.guard.requires_grad = c.requires_grad_before;
+    cg.guard.sizes = concrete(n.shape);
+    cg.guard.symbols.assign(cg.guard.sizes.size(), -1);
+    cg.guard.contiguous = is_contiguous_layout(n.shape, n.strides);
+    if (!cg.guard.contiguous) cg.guard.strides = concrete(n.strides);
+    cg.watch_grad = c.grad_of < 0 && ts.relied_on_grad(c.impl.get());
+    cg.has_grad = c.grad_before != nullptr;
+    cgs.push_back(std::move(cg));
+  }
+  // Guards before the first break are the entry's; those after break j, its continuation's.
+  size_t ncap = ts.breaks.empty() ? cgs.size() : ts.breaks[0].captured_before;
+  size_t nrel = ts.breaks.empty() ? ts.relations.size() : ts.breaks[0].relations_before;
+  G.captured.assign(cgs.begin(), cgs.begin() + static_cast<long>(ncap));
+  G.relations.insert(G.relations.end(), ts.relations.begin(), ts.relations.begin() + static_cast<long>(nrel));
+  e->out.results = results;
+  std::string tag = opt_.name + "_" + std::to_string(entries_.size());
+  std::set<const Node*> highlight;
+  if (!tangents.empty()) {
+    jit::PartitionOptions po;
+    po.memory_budget = opt_.memory_budget;
+    po.save_all = opt_.save_all;
+    jit::Partition part = jit::partition(inputs, tangents, outputs, grads,
+                                         [&](const Node& n) { return node_bytes(n, hints); }, po);
+    e->out.saved_begin = outputs.size();
+    e->out.saved_count = part.saved.size();
+    for (const auto& s : part.saved) {
+      outputs.push_back(s);
+      highlight.insert(s.get());
+    }
+    std::vector<NodePtr> bwd_inputs = part.saved;
+    bwd_inputs.insert(bwd_inputs.end(), tangents.begin(), tangents.end());
+    e->out.bwd = std::make_shared<Program>(bwd_inputs, grads, G.symbol_names);
+    stats_.saved_bytes = part.saved_bytes;
+    stats_.save_all_bytes = part.save_all_bytes;
+    stats_.recomputed = part.recomputed;
+    if (!jit::dump_dir().empty()) {
+      std::vector<NodePtr> joint_in = inputs, joint_out = outputs;
+      joint_in.insert(joint_in.end(), tangents.begin(), tangents.end());
+      joint_out.insert(joint_out.end(), grads.begin(), grads.end());
+      jit::dump_file(tag + "_joint.dot", jit::graph_dot(joint_in, joint_out, highlight, tag + " joint graph"));
+      jit::dump_file(tag + "_backward.dot", jit::graph_dot(bwd_inputs, grads, highlight, tag + " backward"));
+    }
+    if (jit::log_enabled("recompiles"))
+      jit::log_line("recompiles", "compile(" + opt_.name + "): partitioned: forward saves " +
+                                      std::to_string(part.saved.size()) + " values (" + std::to_string(part.saved_bytes) +
+                                      " bytes; saving everything: " + std::to_string(part.save_all_bytes) +
+                                      "), backward recomputes " + std::to_string(part.recomputed) + " ops");
+  }
+  e->out.fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names,
+                                         ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
+  e->out.rng_total = ts.rng_total;
+  stats_.symbols = e->out.fwd->symbols_used();
+  stats_.size_relations = static_cast<int>(ts.relations.size());
+  if (!jit::dump_dir().empty())
+    jit::dump_file(tag + "_forward.dot", jit::graph_dot(inputs, outputs, highlight, tag + " forward"));
+  // Graph breaks: a chain of segments, each continuation guarded by the values read at its break.
+  std::unique_ptr<jit::BreakStep> next;
+  std::shared_ptr<Outcome> end;
+  if (!ts.breaks.empty()) end = std::make_shared<Outcome>(std::move(e->out));
+  for (size_t j = ts.breaks.size(); j-- > 0;) {
+    jit::TracedBreak& tb = ts.breaks[j];
+    auto br = std::make_unique<jit::Branch>();
+    br->bytes = tb.bytes;
+    size_t cap_end = j + 1 < ts.breaks.size() ? ts.breaks[j + 1].captured_before : cgs.size();
+    size_t rel_end = j + 1 < ts.breaks.size() ? ts.breaks[j + 1].relations_before : ts.relations.size();
+    br->guards.captured.assign(cgs.begin() + static_cast<long>(tb.captured_before), cgs.begin() + static_cast<long>(cap_end));
+    br->guards.relations.assign(ts.relations.begin() + static_cast<long>(tb.relations_before),
+                                ts.relations.begin() + static_cast<long>(rel_end));
+    if (next) br->next = std::move(next);
+    else br->end = end;
+    if (!jit::dump_dir().empty())
+      jit::dump_file(tag + "_break" + std::to_string(j) + ".dot",
+                     jit::graph_dot(tb.step->prog->inputs(), tb.step->prog->outputs(), {},
+                                    tag + " break " + std::to_string(j) + " (" + tb.step->what + ")"));
+    tb.step->add(std::move(br));
+    next = std::move(tb.step);
+  }
+  e->breaks = std::move(next);
+  return e;
+}
+
+std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args, const std::vector<int64_t>& syms,
+                                        std::vector<int64_t>& out_spec) {
+  // Inputs: tensor arguments, then captured tensors read now (pending ones computed first).
+  std::vector<Node*> raw;
+  raw.reserve(args.size() + e.guards.captured.size());
+  std::vector<NodePtr> pending;
+  auto add = [&](const NodePtr& n) {
+    raw.push_back(n.get());
+    if (!n->materialized()) pending.push_back(n);
+  };
+  for (const auto& a : args)
+    if (const Tensor* t = as_tensor(a)) add(t->node());
+  for (const auto& c : e.guards.captured) add(captured_source(c)->node());
+  if (!pending.empty()) materialize(pending);
+  std::vector<Tensor> outs = e.out.fwd->run(raw, syms);
+  return land(e.out, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return e.guards.captured[k]; },
+              out_spec);
+}
+
+template <class Captured>
+std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& outs, const std::vector<Value>& args,
+                                      const std::vector<int64_t>& syms, const Captured& captured,
+                                      std::vector<int64_t>& out_spec) {
+  // Results.
+  std::vector<Value> results = e.results;
+  for (size_t r = 0; r < results.size(); ++r)
+    if (e.result_tensor[r] >= 0) results[r] = outs[e.result_tensor[r]];
+  size_t o = 0;
+  for (size_t r = 0; r < e.result_tensor.size(); ++r) o += e.result_tensor[r] >= 0;
+  // Side effects, exactly as eager mode leaves them.
+  for (int k : e.cap_written) {
+    auto impl = captured(k).impl.lock();
+    if (captured(k).grad_of) impl = impl->grad;
+    impl->node_ = outs[o++].node();
+    impl->version++;
+  }
+  for (int k : e.cap_grad) {
+    auto impl = captured(k).impl.lock();
+    Tensor g = outs[o++];
+    g.impl()->requires_grad = false;
+    impl->grad = g.impl();
+  }
+  for (int k : e.cap_grad_cleared) captured(k).impl.lock()->grad = nullptr;
+  for (int i : e.arg_written) {
+    NoGradGuard ng;
+    Tensor target = *as_tensor(args[i]);
+    target.assign_(outs[o++]);
+  }
+  for (int i : e.arg_grad) {
+    const auto& impl = as_tensor(args[i])->impl();
+    Tensor g = outs[o++];
+    if (impl->grad) {
+      NoGradGuard ng;
+      g = kiln::add(Tensor(impl->grad), g);
+    }
+    g.impl()->requires_grad = false;
+    impl->grad = g.impl();
+  }
+  if (e.bwd) {
+    auto node = std::make_shared<CompiledGrad>();
+    node->bwd = e.bwd;
+    node->syms = syms;
+    node->saved.assign(outs.begin() + static_cast<long>(e.saved_begin),
+                       outs.begin() + static_cast<long>(e.saved_begin + e.saved_count));
+    node->slot = e.grad_slot;
+    node->out_dtypes = e.diff_dtypes;
+    node->fn_name = opt_.name;
+    for (int i : e.diff_args) node->next.push_back(grad_edge(*as_tensor(args[i])));
+    for (int k : e.diff_caps) node->next.push_back(grad_edge(Tensor(captured(k).impl.lock())));
+    if (e.diff_results.size() == 1) {
+      Tensor& out = std::get<Tensor>(results[e.diff_results[0]]);
+      out.impl()->requires_grad = true;
+      out.impl()->grad_fn = node;
+    } else {
+      // Several differentiable results: each packs its gradient into the node's flat input.
+      bool same = std::all_of(e.diff_dtypes.begin(), e.diff_dtypes.end(),
+                              [&](DType t) { return t == e.diff_dtypes[0]; });
+      int64_t total = 0;
+      for (int r : e.diff_results) {
+        const Tensor& out = std::get<Tensor>(results[r]);
+        node->out_shapes.push_back(out.sizes());
+        node->offsets.push_back(total);
+        total += out.numel();
+      }
+      std::shared_ptr<GradNode> join = node;
+      for (size_t i = 0; i < e.diff_results.size(); ++i) {
+        Tensor& out = std::get<Tensor>(results[e.diff_results[i]]);
+        auto pack = std::make_shared<PackGrad>();
+        pack->offset = node->offsets[i];
+        pack->total = total;
+        pack->dtype = same ? e.diff_dtypes[0] : DType::Float64;
+        pack->next.push_back(Edge{join});
+        out.impl()->requires_grad = true;
+        out.impl()->grad_fn = pack;
+      }
+    }
+  }
+  out_spec = e.out_spec;
+  return results;
+}
+
+bool CompiledCore::replay_path(Entry& e, const std::vector<Value>& args, std::vector<int64_t>& syms,
+                               std::vector<Value>& results, std::vector<int64_t>& out_spec, std::string* why) {
+  // Slots as the trace met them: arguments, captured tensors, then what each break carries.
+  std::vector<Node*> raw;
+  std::vector<Tensor> carried;
+  std::vector<const guards::CapturedTensor*> captured;
+  std::vector<NodePtr> pending;
+  auto add = [&](const guards::CapturedTensor& c) {
+    const NodePtr& n = captured_source(c)->node();
+    raw.push_back(n.get());
+    if (!n->materialized()) pending.push_back(n);
+    captured.push_back(&c);
+  };
+  for (const auto& a : args)
+    if (const Tensor* t = as_tensor(a)) {
+      const NodePtr& n = t->node();
+      raw.push_back(n.get());
+      if (!n->materialized()) pending.push_back(n);
+    }
+  for (const auto& c : e.guards.captured) add(c);
+  // Random ops draw from the generator state at the call's start; it advances only once the
+  // call's every value guard has passed.
+  const std::pair<uint64_t, uint64_t> rng = detail::rng_state();
+  const jit::BreakStep* step = e.breaks.get();
+  const Outcome* end = nullptr;
+  for (int depth = 0; !end; ++depth) {
+    if (!pending.empty()) materialize(pending);
+    pending.clear();
+    std::vector<Tensor> vals = step->prog->run(raw, syms, &rng);
+    std::string miss;
+    const jit::Branch* b = step->find(jit::value_bytes(vals, step->num_values), syms, e.guards.symbol_names,
+                                      captured.size(), why ? &miss : nullptr);
+    if (!b) {
+      if (why) *why = "break " + std::to_string(depth) + " " + miss;
+      return false;
+    }
+    for (size_t j = step->num_values; j < vals.size(); ++j) {
+      raw.push_back(vals[j].node().get());
+      carried.push_back(std::move(vals[j]));
+    }
+    for (const auto& c : b->guards.captured) add(c);
+    step = b->next.get();
+    end = b->end.get();
+  }
+  if (!pending.empty()) materialize(pending);
+  std::vector<Tensor> outs = end->fwd->run(raw, syms, &rng);
+  uint64_t drawn = 0;
+  if (end->rng_total.is_constant()) {
+    drawn = static_cast<uint64_t>(end->rng_total.as_int());
+  } else {
+    std::map<std::string, int64_t> env;
+    for (size_t i = 0; i < syms.size(); ++i) env[e.guards.symbol_names[i]] = syms[i];
+    drawn = static_cast<uint64_t>(end->rng_total.evaluate(env));
+  }
+  detail::rng_reserve(drawn);
+  results = land(*end, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return *captured[k]; },
+                 out_spec);
+  return true;
+}
+
+bool CompiledCore::merge(Entry& into, Entry& fresh, const std::vector<int64_t>& syms) {
+  if (!into.breaks || !fresh.breaks || fresh.guards.str() != into.guards.str()) return false;
+  jit::BreakStep* old = into.breaks.get();
+  jit::BreakStep* neu = fresh.breaks.get();
+  size_t ncap = into.guards.captured.size();
+  std::vector<int64_t> s = syms;
+  for (int depth = 0;; ++depth) {
+    if (old->signature != neu->signature) return false;
+    jit::Branch* nb = neu->head.load();
+    jit::Branch* ob = old->find(nb->bytes, s, into.guards.symbol_names, ncap, nullptr);
+    if (!ob) {
+      if (jit::log_enabled("guards"))
+        jit::log_line("guards", "compile(" + opt_.name + ") new continuation:\n" +
+                                    path_str(*old, *nb, depth, into.guards.symbol_names, ncap));
+      old->add(std::move(neu->owned.front()));
+      return true;
+    }
+    if (ob->end || nb->end) return ob->end && nb->end;  // already there (another thread), or another path
+    if (ob->guards.captured.size() != nb->guards.captured.size()) return false;
+    ncap += ob->guards.captured.size();
+    old = ob->next.get();
+    neu = nb->next.get();
+  }
+}
+
+std::string CompiledCore::path_str(const jit::BreakStep& step, const jit::Branch& b, int depth,
+                                   const std::vector<std::string>& names, size_t ncap) {
+  std::string out = "break " + std::to_string(depth) + " (" + step.what + ") == " + step.values_str(b.bytes) + "\n" +
+                    b.guards.str(names, ncap);
+  if (b.next) {
+    const jit::Branch* nb = b.next->head.load();
+    out += path_str(*b.next, *nb, depth + 1, names, ncap + b.guards.captured.size());
+  }
+  return out;
+}
+
+std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options) {
+  KILN_CHECK(options.recompile_limit >= 1, "compile: recompile_limit must be at least 1, got ", options.recompile_limit);
+  KILN_CHECK(options.memory_budget > 0 && options.memory_budget <= 1, "compile: memory_budget must be in (0, 1], got ",
+             options.memory_budget);
+  return std::make_shared<CompiledCore>(std::move(options));
+}
+
+std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec,
+                                 const TraceFn& fn, std::vector<int64_t>& out_spec) {
+  return core.call(args, spec, fn, out_spec);
+}
+
+CompileStats compiled_stats(const CompiledCore& core) { return core.stats(); }
+
+bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec) {
+  return core.guards_pass(args, spec);
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,72 @@
+// Program: a traced graph from input leaves to outputs, replayed without re-recording. Sizes may
+// be symbolic; each set of symbol values gets an instance (concrete nodes, one schedule) whose
+// kernels come from the code cache, so every size shares one kernel set.
+#pragma once
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/tensor/tensor.h"
+
+namespace kiln::jit {
+
+class Program {
+ public:
+  // `inputs`: leaf nodes the graph reads (storage bound per call); `outputs`: what run()
+  // returns. Materialized nodes reached that are not inputs are constants. `rng_offsets`: per
+  // random node id, its first number's offset from the call's generator state (used when run()
+  // is given that state).
+  Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std::vector<std::string> symbols,
+          std::map<uint64_t, SymInt> rng_offsets = {});
+  ~Program();
+  // Runs on `inputs` (materialized nodes matching the input leaves' dtypes and layouts) with
+  // symbol values `syms`; returns the outputs as fresh tensors. Random ops reserve their numbers
+  // from the generator, or with `rng_base` draw at rng_base + their offset (the generator is
+  // left alone).
+  std::vector<Tensor> run(const std::vector<Node*>& inputs, const std::vector<int64_t>& syms,
+                          const std::pair<uint64_t, uint64_t>* rng_base = nullptr);
+  const std::vector<NodePtr>& inputs() const { return inputs_; }
+  const std::vector<NodePtr>& outputs() const { return outputs_; }
+  // Number of size instances built so far (one per set of values of the symbols it uses).
+  size_t instances() const;
+  // The symbols the program's sizes use (inputs' layouts, nodes, random offsets), in the
+  // order of `symbols`; instances are keyed by their values only.
+  std::vector<std::string> symbols_used() const;
+  // Nodes computed by the program (not inputs or constants), topologically sorted.
+  std::vector<const Node*> body() const;
+
+ private:
+  struct Instance;
+  // An input's layout as the program was built (later rewrites of the traced node do not apply).
+  struct Layout {
+    Shape shape, strides;
+    SymInt offset;
+  };
+  Instance& instance(const std::vector<int64_t>& syms);
+  std::vector<NodePtr> inputs_, outputs_;
+  std::vector<Layout> input_layouts_;
+  std::vector<std::string> symbols_;
+  std::vector<size_t> used_;  // indices into symbols_ of the symbols the program uses
+  std::map<uint64_t, SymInt> rng_offsets_;
+  mutable std::mutex mu_;
+  std::map<std::vector<int64_t>, std::unique_ptr<Instance>> instances_;
+  Instance* last_ = nullptr;  // the instance used last (most calls repeat sizes)
+  std::vector<int64_t> last_key_;  // its key: the values of the used symbols
+};
+
+// Graphviz text of the graph behind `outputs` (stopping at `inputs`); nodes in `highlight` are
+// filled (saved values), `label` titles it.
+std::string graph_dot(const std::vector<NodePtr>& inputs, const std::vector<NodePtr>& outputs,
+                      const std::set<const Node*>& highlight, const std::string& label);
+
+// Whether `op` draws random numbers (its Philox counter is set per run).
+bool is_random_op(OpKind op);
+
+// Nodes behind `outputs`, inputs first (stops at `inputs` and materialized nodes), topologically sorted.
+std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop);
+
+}  // namespace kiln::jit

@@ -1,0 +1,29 @@
+// LLVM backend: loop IR -> LLVM IR -> optimized for the host CPU -> object code, loaded by
+// ORC LLJIT. Transcendentals call libm and vectorize through SLEEF's vector-ABI functions.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "jit/loop/loop_ir.h"
+
+namespace kiln::jit {
+
+// A compiled kernel: runs parallel indices [begin, end).
+using KernelFn = void (*)(int64_t begin, int64_t end, char* const* buffers, const int64_t* iparams,
+                          const double* fparams);
+
+// LLVM IR text for a kernel named `symbol` (before optimization).
+std::string emit_llvm_ir(const Kernel& k, const std::string& symbol);
+// Compiles a kernel to a relocatable object for the host CPU (O3, vectorized).
+std::string compile_to_object(const Kernel& k, const std::string& symbol, std::string* optimized_ir = nullptr);
+// Loads an object produced by compile_to_object into the process JIT and returns `symbol`.
+KernelFn load_object(const std::string& object, const std::string& symbol);
+// LLVM version and host CPU name + features (part of the on-disk cache key).
+std::string llvm_target_id();
+// The data layout of host kernels (creates a TargetMachine: ~0.4 ms).
+std::string host_data_layout();
+// Gives the JIT its data layout (host_data_layout() saved by an earlier process); only has an
+// effect before the first load_object().
+void set_jit_data_layout(const std::string& layout);
+
+}  // namespace kiln::jit

@@ -1,0 +1,628 @@
+// The JIT executor: schedules each segment, runs fused kernels from the code cache over TBB,
+// and hands library/reference ops to the interpreter's kernels. Installed as the default
+// executor unless KILN_JIT=interp.
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "jit/exec/code_cache.h"
+#include "kernels/cpu/node_operand.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/reference.h"
+#include "jit/diag/diagnostics.h"
+#include "jit/exec/executor.h"
+#include "jit/graph/passes.h"
+#include "jit/graph/scheduler.h"
+#include "runtime/core/error.h"
+#include "runtime/exec/executor.h"
+
+namespace kiln::jit {
+namespace {
+
+constexpr int64_t kInlineBelow = 32768;  // elements: run on the calling thread
+
+int64_t eval_index(const Kernel& k, ExprId id, const std::vector<int64_t>& ip) {
+  const Expr& e = k.exprs[id];
+  auto a = [&] { return eval_index(k, e.a, ip); };
+  auto b = [&] { return eval_index(k, e.b, ip); };
+  switch (e.kind) {
+    case Expr::Kind::IConst: return e.i;
+    case Expr::Kind::Param: return ip[e.i];
+    case Expr::Kind::IAdd: return a() + b();
+    case Expr::Kind::ISub: return a() - b();
+    case Expr::Kind::IMul: return a() * b();
+    case Expr::Kind::IDiv: return a() / b();
+    case Expr::Kind::IMod: return a() % b();
+    case Expr::Kind::IMin: return std::min(a(), b());
+    default: throw Error("jit: parallel extent is not an index expression");
+  }
+}
+
+struct Binding {
+  std::vector<char*> buffers;
+  std::vector<int64_t> ip;
+  std::vector<double> fp;
+  std::vector<std::shared_ptr<Storage>> out_storage;
+  std::vector<std::vector<char>> partials;
+  int64_t chunks = 1;
+};
+
+const Node* arg_node(const Group& g, const std::vector<Node*>& ins, int a) {
+  return a >= 0 ? g.nodes[a] : ins[-a - 1];
+}
+
+// Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`.
+void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins) {
+  bd.buffers.clear();
+  bd.ip.clear();
+  bd.fp.clear();
+  bd.out_storage.clear();
+  bd.partials.clear();
+  for (Node* in : ins)
+    bd.buffers.push_back(static_cast<char*>(in->storage->data) + in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
+  for (Node* o : g.outputs) {
+    int64_t n = numel(o->shape).as_int();
+    auto s = Storage::allocate(static_cast<size_t>(n) * itemsize(o->dtype), o->device);
+    bd.buffers.push_back(static_cast<char*>(s->data));
+    bd.out_storage.push_back(std::move(s));
+  }
+  // Split reductions: chunk the rows so each chunk holds enough work.
+  int64_t rows = 1, per_row = 1;
+  if (L.split) {
+    size_t n = g.domain.size();
+    if (n == 1) rows = g.domain[0].as_int();
+    else {
+      for (size_t d = 0; d + 1 < n; ++d) rows *= g.domain[d].as_int();
+      per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
+    }
+  }
+  int64_t chunk = std::max<int64_t>({1, (16384 + per_row - 1) / per_row, (rows + 255) / 256});
+  bd.chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  for (const ArgSource& s : L.iparams) {
+    int64_t v = 0;
+    switch (s.kind) {
+      case ArgSource::Kind::DomainSize: v = g.domain[s.a].as_int(); break;
+      case ArgSource::Kind::NodeSize: v = arg_node(g, ins, s.a)->shape[s.b].as_int(); break;
+      case ArgSource::Kind::InputStride: v = ins[s.a]->strides[s.b].as_int(); break;
+      case ArgSource::Kind::FullValue: v = g.nodes[s.a]->attrs.ints[0]; break;
+      case ArgSource::Kind::AttrF0: v = g.nodes[s.a]->attrs.ints[0]; break;
+      case ArgSource::Kind::AttrF1: v = g.nodes[s.a]->attrs.ints[1]; break;
+      case ArgSource::Kind::Chunks: v = bd.chunks; break;
+      case ArgSource::Kind::ChunkSize: v = chunk; break;
+    }
+    bd.ip.push_back(v);
+  }
+  for (const ArgSource& s : L.fparams) {
+    const Node* n = g.nodes[s.a];
+    bd.fp.push_back(s.kind == ArgSource::Kind::AttrF1 ? n->attrs.f1 : n->attrs.f0);
+  }
+  const Kernel& k = L.kernel;
+  // Scratch after the outputs: per-chunk partials (split), per-kept-element accumulators (column).
+  int64_t scratch = bd.chunks;
+  if (L.column) {
+    scratch = 1;
+    for (size_t d = 0; d < g.domain.size(); ++d)
+      if (std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) == g.reduce_dims.end())
+        scratch *= g.domain[d].as_int();
+  }
+  for (size_t b = bd.buffers.size(); b < k.buffers.size(); ++b) {
+    bd.partials.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
+    bd.buffers.push_back(bd.partials.back().data());
+  }
+}
+
+// Combines per-chunk partials of a split reduction into its output.
+void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
+  size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
+  for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
+    const Node* o = g.outputs[oi];
+    if (classify(*o) != NodeClass::Reduction) continue;
+    OpKind op = o->op;
+    const DType pdt = k.buffers[pb].dtype;  // float64/int64 accumulators; max/min keep a float32 input's type
+    bool fl = is_floating(pdt);
+    const char* vals = bd.partials[part].data();
+    const int64_t* idxs = nullptr;
+    if (op == OpKind::ArgMax || op == OpKind::ArgMin) idxs = reinterpret_cast<const int64_t*>(bd.partials[part + 1].data());
+    double dacc = op == OpKind::Prod ? 1 : 0;
+    int64_t iacc = op == OpKind::Prod ? 1 : 0;
+    int64_t best = -1;
+    bool first = true;
+    for (int64_t c = 0; c < bd.chunks; ++c) {
+      double dv = !fl ? 0
+                  : pdt == DType::Float32 ? static_cast<double>(reinterpret_cast<const float*>(vals)[c])
+                                          : reinterpret_cast<const double*>(vals)[c];
+      int64_t iv = fl ? 0 : reinterpret_cast<const int64_t*>(vals)[c];
+      switch (op) {
+        case OpKind::Sum: dacc += dv; iacc += iv; break;
+        case OpKind::Prod: dacc *= dv; iacc *= iv; break;
+        case OpKind::Amax: case OpKind::Amin: {
+          bool mx = op == OpKind::Amax;
+          if (first) { dacc = dv; iacc = iv; }
+          else if (fl) {
+            if (!std::isnan(dacc) && (std::isnan(dv) || (mx ? dv > dacc : dv < dacc))) dacc = dv;
+          } else if (mx ? iv > iacc : iv < iacc) iacc = iv;
+          break;
+        }
+        default: {  // arg reductions: partial index -1 means an empty chunk
+          if (idxs[c] < 0) break;
+          bool mx = op == OpKind::ArgMax;
+          bool better = best < 0 || (fl ? (!std::isnan(dacc) && (std::isnan(dv) || (mx ? dv > dacc : dv < dacc)))
+                                        : (mx ? iv > iacc : iv < iacc));
+          if (better) { dacc = dv; iacc = iv; best = idxs[c]; }
+        }
+      }
+      first = false;
+    }
+    void* out = bd.out_storage[oi]->data;
+    if (op == OpKind::ArgMax || op == OpKind::ArgMin) {
+      *static_cast<int64_t*>(out) = std::max<int64_t>(best, 0);
+    } else {
+      dispatch_dtype(o->dtype, [&](auto tag) {
+        using T = decltype(tag);
+        if constexpr (std::is_same_v<T, bool>) *static_cast<T*>(out) = fl ? dacc != 0 : iacc != 0;
+        else if constexpr (std::is_integral_v<T>) *static_cast<T*>(out) = static_cast<T>(fl ? static_cast<int64_t>(dacc) : iacc);  // exact above 2^53
+        else *static_cast<T*>(out) = static_cast<T>(static_cast<compute_t<T>>(fl ? dacc : static_cast<double>(iacc)));
+      });
+    }
+    part += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
+    pb += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
+  }
+}
+
+// Gives a view (and the views it is built on) the storage of its computed root.
+void materialize_view(Node* v) {
+  std::vector<Node*> chain;
+  for (Node* n = v; n && !n->materialized() && is_view_op(n->op); n = n->inputs.empty() ? nullptr : n->inputs[0].get())
+    chain.push_back(n);
+  for (size_t i = chain.size(); i-- > 0;) interpret_node(*chain[i]);
+}
+
+void interpret_group(const Group& g) {
+  for (Node* n : g.nodes) {
+    for (auto& in : n->inputs) materialize_view(in.get());
+    interpret_node(*n);
+  }
+}
+
+// The compiled kernel for a group, or null after logging (once per key) why there is none.
+std::shared_ptr<CompiledKernel> kernel_or_null(const Group& g, const std::string& key) {
+  try {
+    return get_kernel(key, g);
+  } catch (const std::exception& e) {
+    static std::mutex mu;
+    static std::set<std::string> told;
+    std::lock_guard<std::mutex> lock(mu);
+    if (told.insert(key).second)
+      log_line("jit", std::string("could not compile a kernel (") + e.what() + "); running it on the interpreter");
+    return nullptr;
+  }
+}
+
+// Runs a kernel step; `ins` are the group's canonical inputs, `work` its domain's size.
+void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins,
+                Binding& bd, int64_t work) {
+  if (!ck) {
+    interpret_group(g);
+    return;
+  }
+  const Lowered& L = *ck->lowered;
+  const Kernel& k = L.kernel;
+  bind_kernel(bd, g, L, ins);
+  int64_t extent = eval_index(k, k.parallel_extent, bd.ip);
+  work = std::max<int64_t>(1, work);
+  KernelFn fn = launch_fn(*ck);
+  if (extent > 0) {
+    if (work < kInlineBelow || extent == 1) {
+      fn(0, extent, bd.buffers.data(), bd.ip.data(), bd.fp.data());
+    } else {
+      int64_t per_index = std::max<int64_t>(1, work / extent);
+      int64_t grain = std::max<int64_t>(1, 16384 / per_index);
+      kernels::parallel_for(tbb::blocked_range<int64_t>(0, extent, grain), [&](const tbb::blocked_range<int64_t>& r) {
+        fn(r.begin(), r.end(), bd.buffers.data(), bd.ip.data(), bd.fp.data());
+      });
+    }
+  } else if (L.split) {
+    bd.chunks = 0;
+  }
+  if (L.split) combine(L, k, bd, g);
+  for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
+}
+
+}  // namespace
+
+// ---- plans: the schedule of a segment structure, reused while the structure repeats ----
+struct PlanStep {
+  Step::Kind kind;
+  int node = -1;                       // Opaque / View
+  std::vector<int> nodes, outputs;     // Kernel: extended positions (segment, then folded constants)
+  std::vector<int> inputs;             // Kernel: canonical inputs, positions or -(k + 1) = external k
+  std::vector<int64_t> domain, reduce_dims;
+  int64_t work = 1;                    // elements of the domain
+  bool split = false;
+  std::shared_ptr<CompiledKernel> ck;  // null: interpreter fallback
+  bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks
+  bool fused = false;     // Kernel: run as the previous GEMM's epilogue
+};
+struct Plan {
+  std::vector<int64_t> sig;
+  Rewrite rw;  // graph passes, re-applied on every run
+  std::vector<PlanStep> steps;
+};
+
+namespace {
+
+// Per-thread buffers of one run (a nested run on the same thread gets fresh ones).
+struct RunScratch {
+  std::vector<int64_t> sig;
+  std::vector<Node*> externals, ext, ins;
+  std::unordered_map<const Node*, int> extern_ids;  // only for segments with many external inputs
+  Group group;
+  Binding binding;
+  bool busy = false;
+};
+
+// Exact structure of a segment: ops, dtypes, sizes, attributes, wiring, which nodes are
+// needed, and the layout class of every stored input. Equal signatures schedule identically.
+// Sets every node's `pos`; `externals` receives the stored inputs in first-use order.
+void signature(const Segment& seg, RunScratch& sc) {
+  std::vector<int64_t>& s = sc.sig;
+  std::vector<Node*>& externals = sc.externals;
+  s.clear();
+  externals.clear();
+  sc.extern_ids.clear();
+  const size_t N = seg.nodes.size();
+  for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);
+  for (size_t i = 0; i < N; ++i) {
+    const Node* n = seg.nodes[i];
+    s.push_back(static_cast<int64_t>(n->op) << 8 | static_cast<int64_t>(n->dtype) << 1 | (seg.needed[i] ? 1 : 0));
+    s.push_back(static_cast<int64_t>(n->shape.size()));
+    for (const auto& d : n->shape) s.push_back(d.as_int());
+    s.push_back(static_cast<int64_t>(n->attrs.ints.size()));
+    for (int64_t v : n->attrs.ints) s.push_back(v);
+    if (n->op == OpKind::View || n->op == OpKind::AsStrided)
+      for (const auto& d : n->strides) s.push_back(d.as_int());
+    s.push_back(static_cast<int64_t>(n->inputs.size()));
+    for (const auto& inp : n->inputs) {
+      Node* in = inp.get();
+      int32_t p = in->pos;
+      if (!in->materialized() && p >= 0 && static_cast<size_t>(p) < N && seg.nodes[p] == in) {
+        s.push_back(p);
+        continue;
+      }
+      int id = 0;
+      if (externals.size() < 32) {
+        for (size_t k = 0; k < externals.size() && !id; ++k)
+          if (externals[k] == in) id = static_cast<int>(k) + 1;
+      } else {
+        if (sc.extern_ids.empty())
+          for (size_t k = 0; k < externals.size(); ++k) sc.extern_ids.emplace(externals[k], static_cast<int>(k) + 1);
+        auto it = sc.extern_ids.find(in);
+        if (it != sc.extern_ids.end()) id = it->second;
+      }
+      if (id) {
+        s.push_back(-id);
+        continue;
+      }
+      externals.push_back(in);
+      if (!sc.extern_ids.empty()) sc.extern_ids.emplace(in, static_cast<int>(externals.size()));
+      s.push_back(-static_cast<int64_t>(externals.size()));
+      s.push_back(static_cast<int64_t>(in->dtype) << 8 | static_cast<int64_t>(in->shape.size()) << 1 |
+                  (is_contiguous_layout(in->shape, in->strides) ? 1 : 0));
+      for (size_t d = 0; d < in->shape.size(); ++d) {
+        int64_t sz = in->shape[d].as_int(), st = in->strides[d].as_int();
+        s.push_back(sz);
+        s.push_back(sz == 1 ? 'u' : st == 0 ? '0' : st == 1 ? '1' : 'g');
+      }
+    }
+  }
+}
+
+uint64_t hash_sig(const std::vector<int64_t>& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t v : s) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+  return h;
+}
+
+std::mutex g_plan_mu;
+std::unordered_map<uint64_t, std::vector<std::shared_ptr<const Plan>>> g_plans;
+constexpr size_t kMaxPlans = 4096;
+
+bool passes_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_PASSES");
+    return !(v && std::string(v) == "off");
+  }();
+  return on;
+}
+
+// Runs the graph passes on `seg` (applying their rewrite: `sc.ext` then names every extended
+// position) and schedules the result.
+// `passes`: run the graph passes (their rewrite is re-applied on each run of the plan).
+std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes = true) {
+  auto plan = std::make_shared<Plan>();
+  plan->sig = sc.sig;
+  if (passes && passes_enabled()) plan->rw = run_passes(seg);
+  Segment rewritten;
+  const Segment* target = &seg;
+  if (plan->rw.identity) {
+    sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+  } else {
+    apply_rewrite(plan->rw, seg, sc.ext, seg.keep_alive);
+    for (int p : plan->rw.order) rewritten.nodes.push_back(sc.ext[p]);
+    rewritten.needed = plan->rw.needed;
+    target = &rewritten;
+  }
+  std::unordered_map<const Node*, int> pos;
+  for (size_t i = 0; i < sc.ext.size(); ++i) pos[sc.ext[i]] = static_cast<int>(i);
+  for (size_t k = 0; k < sc.externals.size(); ++k) pos.emplace(sc.externals[k], -static_cast<int>(k) - 1);
+  // Schedule; a kernel that cannot be formed around a reduction gets that reduction stored.
+  std::vector<const Node*> stored;
+  std::vector<Step> steps;
+  std::vector<std::shared_ptr<CompiledKernel>> kernels;
+  for (int attempt = 0;; ++attempt) {
+    steps = schedule(*target, stored);
+    kernels.assign(steps.size(), nullptr);
+    bool again = false;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      if (steps[i].kind != Step::Kind::Kernel) continue;
+      std::string key = group_key(steps[i].group);
+      try {
+        kernels[i] = get_kernel(key, steps[i].group);
+      } catch (const LowerError&) {
+        if (attempt < 3)
+          for (Node* n : steps[i].group.nodes)
+            if (classify(*n) == NodeClass::Reduction &&
+                std::find(steps[i].group.outputs.begin(), steps[i].group.outputs.end(), n) == steps[i].group.outputs.end()) {
+              stored.push_back(n);
+              again = true;
+            }
+        if (!again) kernels[i] = kernel_or_null(steps[i].group, key);
+      } catch (const std::exception&) {
+        kernels[i] = kernel_or_null(steps[i].group, key);
+      }
+    }
+    if (!again) break;
+  }
+  if (log_enabled("fusion")) log_line("fusion", "segment of " + std::to_string(target->nodes.size()) + " nodes:\n" + describe(steps));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    PlanStep ps{st.kind};
+    if (st.kind != Step::Kind::Kernel) {
+      ps.node = pos.at(st.node);
+    } else {
+      for (Node* n : st.group.nodes) ps.nodes.push_back(pos.at(n));
+      for (Node* n : st.group.outputs) ps.outputs.push_back(pos.at(n));
+      for (Node* n : canonical_inputs(st.group)) ps.inputs.push_back(pos.at(n));
+      ps.domain = concrete(st.group.domain);
+      for (int64_t d : ps.domain) ps.work *= d;
+      ps.reduce_dims = st.group.reduce_dims;
+      ps.split = st.group.split;
+      ps.ck = kernels[i];
+    }
+    plan->steps.push_back(std::move(ps));
+  }
+  // GEMM epilogues: a 2-D GEMM followed by a pointwise kernel over exactly its output that
+  // reads it element for element runs as one step (row blocks, epilogue while in cache).
+  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+    if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) continue;
+    const Node* m = steps[i].node;
+    const Group& g = steps[i + 1].group;
+    if (m->op != OpKind::Matmul || m->shape.size() != 2 || !kernels[i + 1] || g.split || !g.reduce_dims.empty()) continue;
+    if (m->dtype != DType::Float32 && m->dtype != DType::Float64) continue;
+    if (!same_shape(g.domain, m->shape)) continue;
+    bool ok = std::find(g.nodes.begin(), g.nodes.end(), m) == g.nodes.end();
+    for (const Node* n : g.nodes)
+      for (const auto& in : n->inputs)
+        if (in.get() == m && (is_view_op(n->op) || !same_shape(n->shape, m->shape))) ok = false;
+    if (!ok) continue;
+    plan->steps[i].epilogue = true;
+    plan->steps[i + 1].fused = true;
+    if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i));
+  }
+  return plan;
+}
+
+std::atomic<uint64_t> g_epilogue_runs{0};
+
+// Fills the scratch group (and its canonical inputs) of kernel step `s` from this run's nodes.
+Group& load_group(const PlanStep& s, const std::vector<Node*>& ext, RunScratch& sc) {
+  Group& g = sc.group;
+  g.nodes.clear();
+  g.outputs.clear();
+  sc.ins.clear();
+  for (int i : s.nodes) g.nodes.push_back(ext[i]);
+  for (int i : s.outputs) g.outputs.push_back(ext[i]);
+  for (int i : s.inputs) sc.ins.push_back(i >= 0 ? ext[i] : sc.externals[-i - 1]);
+  g.domain.assign(s.domain.begin(), s.domain.end());
+  g.reduce_dims = s.reduce_dims;
+  g.split = s.split;
+  return g;
+}
+
+// A GEMM step and its pointwise epilogue (the next step) as one: row blocks of the product,
+// each followed by the epilogue kernel on the same rows. False when this run cannot (the
+// kernel's parallel index does not map onto rows); the caller then runs them apart.
+bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector<Node*>& ext, RunScratch& sc) {
+  Node* m = ext[mm.node];
+  Group& g = load_group(ks, ext, sc);
+  const int64_t rows = m->shape[0].as_int();
+  for (auto& in : m->inputs) materialize_view(in.get());
+  m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device), false);
+  const Lowered& L = *ks.ck->lowered;
+  Binding& bd = sc.binding;
+  bind_kernel(bd, g, L, sc.ins);
+  const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.ip);
+  if (rows == 0 || extent <= 0 || extent % rows != 0) return false;
+  const int64_t per_row = extent / rows;
+  KernelFn fn = launch_fn(*ks.ck);
+  bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
+                                         kernels::operand_of(*m->inputs[1]), [&](int64_t r0, int64_t r1) {
+                                           fn(r0 * per_row, r1 * per_row, bd.buffers.data(), bd.ip.data(), bd.fp.data());
+                                         });
+  if (!done) return false;
+  for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
+  g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
+  const std::vector<Node*>& ext = sc.ext;
+  bool epilogue_done = false;
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const PlanStep& s = plan.steps[si];
+    switch (s.kind) {
+      case Step::Kind::Kernel: {
+        if (s.fused && epilogue_done) {  // ran as the GEMM's epilogue
+          epilogue_done = false;
+          break;
+        }
+        run_kernel(load_group(s, ext, sc), s.ck, sc.ins, sc.binding, s.work);
+        break;
+      }
+      case Step::Kind::Opaque: {
+        Node* n = ext[s.node];
+        if (s.epilogue && run_gemm_epilogue(s, plan.steps[si + 1], ext, sc)) {
+          epilogue_done = true;
+          break;
+        }
+        if (s.epilogue) n->storage.reset();  // not fusable this run: compute it apart
+        for (auto& in : n->inputs) materialize_view(in.get());  // views of stored data
+        interpret_node(*n);
+        break;
+      }
+      case Step::Kind::View:
+        materialize_view(ext[s.node]);
+        break;
+    }
+  }
+  if (!plan.rw.identity) finish_rewrite(plan.rw, ext);
+  for (size_t i = 0; i < seg.nodes.size(); ++i)
+    if (seg.needed[i] && !seg.nodes[i]->materialized())
+      throw Error(std::string("jit: scheduler left a needed ") + op_name(seg.nodes[i]->op) + " node uncomputed");
+}
+
+thread_local RunScratch t_scratch;
+// The plans this thread ran last, most recent first (a hit takes no lock).
+thread_local std::array<std::pair<uint64_t, std::shared_ptr<const Plan>>, 8> t_recent;
+
+class JitExecutor final : public Executor {
+ public:
+  void run(Segment& seg) override {
+    std::unique_ptr<RunScratch> own;
+    RunScratch* scp = &t_scratch;
+    if (scp->busy) {
+      own = std::make_unique<RunScratch>();
+      scp = own.get();
+    }
+    RunScratch& sc = *scp;
+    struct Busy {
+      RunScratch& s;
+      explicit Busy(RunScratch& r) : s(r) { s.busy = true; }
+      ~Busy() { s.busy = false; }
+    } busy(sc);
+    signature(seg, sc);
+    uint64_t h = hash_sig(sc.sig);
+    std::shared_ptr<const Plan> plan;
+    for (const auto& [ch, p] : t_recent)  // this thread's recent plans: no lock
+      if (ch == h && p->sig == sc.sig && guards_hold(p->rw, seg)) {
+        plan = p;
+        break;
+      }
+    if (!plan) {
+      std::lock_guard<std::mutex> lock(g_plan_mu);
+      auto it = g_plans.find(h);
+      if (it != g_plans.end())
+        for (auto& p : it->second)
+          if (p->sig == sc.sig && guards_hold(p->rw, seg)) {
+            plan = p;
+            break;
+          }
+    }
+    if (plan) {
+      if (plan->rw.identity) sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+      else apply_rewrite(plan->rw, seg, sc.ext, seg.keep_alive);
+    } else {
+      plan = make_plan(seg, sc);
+      std::lock_guard<std::mutex> lock(g_plan_mu);
+      if (g_plans.size() > kMaxPlans) g_plans.clear();
+      g_plans[h].push_back(plan);
+    }
+    if (t_recent[0].second != plan) {
+      std::move_backward(t_recent.begin(), t_recent.end() - 1, t_recent.end());
+      t_recent[0] = {h, plan};
+    }
+    execute(*plan, seg, sc);
+  }
+  const char* name() const override {
+    switch (jit_mode()) {
+      case JitMode::Asmjit: return "asmjit";
+      case JitMode::Tiered: return "tiered";
+      default: return "llvm";
+    }
+  }
+};
+
+}  // namespace
+
+struct PreparedSegment::Impl {
+  Segment* seg;
+  std::shared_ptr<const Plan> plan;  // null: the interpreter
+  RunScratch sc;
+};
+
+PreparedSegment::PreparedSegment(Segment& seg) : impl_(std::make_unique<Impl>()) {
+  impl_->seg = &seg;
+  if (jit_mode() == JitMode::Interp) return;
+  signature(seg, impl_->sc);  // also fixes the external inputs (the same node objects every run)
+  // No passes: their rewrite relinks edges on each run, and these nodes persist.
+  impl_->plan = make_plan(seg, impl_->sc, false);
+  impl_->sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+}
+
+PreparedSegment::~PreparedSegment() = default;
+
+void PreparedSegment::run() {
+  if (!impl_->plan) {
+    interpreter()->run(*impl_->seg);
+    return;
+  }
+  execute(*impl_->plan, *impl_->seg, impl_->sc);
+}
+
+uint64_t gemm_epilogue_runs() { return g_epilogue_runs.load(); }
+
+std::shared_ptr<Executor> jit_executor() {
+  static auto ex = std::make_shared<JitExecutor>();
+  return ex;
+}
+
+JitMode jit_mode() {
+  static const JitMode m = [] {
+    const char* v = std::getenv("KILN_JIT");
+    std::string s = v ? v : "";
+    if (s == "interp") return JitMode::Interp;
+    if (s == "llvm") return JitMode::Llvm;
+    if (s == "asmjit") return JitMode::Asmjit;
+    if (s.empty() || s == "tiered") return JitMode::Tiered;
+    throw Error("KILN_JIT must be interp, llvm, asmjit or tiered; got '" + s + "'");
+  }();
+  return m;
+}
+
+namespace {
+// Installs the JIT as the default executor when the library loads.
+const bool g_installed = [] {
+  if (jit_mode() != JitMode::Interp) set_executor(jit_executor());
+  return true;
+}();
+}  // namespace
+
+}  // namespace kiln::jit

@@ -1,0 +1,37 @@
+// The JIT executor and the KILN_JIT switch.
+#pragma once
+#include <memory>
+
+#include "runtime/exec/executor.h"
+
+namespace kiln::jit {
+
+// KILN_JIT: interp = the reference interpreter; llvm = LLVM kernels only; asmjit = asmjit
+// kernels where the asmjit tier can compile them, LLVM otherwise; tiered (default) = asmjit
+// at once, replaced by LLVM code compiled in the background (disk cache hits load LLVM code).
+enum class JitMode { Interp, Llvm, Asmjit, Tiered };
+// The mode from KILN_JIT (read once; throws kiln::Error on an unknown value).
+JitMode jit_mode();
+// The JIT executor (scheduler + fused kernels + code cache).
+std::shared_ptr<Executor> jit_executor();
+
+// GEMMs that ran with their pointwise epilogue fused (row blocks over TBB), since start.
+uint64_t gemm_epilogue_runs();
+
+// A segment's schedule and compiled kernels bound to its node objects, made once and run many
+// times with fresh input storage (kiln::compile replays programs this way).
+class PreparedSegment {
+ public:
+  // Schedules and compiles `seg` (its inputs need not hold storage yet); the interpreter runs
+  // it under KILN_JIT=interp. `seg` must outlive this object and keep its nodes.
+  explicit PreparedSegment(Segment& seg);
+  ~PreparedSegment();
+  // Runs the segment: every `needed` node ends materialized; node inputs are kept.
+  void run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::jit

@@ -1,0 +1,41 @@
+// The scheduler: splits a segment into steps — fused kernels (pointwise DAGs with views folded
+// into index arithmetic, reductions with their pointwise producers and consumers), library or
+// reference calls for everything else (GEMM, indexing, cat …), and views (storage sharing).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runtime/exec/executor.h"
+
+namespace kiln::jit {
+
+// How a node is treated by fusion.
+enum class NodeClass { Pointwise, Source, View, Reduction, Opaque };
+NodeClass classify(const Node& n);
+
+// One fused kernel: nodes computed inside it (topological order) and those it stores.
+struct Group {
+  std::vector<Node*> nodes;    // every node computed in the kernel
+  std::vector<Node*> outputs;  // nodes the kernel writes to memory
+  std::vector<Node*> inputs;   // materialized nodes it reads
+  Shape domain;                // iteration domain (a reduction's input shape, else the output shape)
+  std::vector<int64_t> reduce_dims;  // reduced dims of `domain` (empty: pointwise)
+  bool split = false;          // full reduction: parallel over chunks, partials combined after
+  std::vector<std::string> why;  // per output: why it is stored (KILN_LOG=fusion)
+};
+
+// A step of the schedule, run in order.
+struct Step {
+  enum class Kind { Kernel, Opaque, View } kind;
+  Group group;       // Kernel
+  Node* node = nullptr;  // Opaque / View
+};
+
+// Splits `seg` into steps. Nodes left out of every step are fused intermediates. Nodes in
+// `stored` are materialized in any case (used when a kernel could not be formed around them).
+std::vector<Step> schedule(const Segment& seg, const std::vector<const Node*>& stored = {});
+
+// One line per step, with why nodes were split (KILN_LOG=fusion).
+std::string describe(const std::vector<Step>& steps);
+
+}  // namespace kiln::jit

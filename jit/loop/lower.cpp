@@ -1,0 +1,711 @@
+#include "jit/loop/lower.h"
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <sstream>
+#include <unordered_map>
+
+namespace kiln::jit {
+namespace {
+
+constexpr int64_t kSmallInner = 8;     // a last domain dim up to this size is a compile-time constant
+constexpr int64_t kTile = 2048;        // elements per parallel tile of a long last dim
+constexpr int64_t kColumnTile = 64;    // columns per parallel index of a column reduction
+
+bool is_one(const SymInt& s) { auto v = s.maybe_int(); return v && *v == 1; }
+
+std::optional<int64_t> small_inner(const Shape& d) {
+  if (d.empty()) return std::nullopt;
+  auto v = d.back().maybe_int();
+  if (v && *v <= kSmallInner) return v;
+  return std::nullopt;
+}
+
+char stride_class(const SymInt& size, const SymInt& stride) {
+  if (is_one(size)) return 'u';
+  auto s = stride.maybe_int();
+  if (s && *s == 0) return '0';
+  if (s && *s == 1) return '1';
+  return 'g';
+}
+
+// An input laid out exactly like the iteration domain (same sizes, row-major): it is read at
+// the flat domain index, so contiguous loops see unit-stride loads.
+bool dense_in_domain(const Node* n, const Shape& domain) {
+  return !domain.empty() && same_shape(n->shape, domain) && is_contiguous_layout(n->shape, n->strides);
+}
+
+}  // namespace
+
+std::vector<Node*> canonical_inputs(const Group& g) {
+  std::unordered_map<const Node*, bool> inside;
+  for (Node* n : g.nodes) inside[n] = true;
+  std::vector<Node*> out;
+  for (Node* n : g.nodes)
+    for (auto& in : n->inputs)
+      if (!inside.count(in.get()) && std::find(out.begin(), out.end(), in.get()) == out.end()) out.push_back(in.get());
+  return out;
+}
+
+std::string group_key(const Group& g) {
+  std::ostringstream k;
+  std::unordered_map<const Node*, int> id;
+  std::vector<Node*> ins = canonical_inputs(g);
+  for (size_t i = 0; i < ins.size(); ++i) id[ins[i]] = -static_cast<int>(i) - 1;
+  for (size_t i = 0; i < g.nodes.size(); ++i) id[g.nodes[i]] = static_cast<int>(i);
+  k << "D" << g.domain.size() << ":";
+  for (const auto& s : g.domain) k << (is_one(s) ? 'u' : 's');
+  if (auto si = small_inner(g.domain)) k << "c" << *si;
+  k << "|R";
+  for (int64_t d : g.reduce_dims) k << d << ",";
+  k << (g.split ? "S" : "") << "|";
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const Node* n = ins[i];
+    k << "i" << dtype_name(n->dtype)[0] << static_cast<int>(n->dtype) << ":";
+    for (size_t d = 0; d < n->shape.size(); ++d) k << stride_class(n->shape[d], n->strides[d]);
+    if (dense_in_domain(n, g.domain)) k << "D";
+    k << ";";
+  }
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node* n = g.nodes[i];
+    k << static_cast<int>(n->op) << "." << static_cast<int>(n->dtype) << ".";
+    for (const auto& s : n->shape) k << (is_one(s) ? 'u' : 's');
+    k << "(";
+    for (auto& in : n->inputs) k << id.at(in.get()) << ",";
+    k << ")";
+    if (!n->attrs.ints.empty() && n->op != OpKind::Full && n->op != OpKind::Arange && n->op != OpKind::RandInt) {
+      k << "[";
+      for (int64_t v : n->attrs.ints) k << v << ",";
+      k << "]";
+    }
+    if (n->op == OpKind::Full || n->op == OpKind::Arange) k << (n->attrs.ints.empty() ? "f" : "i");
+    if (std::find(g.outputs.begin(), g.outputs.end(), n) != g.outputs.end()) k << "*";
+    k << ";";
+  }
+  return k.str();
+}
+
+namespace {
+
+struct Lowerer {
+  const Group& g;
+  std::shared_ptr<Lowered> L = std::make_shared<Lowered>();
+  Kernel& K = L->kernel;
+  std::vector<Node*> ins;
+  std::unordered_map<const Node*, int> node_idx, input_idx, acc_of;  // acc_of: accumulator (scratch buffer in column mode)
+  ExprId kept_linear = -1;  // column mode: linear index over the kept dims
+  std::map<std::tuple<int, int, int>, ExprId> iparam_ids, fparam_ids;
+  std::map<std::pair<const Node*, std::vector<ExprId>>, ExprId> memo;
+  std::vector<ExprId> dom;           // domain sizes
+  std::vector<ExprId> kept_idx;      // reduction groups: index exprs of kept dims (by domain dim)
+  std::vector<bool> reduced;         // per domain dim
+
+  explicit Lowerer(const Group& grp) : g(grp) {
+    ins = canonical_inputs(g);
+    for (size_t i = 0; i < ins.size(); ++i) input_idx[ins[i]] = static_cast<int>(i);
+    for (size_t i = 0; i < g.nodes.size(); ++i) node_idx[g.nodes[i]] = static_cast<int>(i);
+  }
+
+  ExprId ip(ArgSource::Kind kind, int a = 0, int b = 0) {
+    auto key = std::make_tuple(static_cast<int>(kind), a, b);
+    auto it = iparam_ids.find(key);
+    if (it != iparam_ids.end()) return it->second;
+    L->iparams.push_back({kind, a, b});
+    ExprId e = K.param(K.num_params++);
+    iparam_ids[key] = e;
+    return e;
+  }
+  ExprId fp(ArgSource::Kind kind, int a = 0) {
+    auto key = std::make_tuple(static_cast<int>(kind), a, 0);
+    auto it = fparam_ids.find(key);
+    if (it != fparam_ids.end()) return it->second;
+    L->fparams.push_back({kind, a, 0});
+    Expr e{Expr::Kind::FParam};
+    e.dtype = DType::Float64;
+    e.i = K.num_fparams++;
+    ExprId id = K.add(e);
+    fparam_ids[key] = id;
+    return id;
+  }
+  // Reference to a node for ArgSource: >= 0 group node, < 0 input.
+  int ref(const Node* n) const {
+    auto it = node_idx.find(n);
+    if (it != node_idx.end()) return it->second;
+    return -input_idx.at(n) - 1;
+  }
+  ExprId size_of(const Node* n, size_t d) {
+    if (is_one(n->shape[d])) return K.iconst(1);
+    return ip(ArgSource::Kind::NodeSize, ref(n), static_cast<int>(d));
+  }
+  ExprId add(ExprId a, ExprId b) { return K.iop(Expr::Kind::IAdd, a, b); }
+  ExprId mul(ExprId a, ExprId b) { return K.iop(Expr::Kind::IMul, a, b); }
+
+  ExprId linearize_dom(const std::vector<ExprId>& idx) {
+    ExprId lin = K.iconst(0);
+    for (size_t d = 0; d < idx.size(); ++d) lin = add(mul(lin, dom[d]), idx[d]);
+    return lin;
+  }
+
+  ExprId load(const Node* n, const std::vector<ExprId>& idx) {
+    int b = input_idx.at(n);
+    if (dense_in_domain(n, g.domain)) {
+      Expr e{Expr::Kind::Load};
+      e.dtype = n->dtype;
+      e.i = b;
+      e.a = linearize_dom(idx);
+      return K.add(e);
+    }
+    ExprId off = K.iconst(0);
+    for (size_t d = 0; d < idx.size(); ++d) {
+      char c = stride_class(n->shape[d], n->strides[d]);
+      if (c == 'u' || c == '0') continue;
+      off = add(off, c == '1' ? idx[d] : mul(idx[d], ip(ArgSource::Kind::InputStride, b, static_cast<int>(d))));
+    }
+    Expr e{Expr::Kind::Load};
+    e.dtype = n->dtype;
+    e.i = b;
+    e.a = off;
+    return K.add(e);
+  }
+
+  // Index of an input broadcast to `shape` (right-aligned; size-1 dims read index 0).
+  std::vector<ExprId> broadcast_idx(const Node* in, const std::vector<ExprId>& idx) {
+    std::vector<ExprId> r(in->shape.size());
+    size_t lead = idx.size() - in->shape.size();
+    for (size_t d = 0; d < in->shape.size(); ++d) r[d] = is_one(in->shape[d]) ? K.iconst(0) : idx[lead + d];
+    return r;
+  }
+
+  ExprId linearize(const Node* n, const std::vector<ExprId>& idx) {
+    ExprId lin = K.iconst(0);
+    for (size_t d = 0; d < idx.size(); ++d) lin = add(mul(lin, size_of(n, d)), idx[d]);
+    return lin;
+  }
+  std::vector<ExprId> delinearize(const Node* n, ExprId lin) {
+    std::vector<ExprId> r(n->shape.size());
+    for (size_t d = n->shape.size(); d-- > 0;) {
+      ExprId s = size_of(n, d);
+      if (is_one(n->shape[d])) { r[d] = K.iconst(0); continue; }
+      r[d] = d == 0 ? lin : K.iop(Expr::Kind::IMod, lin, s);
+      lin = K.iop(Expr::Kind::IDiv, lin, s);
+    }
+    return r;
+  }
+
+  ExprId cast(ExprId v, DType t) {
+    if (K.exprs[v].dtype == t) return v;
+    Expr e{Expr::Kind::Cast};
+    e.dtype = t;
+    e.a = v;
+    return K.add(e);
+  }
+
+  ExprId emit(const Node* n, const std::vector<ExprId>& idx) {
+    auto key = std::make_pair(n, idx);
+    auto it = memo.find(key);
+    if (it != memo.end()) return it->second;
+    ExprId r = emit_uncached(n, idx);
+    memo[key] = r;
+    return r;
+  }
+
+  ExprId emit_uncached(const Node* n, const std::vector<ExprId>& idx) {
+    if (input_idx.count(n)) return load(n, idx);
+    const Attrs& a = n->attrs;
+    switch (classify(*n)) {
+      case NodeClass::Source: {
+        int me = ref(n);
+        if (n->op == OpKind::Full) {
+          if (!a.ints.empty()) return cast(ip(ArgSource::Kind::FullValue, me), n->dtype);
+          return cast(fp(ArgSource::Kind::FullValue, me), n->dtype);
+        }
+        if (n->op == OpKind::Arange) {
+          if (!a.ints.empty() && !is_floating(n->dtype))
+            return cast(add(ip(ArgSource::Kind::AttrF0, me), mul(idx[0], ip(ArgSource::Kind::AttrF1, me))), n->dtype);
+          Expr m{Expr::Kind::Binary};
+          m.op = OpKind::Mul;
+          m.dtype = DType::Float64;
+          m.a = cast(idx[0], DType::Float64);
+          m.b = fp(ArgSource::Kind::AttrF1, me);
+          Expr s{Expr::Kind::Binary};
+          s.op = OpKind::Add;
+          s.dtype = DType::Float64;
+          s.a = fp(ArgSource::Kind::AttrF0, me);
+          s.b = K.add(m);
+          return cast(K.add(s), n->dtype);
+        }
+        throw LowerError(std::string("cannot fuse ") + op_name(n->op));
+      }
+      case NodeClass::Pointwise: {
+        std::vector<ExprId> xs;
+        for (auto& in : n->inputs) xs.push_back(emit(in.get(), broadcast_idx(in.get(), idx)));
+        if (n->op == OpKind::Cast || n->op == OpKind::Contiguous) return cast(xs[0], n->dtype);
+        if (n->op == OpKind::ArgMax || n->op == OpKind::ArgMin) return K.iconst(0);
+        if (n->op == OpKind::Sum || n->op == OpKind::Prod || n->op == OpKind::Amax || n->op == OpKind::Amin)
+          return cast(xs[0], n->dtype);  // reduction over no dims
+        Expr e{xs.size() == 1 ? Expr::Kind::Unary : xs.size() == 2 ? Expr::Kind::Binary : Expr::Kind::Where};
+        e.op = n->op;
+        e.dtype = n->dtype;
+        e.a = xs[0];
+        if (xs.size() > 1) e.b = xs[1];
+        if (xs.size() > 2) e.c = xs[2];
+        return K.add(e);
+      }
+      case NodeClass::View: return emit(n->inputs[0].get(), view_input_idx(n, idx));
+      case NodeClass::Reduction: return acc_value(n, idx);
+      default: break;
+    }
+    throw LowerError(std::string("cannot fuse ") + op_name(n->op));
+  }
+
+  std::vector<ExprId> view_input_idx(const Node* n, const std::vector<ExprId>& idx) {
+    const Node* in = n->inputs[0].get();
+    const auto& v = n->attrs.ints;
+    std::vector<ExprId> r;
+    switch (n->op) {
+      case OpKind::Permute:
+        r.resize(v.size());
+        for (size_t i = 0; i < v.size(); ++i) r[v[i]] = idx[i];
+        return r;
+      case OpKind::Expand: return broadcast_idx(in, idx);
+      case OpKind::Slice:
+        r = idx;
+        r[v[0]] = add(K.iconst(v[1]), mul(idx[v[0]], K.iconst(v[3])));
+        return r;
+      case OpKind::Select:
+        r = idx;
+        r.insert(r.begin() + v[0], K.iconst(v[1]));
+        return r;
+      case OpKind::Squeeze:
+        r = idx;
+        r.insert(r.begin() + v[0], K.iconst(0));
+        return r;
+      case OpKind::Unsqueeze:
+        r = idx;
+        r.erase(r.begin() + v[0]);
+        return r;
+      case OpKind::Flip:
+        r = idx;
+        for (int64_t d : v) r[d] = K.iop(Expr::Kind::ISub, K.iop(Expr::Kind::ISub, size_of(in, d), K.iconst(1)), idx[d]);
+        return r;
+      case OpKind::View: {
+        // Reshapes that only add or drop size-1 dims map indices directly.
+        std::vector<size_t> a, b;
+        for (size_t d = 0; d < n->shape.size(); ++d) if (!is_one(n->shape[d])) a.push_back(d);
+        for (size_t d = 0; d < in->shape.size(); ++d) if (!is_one(in->shape[d])) b.push_back(d);
+        bool direct = a.size() == b.size();
+        for (size_t j = 0; direct && j < a.size(); ++j) direct = sym_eq(n->shape[a[j]], in->shape[b[j]]).value_or(false);
+        if (direct) {
+          r.assign(in->shape.size(), K.iconst(0));
+          for (size_t j = 0; j < a.size(); ++j) r[b[j]] = idx[a[j]];
+          return r;
+        }
+        return delinearize(in, linearize(n, idx));
+      }
+      default:
+        throw LowerError(std::string("cannot fold view ") + op_name(n->op));
+    }
+  }
+
+  ExprId acc_value(const Node* r, const std::vector<ExprId>& idx) {
+    auto it = acc_of.find(r);
+    if (it == acc_of.end()) throw LowerError("reduction read outside its kernel stage");
+    // The index must name the current outer element.
+    size_t n = g.domain.size();
+    bool keep = r->shape.size() == n;
+    size_t j = 0;
+    for (size_t d = 0; d < n; ++d) {
+      if (reduced[d]) {
+        if (keep && !(K.exprs[idx[d]].kind == Expr::Kind::IConst && K.exprs[idx[d]].i == 0))
+          throw LowerError("reduction read at another index");
+        if (keep) ++j;
+        continue;
+      }
+      ExprId want = kept_idx[d];
+      if (j >= idx.size() || idx[j] != want) {
+        bool both_zero = K.exprs[want].kind == Expr::Kind::IConst && j < idx.size() &&
+                         K.exprs[idx[j]].kind == Expr::Kind::IConst && K.exprs[idx[j]].i == K.exprs[want].i;
+        if (!both_zero) throw LowerError("reduction read at another index");
+      }
+      ++j;
+    }
+    if (L->column) return cast(scratch_load(it->second), r->dtype);
+    Expr e{r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? Expr::Kind::AccIndex : Expr::Kind::Acc};
+    e.i = it->second;
+    e.dtype = r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? DType::Int64 : K.accs[it->second].dtype;
+    ExprId v = K.add(e);
+    return cast(v, r->dtype);
+  }
+
+  // ---- statements ----
+  Stmt loop(int var, ExprId lo, ExprId hi, std::vector<Stmt> body) {
+    Stmt s{Stmt::Kind::Loop};
+    s.var = var;
+    s.lo = lo;
+    s.hi = hi;
+    s.body = std::move(body);
+    return s;
+  }
+  Stmt store(int buffer, ExprId index, ExprId value) {
+    Stmt s{Stmt::Kind::Store};
+    s.buffer = buffer;
+    s.index = index;
+    s.value = value;
+    return s;
+  }
+  int new_var() { return K.num_vars++; }
+
+  int out_buffer(const Node* o) const {
+    auto it = std::find(g.outputs.begin(), g.outputs.end(), o);
+    return static_cast<int>(ins.size() + (it - g.outputs.begin()));
+  }
+
+  // Contiguous linear index of an output of shape `o->shape` at domain index idx.
+  ExprId out_offset(const Node* o, const std::vector<ExprId>& idx) {
+    if (o->shape.size() == idx.size() && same_shape(o->shape, g.domain)) return linearize_dom(idx);
+    std::vector<ExprId> oi;
+    if (o->shape.size() == idx.size()) oi = idx;
+    else
+      for (size_t d = 0; d < idx.size(); ++d)
+        if (!reduced[d]) oi.push_back(idx[d]);
+    return linearize(o, oi);
+  }
+
+  // Nested loops over the listed domain dims (innermost last) around `make(idx)`.
+  std::vector<Stmt> nest(std::vector<ExprId> idx, const std::vector<size_t>& dims,
+                         const std::function<std::vector<Stmt>(const std::vector<ExprId>&)>& make) {
+    std::vector<int> vars;
+    for (size_t d : dims) {
+      int v = new_var();
+      vars.push_back(v);
+      idx[d] = K.var(v);
+    }
+    std::vector<Stmt> body = make(idx);
+    for (size_t k = dims.size(); k-- > 0;) body = {loop(vars[k], K.iconst(0), dom[dims[k]], std::move(body))};
+    return body;
+  }
+
+  std::shared_ptr<Lowered> run() {
+    const size_t n = g.domain.size();
+    L->num_inputs = static_cast<int>(ins.size());
+    L->num_outputs = static_cast<int>(g.outputs.size());
+    for (Node* in : ins) K.buffers.push_back({in->dtype, false});
+    for (Node* o : g.outputs) K.buffers.push_back({o->dtype, true});
+    auto si = small_inner(g.domain);
+    for (size_t d = 0; d < n; ++d) {
+      if (is_one(g.domain[d])) dom.push_back(K.iconst(1));
+      else if (d + 1 == n && si) dom.push_back(K.iconst(*si));
+      else dom.push_back(ip(ArgSource::Kind::DomainSize, static_cast<int>(d)));
+    }
+    reduced.assign(n, false);
+    for (int64_t d : g.reduce_dims) reduced[d] = true;
+    ExprId p = K.var(0);
+    if (g.reduce_dims.empty()) lower_pointwise(p);
+    else if (g.split) lower_split(p);
+    else if (column_reduction()) lower_columns(p);
+    else lower_reduction(p);
+    K.name = "kiln_k";
+    return L;
+  }
+
+  // Decomposes a flat index over the listed dims (row-major) into idx entries.
+  void decompose(ExprId flat, const std::vector<size_t>& dims, std::vector<ExprId>& idx) {
+    for (size_t k = dims.size(); k-- > 0;) {
+      size_t d = dims[k];
+      if (k == 0) { idx[d] = flat; break; }
+      idx[d] = K.iop(Expr::Kind::IMod, flat, dom[d]);
+      flat = K.iop(Expr::Kind::IDiv, flat, dom[d]);
+    }
+  }
+
+  ExprId product(const std::vector<size_t>& dims) {
+    ExprId r = K.iconst(1);
+    for (size_t d : dims) r = mul(r, dom[d]);
+    return r;
+  }
+
+  void lower_pointwise(ExprId p) {
+    const size_t n = g.domain.size();
+    std::vector<ExprId> idx(n, K.iconst(0));
+    auto stores = [&](const std::vector<ExprId>& ix) {
+      std::vector<Stmt> b;
+      for (Node* o : g.outputs) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
+      return b;
+    };
+    if (n == 0) {
+      K.parallel_extent = K.iconst(1);
+      K.body = stores(idx);
+      return;
+    }
+    std::vector<size_t> rows;
+    for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
+    int j = new_var();
+    if (small_inner(g.domain) || is_one(g.domain.back())) {
+      // A short last dim: iterate the flat index, so the vectorizable loop is the long one
+      // (contiguous operands fold back to the flat index; broadcast ones become gathers).
+      std::vector<size_t> all;
+      for (size_t d = 0; d < n; ++d) all.push_back(d);
+      K.parallel_extent = product(all);
+      decompose(p, all, idx);
+      K.body = stores(idx);
+      return;
+    }
+    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(kTile - 1)), K.iconst(kTile));
+    K.parallel_extent = mul(product(rows), tiles);
+    ExprId row = K.iop(Expr::Kind::IDiv, p, tiles), tile = K.iop(Expr::Kind::IMod, p, tiles);
+    decompose(row, rows, idx);
+    ExprId lo = mul(tile, K.iconst(kTile));
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(kTile)), dom[n - 1]);
+    idx[n - 1] = K.var(j);
+    K.body = {loop(j, lo, hi, stores(idx))};
+  }
+
+  std::vector<Node*> reductions() const {
+    std::vector<Node*> r;
+    for (Node* x : g.nodes)
+      if (classify(*x) == NodeClass::Reduction) r.push_back(x);
+    return r;
+  }
+
+  DType acc_dtype(const Node* r) const {
+    DType in = r->inputs[0]->dtype;
+    if ((r->op == OpKind::Amax || r->op == OpKind::Amin) && is_floating(in)) return in;  // exact in its own type
+    return is_floating(in) ? DType::Float64 : DType::Int64;
+  }
+
+  Stmt acc_init(int acc) { Stmt s{Stmt::Kind::AccInit}; s.acc = acc; return s; }
+  Stmt acc_update(int acc, ExprId v, ExprId index) {
+    Stmt s{Stmt::Kind::AccUpdate};
+    s.acc = acc;
+    s.value = v;
+    s.index = index;
+    return s;
+  }
+
+  ExprId reduced_linear(const std::vector<ExprId>& idx) {
+    ExprId lin = K.iconst(0);
+    for (size_t d = 0; d < idx.size(); ++d)
+      if (reduced[d]) lin = add(mul(lin, dom[d]), idx[d]);
+    return lin;
+  }
+
+  void lower_reduction(ExprId p) {
+    const size_t n = g.domain.size();
+    std::vector<size_t> kept, red;
+    for (size_t d = 0; d < n; ++d) (reduced[d] ? red : kept).push_back(d);
+    std::vector<ExprId> idx(n, K.iconst(0));
+    K.parallel_extent = product(kept);
+    decompose(p, kept, idx);
+    kept_idx = idx;
+    std::vector<Stmt> body;
+    for (Node* r : reductions()) {
+      int acc = static_cast<int>(K.accs.size());
+      K.accs.push_back({r->op, acc_dtype(r), r->dtype});
+      body.push_back(acc_init(acc));
+      const Node* in = r->inputs[0].get();
+      auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
+        return std::vector<Stmt>{acc_update(acc, emit(in, ix), reduced_linear(ix))};
+      });
+      acc_of[r] = acc;  // visible to later stages only
+      body.insert(body.end(), stage.begin(), stage.end());
+    }
+    std::vector<Node*> part = store_domain_outputs(idx, red, body, [](std::vector<Stmt> b) { return b; });
+    for (Node* o : part) {
+      std::vector<ExprId> oi = reduced_output_index(o, idx);
+      body.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
+    }
+    K.body = std::move(body);
+  }
+
+  // Appends the stage storing the outputs that span the whole domain (a nest over the reduced
+  // dims around `wrap(stores)`); returns the other outputs (of the reduced shape).
+  std::vector<Node*> store_domain_outputs(const std::vector<ExprId>& idx, const std::vector<size_t>& red,
+                                          std::vector<Stmt>& body,
+                                          const std::function<std::vector<Stmt>(std::vector<Stmt>)>& wrap) {
+    std::vector<Node*> full, part;
+    for (Node* o : g.outputs) (same_domain_output(o) ? full : part).push_back(o);
+    if (!full.empty()) {
+      auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
+        std::vector<Stmt> b;
+        for (Node* o : full) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
+        return wrap(std::move(b));
+      });
+      body.insert(body.end(), stage.begin(), stage.end());
+    }
+    return part;
+  }
+
+  // Whether output `o` is a non-reduction value over the whole domain.
+  bool same_domain_output(const Node* o) const {
+    const size_t n = g.domain.size();
+    if (o->shape.size() != n || classify(*o) == NodeClass::Reduction) return false;
+    for (size_t d = 0; d < n; ++d)
+      if (!sym_eq(o->shape[d], g.domain[d]).value_or(false)) return false;
+    return true;
+  }
+
+  // Index of an output of the reduced shape (keepdim or not) at domain index `idx`.
+  std::vector<ExprId> reduced_output_index(const Node* o, const std::vector<ExprId>& idx) {
+    std::vector<ExprId> oi;
+    bool keep = o->shape.size() == idx.size();
+    for (size_t d = 0; d < idx.size(); ++d) {
+      if (!reduced[d]) oi.push_back(idx[d]);
+      else if (keep) oi.push_back(K.iconst(0));
+    }
+    return oi;
+  }
+
+  // A reduction whose domain keeps its last (long, contiguous) dim: reducing along the strided
+  // dims one column at a time would walk memory across rows with a serial accumulator.
+  bool column_reduction() const {
+    const size_t n = g.domain.size();
+    if (n < 2 || reduced[n - 1] || small_inner(g.domain) || is_one(g.domain[n - 1])) return false;
+    for (const Node* r : reductions())
+      if (r->op == OpKind::ArgMax || r->op == OpKind::ArgMin) return false;
+    return true;
+  }
+
+  // Accumulator of reduction `buf` (a scratch buffer) at the current column.
+  ExprId scratch_load(int buf) {
+    Expr e{Expr::Kind::Load};
+    e.dtype = K.buffers[buf].dtype;
+    e.i = buf;
+    e.a = kept_linear;
+    return K.add(e);
+  }
+
+  ExprId identity_of(OpKind op, DType t) {
+    bool fl = is_floating(t);
+    double v = op == OpKind::Sum ? 0.0 : op == OpKind::Prod ? 1.0 : op == OpKind::Amax ? -INFINITY : INFINITY;
+    if (!fl) {
+      int64_t i = op == OpKind::Sum ? 0 : op == OpKind::Prod ? 1 : op == OpKind::Amax ? INT64_MIN : INT64_MAX;
+      return K.iconst(i);
+    }
+    Expr e{Expr::Kind::FConst};
+    e.dtype = t;
+    e.f = v;
+    return K.add(e);
+  }
+
+  // Column reductions: each parallel index owns a tile of columns (of every kept outer index)
+  // and accumulates whole rows into a per-column scratch buffer, so the innermost loop runs
+  // along the contiguous dim (vectorizable, no carried dependence) and rows are summed in
+  // order. Every stage (reductions, then stores) loops over the tile's columns innermost.
+  void lower_columns(ExprId p) {
+    const size_t n = g.domain.size();
+    L->column = true;
+    std::vector<size_t> outer, red;
+    for (size_t d = 0; d + 1 < n; ++d) (reduced[d] ? red : outer).push_back(d);
+    std::vector<ExprId> idx(n, K.iconst(0));
+    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(kColumnTile - 1)), K.iconst(kColumnTile));
+    K.parallel_extent = mul(product(outer), tiles);
+    decompose(K.iop(Expr::Kind::IDiv, p, tiles), outer, idx);
+    ExprId lo = mul(K.iop(Expr::Kind::IMod, p, tiles), K.iconst(kColumnTile));
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(kColumnTile)), dom[n - 1]);
+    const int j = new_var();
+    idx[n - 1] = K.var(j);
+    kept_idx = idx;
+    kept_linear = K.iconst(0);
+    for (size_t d = 0; d < n; ++d)
+      if (!reduced[d]) kept_linear = add(mul(kept_linear, dom[d]), idx[d]);
+    auto columns = [&](std::vector<Stmt> body) { return loop(j, lo, hi, std::move(body)); };
+    std::vector<Stmt> body;
+    for (Node* r : reductions()) {
+      const DType t = acc_dtype(r);
+      const int sb = static_cast<int>(K.buffers.size());
+      K.buffers.push_back({t, true});
+      body.push_back(columns({store(sb, kept_linear, identity_of(r->op, t))}));
+      const Node* in = r->inputs[0].get();
+      auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
+        Expr e{Expr::Kind::Binary};
+        e.op = r->op == OpKind::Sum ? OpKind::Add : r->op == OpKind::Prod ? OpKind::Mul
+             : r->op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;  // NaN-propagating max/min
+        e.dtype = t;
+        e.a = scratch_load(sb);
+        e.b = cast(emit(in, ix), t);
+        return std::vector<Stmt>{columns({store(sb, kept_linear, K.add(e))})};
+      });
+      acc_of[r] = sb;  // visible to later stages only
+      body.insert(body.end(), stage.begin(), stage.end());
+    }
+    std::vector<Node*> part =
+        store_domain_outputs(idx, red, body, [&](std::vector<Stmt> b) { return std::vector<Stmt>{columns(std::move(b))}; });
+    std::vector<Stmt> tail;
+    for (Node* o : part) {
+      std::vector<ExprId> oi = reduced_output_index(o, idx);
+      tail.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
+    }
+    if (!tail.empty()) body.push_back(columns(std::move(tail)));
+    K.body = std::move(body);
+  }
+
+  void lower_split(ExprId p) {
+    const size_t n = g.domain.size();
+    L->split = true;
+    std::vector<Node*> reds = reductions();
+    for (Node* o : g.outputs)
+      if (classify(*o) == NodeClass::Reduction) L->partial_ops.push_back(o->op);
+    // Chunks over rows (all dims but the last), or over the only dim.
+    std::vector<ExprId> idx(n, K.iconst(0));
+    ExprId chunk = ip(ArgSource::Kind::ChunkSize);
+    K.parallel_extent = ip(ArgSource::Kind::Chunks);
+    ExprId lo = mul(p, chunk);
+    std::vector<Stmt> inner;
+    int v = new_var();
+    std::vector<size_t> rows;
+    for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
+    ExprId total = n == 1 ? dom[0] : product(rows);
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), total);
+    std::vector<Stmt> body;
+    for (Node* r : reds) {
+      int acc = static_cast<int>(K.accs.size());
+      K.accs.push_back({r->op, acc_dtype(r), r->dtype});
+      body.push_back(acc_init(acc));
+      acc_of[r] = acc;
+    }
+    auto work = [&](const std::vector<ExprId>& ix) {
+      std::vector<Stmt> b;
+      for (Node* r : reds) b.push_back(acc_update(acc_of[r], emit(r->inputs[0].get(), ix), reduced_linear(ix)));
+      for (Node* o : g.outputs)
+        if (classify(*o) != NodeClass::Reduction) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
+      return b;
+    };
+    if (n == 1) {
+      idx[0] = K.var(v);
+      body.push_back(loop(v, lo, hi, work(idx)));
+    } else {
+      decompose(K.var(v), rows, idx);
+      auto in = nest(idx, {n - 1}, work);
+      body.push_back(loop(v, lo, hi, std::move(in)));
+    }
+    // Partials: one value (and index for arg reductions) per chunk, per reduction output.
+    int pb = static_cast<int>(K.buffers.size());
+    for (Node* o : g.outputs) {
+      if (classify(*o) != NodeClass::Reduction) continue;
+      int acc = acc_of[o];
+      K.buffers.push_back({K.accs[acc].dtype, true});
+      Stmt s{Stmt::Kind::AccStore};
+      s.acc = acc;
+      s.buffer = pb++;
+      s.index = p;
+      s.value = 0;  // 0: value
+      body.push_back(s);
+      if (o->op == OpKind::ArgMax || o->op == OpKind::ArgMin) {
+        K.buffers.push_back({DType::Int64, true});
+        Stmt t = s;
+        t.buffer = pb++;
+        t.value = 1;  // 1: arg index
+        body.push_back(t);
+      }
+    }
+    K.body = std::move(body);
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Lowered> lower(const Group& g) { return Lowerer(g).run(); }
+
+}  // namespace kiln::jit

@@ -1,0 +1,51 @@
+// Lowering: a scheduled group -> loop IR kernel, a structural key, and a recipe that binds
+// the runtime arguments (sizes, strides, scalars, buffers) of any group with the same key.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "jit/loop/loop_ir.h"
+#include "jit/graph/scheduler.h"
+
+namespace kiln::jit {
+
+// Where one runtime argument of a kernel comes from, for a group of the recorded structure.
+struct ArgSource {
+  enum class Kind : uint8_t {
+    DomainSize,   // domain size of dim a
+    NodeSize,     // size of dim b of group node a
+    InputStride,  // stride of dim b of input a
+    FullValue,    // node a's fill value (double / exact int)
+    AttrF0, AttrF1,  // node a's f0 / f1
+    Chunks,       // number of parallel chunks (split reductions)
+    ChunkSize,    // rows (or elements) per chunk
+  } kind;
+  int a = 0, b = 0;
+};
+
+// Structural key of a group: equal keys lower to identical kernels.
+std::string group_key(const Group& g);
+
+// A lowered group: the kernel and how to bind it.
+struct Lowered {
+  Kernel kernel;
+  std::vector<ArgSource> iparams, fparams;
+  int num_inputs = 0, num_outputs = 0;  // buffers: inputs, then outputs, then partials
+  bool split = false;
+  bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
+  std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
+};
+
+// Thrown when a group cannot be expressed (the executor then runs it on the interpreter).
+struct LowerError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Lowers a group (throws LowerError for unsupported structure).
+std::shared_ptr<Lowered> lower(const Group& g);
+
+// Canonical order of a group's inputs (first use while walking its nodes).
+std::vector<Node*> canonical_inputs(const Group& g);
+
+}  // namespace kiln::jit

@@ -1,0 +1,43 @@
+// Reference CPU kernels used by the interpreter. Each writes a fresh output operand.
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "kernels/cpu/strided.h"
+#include "runtime/ir/node.h"
+
+namespace kiln::kernels {
+
+// out[...] = value (ints holds an exact integer value when non-empty).
+void fill(const Operand& out, double value, const std::vector<int64_t>& ints);
+// out[i] = start + i * step.
+void arange(const Operand& out, const Attrs& attrs);
+// Philox-based random fill for RandUniform / RandNormal / RandInt.
+void random(OpKind op, const Operand& out, const Attrs& attrs);
+// Pointwise unary op (Cast and Contiguous included: convert/copy `in` broadcast to out).
+void unary(OpKind op, const Operand& out, const Operand& in);
+// Pointwise binary op over broadcast inputs of one dtype.
+void binary(OpKind op, const Operand& out, const Operand& a, const Operand& b);
+// out = cond ? a : b.
+void where(const Operand& out, const Operand& cond, const Operand& a, const Operand& b);
+// Reduction of `in` over sorted dims into out (keepdim or not).
+void reduce(OpKind op, const Operand& out, const Operand& in, const std::vector<int64_t>& dims);
+// Inclusive prefix sum along dim.
+void cumsum(const Operand& out, const Operand& in, int64_t dim);
+// Indexing kernels; index values are checked and a kiln::Error names a bad one.
+void gather(const Operand& out, const Operand& x, const Operand& index, int64_t dim);
+void scatter(OpKind op, const Operand& out, const Operand& index, const Operand& src, int64_t dim);
+void index_select(const Operand& out, const Operand& x, const Operand& index, int64_t dim);
+void index_add(const Operand& out, const Operand& index, const Operand& src, int64_t dim);
+// Batched GEMM via OpenBLAS: out[..., M, N] = a[..., M, K] @ b[..., K, N].
+void matmul(const Operand& out, const Operand& a, const Operand& b);
+// out = a·b for one 2-D float32/float64 GEMM, in row blocks over TBB (one BLAS thread each);
+// after a block's rows are computed, `epilogue(r0, r1)` runs on them while they are in cache.
+// Returns false (doing nothing) for shapes or dtypes it does not handle.
+bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
+                       const std::function<void(int64_t, int64_t)>& epilogue);
+// im2col / col2im for conv2d (ints = kh, kw, sh, sw, ph, pw, dh, dw).
+void im2col(const Operand& out, const Operand& x, const std::vector<int64_t>& p);
+void col2im(const Operand& out, const Operand& cols, const std::vector<int64_t>& p);
+
+}  // namespace kiln::kernels

@@ -1,0 +1,282 @@
+// The autograd engine: backward nodes, the grad-mode switch, and the backward pass.
+#include "runtime/autograd/autograd.h"
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/autograd/autograd_rules.h"
+#include "runtime/ops/ops.h"
+#include "runtime/tensor/record.h"
+#include "runtime/tensor/trace.h"
+
+namespace kiln {
+namespace {
+thread_local const char* t_backward_op = nullptr;
+thread_local bool g_grad_enabled __attribute__((tls_model("initial-exec"))) = true;
+
+// Accumulates into a leaf's .grad().
+struct AccumulateGrad final : GradNode {
+  std::weak_ptr<TensorImpl> leaf;
+  explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& l) : leaf(l) {}
+  std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
+    auto impl = leaf.lock();
+    if (!impl) return {};
+    if (auto* o = detail::trace_observer()) o->on_grad(*impl, true);
+    Tensor gd = create_graph ? g : g.detach();
+    gd = detail::cast(gd, impl->node()->dtype);
+    if (impl->grad) {
+      Tensor old(impl->grad);
+      gd = add(old, gd);
+    }
+    impl->grad = Tensor(gd).impl();
+    // A fresh handle so later in-place on the returned grad does not alias the leaf's.
+    if (!create_graph) impl->grad->requires_grad = false;
+    return {};
+  }
+  const char* name() const override { return "AccumulateGrad"; }
+};
+
+// The backward node of one recorded primitive.
+struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
+  OpKind op;
+  Attrs attrs;
+  Shape view_shape;
+  std::vector<Tensor> inputs;  // snapshots
+  NodePtr out;
+  bool released = false;
+
+  std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
+    KILN_CHECK(!released, "backward: trying to backward through the graph a second time (", op_name(op),
+               "); pass retain_graph=true to the first backward");
+    auto impl = std::make_shared<TensorImpl>();
+    impl->node_ = out;
+    impl->requires_grad = true;
+    impl->grad_fn = shared_from_this();
+    Tensor o(impl);
+    return detail::vjp(op, attrs, inputs, o, g, view_shape);
+  }
+  void release() override {
+    // The output node too: a handle to it would make the lazy executor store every forward
+    // intermediate that the pending backward could otherwise recompute or fuse.
+    inputs.clear();
+    out.reset();
+    released = true;
+  }
+  const char* name() const override { return op_name(op); }
+};
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+void set_grad_enabled(bool enabled) { g_grad_enabled = enabled; }
+
+namespace detail {
+const char* backward_op() { return t_backward_op; }
+
+Edge grad_edge(const Tensor& t) {
+  if (!t.defined()) return {};
+  auto& impl = t.impl();
+  if (impl->grad_fn) return {impl->grad_fn};
+  if (!impl->requires_grad) return {};
+  // Threads may share a leaf (a module's parameters): its accumulator is made once, locked.
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!impl->accumulator) impl->accumulator = std::make_shared<AccumulateGrad>(impl);
+  return {impl->accumulator};
+}
+
+Tensor snapshot(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->node_ = t.node();
+  impl->requires_grad = t.requires_grad();
+  impl->grad_fn = t.impl()->grad_fn;
+  if (impl->requires_grad && !impl->grad_fn) {
+    grad_edge(t);  // make sure the leaf has its accumulator
+    impl->accumulator = t.impl()->accumulator;
+  }
+  return Tensor(impl);
+}
+
+void copy_autograd(TensorImpl& dst, const Tensor& src) {
+  dst.requires_grad = src.requires_grad();
+  dst.grad_fn = src.impl()->grad_fn;
+  dst.accumulator = src.impl()->grad_fn ? nullptr : src.impl()->accumulator;
+}
+
+void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs,
+                 const Shape& view_shape) {
+  if (!g_grad_enabled || !is_differentiable(op) || !is_floating(out.dtype())) return;
+  bool any = false;
+  for (const auto& t : inputs) any = any || t.requires_grad();
+  if (!any) return;
+  auto node = std::make_shared<OpGradNode>();
+  node->op = op;
+  node->attrs = attrs;
+  node->view_shape = view_shape;
+  node->out = out.node();
+  for (const auto& t : inputs) {
+    node->inputs.push_back(snapshot(t));
+    node->next.push_back(t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
+  }
+  out.impl()->requires_grad = true;
+  out.impl()->grad_fn = std::move(node);
+}
+
+}  // namespace detail
+
+namespace {
+
+// Runs the backward pass from (edge, gradient) roots. With `capture`, gradients reaching the
+// captured nodes are stored there and leaves are not accumulated into.
+void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain_graph, bool create_graph,
+                  std::unordered_map<GradNode*, Tensor>* capture) {
+  std::optional<NoGradGuard> no_grad;
+  std::optional<EnableGradGuard> with_grad;
+  if (create_graph) with_grad.emplace();
+  else no_grad.emplace();
+
+  // Dependencies: how many edges point at each node.
+  std::unordered_map<GradNode*, int> deps;
+  std::unordered_map<GradNode*, std::shared_ptr<GradNode>> owner;
+  std::vector<GradNode*> stack;
+  for (const auto& [e, g] : roots)
+    if (e.fn && !owner.count(e.fn.get())) {
+      owner[e.fn.get()] = e.fn;
+      stack.push_back(e.fn.get());
+    }
+  while (!stack.empty()) {
+    GradNode* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next) {
+      if (!e.fn) continue;
+      deps[e.fn.get()]++;
+      if (!owner.count(e.fn.get())) {
+        owner[e.fn.get()] = e.fn;
+        stack.push_back(e.fn.get());
+      }
+    }
+  }
+  std::unordered_map<GradNode*, Tensor> buffer;
+  auto accumulate = [&](GradNode* n, const Tensor& g) {
+    auto it = buffer.find(n);
+    if (it == buffer.end() || !it->second.defined()) buffer[n] = g;
+    else it->second = add(it->second, g);
+  };
+  for (const auto& [e, g] : roots)
+    if (e.fn) accumulate(e.fn.get(), g);
+  std::vector<GradNode*> ready;
+  for (auto& [n, _] : owner)
+    if (!deps.count(n)) ready.push_back(n);
+  while (!ready.empty()) {
+    GradNode* n = ready.back();
+    ready.pop_back();
+    Tensor g = buffer[n];
+    buffer.erase(n);
+    std::vector<Tensor> grads;
+    bool is_leaf_acc = dynamic_cast<AccumulateGrad*>(n) != nullptr;
+    if (capture && capture->count(n)) (*capture)[n] = g;
+    if (g.defined() && !(capture && is_leaf_acc)) {
+      struct Naming {
+        explicit Naming(const char* op) { t_backward_op = op; }
+        ~Naming() { t_backward_op = nullptr; }
+      } naming(n->name());
+      grads = n->apply(g, create_graph);
+    }
+    for (size_t i = 0; i < n->next.size(); ++i) {
+      GradNode* nx = n->next[i].fn.get();
+      if (!nx) continue;
+      if (i < grads.size() && grads[i].defined()) accumulate(nx, grads[i]);
+      else buffer.try_emplace(nx);  // keep an (undefined) slot so the node still runs
+      if (--deps[nx] == 0) ready.push_back(nx);
+    }
+  }
+  if (!retain_graph)
+    for (auto& [n, _] : owner) n->release();
+}
+
+Tensor default_grad(const Tensor& out, const Tensor* given) {
+  if (given && given->defined()) {
+    KILN_CHECK(same_shape(given->shape(), out.shape()), "backward: gradient has shape ", detail::str(given->shape()),
+               ", expected the output's shape ", detail::str(out.shape()));
+    return *given;
+  }
+  KILN_CHECK(out.numel() == 1, "backward: grad can be implicitly created only for outputs with one element, got ",
+             "shape ", detail::str(out.shape()));
+  return ones_like(out);
+}
+
+std::vector<std::pair<Edge, Tensor>> make_roots(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gouts) {
+  KILN_CHECK(gouts.empty() || gouts.size() == outputs.size(), "backward: got ", gouts.size(),
+             " gradients for ", outputs.size(), " outputs");
+  std::vector<std::pair<Edge, Tensor>> roots;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    KILN_CHECK(outputs[i].requires_grad(), "backward: output ", i,
+               " does not require grad and has no grad_fn (did every input have requires_grad=false?)");
+    Edge e = detail::grad_edge(outputs[i]);
+    roots.push_back({e, default_grad(outputs[i], gouts.empty() ? nullptr : &gouts[i])});
+  }
+  return roots;
+}
+}  // namespace
+
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph,
+              bool create_graph) {
+  run_backward(make_roots(outputs, grad_outputs), retain_graph || create_graph, create_graph, nullptr);
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph, bool create_graph,
+                         bool allow_unused) {
+  auto roots = make_roots(outputs, grad_outputs);
+  std::unordered_map<GradNode*, Tensor> capture;
+  std::vector<GradNode*> keys;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KILN_CHECK(inputs[i].requires_grad(), "grad: input ", i, " does not require grad");
+    Edge e = detail::grad_edge(inputs[i]);
+    keys.push_back(e.fn.get());
+    capture[e.fn.get()] = Tensor();
+  }
+  run_backward(roots, retain_graph || create_graph, create_graph, &capture);
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor g = capture[keys[i]];
+    KILN_CHECK(g.defined() || allow_unused, "grad: input ", i,
+               " was not used in the graph of the outputs (pass allow_unused=true)");
+    out.push_back(g);
+  }
+  return out;
+}
+
+// ---- Tensor methods ----
+Tensor& Tensor::requires_grad_(bool r) {
+  KILN_CHECK(defined(), "requires_grad_: undefined tensor");
+  KILN_CHECK(!r || is_floating(dtype()), "requires_grad_: only floating point tensors can require gradients, got ",
+             dtype_name(dtype()));
+  KILN_CHECK(is_leaf() || r, "requires_grad_: you can only change requires_grad flags of leaf tensors");
+  impl_->requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  KILN_CHECK(defined(), "grad: undefined tensor");
+  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& g) {
+  KILN_CHECK(defined(), "set_grad: undefined tensor");
+  if (g.defined())
+    KILN_CHECK(g.sizes() == sizes(), "set_grad: gradient shape ", detail::str(g.shape()), " does not match ",
+               detail::str(shape()));
+  if (auto* o = detail::trace_observer()) o->on_grad(*impl_, false);
+  impl_->grad = g.defined() ? g.impl() : nullptr;
+}
+
+void Tensor::backward(const std::optional<Tensor>& gradient, bool retain_graph, bool create_graph) const {
+  kiln::backward({*this}, gradient ? std::vector<Tensor>{*gradient} : std::vector<Tensor>{}, retain_graph,
+                 create_graph);
+}
+
+Tensor Tensor::detach() const { return Tensor::from_node(node()); }
+
+}  // namespace kiln

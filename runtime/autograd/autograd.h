@@ -1,0 +1,79 @@
+// Reverse-mode autograd as a graph transform: backward() walks the recorded backward graph and
+// records gradient nodes through per-op VJP rules, so gradients are lazy tensors like any other
+// and forward + backward form one joint graph.
+#pragma once
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "runtime/tensor/tensor.h"
+
+namespace kiln {
+
+// Whether ops record backward nodes on this thread (default true).
+bool grad_enabled();
+void set_grad_enabled(bool enabled);
+
+// RAII: disables gradient recording in its scope (like torch.no_grad()).
+class NoGradGuard {
+ public:
+  NoGradGuard() : prev_(grad_enabled()) { set_grad_enabled(false); }
+  ~NoGradGuard() { set_grad_enabled(prev_); }
+  NoGradGuard(const NoGradGuard&) = delete;
+  NoGradGuard& operator=(const NoGradGuard&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// RAII: enables gradient recording in its scope.
+class EnableGradGuard {
+ public:
+  EnableGradGuard() : prev_(grad_enabled()) { set_grad_enabled(true); }
+  ~EnableGradGuard() { set_grad_enabled(prev_); }
+
+ private:
+  bool prev_;
+};
+
+// Gradients of sum(outputs[i] * grad_outputs[i]) with respect to `inputs`, returned instead of
+// accumulated into .grad(). With create_graph the results are themselves differentiable.
+// allow_unused: an input the outputs do not depend on gives an undefined tensor (else Error).
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
+                         bool create_graph = false, bool allow_unused = false);
+
+// Backpropagates from several outputs at once (see Tensor::backward).
+void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
+              bool retain_graph = false, bool create_graph = false);
+
+// An edge of the backward graph: which node, and which of its outputs.
+struct Edge {
+  std::shared_ptr<GradNode> fn;
+  explicit operator bool() const { return fn != nullptr; }
+};
+
+// A node of the backward graph: maps the gradient of its output to gradients of its inputs.
+struct GradNode {
+  std::vector<Edge> next;  // one per differentiable input (may be empty edges)
+  virtual ~GradNode() = default;
+  // Gradients for each entry of `next` given the output gradient `g`.
+  virtual std::vector<Tensor> apply(const Tensor& g, bool create_graph) = 0;
+  // Drops saved tensors (after a backward without retain_graph).
+  virtual void release() {}
+  virtual const char* name() const = 0;
+};
+
+namespace detail {
+// Attaches a backward node for `op` to `out` if grad mode is on and an input requires grad.
+void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs,
+                 const Shape& view_shape = {});
+// The edge gradients flowing into `t` should follow (its grad_fn, or its leaf accumulator).
+Edge grad_edge(const Tensor& t);
+// A handle naming t's current node and autograd identity, immune to later in-place rebinding.
+Tensor snapshot(const Tensor& t);
+// Copies t's autograd identity (requires_grad, grad_fn) onto `dst`.
+void copy_autograd(TensorImpl& dst, const Tensor& src);
+}  // namespace detail
+
+}  // namespace kiln

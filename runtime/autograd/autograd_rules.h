@@ -1,0 +1,19 @@
+// VJP rules: one graph builder per primitive, used by eager backward and (later) tracing.
+#pragma once
+#include <vector>
+
+#include "runtime/tensor/tensor.h"
+
+namespace kiln::detail {
+
+// Whether gradients flow through `op` at all.
+bool is_differentiable(OpKind op);
+// Gradients for each input of one recorded primitive, given its inputs, output and the
+// output's gradient `g` (undefined entries: no gradient). `view_shape` is the shape of
+// View/Expand steps.
+std::vector<Tensor> vjp(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
+                        const Tensor& g, const Shape& view_shape);
+// Sums a broadcast gradient back to `shape`.
+Tensor sum_to(const Tensor& g, const Shape& shape);
+
+}  // namespace kiln::detail

@@ -1,0 +1,67 @@
+// The executor interface: how pending graphs are run. The interpreter is the default;
+// JIT backends plug in here without runtime/ knowing them.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "runtime/ir/node.h"
+
+namespace kiln {
+
+// A pending subgraph handed to an executor in one piece.
+struct Segment {
+  std::vector<Node*> nodes;    // unmaterialized nodes, topologically sorted
+  std::vector<bool> needed;    // per node: must hold storage after the run (used outside)
+  // Nodes to keep alive until materialize() has finished with the segment: an executor that
+  // unlinks a segment node from its consumers (graph passes) adds it here.
+  std::vector<NodePtr> keep_alive;
+};
+
+// Runs segments. run() must leave every `needed` node materialized (Node::set_storage; pass
+// drop_inputs=false while other nodes of the segment may still read a node's inputs —
+// materialize() cuts every materialized node loose afterwards).
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual void run(Segment& segment) = 0;
+  virtual const char* name() const = 0;
+};
+
+// Installs the executor used by materialization; nullptr restores the interpreter.
+void set_executor(std::shared_ptr<Executor> ex);
+// The executor in use.
+Executor& current_executor();
+// The reference interpreter (always available; the oracle for every JIT path).
+std::shared_ptr<Executor> interpreter();
+
+// Runs one node on the reference interpreter (its inputs must be materialized). JIT
+// executors use it for ops they do not compile and as their fallback.
+void interpret_node(Node& n);
+
+// Computes every given node that is not yet materialized, with all pending ancestors.
+void materialize(const std::vector<NodePtr>& nodes);
+// Same, for one node.
+void materialize(const NodePtr& node);
+
+// Counters proving laziness.
+struct Stats {
+  uint64_t nodes_recorded = 0;    // nodes created by ops (leaves included)
+  uint64_t nodes_executed = 0;    // nodes computed by an executor
+  uint64_t materializations = 0;  // segments run
+  uint64_t pending = 0;           // nodes recorded but not yet computed, alive now
+};
+// A snapshot of the counters.
+Stats stats();
+// Zeroes the recorded/executed/materialization counters.
+void reset_stats();
+// Pending nodes above which a newly recorded node is materialized at once (default 10000).
+void set_pending_limit(uint64_t n);
+uint64_t pending_limit();
+
+namespace detail {
+void count_recorded();
+void count_executed(uint64_t n);
+void pending_add(int64_t d);
+}  // namespace detail
+
+}  // namespace kiln

@@ -1,0 +1,148 @@
+// The graph IR: a Node is one recorded op (or a leaf buffer). Tensors are handles to nodes.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "runtime/core/device.h"
+#include "runtime/core/dtype.h"
+#include "runtime/ir/symint.h"
+
+namespace kiln {
+
+// Every primitive the IR knows. Composite ops (softmax, layer_norm, losses, sdpa, var ...)
+// are recorded as subgraphs of these. Attribute use is stated per group.
+enum class OpKind : uint16_t {
+  // Sources. Full: f0 = value. Arange: f0 = start, f1 = step. Rand*: seed/counter = Philox
+  // key/counter, f0/f1 = low/high (uniform, randint) or mean/std (normal).
+  Leaf, Full, Arange, RandUniform, RandNormal, RandInt,
+  // Unary pointwise (same dtype out, except IsNan/IsFinite -> bool). Cast: to node dtype.
+  Neg, Abs, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Reciprocal, Sin, Cos, Tan, Atan,
+  Tanh, Sigmoid, Relu, Erf, Floor, Ceil, Round, Sign, IsNan, IsFinite, LogicalNot, BitwiseNot,
+  Cast,
+  // Binary pointwise over inputs of one dtype (broadcast), comparisons/logical -> bool.
+  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2, Remainder, Fmod, Eq, Ne, Lt, Le, Gt, Ge,
+  LogicalAnd, LogicalOr, LogicalXor, BitwiseAnd, BitwiseOr, BitwiseXor,
+  // Ternary pointwise: Where(cond, a, b).
+  Where,
+  // Reductions over ints = dims (sorted, non-negative); shape holds the result (keepdim or not).
+  Sum, Prod, Amax, Amin, ArgMax, ArgMin,
+  // Scan along ints[0].
+  Cumsum,
+  // Views: share the input's storage; the node's strides/offset place it in that storage.
+  // ints: Permute = permutation; Slice = {dim, start, stop, step}; Select = {dim, index};
+  // Squeeze/Unsqueeze = {dim}; Flip = dims; View/Expand: the node's shape. AsStrided: the
+  // window sizes/strides/offset of a dense input (used by gradients of in-place writes).
+  View, Permute, Expand, Slice, Select, Squeeze, Unsqueeze, Flip, AsStrided,
+  // Copies. Contiguous: dense copy. Cat: ints[0] = dim. ViewScatter(base, src): a dense copy
+  // of base with src written into the strided window attrs.sizes/strides/offset.
+  Contiguous, Cat, ViewScatter,
+  // Indexing, ints[0] = dim. Gather(x, idx); Scatter(x, idx, src); ScatterAdd(x, idx, src);
+  // IndexSelect(x, idx); IndexAdd(x, idx, src).
+  Gather, Scatter, ScatterAdd, IndexSelect, IndexAdd,
+  // Batched GEMM over equal batch dims: [..., M, K] x [..., K, N].
+  Matmul,
+  // conv2d helpers; ints = {kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w}.
+  // Im2Col: [N, C, H, W] -> [N, C*kh*kw, L]. Col2Im: inverse (summing overlaps) to attrs.sizes.
+  Im2Col, Col2Im,
+  NumOps
+};
+
+// PyTorch-style name of an op kind ("add", "sum", ...).
+const char* op_name(OpKind op);
+// True for ops whose output shares the input's storage.
+bool is_view_op(OpKind op);
+
+// Attributes of a node; meaning depends on the op (see OpKind).
+struct Attrs {
+  std::vector<int64_t> ints;
+  Shape sizes, strides;
+  SymInt offset;
+  double f0 = 0, f1 = 0;
+  uint64_t seed = 0, counter = 0;
+};
+
+// A block of memory holding elements, on one device.
+struct Storage {
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  std::function<void(void*)> deleter;  // frees data (empty: not owned)
+  ~Storage() {
+    if (deleter) deleter(data);
+  }
+  // Fresh, owned, 64-byte-aligned memory of `nbytes` on the CPU.
+  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);
+};
+
+struct Node;
+using NodePtr = std::shared_ptr<Node>;
+
+// One recorded op: what it computes, its inputs, its type, shape and layout, and once
+// materialized the storage it lives in. Immutable once recorded, except for materialization.
+struct Node : std::enable_shared_from_this<Node> {
+  OpKind op = OpKind::Leaf;
+  std::vector<NodePtr> inputs;
+  Attrs attrs;
+  DType dtype = DType::Float32;
+  Device device;
+  Shape shape;
+  Shape strides;   // element strides into storage
+  SymInt offset;   // element offset into storage
+  std::shared_ptr<Storage> storage;  // set once materialized
+  uint64_t id = 0;                   // unique, increasing in recording order
+  bool pending = true;               // counted in stats().pending until first computed
+  // Scratch for the thread materializing this (pending) node: a visit mark and the node's
+  // position in its segment. Meaningless outside materialize() and Executor::run().
+  uint32_t mark = 0;
+  int32_t pos = -1;
+  // The thread whose materialize() owns this pending node now (0: none). Only the owner reads
+  // or changes a pending node's inputs, storage and scratch (see materialize.cpp).
+  std::atomic<uint32_t> claim{0};
+
+  Node();
+  ~Node();
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+  bool materialized() const { return storage != nullptr; }
+  // Computed for good (storage final, inputs dropped): safe to test from any thread, and once
+  // true the node's storage may be read from any thread.
+  bool ready() const { return ready_.load(std::memory_order_acquire); }
+  // Marks a materialized node ready (after its inputs were dropped).
+  void set_ready() { ready_.store(true, std::memory_order_release); }
+  // Marks the node computed into `s` and (by default) cuts it loose from its inputs, which
+  // also makes it ready().
+  void set_storage(std::shared_ptr<Storage> s, bool drop_inputs = true);
+  // Typed pointer to the element at the node's offset (requires materialized, constant offset).
+  template <class T>
+  T* data() const { return static_cast<T*>(storage->data) + offset.as_int(); }
+
+ private:
+  std::atomic<bool> ready_{false};
+};
+
+// Calls f on every size expression of `n` (a Node or const Node): shape, strides, offset and
+// the size attributes.
+template <class N, class F>
+void for_each_size(N& n, F&& f) {
+  for (auto* s : {&n.shape, &n.strides, &n.attrs.sizes, &n.attrs.strides})
+    for (auto& d : *s) f(d);
+  f(n.offset);
+  f(n.attrs.offset);
+}
+
+// Size attributes that stand for integer attributes in compile() traces, where they can be
+// symbolic: a Full with attrs.sizes = {v} fills with the size value v (a mean's count); a Slice
+// with attrs.sizes = {start, stop} and a Select with attrs.sizes = {index} take those bounds.
+// Their ints / f0 hold the traced values; once every size is concrete, this copies the sizes
+// into them (compiled programs call it when they instantiate a trace for concrete sizes).
+void bind_size_attrs(Node& n);
+
+// Dense row-major strides for a shape.
+Shape contiguous_strides(const Shape& shape);
+// Whether shape/strides describe a dense row-major block (size-1 dims ignored).
+bool is_contiguous_layout(const Shape& shape, const Shape& strides);
+
+}  // namespace kiln

@@ -1,0 +1,194 @@
+// nn functional ops, recorded as subgraphs of primitives (softmax, norms, losses, attention, conv).
+#include <cmath>
+#include <limits>
+
+#include "runtime/ops/ops.h"
+#include "runtime/tensor/record.h"
+
+namespace kiln {
+using detail::record;
+using detail::str;
+
+namespace {
+Tensor as_float(const Tensor& x) { return is_floating(x.dtype()) ? x : detail::cast(x, kFloat32); }
+
+// Whether dim `d` of `x` has size 0 (a size symbol stands for sizes >= 2: never).
+bool empty_dim(const Tensor& x, int64_t d) {
+  auto z = sym_eq(x.shape()[d], 0);
+  return z && *z;
+}
+
+Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op) {
+  if (reduction == "mean") return mean(l);
+  if (reduction == "sum") return sum(l);
+  KILN_CHECK(reduction == "none", op, ": reduction must be 'mean', 'sum' or 'none', got '", reduction, "'");
+  return l;
+}
+}  // namespace
+
+Tensor softmax(const Tensor& xin, int64_t dim) {
+  Tensor x = as_float(xin);
+  int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
+  if (x.dim() == 0) return div(exp(sub(x, x)), 1);
+  if (empty_dim(x, d)) return div(exp(x), sum(exp(x), {d}, true));  // empty result (no max to shift by)
+  // The max shift only guards exp against overflow; its gradient cancels exactly, so it is
+  // taken from a detached x (no backward work for it).
+  Tensor e = exp(sub(x, amax(x.detach(), {d}, true)));
+  return div(e, sum(e, {d}, true));
+}
+
+Tensor log_softmax(const Tensor& xin, int64_t dim) {
+  Tensor x = as_float(xin);
+  int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
+  if (x.dim() == 0) return sub(x, x);
+  if (empty_dim(x, d)) return sub(x, log(sum(exp(x), {d}, true)));  // empty result (no max to shift by)
+  Tensor shifted = sub(x, amax(x.detach(), {d}, true));  // shift's gradient cancels: detached
+  return sub(shifted, log(sum(exp(shifted), {d}, true)));
+}
+
+namespace {
+// Whether two shapes are equal dim by dim (guarded relations in compile() traces).
+bool same_sizes(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!detail::same_size(a[i], b[i])) return false;
+  return true;
+}
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::optional<Tensor>& w,
+                  const std::optional<Tensor>& b, double eps) {
+  KILN_CHECK(x.defined() && is_floating(x.dtype()), "layer_norm: expected a floating point input");
+  int64_t k = static_cast<int64_t>(ns.size());
+  KILN_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_shape ", str(ns), " does not fit input shape ",
+             str(x.shape()));
+  std::vector<int64_t> dims;
+  for (int64_t i = 0; i < k; ++i) {
+    int64_t d = x.dim() - k + i;
+    KILN_CHECK(detail::same_size(x.shape()[d], ns[i]), "layer_norm: given normalized_shape=", str(ns),
+               ", expected input with shape [*, ", str(ns).substr(1), ", but got input of size ", str(x.shape()));
+    dims.push_back(d);
+  }
+  auto check_param = [&](const std::optional<Tensor>& p, const char* name) {
+    if (p) KILN_CHECK(p->sizes() == ns, "layer_norm: ", name, " must have shape ", str(ns), ", got ", str(p->shape()));
+  };
+  check_param(w, "weight");
+  check_param(b, "bias");
+  Tensor m = mean(x, dims, true);
+  Tensor c = sub(x, m);
+  Tensor v = mean(mul(c, c), dims, true);
+  Tensor y = mul(c, rsqrt(add(v, eps)));
+  if (w) y = mul(y, *w);
+  if (b) y = add(y, *b);
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction) {
+  KILN_CHECK(logits.defined() && target.defined(), "cross_entropy: got an undefined tensor");
+  KILN_CHECK(logits.dim() >= 1, "cross_entropy: expected logits with at least 1 dim");
+  int64_t cdim = logits.dim() == 1 ? 0 : 1;
+  Tensor lsm = log_softmax(logits, cdim);
+  if (is_floating(target.dtype())) {  // class probabilities
+    KILN_CHECK(same_sizes(target.shape(), logits.shape()), "cross_entropy: probability targets must match logits shape ",
+               str(logits.shape()), ", got ", str(target.shape()));
+    Tensor l = neg(sum(mul(lsm, target), {cdim}));
+    return reduce_loss(l, reduction, "cross_entropy");
+  }
+  KILN_CHECK(target.dtype() == kInt64, "cross_entropy: expected int64 class indices, got ", dtype_name(target.dtype()));
+  Shape want = logits.shape();
+  want.erase(want.begin() + cdim);
+  KILN_CHECK(same_sizes(target.shape(), want), "cross_entropy: expected target of shape ", str(want), " for logits of shape ",
+             str(logits.shape()), ", got ", str(target.shape()));
+  Tensor picked = squeeze(gather(lsm, cdim, unsqueeze(target, cdim)), cdim);
+  return reduce_loss(neg(picked), reduction, "cross_entropy");
+}
+
+Tensor mse_loss(const Tensor& x, const Tensor& y, const std::string& reduction) {
+  Tensor d = sub(x, y);
+  return reduce_loss(mul(d, d), reduction, "mse_loss");
+}
+
+Tensor smooth_l1_loss(const Tensor& x, const Tensor& y, const std::string& reduction, double beta) {
+  KILN_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
+  Tensor d = abs(sub(x, y));
+  Tensor l = beta == 0 ? d : where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, 0.5 * beta));
+  return reduce_loss(l, reduction, "smooth_l1_loss");
+}
+
+Tensor dropout(const Tensor& x, double p, bool training) {
+  KILN_CHECK(p >= 0 && p <= 1, "dropout: probability has to be between 0 and 1, got ", p);
+  if (!training || p == 0) return x;
+  if (p == 1) return mul(x, 0);
+  Tensor keep = lt(rand_like(as_float(x)), 1 - p);
+  return div(mul(x, detail::cast(keep, x.dtype())), 1 - p);
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const std::optional<Tensor>& attn_mask, bool is_causal,
+                                    std::optional<double> scale) {
+  KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
+             "at least 2 dims");
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  KILN_CHECK(detail::same_size(qs.back(), ks.back()), "scaled_dot_product_attention: q and k must share the last dim, got ",
+             str(qs), " and ", str(ks));
+  KILN_CHECK(detail::same_size(ks[ks.size() - 2], vs[vs.size() - 2]),
+             "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
+  KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
+  Tensor scores = matmul(q, transpose(k, -2, -1));
+  if (scale)
+    scores = mul(scores, *scale);
+  else if (qs.back().is_constant())
+    scores = mul(scores, 1.0 / std::sqrt(static_cast<double>(qs.back().as_int())));
+  else  // a symbolic head size: 1/sqrt(d) computed from it
+    scores = mul(scores, rsqrt(detail::size_value(qs.back(), scores.dtype(), scores.device())));
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (is_causal) {
+    Tensor keep = tril(full_shape({qs[qs.size() - 2], ks[ks.size() - 2]}, true, kBool, q.device()));
+    scores = where(keep, scores, ninf);
+  } else if (attn_mask) {
+    scores = attn_mask->dtype() == kBool ? where(*attn_mask, scores, ninf) : add(scores, *attn_mask);
+  }
+  return matmul(softmax(scores, -1), v);
+}
+
+Tensor conv2d(const Tensor& xin, const Tensor& w, const std::optional<Tensor>& b, std::vector<int64_t> stride,
+              std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  KILN_CHECK(xin.defined() && w.defined(), "conv2d: got an undefined tensor");
+  KILN_CHECK(xin.dim() == 3 || xin.dim() == 4, "conv2d: expected 3-D or 4-D input, got shape ", str(xin.shape()));
+  KILN_CHECK(w.dim() == 4, "conv2d: expected 4-D weight [out, in/groups, kh, kw], got shape ", str(w.shape()));
+  auto pair = [](std::vector<int64_t>& v, const char* name) {
+    if (v.size() == 1) v.push_back(v[0]);
+    KILN_CHECK(v.size() == 2, "conv2d: ", name, " must have 1 or 2 values, got ", v.size());
+  };
+  pair(stride, "stride");
+  pair(padding, "padding");
+  pair(dilation, "dilation");
+  KILN_CHECK(stride[0] > 0 && stride[1] > 0 && dilation[0] > 0 && dilation[1] > 0 && padding[0] >= 0 &&
+                 padding[1] >= 0,
+             "conv2d: expected positive stride/dilation and non-negative padding");
+  KILN_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
+  bool batched = xin.dim() == 4;
+  Tensor x = batched ? xin : unsqueeze(xin, 0);
+  KILN_CHECK(x.dtype() == w.dtype(), "conv2d: input and weight must have the same dtype, got ",
+             dtype_name(x.dtype()), " and ", dtype_name(w.dtype()));
+  int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  int64_t o = w.size(0), cg = w.size(1), kh = w.size(2), kw = w.size(3);
+  KILN_CHECK(c == cg * groups, "conv2d: expected input with ", cg * groups, " channels (weight ", str(w.shape()),
+             ", groups=", groups, "), got ", c);
+  KILN_CHECK(o % groups == 0, "conv2d: out_channels (", o, ") must be divisible by groups (", groups, ")");
+  int64_t ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) / stride[0] + 1;
+  int64_t wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) / stride[1] + 1;
+  KILN_CHECK(ho > 0 && wo > 0, "conv2d: kernel size ", kh, "x", kw, " (dilated) is larger than padded input ",
+             h + 2 * padding[0], "x", wd + 2 * padding[1]);
+  if (b) KILN_CHECK(b->dim() == 1 && b->size(0) == o, "conv2d: bias must have shape [", o, "], got ", str(b->shape()));
+  Attrs a;
+  a.ints = {kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]};
+  Tensor cols = record(OpKind::Im2Col, {x}, a, x.dtype(), Shape{n, c * kh * kw, ho * wo});
+  Tensor colsg = reshape(cols, {n, groups, cg * kh * kw, ho * wo});
+  Tensor wg = reshape(w, {groups, o / groups, cg * kh * kw});
+  Tensor y = reshape(matmul(wg, colsg), {n, o, ho, wo});
+  if (b) y = add(y, reshape(*b, {1, o, 1, 1}));
+  return batched ? y : squeeze(y, 0);
+}
+
+}  // namespace kiln
