@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "guards/value.h"
+#include "runtime/core/export.h"
 
 namespace kiln {
 
@@ -63,13 +64,13 @@ struct CompileStats {
 namespace detail {
 class CompiledCore;
 using TraceFn = std::function<std::vector<Value>(const std::vector<Value>&)>;
-std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options);
+KILN_API std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options);
 // Runs one call: guards, then replay, trace or eager. `out_spec` receives the result structure.
-std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec,
+KILN_API std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec,
                                  const TraceFn& fn, std::vector<int64_t>& out_spec);
-CompileStats compiled_stats(const CompiledCore& core);
+KILN_API CompileStats compiled_stats(const CompiledCore& core);
 // Whether some entry's guards admit these arguments (runs the guards only).
-bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec);
+KILN_API bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec);
 
 // A per-thread argument buffer reused across calls (no allocation per call); nested calls
 // (a compiled function called while another runs) get their own.

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <string>
 
+#include "runtime/core/export.h"
+
 namespace kiln::vmath {
 namespace {
 
@@ -139,24 +141,27 @@ void apply4d(Fn f, double* x, const double* y) {
 }  // namespace kiln::vmath
 
 // ---- the entry points generated code calls (resolved by name from the process) ----
+// The LLVM tier's JIT looks these up in the process (DynamicLibrarySearchGenerator::
+// GetForCurrentProcess, jit/cpu_llvm/codegen_llvm.cpp), so they keep default visibility
+// (KILN_API) although libkiln hides everything else; kernels from the disk cache name them too.
 using kiln::vmath::Fn;
-#define KILN_VM_UNARY(NAME, FN)                                                                        \
-  extern "C" float kiln_vm_##NAME##f(float x) { return kiln::vmath::f32(Fn::FN, x); }                  \
-  extern "C" double kiln_vm_##NAME(double x) { return kiln::vmath::f64(Fn::FN, x); }                   \
-  extern "C" __attribute__((target("avx2"))) __m256 kiln_vm8_##NAME##f(__m256 x) {                     \
-    return kiln::vmath::vec8(Fn::FN, x, x);                                                            \
-  }                                                                                                    \
-  extern "C" __attribute__((target("avx2"))) __m256d kiln_vm4_##NAME(__m256d x) {                      \
-    return kiln::vmath::vec4(Fn::FN, x, x);                                                            \
+#define KILN_VM_UNARY(NAME, FN)                                                                            \
+  extern "C" KILN_API float kiln_vm_##NAME##f(float x) { return kiln::vmath::f32(Fn::FN, x); }             \
+  extern "C" KILN_API double kiln_vm_##NAME(double x) { return kiln::vmath::f64(Fn::FN, x); }              \
+  extern "C" KILN_API __attribute__((target("avx2"))) __m256 kiln_vm8_##NAME##f(__m256 x) {                \
+    return kiln::vmath::vec8(Fn::FN, x, x);                                                                \
+  }                                                                                                        \
+  extern "C" KILN_API __attribute__((target("avx2"))) __m256d kiln_vm4_##NAME(__m256d x) {                 \
+    return kiln::vmath::vec4(Fn::FN, x, x);                                                                \
   }
-#define KILN_VM_BINARY(NAME, FN)                                                                       \
-  extern "C" float kiln_vm_##NAME##f(float x, float y) { return kiln::vmath::f32(Fn::FN, x, y); }      \
-  extern "C" double kiln_vm_##NAME(double x, double y) { return kiln::vmath::f64(Fn::FN, x, y); }      \
-  extern "C" __attribute__((target("avx2"))) __m256 kiln_vm8_##NAME##f(__m256 x, __m256 y) {           \
-    return kiln::vmath::vec8(Fn::FN, x, y);                                                            \
-  }                                                                                                    \
-  extern "C" __attribute__((target("avx2"))) __m256d kiln_vm4_##NAME(__m256d x, __m256d y) {           \
-    return kiln::vmath::vec4(Fn::FN, x, y);                                                            \
+#define KILN_VM_BINARY(NAME, FN)                                                                           \
+  extern "C" KILN_API float kiln_vm_##NAME##f(float x, float y) { return kiln::vmath::f32(Fn::FN, x, y); } \
+  extern "C" KILN_API double kiln_vm_##NAME(double x, double y) { return kiln::vmath::f64(Fn::FN, x, y); } \
+  extern "C" KILN_API __attribute__((target("avx2"))) __m256 kiln_vm8_##NAME##f(__m256 x, __m256 y) {      \
+    return kiln::vmath::vec8(Fn::FN, x, y);                                                                \
+  }                                                                                                        \
+  extern "C" KILN_API __attribute__((target("avx2"))) __m256d kiln_vm4_##NAME(__m256d x, __m256d y) {      \
+    return kiln::vmath::vec4(Fn::FN, x, y);                                                                \
   }
 KILN_VM_UNARY(exp, Exp)
 KILN_VM_UNARY(exp2, Exp2)

@@ -6,13 +6,14 @@
 #include <optional>
 #include <vector>
 
+#include "runtime/core/export.h"
 #include "runtime/tensor/tensor.h"
 
 namespace kiln {
 
 // Whether ops record backward nodes on this thread (default true).
-bool grad_enabled();
-void set_grad_enabled(bool enabled);
+KILN_API bool grad_enabled();
+KILN_API void set_grad_enabled(bool enabled);
 
 // RAII: disables gradient recording in its scope (like torch.no_grad()).
 class NoGradGuard {
@@ -39,12 +40,12 @@ class EnableGradGuard {
 // Gradients of sum(outputs[i] * grad_outputs[i]) with respect to `inputs`, returned instead of
 // accumulated into .grad(). With create_graph the results are themselves differentiable.
 // allow_unused: an input the outputs do not depend on gives an undefined tensor (else Error).
-std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+KILN_API std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
                          bool create_graph = false, bool allow_unused = false);
 
 // Backpropagates from several outputs at once (see Tensor::backward).
-void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
+KILN_API void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
               bool retain_graph = false, bool create_graph = false);
 
 // An edge of the backward graph: which node, and which of its outputs.
@@ -54,7 +55,7 @@ struct Edge {
 };
 
 // A node of the backward graph: maps the gradient of its output to gradients of its inputs.
-struct GradNode {
+struct KILN_API GradNode {
   std::vector<Edge> next;  // one per differentiable input (may be empty edges)
   virtual ~GradNode() = default;
   // Gradients for each entry of `next` given the output gradient `g`.
@@ -64,6 +65,7 @@ struct GradNode {
   virtual const char* name() const = 0;
 };
 
+// Internal to the library (not exported).
 namespace detail {
 // Attaches a backward node for `op` to `out` if grad mode is on and an input requires grad.
 void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs,

@@ -1,5 +1,6 @@
 // Device: where a tensor's data lives. Every node carries one.
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace kiln {

@@ -4,33 +4,35 @@
 #include <cstring>
 #include <string>
 
+#include "runtime/core/export.h"
+
 namespace kiln {
 
 // The element types kiln supports, in promotion order within each category.
 enum class DType : uint8_t { Bool, Int32, Int64, Float16, BFloat16, Float32, Float64 };
 
 // Size in bytes of one element.
-size_t itemsize(DType t);
+KILN_API size_t itemsize(DType t);
 // PyTorch's short name: "bool", "int32", "float32", ...
-const char* dtype_name(DType t);
+KILN_API const char* dtype_name(DType t);
 // Parses a name produced by dtype_name; throws kiln::Error otherwise.
-DType dtype_from_name(const std::string& name);
+KILN_API DType dtype_from_name(const std::string& name);
 inline bool is_floating(DType t) { return t >= DType::Float16; }
 inline bool is_integral(DType t) { return t == DType::Int32 || t == DType::Int64; }
 // Promotion of two dtypes (torch.promote_types).
-DType promote_types(DType a, DType b);
+KILN_API DType promote_types(DType a, DType b);
 // Whether a value of `from` may be written into `to` by an in-place op (torch.can_cast).
-bool can_cast(DType from, DType to);
+KILN_API bool can_cast(DType from, DType to);
 
 // IEEE binary16 storage type; arithmetic goes through float.
-struct Half {
+struct KILN_API Half {
   uint16_t bits = 0;
   Half() = default;
   Half(float f);  // NOLINT: implicit like a builtin float conversion
   operator float() const;  // NOLINT
 };
 // bfloat16 storage type (upper 16 bits of a float, round to nearest even).
-struct BFloat16 {
+struct KILN_API BFloat16 {  // KILN_API: from_vector<BFloat16>, item<BFloat16> ... are exported
   uint16_t bits = 0;
   BFloat16() = default;
   BFloat16(float f) {  // NOLINT

@@ -4,12 +4,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "runtime/core/export.h"
+
 namespace kiln {
 
 // Thrown for every user-facing failure; the message says what was expected and what was given.
-class Error : public std::runtime_error {
+class KILN_API Error : public std::runtime_error {
  public:
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+  // Out of line (runtime/core/error.cpp): the vtable and typeinfo live in libkiln, once, so
+  // `catch (const kiln::Error&)` matches across the shared-library boundary.
+  ~Error() override;
 };
 
 namespace detail {

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "runtime/core/export.h"
 #include "runtime/ir/node.h"
 
 namespace kiln {
@@ -20,7 +21,7 @@ struct Segment {
 // Runs segments. run() must leave every `needed` node materialized (Node::set_storage; pass
 // drop_inputs=false while other nodes of the segment may still read a node's inputs —
 // materialize() cuts every materialized node loose afterwards).
-class Executor {
+class KILN_API Executor {
  public:
   virtual ~Executor() = default;
   virtual void run(Segment& segment) = 0;
@@ -28,20 +29,20 @@ class Executor {
 };
 
 // Installs the executor used by materialization; nullptr restores the interpreter.
-void set_executor(std::shared_ptr<Executor> ex);
+KILN_API void set_executor(std::shared_ptr<Executor> ex);
 // The executor in use.
-Executor& current_executor();
+KILN_API Executor& current_executor();
 // The reference interpreter (always available; the oracle for every JIT path).
-std::shared_ptr<Executor> interpreter();
+KILN_API std::shared_ptr<Executor> interpreter();
 
 // Runs one node on the reference interpreter (its inputs must be materialized). JIT
 // executors use it for ops they do not compile and as their fallback.
-void interpret_node(Node& n);
+KILN_API void interpret_node(Node& n);
 
 // Computes every given node that is not yet materialized, with all pending ancestors.
-void materialize(const std::vector<NodePtr>& nodes);
+KILN_API void materialize(const std::vector<NodePtr>& nodes);
 // Same, for one node.
-void materialize(const NodePtr& node);
+KILN_API void materialize(const NodePtr& node);
 
 // Counters proving laziness.
 struct Stats {
@@ -51,13 +52,14 @@ struct Stats {
   uint64_t pending = 0;           // nodes recorded but not yet computed, alive now
 };
 // A snapshot of the counters.
-Stats stats();
+KILN_API Stats stats();
 // Zeroes the recorded/executed/materialization counters.
-void reset_stats();
+KILN_API void reset_stats();
 // Pending nodes above which a newly recorded node is materialized at once (default 10000).
-void set_pending_limit(uint64_t n);
-uint64_t pending_limit();
+KILN_API void set_pending_limit(uint64_t n);
+KILN_API uint64_t pending_limit();
 
+// Internal counters (not exported).
 namespace detail {
 void count_recorded();
 void count_executed(uint64_t n);

@@ -8,6 +8,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/core/dtype.h"
+#include "runtime/core/export.h"
 #include "runtime/ir/symint.h"
 
 namespace kiln {
@@ -51,9 +52,9 @@ enum class OpKind : uint16_t {
 };
 
 // PyTorch-style name of an op kind ("add", "sum", ...).
-const char* op_name(OpKind op);
+KILN_API const char* op_name(OpKind op);
 // True for ops whose output shares the input's storage.
-bool is_view_op(OpKind op);
+KILN_API bool is_view_op(OpKind op);
 
 // Attributes of a node; meaning depends on the op (see OpKind).
 struct Attrs {
@@ -65,7 +66,7 @@ struct Attrs {
 };
 
 // A block of memory holding elements, on one device.
-struct Storage {
+struct KILN_API Storage {
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
@@ -82,7 +83,7 @@ using NodePtr = std::shared_ptr<Node>;
 
 // One recorded op: what it computes, its inputs, its type, shape and layout, and once
 // materialized the storage it lives in. Immutable once recorded, except for materialization.
-struct Node : std::enable_shared_from_this<Node> {
+struct KILN_API Node : std::enable_shared_from_this<Node> {
   OpKind op = OpKind::Leaf;
   std::vector<NodePtr> inputs;
   Attrs attrs;
@@ -138,11 +139,12 @@ void for_each_size(N& n, F&& f) {
 // with attrs.sizes = {start, stop} and a Select with attrs.sizes = {index} take those bounds.
 // Their ints / f0 hold the traced values; once every size is concrete, this copies the sizes
 // into them (compiled programs call it when they instantiate a trace for concrete sizes).
+// Internal to kiln::compile: not exported.
 void bind_size_attrs(Node& n);
 
 // Dense row-major strides for a shape.
-Shape contiguous_strides(const Shape& shape);
+KILN_API Shape contiguous_strides(const Shape& shape);
 // Whether shape/strides describe a dense row-major block (size-1 dims ignored).
-bool is_contiguous_layout(const Shape& shape, const Shape& strides);
+KILN_API bool is_contiguous_layout(const Shape& shape, const Shape& strides);
 
 }  // namespace kiln

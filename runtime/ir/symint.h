@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/export.h"
+
 namespace kiln {
 
 struct SymExpr;  // immutable expression node (defined in symint.cpp)
 
 // A size: a constant (fast path, no allocation) or a simplified expression over symbols.
-class SymInt {
+class KILN_API SymInt {
  public:
   SymInt(int64_t v = 0) : value_(v) {}  // NOLINT: implicit from integer constants
   SymInt(int v) : value_(v) {}           // NOLINT
@@ -35,10 +37,10 @@ class SymInt {
   // Structural identity of the canonical forms (equal strings <=> equal expressions).
   bool same_as(const SymInt& o) const;
 
-  friend SymInt operator+(const SymInt& a, const SymInt& b);
-  friend SymInt operator-(const SymInt& a, const SymInt& b);
-  friend SymInt operator*(const SymInt& a, const SymInt& b);
-  friend SymInt operator-(const SymInt& a);
+  friend KILN_API SymInt operator+(const SymInt& a, const SymInt& b);
+  friend KILN_API SymInt operator-(const SymInt& a, const SymInt& b);
+  friend KILN_API SymInt operator*(const SymInt& a, const SymInt& b);
+  friend KILN_API SymInt operator-(const SymInt& a);
   SymInt& operator+=(const SymInt& o) { return *this = *this + o; }
   SymInt& operator*=(const SymInt& o) { return *this = *this * o; }
 
@@ -53,27 +55,28 @@ class SymInt {
 };
 
 // Floor division (rounds toward -inf, like Python's //). Division by constant 0 throws.
-SymInt floordiv(const SymInt& a, const SymInt& b);
+KILN_API SymInt floordiv(const SymInt& a, const SymInt& b);
 // Python-style modulo (result has the sign of b).
-SymInt mod(const SymInt& a, const SymInt& b);
-SymInt sym_max(const SymInt& a, const SymInt& b);
-SymInt sym_min(const SymInt& a, const SymInt& b);
+KILN_API SymInt mod(const SymInt& a, const SymInt& b);
+KILN_API SymInt sym_max(const SymInt& a, const SymInt& b);
+KILN_API SymInt sym_min(const SymInt& a, const SymInt& b);
 
 // Comparisons decide statically when they can (assuming every symbol is a size, i.e. >= 0)
 // and return nullopt otherwise.
-std::optional<bool> sym_eq(const SymInt& a, const SymInt& b);
-std::optional<bool> sym_ne(const SymInt& a, const SymInt& b);
-std::optional<bool> sym_lt(const SymInt& a, const SymInt& b);
-std::optional<bool> sym_le(const SymInt& a, const SymInt& b);
-std::optional<bool> sym_gt(const SymInt& a, const SymInt& b);
-std::optional<bool> sym_ge(const SymInt& a, const SymInt& b);
+KILN_API std::optional<bool> sym_eq(const SymInt& a, const SymInt& b);
+KILN_API std::optional<bool> sym_ne(const SymInt& a, const SymInt& b);
+KILN_API std::optional<bool> sym_lt(const SymInt& a, const SymInt& b);
+KILN_API std::optional<bool> sym_le(const SymInt& a, const SymInt& b);
+KILN_API std::optional<bool> sym_gt(const SymInt& a, const SymInt& b);
+KILN_API std::optional<bool> sym_ge(const SymInt& a, const SymInt& b);
 
 // How a traced size expression compares with zero (see ShapeOracle).
 enum class SymRel { Eq, Ne, Lt, Le, Gt, Ge };
 class SymFacts;  // runtime/ir/sym_facts.h
 // Decides what static analysis cannot while kiln::compile traces: a comparison or a size that
 // must be concrete gets its value under the sizes being traced, and the oracle records the
-// fact as a guard for later calls.
+// fact as a guard for later calls. An internal hook of kiln::compile: ShapeOracle,
+// shape_oracle() and set_shape_oracle() are not exported from libkiln.
 class ShapeOracle {
  public:
   virtual ~ShapeOracle() = default;
@@ -94,14 +97,14 @@ ShapeOracle* set_shape_oracle(ShapeOracle* o);
 using Shape = std::vector<SymInt>;
 
 // Shape from constants.
-Shape make_shape(const std::vector<int64_t>& sizes);
+KILN_API Shape make_shape(const std::vector<int64_t>& sizes);
 // Constant sizes of a shape; throws kiln::Error if any is symbolic.
-std::vector<int64_t> concrete(const Shape& s);
+KILN_API std::vector<int64_t> concrete(const Shape& s);
 // Product of all sizes (1 for a 0-d shape).
-SymInt numel(const Shape& s);
+KILN_API SymInt numel(const Shape& s);
 // Whether two shapes are provably equal, dim by dim.
-bool same_shape(const Shape& a, const Shape& b);
+KILN_API bool same_shape(const Shape& a, const Shape& b);
 // "[2, s0, 3]".
-std::string shape_str(const Shape& s);
+KILN_API std::string shape_str(const Shape& s);
 
 }  // namespace kiln

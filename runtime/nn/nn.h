@@ -7,12 +7,13 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/core/export.h"
 #include "runtime/ops/ops.h"
 
 namespace kiln::nn {
 
 // Base class of every layer: owns named parameters, buffers and child modules.
-class Module {
+class KILN_API Module {
  public:
   virtual ~Module() = default;
   // The layer's computation; the default throws (container modules override).
@@ -59,7 +60,7 @@ class Module {
 };
 
 // y = x W^T + b, W [out, in], initialized like PyTorch (uniform in +-1/sqrt(in)).
-class Linear : public Module {
+class KILN_API Linear : public Module {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true, DType dtype = kFloat32);
   Tensor forward(const Tensor& x) override;
@@ -67,7 +68,7 @@ class Linear : public Module {
 };
 
 // 2-D convolution over [N, C, H, W].
-class Conv2d : public Module {
+class KILN_API Conv2d : public Module {
  public:
   Conv2d(int64_t in_channels, int64_t out_channels, std::vector<int64_t> kernel_size,
          std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},
@@ -79,7 +80,7 @@ class Conv2d : public Module {
 };
 
 // Lookup table [num_embeddings, dim] indexed by int64 tensors; N(0, 1) init.
-class Embedding : public Module {
+class KILN_API Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim);
   Tensor forward(const Tensor& indices) override;
@@ -87,7 +88,7 @@ class Embedding : public Module {
 };
 
 // Layer normalization over the trailing `normalized_shape` dims, with affine weight and bias.
-class LayerNorm : public Module {
+class KILN_API LayerNorm : public Module {
  public:
   explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5, bool elementwise_affine = true);
   Tensor forward(const Tensor& x) override;
@@ -97,7 +98,7 @@ class LayerNorm : public Module {
 };
 
 // Zeroes elements with probability p in training mode (scaling the rest by 1/(1-p)).
-class Dropout : public Module {
+class KILN_API Dropout : public Module {
  public:
   explicit Dropout(double p = 0.5);
   Tensor forward(const Tensor& x) override;
@@ -105,7 +106,7 @@ class Dropout : public Module {
 };
 
 // Applies child modules in order.
-class Sequential : public Module {
+class KILN_API Sequential : public Module {
  public:
   Sequential() = default;
   explicit Sequential(std::vector<std::shared_ptr<Module>> layers);
@@ -117,7 +118,7 @@ class Sequential : public Module {
 };
 
 // Holds modules in a list, registered as children named "0", "1", ... (no forward).
-class ModuleList : public Module {
+class KILN_API ModuleList : public Module {
  public:
   ModuleList() = default;
   // A list of `modules`, in order.
@@ -148,7 +149,7 @@ class ModuleList : public Module {
 };
 
 // Holds modules by string key in insertion order, registered as children named by key (no forward).
-class ModuleDict : public Module {
+class KILN_API ModuleDict : public Module {
  public:
   ModuleDict() = default;
   // A dict of (key, module) pairs, in order.
@@ -179,10 +180,10 @@ class ModuleDict : public Module {
 };
 
 // Activation modules.
-class ReLU : public Module { public: Tensor forward(const Tensor& x) override { return relu(x); } };
-class Tanh : public Module { public: Tensor forward(const Tensor& x) override { return tanh(x); } };
-class SiLU : public Module { public: Tensor forward(const Tensor& x) override { return silu(x); } };
-class GELU : public Module {
+class KILN_API ReLU : public Module { public: Tensor forward(const Tensor& x) override { return relu(x); } };
+class KILN_API Tanh : public Module { public: Tensor forward(const Tensor& x) override { return tanh(x); } };
+class KILN_API SiLU : public Module { public: Tensor forward(const Tensor& x) override { return silu(x); } };
+class KILN_API GELU : public Module {
  public:
   explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {}
   Tensor forward(const Tensor& x) override { return gelu(x, approximate); }
@@ -191,29 +192,29 @@ class GELU : public Module {
 
 // ---- initializers (in place, without recording gradients; return the tensor) ----
 // fan_in/fan_out of a weight tensor, as PyTorch computes them.
-std::pair<int64_t, int64_t> fan_in_out(const Tensor& t);
+KILN_API std::pair<int64_t, int64_t> fan_in_out(const Tensor& t);
 // Gain for a nonlinearity: "linear", "relu", "tanh", "leaky_relu" (with param), "sigmoid".
-double calculate_gain(const std::string& nonlinearity, double param = 0.01);
-Tensor& uniform_(Tensor& t, double low, double high);
-Tensor& normal_(Tensor& t, double mean = 0, double std = 1);
-Tensor& constant_(Tensor& t, double value);
+KILN_API double calculate_gain(const std::string& nonlinearity, double param = 0.01);
+KILN_API Tensor& uniform_(Tensor& t, double low, double high);
+KILN_API Tensor& normal_(Tensor& t, double mean = 0, double std = 1);
+KILN_API Tensor& constant_(Tensor& t, double value);
 // mode: "fan_in" or "fan_out".
-Tensor& kaiming_uniform_(Tensor& t, double a = 0, const std::string& mode = "fan_in",
+KILN_API Tensor& kaiming_uniform_(Tensor& t, double a = 0, const std::string& mode = "fan_in",
                          const std::string& nonlinearity = "leaky_relu");
-Tensor& kaiming_normal_(Tensor& t, double a = 0, const std::string& mode = "fan_in",
+KILN_API Tensor& kaiming_normal_(Tensor& t, double a = 0, const std::string& mode = "fan_in",
                         const std::string& nonlinearity = "leaky_relu");
-Tensor& xavier_uniform_(Tensor& t, double gain = 1);
-Tensor& xavier_normal_(Tensor& t, double gain = 1);
+KILN_API Tensor& xavier_uniform_(Tensor& t, double gain = 1);
+KILN_API Tensor& xavier_normal_(Tensor& t, double gain = 1);
 // (Semi-)orthogonal matrix from the QR decomposition (LAPACK) of a Gaussian matrix.
-Tensor& orthogonal_(Tensor& t, double gain = 1);
+KILN_API Tensor& orthogonal_(Tensor& t, double gain = 1);
 
 // ---- state dict files ----
 // Format v1 (little endian): "KILNSD01" | u32 version=1 | u32 count | per tensor:
 // u32 name_len, name, u8 dtype, u32 ndim, i64 sizes[ndim], u64 nbytes, raw data |
 // u64 FNV-1a hash of everything before it.
-void save_state_dict(const std::map<std::string, Tensor>& sd, const std::string& path);
+KILN_API void save_state_dict(const std::map<std::string, Tensor>& sd, const std::string& path);
 // Reads and verifies a file written by save_state_dict (throws kiln::Error if truncated,
 // corrupted or of another version).
-std::map<std::string, Tensor> load_state_dict_file(const std::string& path);
+KILN_API std::map<std::string, Tensor> load_state_dict_file(const std::string& path);
 
 }  // namespace kiln::nn

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/core/export.h"
 #include "runtime/ops/ops.h"
 
 namespace kiln::optim {
@@ -16,7 +17,7 @@ namespace kiln::optim {
 // training step sees every change. Options that switch a term on or off (a weight decay or
 // momentum changed from or to 0, nesterov) change the update's structure: eager steps see it
 // at once, a compiled step (whose C++ decisions are trace constants) needs a new compile.
-class ParamGroup {
+class KILN_API ParamGroup {
  public:
   // The group's parameters.
   const std::vector<Tensor>& params() const { return params_; }
@@ -53,7 +54,7 @@ class ParamGroup {
 // Base class: holds the parameter groups. The state an update reads (each group's options,
 // step count, moments) lives in tensors updated in place, so a compiled training step
 // (kiln::compile) sees every change, exactly as eager mode does.
-class Optimizer {
+class KILN_API Optimizer {
  public:
   // One group of `params` with learning rate `lr`.
   Optimizer(std::vector<Tensor> params, double lr);
@@ -111,7 +112,7 @@ struct SGDParamGroup {
 };
 // Stochastic gradient descent with optional momentum, Nesterov momentum and weight decay.
 // Group options: lr, momentum, dampening, weight_decay, nesterov (0 or 1).
-class SGD : public Optimizer {
+class KILN_API SGD : public Optimizer {
  public:
   // One group of `params`.
   SGD(std::vector<Tensor> params, SGDOptions o);
@@ -140,7 +141,7 @@ struct AdamParamGroup {
 };
 // Adam (weight decay as L2 added to the gradient). Group options: lr, beta1, beta2, eps,
 // weight_decay.
-class Adam : public Optimizer {
+class KILN_API Adam : public Optimizer {
  public:
   // One group of `params`.
   Adam(std::vector<Tensor> params, AdamOptions o = {});
@@ -156,7 +157,7 @@ class Adam : public Optimizer {
 };
 
 // AdamW: Adam with decoupled weight decay (default 1e-2).
-class AdamW : public Adam {
+class KILN_API AdamW : public Adam {
  public:
   // One group of `params`.
   AdamW(std::vector<Tensor> params, AdamOptions o = {});
@@ -166,11 +167,11 @@ class AdamW : public Adam {
 
 // Scales gradients so their global p-norm is at most max_norm; returns the norm before
 // clipping (lazy: no synchronization).
-Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2);
+KILN_API Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2);
 
 // Multiplies every group's learning rate by gamma every step_size calls of step() (each group
 // from its own lr at construction, as PyTorch).
-class StepLR {
+class KILN_API StepLR {
  public:
   StepLR(Optimizer& opt, int64_t step_size, double gamma = 0.1);
   // Advances one epoch and sets every group's lr.
@@ -189,7 +190,7 @@ class StepLR {
 
 // Cosine annealing of every group's lr from its lr at construction to eta_min over t_max
 // calls of step().
-class CosineAnnealingLR {
+class KILN_API CosineAnnealingLR {
  public:
   CosineAnnealingLR(Optimizer& opt, int64_t t_max, double eta_min = 0);
   // Advances one epoch and sets every group's lr.

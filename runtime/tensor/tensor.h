@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/core/export.h"
 #include "runtime/ir/node.h"
 #include "runtime/core/scalar.h"
 
@@ -36,7 +37,7 @@ struct GradNode;  // a node of the backward graph (runtime/autograd/autograd.h)
 
 // Shared state behind Tensor handles: the node it currently names, and, for views, the base
 // tensor and the chain of view steps from it. In-place ops rebind `node` (functionalization).
-struct TensorImpl : std::enable_shared_from_this<TensorImpl> {
+struct KILN_API TensorImpl : std::enable_shared_from_this<TensorImpl> {
   NodePtr node_;
   std::shared_ptr<TensorImpl> base;  // set for views: the tensor owning the storage
   std::vector<ViewStep> chain;       // view steps from base to this
@@ -75,7 +76,7 @@ struct Slice {
       : start(start.value), stop(stop.value), step(step) {}
 };
 // An index tensor (advanced indexing): int64/int32 positions or a bool mask (runtime/ops/ops_advindex.cpp).
-struct IndexTensor {
+struct KILN_API IndexTensor {
   std::shared_ptr<TensorImpl> impl;
   IndexTensor(const Tensor& t);  // NOLINT: implicit, so x.index({idx, Slice()}) reads like x[idx, :]
 };
@@ -85,7 +86,7 @@ template <class I>
 concept DimIndex = std::integral<I> && !std::same_as<I, bool>;
 
 // Handle to a lazy tensor. Copying a Tensor copies the handle, not the data.
-class Tensor {
+class KILN_API Tensor {
  public:
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
@@ -317,14 +318,14 @@ class Tensor {
 };
 
 // Prints like PyTorch: values, then shape and dtype.
-std::ostream& operator<<(std::ostream& os, const Tensor& t);
+KILN_API std::ostream& operator<<(std::ostream& os, const Tensor& t);
 // The same text as operator<<.
-std::string to_string(const Tensor& t);
+KILN_API std::string to_string(const Tensor& t);
 
 // to_vector of a bool tensor (std::vector<bool> has no element pointers).
 template <> std::vector<bool> Tensor::to_vector<bool>() const;
 
 // Computes all given tensors in one segment.
-void eval(const std::vector<Tensor>& ts);
+KILN_API void eval(const std::vector<Tensor>& ts);
 
 }  // namespace kiln
