@@ -519,8 +519,8 @@ int first_call(const Opts& o) {
       .num("load_ms", cs.load_ms)
       .num("mem_hits", static_cast<double>(cs.hits))
       .str("mode", modes[static_cast<int>(kiln::jit::jit_mode())])
-      .num("asmjit_compiles", static_cast<double>(cs.asmjit_compiles))
-      .num("asmjit_compile_us", cs.asmjit_compile_us)
+      .num("quick_compiles", static_cast<double>(cs.quick_compiles))
+      .num("quick_compile_us", cs.quick_compile_us)
       .num("background_swaps", static_cast<double>(after.background_swaps))
       .num("swapped_steady_ms", swapped.median_ms)
       .print();

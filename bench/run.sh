@@ -213,9 +213,9 @@ for case in ("W1", "W2", "W3F", "W3B", "W5"):
     med = statistics.median(ks) if ks else (cold["compile_ms"] / cold["compiles"] if cold["compiles"] else None)
     note = (f"{int(cold['compiles'])} kernels compiled, {cold['compile_ms']:.0f} ms total; per kernel median "
             f"{fmt_g(med)} ms, max {fmt_g(max(ks) if ks else None)} ms; steady call {fmt_ms(cold['steady_ms'])}")
-    if cold.get("asmjit_compiles"):
-        note += (f"; {cold.get('mode', '')}: {int(cold['asmjit_compiles'])} asmjit kernels first "
-                 f"({cold['asmjit_compile_us'] / cold['asmjit_compiles']:.0f} us each), "
+    if cold.get("quick_compiles"):
+        note += (f"; {cold.get('mode', '')}: {int(cold['quick_compiles'])} asmjit kernels first "
+                 f"({cold['quick_compile_us'] / cold['quick_compiles']:.0f} us each), "
                  f"{int(cold['background_swaps'])} swapped to LLVM, then {fmt_ms(cold['swapped_steady_ms'])}/call")
     table.append((f"W6 first call: {case}", "cold cache", "", fmt_ms(cold["first_ms"]), "", "", "", "", note))
     if warm:

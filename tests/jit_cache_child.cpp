@@ -5,7 +5,7 @@
 //   jit_cache_child workload          runs a fixed workload on the interpreter and on the JIT,
 //                                     compares, and prints one line of key=value pairs:
 //                                     ok compiles disk_hits disk_rebuilds hits compile_ms load_ms
-//                                     jit_ms asmjit_compiles swaps cache_dir (after waiting for
+//                                     jit_ms quick_compiles swaps cache_dir (after waiting for
 //                                     background compiles)
 //   jit_cache_child workload-default  the same with the default executor instead of the JIT
 //   jit_cache_child threads           the workload on the JIT from 8 threads at once, 3 times
@@ -188,10 +188,10 @@ int main(int argc, char** argv) {
   kiln::jit::wait_background_compiles();  // tiered: the LLVM kernels (and their disk entries) are done
   kiln::jit::CacheStats s = kiln::jit::cache_stats();
   std::printf("ok=%d compiles=%llu disk_hits=%llu disk_rebuilds=%llu hits=%llu compile_ms=%.3f load_ms=%.3f jit_ms=%.3f "
-              "asmjit_compiles=%llu swaps=%llu cache_dir=%s\n",
+              "quick_compiles=%llu swaps=%llu cache_dir=%s\n",
               ok.load() ? 1 : 0, static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.disk_hits),
               static_cast<unsigned long long>(s.disk_rebuilds), static_cast<unsigned long long>(s.hits), s.compile_ms,
-              s.load_ms, jit_ms, static_cast<unsigned long long>(s.asmjit_compiles),
+              s.load_ms, jit_ms, static_cast<unsigned long long>(s.quick_compiles),
               static_cast<unsigned long long>(s.background_swaps), kiln::jit::cache_dir().c_str());
   return ok.load() ? 0 : 1;
 }

@@ -32,6 +32,7 @@
 #include "jit/exec/code_cache.h"
 #include "jit/cpu_llvm/codegen_llvm.h"
 #include "jit/exec/executor.h"
+#include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
 #include "jit/graph/scheduler.h"
 #include "kiln.h"
@@ -1268,7 +1269,7 @@ std::string schedule_of(const Program& p) {
     std::string r = kiln::jit::describe(steps);
     for (size_t i = 0; i < steps.size(); ++i)
       if (steps[i].kind == kiln::jit::Step::Kind::Kernel) try {
-          kiln::jit::lower(steps[i].group);
+          kiln::jit::lower(steps[i].group, kiln::jit::target_for(kiln::DeviceType::CPU));
         } catch (const kiln::jit::LowerError& e) {
           r += "  (step " + std::to_string(i) + " does not lower: " + e.what() + "; the executor stores its reductions and reschedules)\n";
         }

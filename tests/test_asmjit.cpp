@@ -20,6 +20,7 @@
 #include "jit/exec/code_cache.h"
 #include "jit/cpu_asmjit/codegen_asmjit.h"
 #include "jit/exec/executor.h"
+#include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
 #include "jit/graph/scheduler.h"
 #include "kiln.h"
@@ -58,12 +59,12 @@ TEST(AsmjitDifferential, RandomPointwiseGraphs) {
   CacheStats s = cache_stats();
   std::printf("[ asmjit ] kernels: %llu asmjit (%.1f us each), %llu LLVM, %llu asmjit fallbacks; launches: %llu asmjit, "
               "%llu LLVM\n",
-              static_cast<unsigned long long>(s.asmjit_compiles),
-              s.asmjit_compiles ? s.asmjit_compile_us / static_cast<double>(s.asmjit_compiles) : 0.0,
-              static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.asmjit_fallbacks),
-              static_cast<unsigned long long>(s.asmjit_runs), static_cast<unsigned long long>(s.llvm_runs));
-  EXPECT_GT(s.asmjit_compiles, 100u);
-  EXPECT_EQ(s.asmjit_fallbacks, 0u) << "a pointwise kernel of the random graphs went to LLVM";
+              static_cast<unsigned long long>(s.quick_compiles),
+              s.quick_compiles ? s.quick_compile_us / static_cast<double>(s.quick_compiles) : 0.0,
+              static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.quick_fallbacks),
+              static_cast<unsigned long long>(s.quick_runs), static_cast<unsigned long long>(s.optimized_runs));
+  EXPECT_GT(s.quick_compiles, 100u);
+  EXPECT_EQ(s.quick_fallbacks, 0u) << "a pointwise kernel of the random graphs went to LLVM";
   EXPECT_EQ(s.background_swaps, 0u);
 }
 
@@ -117,24 +118,24 @@ TEST(AsmjitTiers, TieredSwapsToLlvm) {
   CacheStats a = cache_stats();
   kiln::jit::hold_background_compiles(false);
   EXPECT_EQ(err, "") << "asmjit tier";
-  EXPECT_GE(a.asmjit_compiles, 2u);
+  EXPECT_GE(a.quick_compiles, 2u);
   EXPECT_EQ(a.compiles, 0u) << "an LLVM compile ran while background compiles were held";
-  EXPECT_EQ(a.asmjit_runs, a.asmjit_compiles);
-  EXPECT_EQ(a.llvm_runs, 0u);
+  EXPECT_EQ(a.quick_runs, a.quick_compiles);
+  EXPECT_EQ(a.optimized_runs, 0u);
   EXPECT_EQ(a.background_swaps, 0u);
   // After waiting: every kernel swapped to LLVM code; the same plans now launch it.
   kiln::jit::wait_background_compiles();
   CacheStats b = cache_stats();
-  EXPECT_EQ(b.background_swaps, a.asmjit_compiles);
-  EXPECT_EQ(b.compiles, a.asmjit_compiles);
+  EXPECT_EQ(b.background_swaps, a.quick_compiles);
+  EXPECT_EQ(b.compiles, a.quick_compiles);
   err = check_tiered_graph();
   CacheStats c = cache_stats();
   EXPECT_EQ(err, "") << "LLVM tier";
-  EXPECT_EQ(c.asmjit_compiles, a.asmjit_compiles) << "the second run compiled again";
-  EXPECT_EQ(c.asmjit_runs, a.asmjit_runs) << "asmjit code ran after the swap";
-  EXPECT_EQ(c.llvm_runs, a.asmjit_runs);
+  EXPECT_EQ(c.quick_compiles, a.quick_compiles) << "the second run compiled again";
+  EXPECT_EQ(c.quick_runs, a.quick_runs) << "asmjit code ran after the swap";
+  EXPECT_EQ(c.optimized_runs, a.quick_runs);
   std::printf("[ asmjit ] tiered: %llu kernels, %.1f us asmjit compile each, %.2f ms LLVM compile each in the background\n",
-              static_cast<unsigned long long>(a.asmjit_compiles), a.asmjit_compile_us / static_cast<double>(a.asmjit_compiles),
+              static_cast<unsigned long long>(a.quick_compiles), a.quick_compile_us / static_cast<double>(a.quick_compiles),
               b.compile_ms / static_cast<double>(b.compiles));
 }
 
@@ -152,7 +153,7 @@ std::shared_ptr<kiln::jit::Lowered> lower_single(const Tensor& y) {
   for (kiln::Node* n : order) seg.needed.push_back(n == y.node().get());
   std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg);
   EXPECT_EQ(steps.size(), 1u) << kiln::jit::describe(steps);
-  return kiln::jit::lower(steps.at(0).group);
+  return kiln::jit::lower(steps.at(0).group, kiln::jit::target_for(kiln::DeviceType::CPU));
 }
 
 TEST(AsmjitFallback, UnsupportedKernelsUseLlvm) {
@@ -183,10 +184,10 @@ TEST(AsmjitFallback, UnsupportedKernelsUseLlvm) {
   std::string captured = testing::internal::GetCapturedStderr();
   EXPECT_EQ(captured.find("[kiln:jit]"), std::string::npos) << "fell back to the interpreter: " << captured;
   CacheStats s = cache_stats();
-  EXPECT_EQ(s.asmjit_fallbacks, 1u);
-  EXPECT_EQ(s.asmjit_compiles, 0u);
+  EXPECT_EQ(s.quick_fallbacks, 1u);
+  EXPECT_EQ(s.quick_compiles, 0u);
   EXPECT_EQ(s.compiles + s.disk_hits, 1u);
-  EXPECT_EQ(s.llvm_runs, 1u);
+  EXPECT_EQ(s.optimized_runs, 1u);
   Info info;
   info.exact = false;
   info.rel_err = 1e-4;

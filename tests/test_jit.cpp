@@ -87,6 +87,7 @@
 #include "jit/exec/code_cache.h"
 #include "jit/cpu_llvm/codegen_llvm.h"
 #include "jit/exec/executor.h"
+#include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
 #include "jit/graph/scheduler.h"
 #include "kiln.h"
@@ -606,7 +607,7 @@ TEST(JitCodegen, PointwiseChainIsVectorized) {
     const kiln::jit::Group& g = steps[0].group;
     EXPECT_EQ(g.outputs.size(), 1u);
     EXPECT_TRUE(g.reduce_dims.empty());
-    std::shared_ptr<kiln::jit::Lowered> L = kiln::jit::lower(g);
+    std::shared_ptr<kiln::jit::Lowered> L = kiln::jit::lower(g, kiln::jit::target_for(kiln::DeviceType::CPU));
     std::string ir;
     std::string sym = dt == kF32 ? "kiln_test_vec_f32" : "kiln_test_vec_f64";
     std::string obj = kiln::jit::compile_to_object(L->kernel, sym, &ir);
@@ -638,13 +639,13 @@ TEST(JitCodegen, PointwiseChainIsVectorized) {
   std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg);
   ASSERT_EQ(steps.size(), 1u) << kiln::jit::describe(steps);
   std::string ir;
-  kiln::jit::compile_to_object(kiln::jit::lower(steps[0].group)->kernel, "kiln_test_vec_sum", &ir);
+  kiln::jit::compile_to_object(kiln::jit::lower(steps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel, "kiln_test_vec_sum", &ir);
   EXPECT_TRUE(std::regex_search(ir, std::regex("<(2|4|8|16) x (float|double)>"))) << "row sum not vectorized:\n" << ir;
   // A row max reduces in vector registers (maxnum), in float32.
   Tensor m = kiln::amax(kiln::mul(x, x), {1});
   std::vector<kiln::jit::Step> msteps = kiln::jit::schedule(make_segment({m}));
   ASSERT_EQ(msteps.size(), 1u) << kiln::jit::describe(msteps);
-  kiln::jit::compile_to_object(kiln::jit::lower(msteps[0].group)->kernel, "kiln_test_vec_max", &ir);
+  kiln::jit::compile_to_object(kiln::jit::lower(msteps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel, "kiln_test_vec_max", &ir);
   EXPECT_TRUE(std::regex_search(ir, std::regex("maxnum\\.v(4|8|16)f32"))) << "row max not vectorized:\n" << ir;
 }
 
@@ -763,7 +764,7 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
       };
       kiln::Segment seg = make_segment({kiln::sum(x, c.dims, c.keep)});
       for (const auto& st : kiln::jit::schedule(seg))
-        if (st.kind == kiln::jit::Step::Kind::Kernel && kiln::jit::lower(st.group)->column) ++columns_lowered;
+        if (st.kind == kiln::jit::Step::Kind::Kernel && kiln::jit::lower(st.group, kiln::jit::target_for(kiln::DeviceType::CPU))->column) ++columns_lowered;
       std::vector<Tensor> got = f();
       kiln::eval(got);
       kiln::set_executor(interp);

@@ -1,10 +1,10 @@
 // asmjit backend, the fast tier: the loop IR of a pointwise kernel straight to x86-64 machine
 // code (no optimizer; innermost loops vectorized with AVX2 where the IR allows), with the
-// KernelFn ABI of the LLVM backend, so the executor runs either tier the same way.
+// kernel ABI (jit/backend/kernel_abi.h), so the executor runs either tier the same way.
 #pragma once
 #include <stdexcept>
 
-#include "jit/cpu_llvm/codegen_llvm.h"
+#include "jit/backend/kernel_abi.h"
 #include "jit/loop/loop_ir.h"
 
 namespace kiln::jit {

@@ -4,13 +4,10 @@
 #include <cstdint>
 #include <string>
 
+#include "jit/backend/kernel_abi.h"
 #include "jit/loop/loop_ir.h"
 
 namespace kiln::jit {
-
-// A compiled kernel: runs parallel indices [begin, end).
-using KernelFn = void (*)(int64_t begin, int64_t end, char* const* buffers, const int64_t* iparams,
-                          const double* fparams);
 
 // LLVM IR text for a kernel named `symbol` (before optimization).
 std::string emit_llvm_ir(const Kernel& k, const std::string& symbol);

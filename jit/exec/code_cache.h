@@ -1,55 +1,54 @@
-// The code cache: compiled kernels keyed by the structural key of their group. In-process
-// (thread-safe; concurrent requests for one key compile once) and on disk under
-// $KILN_CACHE_DIR (default ~/.cache/kiln), keyed also by kiln version, LLVM version and CPU.
-// Tiers (KILN_JIT): tiered (default) serves a miss from disk, else with asmjit code at once
-// and swaps in LLVM code compiled in the background; asmjit: asmjit where it can; llvm: LLVM.
+// The code cache: compiled kernels keyed by their target and the structural key of their group.
+// In-process (thread-safe; concurrent requests for one key compile once) and on disk
+// (jit/exec/disk_cache.h), keyed also by kiln version, the backend's cache id and the loop IR.
+// It serves a miss through the tiering policy (jit/exec/tiering.h) and sees backends only
+// through the contract (jit/backend/backend.h).
 #pragma once
 #include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 
-#include "jit/cpu_llvm/codegen_llvm.h"
+#include "jit/backend/backend.h"
+#include "jit/exec/background.h"
+#include "jit/exec/disk_cache.h"
 #include "jit/loop/lower.h"
 
 namespace kiln::jit {
 
 struct CompiledKernel {
   std::shared_ptr<Lowered> lowered;
-  std::atomic<KernelFn> fn{nullptr};  // the code to run now (a background compile may swap it)
-  KernelFn asmjit_fn = nullptr;       // the asmjit code, if any (stays loaded)
-  std::string symbol;
+  std::atomic<const Code*> code{nullptr};  // the code to launch now (a background compile may swap it)
+  std::shared_ptr<Code> quick;             // quick-tier code, if any (stays loaded)
+  std::shared_ptr<Code> optimized;         // optimizing-tier code, once there (stays loaded)
+  std::string symbol;                      // the kernel's name (unique per full key)
+  std::string full_key;                    // the disk key
 };
 
 // Counters of the code cache.
 struct CacheStats {
-  uint64_t hits = 0;          // in-process hits
-  uint64_t disk_hits = 0;     // loaded from disk without compiling
-  uint64_t compiles = 0;      // LLVM compilations
-  uint64_t disk_rebuilds = 0; // corrupted or mismatched disk entries replaced
-  double compile_ms = 0;      // total LLVM compile time
-  double load_ms = 0;         // total time loading disk entries
-  uint64_t asmjit_compiles = 0;     // kernels compiled by the asmjit tier
-  double asmjit_compile_us = 0;     // total asmjit compile time (code generation and loading)
-  uint64_t asmjit_fallbacks = 0;    // kernels asmjit could not compile (LLVM took them)
-  uint64_t background_swaps = 0;    // asmjit kernels replaced by LLVM code compiled in the background
-  uint64_t asmjit_runs = 0;         // kernel launches that ran asmjit code
-  uint64_t llvm_runs = 0;           // kernel launches that ran LLVM code
+  uint64_t hits = 0;              // in-process hits
+  uint64_t disk_hits = 0;         // loaded from disk without compiling
+  uint64_t compiles = 0;          // optimizing-tier (LLVM) compilations
+  uint64_t disk_rebuilds = 0;     // corrupted or mismatched disk entries replaced
+  double compile_ms = 0;          // total optimizing-tier compile time
+  double load_ms = 0;             // total time loading disk entries
+  uint64_t quick_compiles = 0;    // kernels compiled by the quick (asmjit) tier
+  double quick_compile_us = 0;    // total quick-tier compile time (code generation and loading)
+  uint64_t quick_fallbacks = 0;   // kernels the quick tier could not compile (the optimizing tier took them)
+  uint64_t background_swaps = 0;  // quick code replaced by optimizing code compiled in the background
+  uint64_t quick_runs = 0;        // kernel launches that ran quick-tier code
+  uint64_t optimized_runs = 0;    // kernel launches that ran optimizing-tier code
 };
 CacheStats cache_stats();
 void reset_cache_stats();
 // Drops the in-process cache (compiled code stays loaded); disk entries are kept.
 void clear_memory_cache();
-// The on-disk cache directory ("" if disabled with KILN_CACHE_DIR=off).
-std::string cache_dir();
 
-// The compiled kernel for `g` (lowering, then disk, asmjit or LLVM on a miss, per KILN_JIT).
-std::shared_ptr<CompiledKernel> get_kernel(const std::string& key, const Group& g);
+// The compiled kernel for `g` on `device` (lowering for the device's target, then the tiering
+// policy on a miss).
+std::shared_ptr<CompiledKernel> get_kernel(const std::string& key, const Group& g, DeviceType device = DeviceType::CPU);
 // The code to launch for `ck` now (counts the launch by tier in CacheStats).
-KernelFn launch_fn(const CompiledKernel& ck);
-// Blocks until every queued background LLVM compile has finished (and swapped its kernel in).
-void wait_background_compiles();
-// Tests: while held, queued background compiles do not start (wait_background_compiles would block).
-void hold_background_compiles(bool hold);
+const Code& launch_code(const CompiledKernel& ck);
 
 }  // namespace kiln::jit

@@ -19,6 +19,7 @@
 #include "kernels/cpu/reference.h"
 #include "jit/diag/diagnostics.h"
 #include "jit/exec/executor.h"
+#include "jit/exec/tiering.h"
 #include "jit/graph/passes.h"
 #include "jit/graph/scheduler.h"
 #include "runtime/core/error.h"
@@ -26,8 +27,6 @@
 
 namespace kiln::jit {
 namespace {
-
-constexpr int64_t kInlineBelow = 32768;  // elements: run on the calling thread
 
 int64_t eval_index(const Kernel& k, ExprId id, const std::vector<int64_t>& ip) {
   const Expr& e = k.exprs[id];
@@ -217,18 +216,15 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
   const Kernel& k = L.kernel;
   bind_kernel(bd, g, L, ins);
   int64_t extent = eval_index(k, k.parallel_extent, bd.ip);
-  work = std::max<int64_t>(1, work);
-  KernelFn fn = launch_fn(*ck);
   if (extent > 0) {
-    if (work < kInlineBelow || extent == 1) {
-      fn(0, extent, bd.buffers.data(), bd.ip.data(), bd.fp.data());
-    } else {
-      int64_t per_index = std::max<int64_t>(1, work / extent);
-      int64_t grain = std::max<int64_t>(1, 16384 / per_index);
-      kernels::parallel_for(tbb::blocked_range<int64_t>(0, extent, grain), [&](const tbb::blocked_range<int64_t>& r) {
-        fn(r.begin(), r.end(), bd.buffers.data(), bd.ip.data(), bd.fp.data());
-      });
-    }
+    const Code& code = launch_code(*ck);
+    Launch l;
+    l.extent = extent;
+    l.work = work;
+    l.buffers = bd.buffers.data();
+    l.iparams = bd.ip.data();
+    l.fparams = bd.fp.data();
+    code.backend->launch(code, l);
   } else if (L.split) {
     bd.chunks = 0;
   }
@@ -373,7 +369,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     bool again = false;
     for (size_t i = 0; i < steps.size(); ++i) {
       if (steps[i].kind != Step::Kind::Kernel) continue;
-      std::string key = group_key(steps[i].group);
+      std::string key = group_key(steps[i].group, target_for(DeviceType::CPU));
       try {
         kernels[i] = get_kernel(key, steps[i].group);
       } catch (const LowerError&) {
@@ -462,10 +458,15 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.ip);
   if (rows == 0 || extent <= 0 || extent % rows != 0) return false;
   const int64_t per_row = extent / rows;
-  KernelFn fn = launch_fn(*ks.ck);
+  const Code& code = launch_code(*ks.ck);
+  Launch l;
+  l.extent = extent;
+  l.buffers = bd.buffers.data();
+  l.iparams = bd.ip.data();
+  l.fparams = bd.fp.data();
   bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
                                          kernels::operand_of(*m->inputs[1]), [&](int64_t r0, int64_t r1) {
-                                           fn(r0 * per_row, r1 * per_row, bd.buffers.data(), bd.ip.data(), bd.fp.data());
+                                           code.backend->run_range(code, r0 * per_row, r1 * per_row, l);
                                          });
   if (!done) return false;
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);

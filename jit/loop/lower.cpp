@@ -10,16 +10,13 @@
 namespace kiln::jit {
 namespace {
 
-constexpr int64_t kSmallInner = 8;     // a last domain dim up to this size is a compile-time constant
-constexpr int64_t kTile = 2048;        // elements per parallel tile of a long last dim
-constexpr int64_t kColumnTile = 64;    // columns per parallel index of a column reduction
-
 bool is_one(const SymInt& s) { auto v = s.maybe_int(); return v && *v == 1; }
 
-std::optional<int64_t> small_inner(const Shape& d) {
+// The last domain dim when it is at most the target's small_inner (a compile-time constant).
+std::optional<int64_t> small_inner(const Shape& d, const Target& t) {
   if (d.empty()) return std::nullopt;
   auto v = d.back().maybe_int();
-  if (v && *v <= kSmallInner) return v;
+  if (v && *v <= t.small_inner) return v;
   return std::nullopt;
 }
 
@@ -49,7 +46,7 @@ std::vector<Node*> canonical_inputs(const Group& g) {
   return out;
 }
 
-std::string group_key(const Group& g) {
+std::string group_key(const Group& g, const Target& t) {
   std::ostringstream k;
   std::unordered_map<const Node*, int> id;
   std::vector<Node*> ins = canonical_inputs(g);
@@ -57,7 +54,7 @@ std::string group_key(const Group& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i) id[g.nodes[i]] = static_cast<int>(i);
   k << "D" << g.domain.size() << ":";
   for (const auto& s : g.domain) k << (is_one(s) ? 'u' : 's');
-  if (auto si = small_inner(g.domain)) k << "c" << *si;
+  if (auto si = small_inner(g.domain, t)) k << "c" << *si;
   k << "|R";
   for (int64_t d : g.reduce_dims) k << d << ",";
   k << (g.split ? "S" : "") << "|";
@@ -91,6 +88,7 @@ namespace {
 
 struct Lowerer {
   const Group& g;
+  const Target& tgt;
   std::shared_ptr<Lowered> L = std::make_shared<Lowered>();
   Kernel& K = L->kernel;
   std::vector<Node*> ins;
@@ -102,7 +100,7 @@ struct Lowerer {
   std::vector<ExprId> kept_idx;      // reduction groups: index exprs of kept dims (by domain dim)
   std::vector<bool> reduced;         // per domain dim
 
-  explicit Lowerer(const Group& grp) : g(grp) {
+  Lowerer(const Group& grp, const Target& target) : g(grp), tgt(target) {
     ins = canonical_inputs(g);
     for (size_t i = 0; i < ins.size(); ++i) input_idx[ins[i]] = static_cast<int>(i);
     for (size_t i = 0; i < g.nodes.size(); ++i) node_idx[g.nodes[i]] = static_cast<int>(i);
@@ -393,7 +391,7 @@ struct Lowerer {
     L->num_outputs = static_cast<int>(g.outputs.size());
     for (Node* in : ins) K.buffers.push_back({in->dtype, false});
     for (Node* o : g.outputs) K.buffers.push_back({o->dtype, true});
-    auto si = small_inner(g.domain);
+    auto si = small_inner(g.domain, tgt);
     for (size_t d = 0; d < n; ++d) {
       if (is_one(g.domain[d])) dom.push_back(K.iconst(1));
       else if (d + 1 == n && si) dom.push_back(K.iconst(*si));
@@ -401,6 +399,10 @@ struct Lowerer {
     }
     reduced.assign(n, false);
     for (int64_t d : g.reduce_dims) reduced[d] = true;
+    for (const Node* x : g.nodes)
+      if (!tgt.supports(x->op, x->dtype))
+        throw LowerError(std::string("target ") + tgt.name + " has no " + op_name(x->op) + " on " + dtype_name(x->dtype));
+    if (g.split && !tgt.split_reductions) throw LowerError("target " + tgt.name + " has no split reductions");
     ExprId p = K.var(0);
     if (g.reduce_dims.empty()) lower_pointwise(p);
     else if (g.split) lower_split(p);
@@ -442,7 +444,7 @@ struct Lowerer {
     std::vector<size_t> rows;
     for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
     int j = new_var();
-    if (small_inner(g.domain) || is_one(g.domain.back())) {
+    if (small_inner(g.domain, tgt) || is_one(g.domain.back())) {
       // A short last dim: iterate the flat index, so the vectorizable loop is the long one
       // (contiguous operands fold back to the flat index; broadcast ones become gathers).
       std::vector<size_t> all;
@@ -452,12 +454,12 @@ struct Lowerer {
       K.body = stores(idx);
       return;
     }
-    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(kTile - 1)), K.iconst(kTile));
+    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(tgt.tile - 1)), K.iconst(tgt.tile));
     K.parallel_extent = mul(product(rows), tiles);
     ExprId row = K.iop(Expr::Kind::IDiv, p, tiles), tile = K.iop(Expr::Kind::IMod, p, tiles);
     decompose(row, rows, idx);
-    ExprId lo = mul(tile, K.iconst(kTile));
-    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(kTile)), dom[n - 1]);
+    ExprId lo = mul(tile, K.iconst(tgt.tile));
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(tgt.tile)), dom[n - 1]);
     idx[n - 1] = K.var(j);
     K.body = {loop(j, lo, hi, stores(idx))};
   }
@@ -561,7 +563,7 @@ struct Lowerer {
   // dims one column at a time would walk memory across rows with a serial accumulator.
   bool column_reduction() const {
     const size_t n = g.domain.size();
-    if (n < 2 || reduced[n - 1] || small_inner(g.domain) || is_one(g.domain[n - 1])) return false;
+    if (!tgt.column_reductions || n < 2 || reduced[n - 1] || small_inner(g.domain, tgt) || is_one(g.domain[n - 1])) return false;
     for (const Node* r : reductions())
       if (r->op == OpKind::ArgMax || r->op == OpKind::ArgMin) return false;
     return true;
@@ -599,11 +601,11 @@ struct Lowerer {
     std::vector<size_t> outer, red;
     for (size_t d = 0; d + 1 < n; ++d) (reduced[d] ? red : outer).push_back(d);
     std::vector<ExprId> idx(n, K.iconst(0));
-    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(kColumnTile - 1)), K.iconst(kColumnTile));
+    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(tgt.column_tile - 1)), K.iconst(tgt.column_tile));
     K.parallel_extent = mul(product(outer), tiles);
     decompose(K.iop(Expr::Kind::IDiv, p, tiles), outer, idx);
-    ExprId lo = mul(K.iop(Expr::Kind::IMod, p, tiles), K.iconst(kColumnTile));
-    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(kColumnTile)), dom[n - 1]);
+    ExprId lo = mul(K.iop(Expr::Kind::IMod, p, tiles), K.iconst(tgt.column_tile));
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(tgt.column_tile)), dom[n - 1]);
     const int j = new_var();
     idx[n - 1] = K.var(j);
     kept_idx = idx;
@@ -706,6 +708,6 @@ struct Lowerer {
 
 }  // namespace
 
-std::shared_ptr<Lowered> lower(const Group& g) { return Lowerer(g).run(); }
+std::shared_ptr<Lowered> lower(const Group& g, const Target& t) { return Lowerer(g, t).run(); }
 
 }  // namespace kiln::jit

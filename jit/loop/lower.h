@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "jit/backend/target.h"
 #include "jit/loop/loop_ir.h"
 #include "jit/graph/scheduler.h"
 
@@ -24,8 +25,8 @@ struct ArgSource {
   int a = 0, b = 0;
 };
 
-// Structural key of a group: equal keys lower to identical kernels.
-std::string group_key(const Group& g);
+// Structural key of a group: equal keys lower to identical kernels for target `t`.
+std::string group_key(const Group& g, const Target& t);
 
 // A lowered group: the kernel and how to bind it.
 struct Lowered {
@@ -42,8 +43,9 @@ struct LowerError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Lowers a group (throws LowerError for unsupported structure).
-std::shared_ptr<Lowered> lower(const Group& g);
+// Lowers a group for target `t`: its tiles, its parallel scheme, its ops (throws LowerError
+// for structure or ops the target does not take).
+std::shared_ptr<Lowered> lower(const Group& g, const Target& t);
 
 // Canonical order of a group's inputs (first use while walking its nodes).
 std::vector<Node*> canonical_inputs(const Group& g);

@@ -4,7 +4,6 @@
 #include <cmath>
 
 #include "runtime/autograd/autograd.h"
-#include "runtime/tensor/record.h"
 
 namespace kiln::nn {
 
@@ -80,7 +79,7 @@ void Module::load_state_dict(const std::map<std::string, Tensor>& sd, bool stric
       continue;
     }
     KILN_CHECK(it->second.sizes() == t.sizes(), "load_state_dict: '", name, "' has shape ",
-               detail::str(it->second.shape()), " in the state dict, expected ", detail::str(t.shape()));
+               shape_str(it->second.shape()), " in the state dict, expected ", shape_str(t.shape()));
     KILN_CHECK(it->second.dtype() == t.dtype(), "load_state_dict: '", name, "' has dtype ",
                dtype_name(it->second.dtype()), ", expected ", dtype_name(t.dtype()));
   }

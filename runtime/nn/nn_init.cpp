@@ -4,7 +4,6 @@
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/nn/nn.h"
-#include "runtime/tensor/record.h"
 
 extern "C" {
 // LAPACK (shipped in OpenBLAS): QR factorization and the explicit Q.

@@ -1,0 +1,32 @@
+// Target: what a backend tells lowering about the machine it generates code for. lower()
+// reads it instead of constants: how the parallel index is spread, tile sizes, vector width
+// and which loop shapes and ops the backend takes.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runtime/ir/node.h"
+
+namespace kiln::jit {
+
+struct Target {
+  // How a kernel's parallel index [0, extent) is run.
+  enum class Parallel : uint8_t {
+    HostChunks,  // chunks of consecutive indices on the host's TBB pool
+    DeviceGrid,  // one device thread (or block) per index
+  };
+  std::string name;                       // part of every kernel key ("cpu", "cuda-sm90")
+  Parallel parallel = Parallel::HostChunks;
+  int64_t tile = 2048;                    // elements of a long last dim per parallel index
+  int64_t column_tile = 64;               // columns per parallel index of a column reduction
+  int64_t small_inner = 8;                // a last dim up to this size is a compile-time constant
+  int vector_bytes = 32;                  // width of the vector registers code is generated for
+  bool split_reductions = true;           // full reductions as per-chunk partials, combined after
+  bool column_reductions = true;          // reductions over leading dims with per-column scratch
+  // Ops the backend cannot generate (lower() rejects groups using them); null: all.
+  bool (*unsupported_op)(OpKind op, DType dtype) = nullptr;
+  // Whether lowering may emit `op` on `dtype` values.
+  bool supports(OpKind op, DType dtype) const { return !unsupported_op || !unsupported_op(op, dtype); }
+};
+
+}  // namespace kiln::jit
