@@ -25,7 +25,7 @@ if [ "$mode" = find_package ]; then
            jit/compile/compile.h guards/value.h; do
     [ -f "$inc/$h" ] || fail "public header $h is not installed"
   done
-  for h in jit/exec/code_cache.h jit/exec/executor.h jit/loop/lower.h runtime/ir/symint_impl.h \
+  for h in jit/exec/code_cache.h jit/exec/executor.h jit/loop/lower.h jit/backend/backend.h runtime/ir/symint_impl.h \
            runtime/ir/sym_facts.h runtime/tensor/trace.h runtime/tensor/record.h guards/guard_set.h; do
     [ ! -e "$inc/$h" ] || fail "internal header $h is installed"
   done
