@@ -374,7 +374,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     g.sizes = concrete(n.shape);
     g.symbols.assign(g.sizes.size(), -1);
     g.contiguous = is_contiguous_layout(n.shape, n.strides);
-    auto ph = std::make_shared<Node>();
+    auto ph = new_node();
     if (!start_id) start_id = ph->id;
     ph->op = OpKind::Leaf;
     ph->dtype = n.dtype;
@@ -408,7 +408,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     placeholder_arg.push_back(static_cast<int>(i));
     trace_args.emplace_back(pt);
   }
-  if (!start_id) start_id = std::make_shared<Node>()->id;
+  if (!start_id) start_id = new_node()->id;
 
   TraceSession ts(start_id, hints);
   for (const auto& r : G.relations) ts.know(r.expr, r.rel);  // each symbol stands for sizes >= 2
@@ -530,7 +530,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       }
       std::vector<Tensor> tangent_tensors;
       for (const Tensor& out_t : diff_outs) {
-        auto tan = std::make_shared<Node>();
+        auto tan = new_node();
         tan->op = OpKind::Leaf;
         tan->dtype = out_t.dtype();
         tan->device = out_t.device();

@@ -40,7 +40,7 @@ void not_pending(Node& n) {
 // and attrs left to the caller).
 NodePtr concrete_like(const Node& n, const Shape& shape, const Shape& strides, const SymInt& offset,
                       const std::map<std::string, int64_t>& env) {
-  auto c = std::make_shared<Node>();
+  auto c = new_node();
   c->dtype = n.dtype;
   c->device = n.device;
   c->shape = eval_shape(shape, env);
@@ -255,7 +255,7 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   out.reserve(inst.outputs.size());
   for (Node* o : inst.outputs) {
     KILN_CHECK(o->materialized(), "compiled program: output ", op_name(o->op), " was not computed");
-    auto leaf = std::make_shared<Node>();
+    auto leaf = new_node();
     leaf->op = OpKind::Leaf;
     leaf->dtype = o->dtype;
     leaf->device = o->device;

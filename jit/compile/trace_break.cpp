@@ -62,7 +62,7 @@ void TraceSession::take_break(const NodePtr* roots, size_t nroots) {
   };
   std::string sig = std::to_string(slots.size()) + ":";
   for (Node* n : seg) {
-    auto c = std::make_shared<Node>();
+    auto c = new_node();
     c->op = n->op;
     for (const auto& in : n->inputs) c->inputs.push_back(mapped(in));
     // Sizes simplified with the facts known now (all of them guarded before this break).

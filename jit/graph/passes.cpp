@@ -341,7 +341,7 @@ void apply_rewrite(const Rewrite& rw, const Segment& seg, std::vector<Node*>& ex
   for (const auto& [node, slot] : rw.ext_src) externals.push_back(seg.nodes[node]->inputs[slot]);
   for (const Rewrite::Fold& f : rw.folds) {
     const Node& like = *ext[f.like];
-    auto c = std::make_shared<Node>();
+    auto c = new_node();
     c->op = OpKind::Full;
     c->dtype = f.dtype;
     c->device = like.device;

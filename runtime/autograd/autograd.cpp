@@ -50,7 +50,7 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
     KILN_CHECK(!released, "backward: trying to backward through the graph a second time (", op_name(op),
                "); pass retain_graph=true to the first backward");
-    auto impl = std::make_shared<TensorImpl>();
+    auto impl = TensorImpl::make();
     impl->node_ = out;
     impl->requires_grad = true;
     impl->grad_fn = shared_from_this();
@@ -87,7 +87,7 @@ Edge grad_edge(const Tensor& t) {
 }
 
 Tensor snapshot(const Tensor& t) {
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = TensorImpl::make();
   impl->node_ = t.node();
   impl->requires_grad = t.requires_grad();
   impl->grad_fn = t.impl()->grad_fn;

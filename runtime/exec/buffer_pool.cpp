@@ -41,11 +41,56 @@ int size_class(size_t nbytes) {
   return c;
 }
 
+// Blocks of up to 4 KiB also wait in a small per-thread cache, so the small tensors of eager
+// code pass no lock. A thread's cache goes back to the pool when the thread exits.
+constexpr int kLocalClasses = 13;  // classes 6..12 (64 B .. 4 KiB)
+constexpr int kLocalBlocks = 4;
+void give_back(int c, void* b);
+struct LocalCache {  // trivially destructible: usable until the thread is gone
+  void* blocks[kLocalClasses][kLocalBlocks];
+  int count[kLocalClasses];
+  bool armed;  // the flusher below is registered for this thread
+  bool dead;   // the thread is exiting: blocks bypass the cache
+};
+thread_local LocalCache t_local = {};
+// Destroyed at thread exit: returns the cached blocks to the pool.
+struct Flusher {
+  ~Flusher() {
+    LocalCache& l = t_local;
+    l.dead = true;
+    for (int c = 0; c < kLocalClasses; ++c)
+      while (l.count[c] > 0) give_back(c, l.blocks[c][--l.count[c]]);
+  }
+};
+thread_local Flusher t_flusher;
+
+// Returns a block of class c to the shared pool (or the heap when the pool is full).
+void give_back(int c, void* b) {
+  Pool& p = pool();
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    if (p.free[c].size() < kMaxCachedPerClass && p.cached + (size_t(1) << c) <= kMaxCachedBytes) {
+      p.free[c].push_back(b);
+      p.cached += size_t(1) << c;
+      return;
+    }
+  }
+  std::free(b);
+}
+
 }  // namespace
 
 void* pool_allocate(size_t nbytes) {
   int c = size_class(nbytes == 0 ? 1 : nbytes);
   KILN_CHECK(c < kClasses, "allocation of ", nbytes, " bytes is too large");
+  if (c < kLocalClasses) {
+    LocalCache& l = t_local;
+    if (l.count[c] > 0) {
+      void* b = l.blocks[c][--l.count[c]];
+      if (poison()) std::memset(b, 0xFF, size_t(1) << c);
+      return b;
+    }
+  }
   {
     Pool& p = pool();
     std::lock_guard<std::mutex> lock(p.mu);
@@ -66,16 +111,18 @@ void* pool_allocate(size_t nbytes) {
 void pool_free(void* b, size_t nbytes) {
   int c = size_class(nbytes == 0 ? 1 : nbytes);
   if (poison()) std::memset(b, 0xFF, size_t(1) << c);
-  Pool& p = pool();
-  {
-    std::lock_guard<std::mutex> lock(p.mu);
-    if (p.free[c].size() < kMaxCachedPerClass && p.cached + (size_t(1) << c) <= kMaxCachedBytes) {
-      p.free[c].push_back(b);
-      p.cached += size_t(1) << c;
+  if (c < kLocalClasses) {
+    LocalCache& l = t_local;
+    if (!l.armed) {
+      l.armed = true;
+      (void)&t_flusher;  // constructs it: its destructor flushes this thread's cache
+    }
+    if (!l.dead && l.count[c] < kLocalBlocks) {
+      l.blocks[c][l.count[c]++] = b;
       return;
     }
   }
-  std::free(b);
+  give_back(c, b);
 }
 
 size_t pool_cached_bytes() {

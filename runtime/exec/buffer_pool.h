@@ -1,5 +1,6 @@
 // A size-class pool for CPU buffers: freed blocks are kept per power-of-two class and reused,
-// so steady-state workloads stop calling malloc for tensor data. KILN_POISON=1 fills every
+// so steady-state workloads stop calling malloc for tensor data (blocks up to 4 KiB first in a
+// small per-thread cache, passing no lock). KILN_POISON=1 fills every
 // block with 0xFF bytes (NaN floats) when handed out and when given back (a debug mode).
 #pragma once
 #include <cstddef>

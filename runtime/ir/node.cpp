@@ -7,6 +7,8 @@
 #include "runtime/exec/executor.h"
 #include "runtime/ir/node.h"
 
+#include "runtime/core/pool_allocator.h"
+
 namespace kiln {
 
 const char* op_name(OpKind op) {
@@ -46,13 +48,15 @@ void bind_size_attrs(Node& n) {
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
   KILN_CHECK(device.type == DeviceType::CPU, "Storage::allocate: no allocator for device ",
              device.str());
-  auto s = std::make_shared<Storage>();
+  auto s = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>());
   s->data = pool_allocate(nbytes);
   s->nbytes = nbytes;
   s->device = device;
   s->deleter = [nbytes](void* p) { pool_free(p, nbytes); };
   return s;
 }
+
+NodePtr new_node() { return std::allocate_shared<Node>(detail::PoolAllocator<Node>()); }
 
 Node::Node() {
   static std::atomic<uint64_t> next_id{1};
@@ -64,7 +68,7 @@ Node::Node() {
 Node::~Node() {
   if (pending) detail::pending_add(-1);
   // Release long input chains iteratively so deep graphs cannot overflow the stack.
-  std::vector<NodePtr> stack = std::move(inputs);
+  NodeList stack = std::move(inputs);
   while (!stack.empty()) {
     NodePtr n = std::move(stack.back());
     stack.pop_back();

@@ -80,12 +80,14 @@ struct KILN_API Storage {
 
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
+// A node's inputs.
+using NodeList = std::vector<NodePtr, detail::PoolAllocator<NodePtr>>;
 
 // One recorded op: what it computes, its inputs, its type, shape and layout, and once
 // materialized the storage it lives in. Immutable once recorded, except for materialization.
 struct KILN_API Node : std::enable_shared_from_this<Node> {
   OpKind op = OpKind::Leaf;
-  std::vector<NodePtr> inputs;
+  NodeList inputs;
   Attrs attrs;
   DType dtype = DType::Float32;
   Device device;
@@ -141,6 +143,9 @@ void for_each_size(N& n, F&& f) {
 // into them (compiled programs call it when they instantiate a trace for concrete sizes).
 // Internal to kiln::compile: not exported.
 void bind_size_attrs(Node& n);
+
+// A fresh node (from the per-thread node pool).
+KILN_API NodePtr new_node();
 
 // Dense row-major strides for a shape.
 KILN_API Shape contiguous_strides(const Shape& shape);

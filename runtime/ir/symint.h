@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/core/pool_allocator.h"
+
 #include "runtime/core/export.h"
 
 namespace kiln {
@@ -94,7 +96,7 @@ ShapeOracle* shape_oracle();
 ShapeOracle* set_shape_oracle(ShapeOracle* o);
 
 // A shape: one SymInt per dimension.
-using Shape = std::vector<SymInt>;
+using Shape = std::vector<SymInt, detail::PoolAllocator<SymInt>>;
 
 // Shape from constants.
 KILN_API Shape make_shape(const std::vector<int64_t>& sizes);

@@ -12,7 +12,7 @@ using detail::record;
 
 namespace detail {
 Tensor leaf(std::shared_ptr<Storage> storage, Shape shape, DType dtype, Device device) {
-  Tensor t = record(OpKind::Leaf, std::vector<NodePtr>{}, Attrs{}, dtype, std::move(shape), device);
+  Tensor t = record(OpKind::Leaf, NodeList{}, Attrs{}, dtype, std::move(shape), device);
   t.node()->set_storage(std::move(storage));
   return t;
 }
@@ -27,7 +27,7 @@ Tensor full_shape(const Shape& shape, Scalar value, DType dtype, Device device) 
   Attrs a;
   a.f0 = value.to_double();
   if (value.kind() != Scalar::Kind::Float) a.ints = {value.to_int()};
-  return record(OpKind::Full, std::vector<NodePtr>{}, a, dtype, shape, device);
+  return record(OpKind::Full, NodeList{}, a, dtype, shape, device);
 }
 
 Tensor full(const std::vector<int64_t>& shape, Scalar value, std::optional<DType> dtype, Device device) {
@@ -64,7 +64,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<DType> dtype)
   a.f0 = start.to_double();
   a.f1 = st;
   if (!fl) a.ints = {start.to_int(), step.to_int()};
-  return record(OpKind::Arange, std::vector<NodePtr>{}, a, t, Shape{static_cast<int64_t>(n)}, cpu());
+  return record(OpKind::Arange, NodeList{}, a, t, Shape{static_cast<int64_t>(n)}, cpu());
 }
 
 namespace {
@@ -180,7 +180,7 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, double a, double b,
   int64_t n = 1;
   for (const auto& s : shape) n *= s.maybe_int().value_or(1);
   std::tie(at.seed, at.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
-  Tensor t = record(op, std::vector<NodePtr>{}, at, dtype, shape, cpu());
+  Tensor t = record(op, NodeList{}, at, dtype, shape, cpu());
   if (auto* o = detail::trace_observer()) o->on_random(*t.node());
   return t;
 }

@@ -38,9 +38,9 @@ const SymFacts* facts_for(const Shape& s) {
 }
 }  // namespace
 
-Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, Shape shape,
+Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
               Device device) {
-  auto n = std::make_shared<Node>();
+  auto n = new_node();
   n->op = op;
   n->inputs = std::move(inputs);
   n->attrs = std::move(attrs);
@@ -57,7 +57,7 @@ Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, 
 
 namespace {
 Tensor record_tensors(OpKind op, const Tensor* inputs, size_t count, Attrs&& attrs, DType dtype, Shape&& shape) {
-  std::vector<NodePtr> ins;
+  NodeList ins;
   ins.reserve(count);
   Device dev = count == 0 ? cpu() : inputs[0].device();
   bool wants_grad = false;
@@ -86,7 +86,7 @@ Tensor record(OpKind op, std::initializer_list<Tensor> inputs, Attrs attrs, DTyp
 
 NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
                          SymInt offset) {
-  auto n = std::make_shared<Node>();
+  auto n = new_node();
   n->op = op;
   n->inputs = {in};
   n->attrs = std::move(attrs);
@@ -185,7 +185,7 @@ Tensor constant(Scalar v, DType dtype, Device device) {
   Attrs a;
   a.f0 = v.to_double();
   if (v.kind() != Scalar::Kind::Float) a.ints = {v.to_int()};  // exact for large int64
-  return record(OpKind::Full, std::vector<NodePtr>{}, std::move(a), dtype, Shape{}, device);
+  return record(OpKind::Full, NodeList{}, std::move(a), dtype, Shape{}, device);
 }
 
 Tensor size_value(const SymInt& v, DType dtype, Device device) {
@@ -195,7 +195,7 @@ Tensor size_value(const SymInt& v, DType dtype, Device device) {
   a.f0 = static_cast<double>(hint);
   a.ints = {hint};
   a.sizes = {v};
-  return record(OpKind::Full, std::vector<NodePtr>{}, std::move(a), dtype, Shape{}, device);
+  return record(OpKind::Full, NodeList{}, std::move(a), dtype, Shape{}, device);
 }
 
 int64_t size_hint(const SymInt& v) {
@@ -223,7 +223,7 @@ Tensor arange_of(const SymInt& n, Device device) {
   a.f0 = 0;
   a.f1 = 1;
   a.ints = {0, 1};
-  return record(OpKind::Arange, std::vector<NodePtr>{}, a, kInt64, Shape{n}, device);
+  return record(OpKind::Arange, NodeList{}, a, kInt64, Shape{n}, device);
 }
 
 bool same_size(const SymInt& a, const SymInt& b) { return sym_eq(a, b).value_or(false); }

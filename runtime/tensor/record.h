@@ -9,7 +9,7 @@
 namespace kiln::detail {
 
 // Records a non-view node with a contiguous layout and returns a tensor naming it.
-Tensor record(OpKind op, std::vector<NodePtr> inputs, Attrs attrs, DType dtype, Shape shape,
+Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
               Device device);
 // Same, on the device of the first input.
 Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape);

@@ -1,3 +1,4 @@
+#include "runtime/core/pool_allocator.h"
 #include "runtime/tensor/tensor.h"
 
 #include "runtime/ops/advindex.h"
@@ -24,8 +25,12 @@ const NodePtr& TensorImpl::node() {
   return node_;
 }
 
+std::shared_ptr<TensorImpl> TensorImpl::make() {
+  return std::allocate_shared<TensorImpl>(detail::PoolAllocator<TensorImpl>());
+}
+
 Tensor Tensor::from_node(NodePtr node) {
-  auto impl = std::make_shared<TensorImpl>();
+  auto impl = TensorImpl::make();
   impl->node_ = std::move(node);
   return Tensor(std::move(impl));
 }

@@ -38,6 +38,8 @@ struct GradNode;  // a node of the backward graph (runtime/autograd/autograd.h)
 // Shared state behind Tensor handles: the node it currently names, and, for views, the base
 // tensor and the chain of view steps from it. In-place ops rebind `node` (functionalization).
 struct KILN_API TensorImpl : std::enable_shared_from_this<TensorImpl> {
+  // A fresh impl (from the per-thread pool).
+  static std::shared_ptr<TensorImpl> make();
   NodePtr node_;
   std::shared_ptr<TensorImpl> base;  // set for views: the tensor owning the storage
   std::vector<ViewStep> chain;       // view steps from base to this
