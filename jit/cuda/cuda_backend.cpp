@@ -1,0 +1,275 @@
+#include "jit/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "jit/cuda/driver.h"
+#include "jit/cuda/emit_cuda.h"
+#include "jit/diag/diagnostics.h"
+#include "runtime/core/error.h"
+
+namespace kiln::jit {
+namespace {
+
+constexpr int kBlock = 256;  // threads per block (the kernels' __launch_bounds__)
+
+// An image (what compile() stores and load() reads): a one-line header with the argument
+// counts the launch packs and the kind of binary, then the binary (a CUBIN, or PTX text that
+// the driver compiles when NVRTC did not know the GPU's architecture).
+const char kMagic[] = "kiln-cuda-image 1";
+
+struct CudaCode : Code {
+  CUmodule module = nullptr;
+  CUfunction fn = nullptr;
+  int buffers = 0, iparams = 0, fparams = 0;
+  ~CudaCode() override {
+    // Ignored result: at process exit the driver may be shut down already.
+    if (module && cuda::available()) cuda::api().module_unload(module);
+  }
+};
+
+struct Header {
+  int buffers = 0, iparams = 0, fparams = 0;
+  bool ptx = false;
+};
+
+std::string make_image(const Header& h, const std::string& binary) {
+  return std::string(kMagic) + " " + std::to_string(h.buffers) + " " + std::to_string(h.iparams) + " " +
+         std::to_string(h.fparams) + " " + (h.ptx ? "ptx" : "cubin") + "\n" + binary;
+}
+
+// Splits an image into its header and binary (throws kiln::Error for anything else).
+std::string parse_image(const std::string& image, Header& h) {
+  size_t nl = image.find('\n');
+  KILN_CHECK(nl != std::string::npos && image.compare(0, sizeof(kMagic) - 1, kMagic) == 0,
+             "cuda: not a kiln CUDA image");
+  char kind[8] = {0};
+  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, kind) != 4)
+    throw Error("cuda: bad kiln CUDA image header");
+  h.ptx = std::strcmp(kind, "ptx") == 0;
+  return image.substr(nl + 1);
+}
+
+// NVRTC options (part of cache_id): IEEE division and square root, no FMA contraction and no
+// flush-to-zero, so float results follow the same rounding as the CPU tiers.
+std::vector<std::string> base_options() {
+  return {"--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"};
+}
+
+const std::vector<int>& nvrtc_archs() {
+  static const std::vector<int> archs = [] {
+    std::vector<int> v;
+    int n = 0;
+    cuda::check_nvrtc(cuda::table().nvrtc_get_num_supported_archs(&n), "nvrtcGetNumSupportedArchs");
+    v.resize(static_cast<size_t>(n));
+    if (n) cuda::check_nvrtc(cuda::table().nvrtc_get_supported_archs(v.data()), "nvrtcGetSupportedArchs");
+    return v;
+  }();
+  return archs;
+}
+
+}  // namespace
+
+std::string nvrtc_options_key() {
+  std::string s;
+  for (const std::string& o : base_options()) s += o + " ";
+  return s;
+}
+
+Target cuda_target(int cc) {
+  Target t;
+  t.name = "cuda-sm" + std::to_string(cc);
+  t.parallel = Target::Parallel::DeviceGrid;
+  t.tile = 1;          // one element of a long last dim per thread
+  t.column_tile = 1;   // one column per thread (neighbouring threads read neighbouring columns)
+  t.small_inner = 8;
+  t.vector_bytes = 16;
+  t.split_reductions = true;   // per-chunk partials, combined on the host (as on the CPU)
+  t.column_reductions = true;
+  t.unsupported_op = [](OpKind op, DType d) { return !cuda_supports(op, d); };
+  return t;
+}
+
+// CUBIN for sm_<cc> when NVRTC knows the architecture; else PTX for the newest virtual
+// architecture it knows below it, which the driver compiles at load.
+std::string nvrtc_compile(const std::string& src, const std::string& symbol, int cc, bool* ptx_out) {
+  KILN_CHECK(cuda::have_nvrtc(), "cuda: NVRTC (libnvrtc.so.13 / .12) not found: cannot compile ", symbol);
+  const cuda::Api& a = cuda::table();
+  const std::vector<int>& archs = nvrtc_archs();
+  int arch = cc;
+  const bool ptx = std::find(archs.begin(), archs.end(), cc) == archs.end();
+  if (ptx) {
+    arch = 0;
+    for (int x : archs)
+      if (x <= cc) arch = std::max(arch, x);
+    KILN_CHECK(arch > 0, "nvrtc: no supported architecture at or below sm_", cc);
+  }
+  if (ptx_out) *ptx_out = ptx;
+  std::vector<std::string> opts = base_options();
+  opts.push_back(std::string("--gpu-architecture=") + (ptx ? "compute_" : "sm_") + std::to_string(arch));
+  std::vector<const char*> argv;
+  for (const std::string& o : opts) argv.push_back(o.c_str());
+  nvrtcProgram prog = nullptr;
+  cuda::check_nvrtc(a.nvrtc_create_program(&prog, src.c_str(), (symbol + ".cu").c_str(), 0, nullptr, nullptr),
+                    "nvrtcCreateProgram");
+  struct Destroy {
+    nvrtcProgram& p;
+    ~Destroy() { cuda::table().nvrtc_destroy_program(&p); }
+  } destroy{prog};
+  const nvrtcResult r = a.nvrtc_compile_program(prog, static_cast<int>(argv.size()), argv.data());
+  if (r != NVRTC_SUCCESS) {
+    size_t n = 0;
+    std::string log;
+    if (a.nvrtc_get_program_log_size(prog, &n) == NVRTC_SUCCESS && n > 1) {
+      log.resize(n);
+      a.nvrtc_get_program_log(prog, log.data());
+      log.resize(n - 1);
+    }
+    throw Error("nvrtc: compiling " + symbol + " failed (" + a.nvrtc_get_error_string(r) + "):\n" + log);
+  }
+  std::string out;
+  size_t n = 0;
+  if (ptx) {
+    cuda::check_nvrtc(a.nvrtc_get_ptx_size(prog, &n), "nvrtcGetPTXSize");
+    out.resize(n);
+    cuda::check_nvrtc(a.nvrtc_get_ptx(prog, out.data()), "nvrtcGetPTX");  // NUL-terminated (n counts it)
+  } else {
+    cuda::check_nvrtc(a.nvrtc_get_cubin_size(prog, &n), "nvrtcGetCUBINSize");
+    out.resize(n);
+    cuda::check_nvrtc(a.nvrtc_get_cubin(prog, out.data()), "nvrtcGetCUBIN");
+  }
+  if (log_enabled("codegen"))
+    log_line("codegen", symbol + ": nvrtc " + (ptx ? "compute_" : "sm_") + std::to_string(arch) + ", " +
+                            std::to_string(out.size()) + " bytes");
+  return out;
+}
+
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  // Reads the device's properties only: the context and stream are made at the first compile,
+  // load or launch (a process that never runs CUDA code never creates a context).
+  CudaBackend() {
+    cc_ = cuda::compute_capability(0);
+    device_name_ = cuda::device_name(0);
+    int sms = 0;
+    CUdevice d = 0;
+    cuda::check(cuda::api().device_get(&d, 0), "cuDeviceGet");
+    cuda::check(cuda::api().device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d), "cuDeviceGetAttribute");
+    max_blocks_ = std::max(1, sms) * 32;
+    target_ = cuda_target(cc_);
+  }
+
+  const char* name() const override { return "cuda"; }
+  DeviceType device() const override { return DeviceType::CUDA; }
+  Tier tier() const override { return Tier::Optimizing; }
+  const Target& target() const override { return target_; }
+
+  std::string cache_id() const override {
+    // The binary depends on the architecture, the compiler and its options; the driver version
+    // is kept too (a PTX fallback is compiled by the driver).
+    return "cuda;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cuda::nvrtc_version()) + ";driver" +
+           std::to_string(cuda::driver_version()) + ";" + nvrtc_options_key();
+  }
+
+  bool supports(const Lowered&) const override { return cuda::have_nvrtc(); }
+
+  std::shared_ptr<Code> compile(const Kernel& k, const std::string& symbol, std::string* image) override {
+    const std::string src = emit_cuda(k, symbol);
+    dump_file(symbol + ".cu", src);
+    Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, false};
+    const std::string binary = nvrtc_compile(src, symbol, cc_, &h.ptx);
+    auto code = load_binary(binary, symbol, h);
+    if (image) *image = make_image(h, binary);
+    return code;
+  }
+
+  std::shared_ptr<Code> load(const std::string& image, const std::string& symbol, BlobStore&) override {
+    Header h;
+    std::string binary = parse_image(image, h);
+    return load_binary(binary, symbol, h);
+  }
+
+  // Buffers hold device addresses; the three arrays are host arrays, copied to the device
+  // (one argument block) before the launch. Returns when the kernel has finished.
+  void launch(const Code& code, const Launch& l) const override {
+    const auto& c = static_cast<const CudaCode&>(code);
+    if (l.extent <= 0) return;
+    const cuda::Api& a = cuda::api();
+    std::lock_guard<std::mutex> lock(mu_);
+    CUstream stream = ready();
+    const size_t nb = static_cast<size_t>(c.buffers) * sizeof(CUdeviceptr);
+    const size_t ni = static_cast<size_t>(c.iparams) * sizeof(int64_t);
+    const size_t nf = static_cast<size_t>(c.fparams) * sizeof(double);
+    staging_.resize(std::max<size_t>(8, nb + ni + nf));
+    if (nb) std::memcpy(staging_.data(), l.buffers, nb);
+    if (ni) std::memcpy(staging_.data() + nb, l.iparams, ni);
+    if (nf) std::memcpy(staging_.data() + nb + ni, l.fparams, nf);
+    if (staging_.size() > arg_capacity_) {
+      if (args_) a.mem_free(args_);
+      args_ = 0;
+      arg_capacity_ = 0;
+      cuda::check(a.mem_alloc(&args_, staging_.size()), "cuMemAlloc (kernel arguments)");
+      arg_capacity_ = staging_.size();
+    }
+    // Synchronous copy: it completes before the launch below (a blocking stream).
+    cuda::check(a.memcpy_htod(args_, staging_.data(), staging_.size()), "cuMemcpyHtoD (kernel arguments)");
+    long long begin = 0, end = l.extent;
+    CUdeviceptr bufs = args_, ips = args_ + nb, fps = args_ + nb + ni;
+    void* params[] = {&begin, &end, &bufs, &ips, &fps};
+    const long long blocks = std::min<long long>((l.extent + kBlock - 1) / kBlock, max_blocks_);
+    cuda::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params, nullptr),
+                "cuLaunchKernel");
+    cuda::check(a.stream_synchronize(stream), "cuStreamSynchronize (kernel execution)");
+  }
+
+  void dump(const Kernel& k, const std::string& symbol) const override { dump_file(symbol + ".cu", emit_cuda(k, symbol)); }
+
+ private:
+  std::shared_ptr<Code> load_binary(const std::string& binary, const std::string& symbol, const Header& h) const {
+    const cuda::Api& a = cuda::api();
+    ready();
+    auto code = std::make_shared<CudaCode>();
+    code->backend = this;
+    code->buffers = h.buffers;
+    code->iparams = h.iparams;
+    code->fparams = h.fparams;
+    std::string data = binary;
+    if (h.ptx && (data.empty() || data.back() != '\0')) data.push_back('\0');
+    cuda::check(a.module_load_data(&code->module, data.data()), h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");
+    cuda::check(a.module_get_function(&code->fn, code->module, symbol.c_str()), "cuModuleGetFunction");
+    return code;
+  }
+
+  // Makes device 0's primary context current on this thread (creating the stream once).
+  CUstream ready() const {
+    cuda::make_current(0);
+    std::call_once(stream_once_, [&] { cuda::check(cuda::api().stream_create(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate"); });
+    return stream_;
+  }
+
+  int cc_ = 0;
+  std::string device_name_;
+  long long max_blocks_ = 1;
+  Target target_;
+  mutable std::once_flag stream_once_;
+  mutable CUstream stream_ = nullptr;
+  mutable std::mutex mu_;  // the argument block and its staging copy
+  mutable std::vector<char> staging_;
+  mutable CUdeviceptr args_ = 0;
+  mutable size_t arg_capacity_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() {
+  if (!cuda::available()) return nullptr;
+  return std::make_unique<CudaBackend>();
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,429 @@
+#include "jit/cuda/emit_cuda.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "runtime/core/error.h"
+
+namespace kiln::jit {
+namespace {
+
+// The preamble every kernel starts with: fixed-width types, float-to-int conversion as the
+// CPU tiers do it (x86: NaN and out-of-range values give the type's minimum; CUDA's own
+// conversion saturates) and bit-exact constants. Math comes from CUDA's device builtins
+// (expf, tanhf, erff, log1pf, ...), compiled with IEEE division and square root, no FMA
+// contraction and no flush-to-zero.
+const char* kPreamble = R"(typedef long long i64;
+typedef unsigned long long u64;
+typedef int i32;
+typedef unsigned int u32;
+typedef unsigned char u8;
+static __device__ __forceinline__ i64 kiln_f2i64(double x) {
+  return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (i64)x : (i64)0x8000000000000000ull;
+}
+static __device__ __forceinline__ i32 kiln_f2i32(double x) {
+  return (x > -2147483649.0 && x < 2147483648.0) ? (i32)x : (i32)0x80000000u;
+}
+)";
+
+const char* ctype(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::Int32: return "i32";
+    case DType::Int64: return "i64";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+    default: throw Error(std::string("cuda codegen: unsupported dtype ") + dtype_name(t));
+  }
+}
+// Element type in memory (bool is a byte).
+const char* mtype(DType t) { return t == DType::Bool ? "u8" : ctype(t); }
+// Unsigned type of the same width (wrapping integer arithmetic, as LLVM's add/sub/mul).
+const char* utype(DType t) { return t == DType::Int32 ? "u32" : "u64"; }
+
+std::string fconst(DType t, double v) {
+  std::ostringstream os;
+  if (t == DType::Float32) {
+    float f = static_cast<float>(v);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    os << "__int_as_float(" << static_cast<int32_t>(bits) << ")";
+  } else {
+    uint64_t bits;
+    std::memcpy(&bits, &v, 8);
+    os << "__longlong_as_double(" << static_cast<int64_t>(bits) << "ll)";
+  }
+  return os.str();
+}
+
+std::string iconst(int64_t v) {
+  if (v == INT64_MIN) return "((i64)0x8000000000000000ull)";
+  return "((i64)" + std::to_string(v) + "ll)";
+}
+
+// The math builtin of `f` for `t` ("expf" / "exp").
+std::string fn(const char* name, DType t) { return std::string(name) + (t == DType::Float32 ? "f" : ""); }
+
+bool float_only(OpKind op) {
+  switch (op) {
+    case OpKind::Exp: case OpKind::Exp2: case OpKind::Expm1: case OpKind::Log: case OpKind::Log2:
+    case OpKind::Log1p: case OpKind::Sqrt: case OpKind::Rsqrt: case OpKind::Reciprocal: case OpKind::Sin:
+    case OpKind::Cos: case OpKind::Tan: case OpKind::Atan: case OpKind::Tanh: case OpKind::Erf:
+    case OpKind::Sigmoid: case OpKind::Div: case OpKind::Pow: case OpKind::Atan2: case OpKind::Remainder:
+    case OpKind::Fmod:
+      return true;
+    default: return false;
+  }
+}
+
+struct Emitter {
+  const Kernel& k;
+  std::ostringstream out;
+  int indent = 1;
+  int temps = 0;
+  std::vector<std::unordered_map<ExprId, std::string>> scopes;
+
+  explicit Emitter(const Kernel& kk) : k(kk) {}
+
+  void line(const std::string& s) { out << std::string(static_cast<size_t>(indent) * 2, ' ') << s << "\n"; }
+
+  std::string lookup(ExprId id) {
+    for (size_t s = scopes.size(); s-- > 0;) {
+      auto it = scopes[s].find(id);
+      if (it != scopes[s].end()) return it->second;
+    }
+    return "";
+  }
+
+  // Declares a temporary of type `t` holding `value`; returns its name.
+  std::string let(DType t, const std::string& value) {
+    std::string n = "t" + std::to_string(temps++);
+    line("const " + std::string(ctype(t)) + " " + n + " = " + value + ";");
+    return n;
+  }
+
+  static std::string isnan_(const std::string& x) { return "(" + x + " != " + x + ")"; }
+
+  std::string convert(const std::string& v, DType from, DType to) {
+    if (from == to) return v;
+    bool ff = is_floating(from), ft = is_floating(to);
+    ctype(from);
+    std::string tt = ctype(to);
+    if (to == DType::Bool) return "(" + v + " != 0)";  // floats: NaN -> true, as LLVM's une
+    if (from == DType::Bool) return "((" + tt + ")(" + v + " ? 1 : 0))";
+    if (ff && ft) return "((" + tt + ")" + v + ")";
+    if (ff) return std::string(to == DType::Int32 ? "kiln_f2i32" : "kiln_f2i64") + "((double)" + v + ")";
+    return "((" + tt + ")" + v + ")";  // int -> float, int -> int (truncation / sign extension)
+  }
+
+  std::string unary(OpKind op, DType t, const std::string& x) {
+    bool fl = is_floating(t);
+    std::string T = ctype(t);
+    if (!fl && float_only(op)) throw Error(std::string("cuda codegen: ") + op_name(op) + " on integers");
+    auto zero = "((" + T + ")0)";
+    switch (op) {
+      case OpKind::Neg:
+        if (fl) return "(-" + x + ")";
+        if (t == DType::Bool) return x;
+        return "((" + T + ")(0 - (" + utype(t) + ")" + x + "))";
+      case OpKind::Abs:
+        if (fl) return fn("fabs", t) + "(" + x + ")";
+        if (t == DType::Bool) return x;
+        return "(" + x + " < 0 ? (" + T + ")(0 - (" + utype(t) + ")" + x + ") : " + x + ")";
+      case OpKind::Sign:
+        if (t == DType::Bool) return x;
+        return "((" + T + ")((" + x + " > " + zero + ") - (" + x + " < " + zero + ")))";  // NaN -> 0
+      case OpKind::Relu:
+        if (fl) return "(!(" + x + " <= " + zero + ") ? " + x + " : " + zero + ")";  // NaN stays NaN
+        return "(" + x + " > " + zero + " ? " + x + " : " + zero + ")";
+      case OpKind::Floor: return fl ? fn("floor", t) + "(" + x + ")" : x;
+      case OpKind::Ceil: return fl ? fn("ceil", t) + "(" + x + ")" : x;
+      case OpKind::Round: return fl ? fn("rint", t) + "(" + x + ")" : x;  // half to even
+      case OpKind::LogicalNot: return "(" + x + " == " + zero + ")";
+      case OpKind::BitwiseNot: return t == DType::Bool ? "(!" + x + ")" : "((" + T + ")~" + x + ")";
+      case OpKind::IsNan: return fl ? isnan_(x) : "false";
+      case OpKind::IsFinite: return fl ? "(" + fn("fabs", t) + "(" + x + ") < " + fconst(t, INFINITY) + ")" : "true";
+      case OpKind::Exp: return fn("exp", t) + "(" + x + ")";
+      case OpKind::Exp2: return fn("exp2", t) + "(" + x + ")";
+      case OpKind::Expm1: return fn("expm1", t) + "(" + x + ")";
+      case OpKind::Log: return fn("log", t) + "(" + x + ")";
+      case OpKind::Log2: return fn("log2", t) + "(" + x + ")";
+      case OpKind::Log1p: return fn("log1p", t) + "(" + x + ")";
+      case OpKind::Sqrt: return fn("sqrt", t) + "(" + x + ")";
+      case OpKind::Rsqrt: return "(" + fconst(t, 1) + " / " + fn("sqrt", t) + "(" + x + "))";
+      case OpKind::Reciprocal: return "(" + fconst(t, 1) + " / " + x + ")";
+      case OpKind::Sin: return fn("sin", t) + "(" + x + ")";
+      case OpKind::Cos: return fn("cos", t) + "(" + x + ")";
+      case OpKind::Tan: return fn("tan", t) + "(" + x + ")";
+      case OpKind::Atan: return fn("atan", t) + "(" + x + ")";
+      case OpKind::Tanh: return fn("tanh", t) + "(" + x + ")";
+      case OpKind::Erf: return fn("erf", t) + "(" + x + ")";
+      case OpKind::Sigmoid: return "(" + fconst(t, 1) + " / (" + fconst(t, 1) + " + " + fn("exp", t) + "(-" + x + ")))";
+      default: break;
+    }
+    throw Error(std::string("cuda codegen: no lowering for ") + op_name(op));
+  }
+
+  std::string binary(OpKind op, DType t, const std::string& x, const std::string& y) {
+    bool fl = is_floating(t), bl = t == DType::Bool;
+    std::string T = ctype(t);
+    if (!fl && float_only(op)) throw Error(std::string("cuda codegen: ") + op_name(op) + " on integers");
+    auto wrap = [&](const char* o) {  // integer arithmetic that wraps (LLVM's add/sub/mul)
+      std::string U = utype(t);
+      return "((" + T + ")((" + U + ")" + x + " " + o + " (" + U + ")" + y + "))";
+    };
+    auto b2 = [&](const std::string& v) { return convert(v, t, DType::Bool); };
+    switch (op) {
+      case OpKind::Add: return fl ? "(" + x + " + " + y + ")" : bl ? "(" + x + " || " + y + ")" : wrap("+");
+      case OpKind::Sub: return fl ? "(" + x + " - " + y + ")" : bl ? "(" + x + " != " + y + ")" : wrap("-");
+      case OpKind::Mul: return fl ? "(" + x + " * " + y + ")" : bl ? "(" + x + " && " + y + ")" : wrap("*");
+      case OpKind::Div: return "(" + x + " / " + y + ")";
+      case OpKind::Pow: return fn("pow", t) + "(" + x + ", " + y + ")";
+      case OpKind::Atan2: return fn("atan2", t) + "(" + x + ", " + y + ")";
+      case OpKind::Maximum:
+      case OpKind::Minimum: {
+        const char* c = op == OpKind::Maximum ? " > " : " < ";
+        std::string pick = "(" + x + c + y + " ? " + x + " : " + y + ")";
+        if (!fl) return pick;
+        // A NaN operand gives NaN (x + y), as the CPU tiers and PyTorch.
+        return "((" + isnan_(x) + " || " + isnan_(y) + ") ? (" + x + " + " + y + ") : " + pick + ")";
+      }
+      case OpKind::Remainder: {  // Python's sign convention: the result takes y's sign
+        std::string r = let(t, fn("fmod", t) + "(" + x + ", " + y + ")");
+        std::string zero = fconst(t, 0);
+        return "((" + r + " != " + zero + " && ((" + y + " < " + zero + ") != (" + r + " < " + zero + "))) ? (" + r +
+               " + " + y + ") : " + r + ")";
+      }
+      case OpKind::Fmod: return fn("fmod", t) + "(" + x + ", " + y + ")";
+      case OpKind::Eq: return "(" + x + " == " + y + ")";
+      case OpKind::Ne: return "(" + x + " != " + y + ")";
+      case OpKind::Lt: return "(" + x + " < " + y + ")";
+      case OpKind::Le: return "(" + x + " <= " + y + ")";
+      case OpKind::Gt: return "(" + x + " > " + y + ")";
+      case OpKind::Ge: return "(" + x + " >= " + y + ")";
+      case OpKind::LogicalAnd: return "(" + b2(x) + " && " + b2(y) + ")";
+      case OpKind::LogicalOr: return "(" + b2(x) + " || " + b2(y) + ")";
+      case OpKind::LogicalXor: return "(" + b2(x) + " != " + b2(y) + ")";
+      case OpKind::BitwiseAnd: return bl ? "(" + x + " && " + y + ")" : "((" + T + ")(" + x + " & " + y + "))";
+      case OpKind::BitwiseOr: return bl ? "(" + x + " || " + y + ")" : "((" + T + ")(" + x + " | " + y + "))";
+      case OpKind::BitwiseXor: return bl ? "(" + x + " != " + y + ")" : "((" + T + ")(" + x + " ^ " + y + "))";
+      default: break;
+    }
+    throw Error(std::string("cuda codegen: no lowering for ") + op_name(op));
+  }
+
+  // Address of element `index` of buffer `b` (typed by the buffer's element type).
+  std::string elem(int b, const std::string& index) { return "b" + std::to_string(b) + "[" + index + "]"; }
+
+  std::string expr(ExprId id) {
+    const Expr& e = k.exprs[id];
+    bool volatile_value = e.kind == Expr::Kind::Acc || e.kind == Expr::Kind::AccIndex;
+    if (!volatile_value) {
+      std::string v = lookup(id);
+      if (!v.empty()) return v;
+    }
+    std::string v;
+    auto I = [&](ExprId x) { return expr(x); };
+    switch (e.kind) {
+      case Expr::Kind::IConst: v = iconst(e.i); break;
+      case Expr::Kind::FConst: v = fconst(e.dtype, e.f); break;
+      case Expr::Kind::Param: v = "ip" + std::to_string(e.i); break;
+      case Expr::Kind::FParam: v = "fp" + std::to_string(e.i); break;
+      case Expr::Kind::Var: v = "i" + std::to_string(e.i); break;
+      case Expr::Kind::IAdd: v = let(DType::Int64, I(e.a) + " + " + I(e.b)); break;
+      case Expr::Kind::ISub: v = let(DType::Int64, I(e.a) + " - " + I(e.b)); break;
+      case Expr::Kind::IMul: v = let(DType::Int64, I(e.a) + " * " + I(e.b)); break;
+      case Expr::Kind::IDiv: v = let(DType::Int64, "(i64)((u64)" + I(e.a) + " / (u64)" + I(e.b) + ")"); break;
+      case Expr::Kind::IMod: v = let(DType::Int64, "(i64)((u64)" + I(e.a) + " % (u64)" + I(e.b) + ")"); break;
+      case Expr::Kind::IMin: {
+        std::string a = I(e.a), b = I(e.b);
+        v = let(DType::Int64, a + " < " + b + " ? " + a + " : " + b);
+        break;
+      }
+      case Expr::Kind::Load: {
+        // As the LLVM tier: the address from the buffer's element type, the value of e.dtype.
+        std::string raw = elem(static_cast<int>(e.i), I(e.a));
+        if (k.buffers[e.i].dtype != e.dtype) raw = "*(const " + std::string(mtype(e.dtype)) + "*)&" + raw;
+        v = let(e.dtype, e.dtype == DType::Bool ? "(" + raw + " != 0)" : raw);
+        break;
+      }
+      case Expr::Kind::Unary: {
+        std::string a = I(e.a);
+        v = let(e.dtype, unary(e.op, k.exprs[e.a].dtype, a));
+        break;
+      }
+      case Expr::Kind::Binary: {
+        std::string a = I(e.a), b = I(e.b);
+        v = let(e.dtype, binary(e.op, k.exprs[e.a].dtype, a, b));
+        break;
+      }
+      case Expr::Kind::Where: {
+        std::string a = I(e.a), b = I(e.b), c = I(e.c);
+        v = let(e.dtype, a + " ? " + b + " : " + c);
+        break;
+      }
+      case Expr::Kind::Cast: {
+        std::string a = I(e.a);
+        v = let(e.dtype, convert(a, k.exprs[e.a].dtype, e.dtype));
+        break;
+      }
+      case Expr::Kind::Acc: v = let(k.accs[e.i].dtype, acc_value(static_cast<int>(e.i))); break;
+      case Expr::Kind::AccIndex: v = let(DType::Int64, "acci" + std::to_string(e.i)); break;
+    }
+    if (!volatile_value) scopes.back()[id] = v;
+    return v;
+  }
+
+  static bool nan_flag(const AccSpec& a) { return is_floating(a.dtype) && (a.op == OpKind::Amax || a.op == OpKind::Amin); }
+
+  std::string acc_value(int acc) {
+    std::string v = "acc" + std::to_string(acc);
+    if (!nan_flag(k.accs[acc])) return v;
+    return "(accnan" + std::to_string(acc) + " ? " + fconst(k.accs[acc].dtype, NAN) + " : " + v + ")";
+  }
+
+  std::string identity(const AccSpec& a) {
+    bool fl = is_floating(a.dtype);
+    switch (a.op) {
+      case OpKind::Sum: return fl ? fconst(a.dtype, 0) : iconst(0);
+      case OpKind::Prod: return fl ? fconst(a.dtype, 1) : iconst(1);
+      case OpKind::Amax: case OpKind::ArgMax: return fl ? fconst(a.dtype, -INFINITY) : iconst(INT64_MIN);
+      default: return fl ? fconst(a.dtype, INFINITY) : iconst(INT64_MAX);
+    }
+  }
+
+  void acc_update(const Stmt& s) {
+    const AccSpec& a = k.accs[s.acc];
+    bool fl = is_floating(a.dtype);
+    const std::string A = "acc" + std::to_string(s.acc);
+    const std::string T = ctype(a.dtype);
+    std::string x = expr(s.value);
+    x = let(a.dtype, convert(x, k.exprs[s.value].dtype, a.dtype));
+    switch (a.op) {
+      case OpKind::Sum:
+        line(A + " = " + (fl ? A + " + " + x : "(" + T + ")((u64)" + A + " + (u64)" + x + ")") + ";");
+        break;
+      case OpKind::Prod:
+        line(A + " = " + (fl ? A + " * " + x : "(" + T + ")((u64)" + A + " * (u64)" + x + ")") + ";");
+        break;
+      case OpKind::Amax: case OpKind::Amin: {
+        bool mx = a.op == OpKind::Amax;
+        if (fl) {
+          // fmax/fmin skip NaNs; a NaN seen is kept in a flag that acc_value() turns into NaN.
+          line(A + " = " + fn(mx ? "fmax" : "fmin", a.dtype) + "(" + A + ", " + x + ");");
+          line("accnan" + std::to_string(s.acc) + " |= " + isnan_(x) + ";");
+        } else {
+          line(A + " = " + x + (mx ? " > " : " < ") + A + " ? " + x + " : " + A + ";");
+        }
+        break;
+      }
+      case OpKind::ArgMax: case OpKind::ArgMin: {
+        bool mx = a.op == OpKind::ArgMax;
+        std::string idx = expr(s.index);
+        std::string I = "acci" + std::to_string(s.acc);
+        std::string strict = "(" + x + (mx ? " > " : " < ") + A + ")";
+        std::string better = fl ? "(!" + isnan_(A) + " && (" + strict + " || " + isnan_(x) + "))" : strict;
+        std::string b = "t" + std::to_string(temps++);
+        line("const bool " + b + " = " + better + " || " + I + " < 0;");  // or nothing seen yet
+        line(I + " = " + b + " ? " + idx + " : " + I + ";");
+        line(A + " = " + b + " ? " + x + " : " + A + ";");
+        break;
+      }
+      default: throw Error("cuda codegen: unknown accumulator");
+    }
+  }
+
+  void stmts(const std::vector<Stmt>& ss) {
+    for (const Stmt& s : ss) {
+      switch (s.kind) {
+        case Stmt::Kind::Loop: {
+          std::string lo = expr(s.lo), hi = expr(s.hi);
+          std::string v = "i" + std::to_string(s.var);
+          line("for (i64 " + v + " = " + lo + "; " + v + " < " + hi + "; ++" + v + ") {");
+          ++indent;
+          scopes.emplace_back();
+          stmts(s.body);
+          scopes.pop_back();
+          --indent;
+          line("}");
+          break;
+        }
+        case Stmt::Kind::Store: {
+          DType t = k.buffers[s.buffer].dtype;
+          std::string v = convert(expr(s.value), k.exprs[s.value].dtype, t);
+          std::string idx = expr(s.index);
+          line(elem(s.buffer, idx) + " = " + (t == DType::Bool ? "(u8)(" + v + " ? 1 : 0)" : v) + ";");
+          break;
+        }
+        case Stmt::Kind::AccInit:
+          line("acc" + std::to_string(s.acc) + " = " + identity(k.accs[s.acc]) + ";");
+          line("acci" + std::to_string(s.acc) + " = -1;");
+          if (nan_flag(k.accs[s.acc])) line("accnan" + std::to_string(s.acc) + " = false;");
+          break;
+        case Stmt::Kind::AccUpdate: acc_update(s); break;
+        case Stmt::Kind::AccStore: {
+          // As the LLVM tier: the accumulator's value (or its arg index) at the buffer's address.
+          const AccSpec& a = k.accs[s.acc];
+          std::string idx = expr(s.index);
+          std::string addr = "&" + elem(s.buffer, idx);
+          if (s.value) line("*(i64*)(" + addr + ") = acci" + std::to_string(s.acc) + ";");
+          else line("*(" + std::string(ctype(a.dtype)) + "*)(" + addr + ") = " + acc_value(s.acc) + ";");
+          break;
+        }
+      }
+    }
+  }
+
+  std::string emit(const std::string& symbol) {
+    for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
+    out << "// kiln kernel " << symbol << " (" << k.name << ")\n" << kPreamble << "\n";
+    out << "extern \"C\" __global__ void __launch_bounds__(256) " << symbol
+        << "(i64 begin, i64 end, char* const* buffers, const i64* iparams, const double* fparams) {\n";
+    for (size_t i = 0; i < k.buffers.size(); ++i) {
+      std::string T = mtype(k.buffers[i].dtype);
+      line(T + "* __restrict__ b" + std::to_string(i) + " = (" + T + "*)buffers[" + std::to_string(i) + "];");
+    }
+    for (int i = 0; i < k.num_params; ++i) line("const i64 ip" + std::to_string(i) + " = iparams[" + std::to_string(i) + "];");
+    for (int i = 0; i < k.num_fparams; ++i)
+      line("const double fp" + std::to_string(i) + " = fparams[" + std::to_string(i) + "];");
+    for (size_t a = 0; a < k.accs.size(); ++a) {
+      line(std::string(ctype(k.accs[a].dtype)) + " acc" + std::to_string(a) + " = 0;");
+      line("i64 acci" + std::to_string(a) + " = -1;");
+      if (nan_flag(k.accs[a])) line("bool accnan" + std::to_string(a) + " = false;");
+      line("(void)acc" + std::to_string(a) + "; (void)acci" + std::to_string(a) + ";");
+    }
+    line("const i64 stride = (i64)gridDim.x * blockDim.x;");
+    line("for (i64 i0 = begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride) {");
+    ++indent;
+    scopes.emplace_back();
+    stmts(k.body);
+    scopes.pop_back();
+    --indent;
+    line("}");
+    out << "}\n";
+    return out.str();
+  }
+};
+
+}  // namespace
+
+std::string emit_cuda(const Kernel& k, const std::string& symbol) {
+  Emitter e(k);
+  return e.emit(symbol);
+}
+
+bool cuda_supports(OpKind, DType dtype) {
+  // Float-only ops on integers never reach a kernel (type promotion makes them float first);
+  // emit_cuda still rejects them. 16-bit floats have no CUDA form yet.
+  switch (dtype) {
+    case DType::Bool: case DType::Int32: case DType::Int64: case DType::Float32: case DType::Float64: return true;
+    default: return false;
+  }
+}
+
+}  // namespace kiln::jit

@@ -1,0 +1,922 @@
+// The CUDA backend (jit/cuda): driver loading, the CUDA C++ emitter, NVRTC and launches.
+//
+//   CudaDriver.*        runs everywhere: without a driver nothing is registered and nothing crashes.
+//   CudaNvrtc.*         needs NVRTC only (no GPU): every kernel of the random graphs, lowered for
+//                       sm_90, compiles; a compile error becomes a kiln::Error quoting NVRTC's log.
+//   CudaDifferential.*  needs a GPU: random graphs (tests/jit_random_graphs.h) are scheduled,
+//                       evaluated on the interpreter, and each kernel step is lowered for the
+//                       device's target and run twice with the same arguments: on the GPU
+//                       (NVRTC CUBIN, device memory) and with the LLVM tier on the host; every
+//                       output and scratch buffer is compared.
+//   CudaBackend.*       needs a GPU: registration, the disk-cache image round trip.
+//
+// Tolerances (GPU vs LLVM on the same loop IR and arguments): integers and bools exactly; NaN
+// where the other has NaN; infinities equal; otherwise |gpu - cpu| <= rtol * (|cpu| + scale),
+// scale the largest finite |value| of that buffer, rtol 1e-3 for float32 and 1e-9 for float64
+// (1e-3 also for float64 buffers of kernels that compute float32 values: a float64 sum of
+// float32 exp values differs by float32 ulps, ~1e-8 relative, as first seen on an H100).
+// The two sides use different math libraries: CUDA's device functions (CUDA C++ Programming
+// Guide, "Mathematical Functions": e.g. expf 2 ulp, logf 1 ulp, tanhf 2 ulp, erff 2 ulp, sinf/
+// cosf 2 ulp, tanf 4 ulp, powf 4 ulp; double versions 1-2 ulp) against glibc's libmvec (<= 4
+// ulp) / SLEEF (<= 1 ulp) on the CPU, so a transcendental may differ by up to ~8 ulp per op,
+// amplified along the random chains (cancellation, exp of a perturbed value). Division and
+// sqrt are IEEE on both sides (--prec-div/--prec-sqrt, no FMA contraction, no flush to
+// zero), so chains without transcendentals agree to the last bit except for reduction order.
+// The worst observed difference is printed. KILN_CUDA_GRAPHS sets the number of graphs.
+#include "jit_random_graphs.h"
+
+#include <iomanip>
+
+#include "jit/backend/backend.h"
+#include "jit/cuda/cuda_backend.h"
+#include "jit/cuda/driver.h"
+#include "jit/cuda/emit_cuda.h"
+
+namespace {
+
+namespace cu = kiln::jit::cuda;
+using kiln::jit::Backend;
+using kiln::jit::Lowered;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!cu::available()) GTEST_SKIP() << "no usable CUDA device: " << cu::unavailable_reason()
+#define SKIP_WITHOUT_NVRTC() \
+  if (!cu::have_nvrtc()) GTEST_SKIP() << "NVRTC (libnvrtc.so.13 / .12) not found"
+
+int graphs() { return env_int("KILN_CUDA_GRAPHS", 240); }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A random program scheduled and evaluated on the interpreter: every node holds storage, so
+// each kernel step's inputs can be bound.
+struct Prepared {
+  std::vector<Tensor> values;
+  kiln::Segment seg;
+  std::vector<kiln::jit::Step> steps;
+};
+
+Prepared prepare(const Program& p) {
+  kiln::set_executor(kiln::interpreter());
+  Prepared r;
+  r.values = replay(p);
+  std::vector<Tensor> outs;
+  for (int o : p.outputs) outs.push_back(r.values[o]);
+  r.seg = make_segment(outs);
+  r.steps = kiln::jit::schedule(r.seg);
+  for (kiln::Node* n : r.seg.nodes) kiln::interpret_node(*n);
+  return r;
+}
+
+int64_t eval_index(const kiln::jit::Kernel& k, kiln::jit::ExprId id, const std::vector<int64_t>& ip) {
+  using K = kiln::jit::Expr::Kind;
+  const kiln::jit::Expr& e = k.exprs[id];
+  auto a = [&] { return eval_index(k, e.a, ip); };
+  auto b = [&] { return eval_index(k, e.b, ip); };
+  switch (e.kind) {
+    case K::IConst: return e.i;
+    case K::Param: return ip[e.i];
+    case K::IAdd: return a() + b();
+    case K::ISub: return a() - b();
+    case K::IMul: return a() * b();
+    case K::IDiv: return a() / b();
+    case K::IMod: return a() % b();
+    case K::IMin: return std::min(a(), b());
+    default: throw kiln::Error("parallel extent is not an index expression");
+  }
+}
+
+// The arguments of one kernel step (as jit/exec/executor.cpp binds them): host pointers for the
+// inputs (into their storage), zeroed host memory for outputs and scratch.
+struct Bound {
+  std::vector<char*> host;
+  std::vector<const kiln::Storage*> storage;  // inputs: their storage (copied whole to the device)
+  std::vector<size_t> offset;                 // inputs: byte offset of element 0 in it
+  std::vector<std::vector<char>> owned;       // outputs, then scratch
+  std::vector<int64_t> ip;
+  std::vector<double> fp;
+  int64_t extent = 0, work = 1;
+};
+
+Bound bind(const kiln::jit::Group& g, const Lowered& L) {
+  using AK = kiln::jit::ArgSource::Kind;
+  Bound bd;
+  std::vector<kiln::Node*> ins = kiln::jit::canonical_inputs(g);
+  for (kiln::Node* in : ins) {
+    size_t off = static_cast<size_t>(in->offset.as_int()) * kiln::itemsize(in->dtype);
+    bd.storage.push_back(in->storage.get());
+    bd.offset.push_back(off);
+    bd.host.push_back(static_cast<char*>(in->storage->data) + off);
+  }
+  for (kiln::Node* o : g.outputs) bd.owned.emplace_back(std::max<size_t>(1, static_cast<size_t>(kiln::numel(o->shape).as_int()) * kiln::itemsize(o->dtype)));
+  int64_t rows = 1, per_row = 1;
+  if (L.split) {
+    size_t n = g.domain.size();
+    if (n == 1) rows = g.domain[0].as_int();
+    else {
+      for (size_t d = 0; d + 1 < n; ++d) rows *= g.domain[d].as_int();
+      per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
+    }
+  }
+  int64_t chunk = std::max<int64_t>({1, (16384 + per_row - 1) / per_row, (rows + 255) / 256});
+  int64_t chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  auto arg_node = [&](int a) -> const kiln::Node* { return a >= 0 ? g.nodes[a] : ins[-a - 1]; };
+  for (const kiln::jit::ArgSource& s : L.iparams) {
+    int64_t v = 0;
+    switch (s.kind) {
+      case AK::DomainSize: v = g.domain[s.a].as_int(); break;
+      case AK::NodeSize: v = arg_node(s.a)->shape[s.b].as_int(); break;
+      case AK::InputStride: v = ins[s.a]->strides[s.b].as_int(); break;
+      case AK::FullValue: case AK::AttrF0: v = g.nodes[s.a]->attrs.ints[0]; break;
+      case AK::AttrF1: v = g.nodes[s.a]->attrs.ints[1]; break;
+      case AK::Chunks: v = chunks; break;
+      case AK::ChunkSize: v = chunk; break;
+    }
+    bd.ip.push_back(v);
+  }
+  for (const kiln::jit::ArgSource& s : L.fparams)
+    bd.fp.push_back(s.kind == AK::AttrF1 ? g.nodes[s.a]->attrs.f1 : g.nodes[s.a]->attrs.f0);
+  int64_t scratch = chunks;
+  if (L.column) {
+    scratch = 1;
+    for (size_t d = 0; d < g.domain.size(); ++d)
+      if (std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) == g.reduce_dims.end())
+        scratch *= g.domain[d].as_int();
+  }
+  for (size_t b = ins.size() + g.outputs.size(); b < L.kernel.buffers.size(); ++b)
+    bd.owned.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
+  for (auto& o : bd.owned) bd.host.push_back(o.data());
+  for (const auto& d : g.domain) bd.work *= d.as_int();
+  bd.extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.ip);
+  return bd;
+}
+
+kiln::jit::Launch launch_of(const Bound& bd, char* const* buffers) {
+  kiln::jit::Launch l;
+  l.extent = bd.extent;
+  l.work = bd.work;
+  l.buffers = buffers;
+  l.iparams = bd.ip.data();
+  l.fparams = bd.fp.data();
+  return l;
+}
+
+// Device memory for one launch: inputs copied whole, outputs and scratch from `bd.owned`.
+struct DeviceArgs {
+  std::vector<CUdeviceptr> blocks;
+  std::vector<char*> buffers;
+  ~DeviceArgs() {
+    for (CUdeviceptr p : blocks) cu::api().mem_free(p);
+  }
+  CUdeviceptr alloc(size_t n, const void* src) {
+    CUdeviceptr p = 0;
+    cu::check(cu::api().mem_alloc(&p, std::max<size_t>(n, 1)), "cuMemAlloc");
+    blocks.push_back(p);
+    if (n) cu::check(cu::api().memcpy_htod(p, src, n), "cuMemcpyHtoD");
+    return p;
+  }
+};
+
+void upload(const Bound& bd, DeviceArgs& d) {
+  cu::make_current(0);
+  for (size_t i = 0; i < bd.storage.size(); ++i)
+    d.buffers.push_back(reinterpret_cast<char*>(d.alloc(bd.storage[i]->nbytes, bd.storage[i]->data) + bd.offset[i]));
+  for (const auto& o : bd.owned) d.buffers.push_back(reinterpret_cast<char*>(d.alloc(o.size(), o.data())));
+}
+
+// Copies the outputs and scratch back from the device.
+std::vector<std::vector<char>> download(const Bound& bd, const DeviceArgs& d) {
+  std::vector<std::vector<char>> r;
+  size_t first = bd.storage.size();
+  for (size_t i = 0; i < bd.owned.size(); ++i) {
+    r.emplace_back(bd.owned[i].size());
+    cu::check(cu::api().memcpy_dtoh(r.back().data(), reinterpret_cast<CUdeviceptr>(d.buffers[first + i]), r.back().size()),
+              "cuMemcpyDtoH");
+  }
+  return r;
+}
+
+struct Diff {
+  int64_t elements = 0, float_elements = 0, differing = 0;
+  double worst = 0;  // max |gpu - cpu| / (|cpu| + scale) over floats
+  std::string worst_where;
+};
+Diff g_diff;
+
+// Compares buffer contents of dtype `dt`; "" or a description of the first mismatch.
+// `f32_math`: the kernel computes float32 values, so its float64 buffers (float64 accumulators
+// of float32 values) carry float32-sized differences too.
+std::string compare_buffers(kiln::DType dt, const std::vector<char>& gpu, const std::vector<char>& cpu, Diff& st,
+                            bool f32_math) {
+  std::ostringstream os;
+  os.precision(17);
+  auto check = [&](auto tag) -> std::string {
+    using T = decltype(tag);
+    const size_t n = cpu.size() / sizeof(T);
+    const T* g = reinterpret_cast<const T*>(gpu.data());
+    const T* c = reinterpret_cast<const T*>(cpu.data());
+    st.elements += static_cast<int64_t>(n);
+    if constexpr (std::is_floating_point_v<T>) {
+      const double rtol = sizeof(T) == 4 || f32_math ? 1e-3 : 1e-9;
+      double scale = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (std::isfinite(static_cast<double>(c[i]))) scale = std::max(scale, std::abs(static_cast<double>(c[i])));
+      st.float_elements += static_cast<int64_t>(n);
+      for (size_t i = 0; i < n; ++i) {
+        double a = g[i], b = c[i];
+        if ((std::isnan(a) && std::isnan(b)) || a == b) continue;
+        if (!std::isfinite(a) || !std::isfinite(b)) {
+          os << "element " << i << ": gpu " << a << ", cpu " << b;
+          return os.str();
+        }
+        st.differing++;
+        double rel = std::abs(a - b) / (std::abs(b) + scale);
+        if (rel > st.worst) {
+          st.worst = rel;
+          std::ostringstream w;
+          w.precision(10);
+          w << kiln::dtype_name(dt) << " gpu " << a << " cpu " << b;
+          st.worst_where = w.str();
+        }
+        if (rel > rtol) {
+          os << "element " << i << ": gpu " << a << ", cpu " << b << " (relative " << rel << " > " << rtol << ")";
+          return os.str();
+        }
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i)
+        if (g[i] != c[i]) {
+          os << "element " << i << ": gpu " << static_cast<int64_t>(g[i]) << ", cpu " << static_cast<int64_t>(c[i]);
+          return os.str();
+        }
+    }
+    return "";
+  };
+  switch (dt) {
+    case kiln::DType::Bool: return check(uint8_t{});
+    case kiln::DType::Int32: return check(int32_t{});
+    case kiln::DType::Int64: return check(int64_t{});
+    case kiln::DType::Float32: return check(float{});
+    case kiln::DType::Float64: return check(double{});
+    default: return std::string("unexpected buffer dtype ") + kiln::dtype_name(dt);
+  }
+}
+
+std::atomic<int> g_symbols{0};
+std::string fresh_symbol(const char* what) { return std::string("kiln_cudatest_") + what + "_" + std::to_string(g_symbols++); }
+
+Backend* gpu_backend() { return kiln::jit::find_backend(kiln::DeviceType::CUDA, kiln::jit::Tier::Optimizing); }
+Backend* cpu_backend() { return kiln::jit::find_backend(kiln::DeviceType::CPU, kiln::jit::Tier::Optimizing); }
+
+// Unary / binary ops seen in compiled kernels (coverage report).
+void ops_of(const kiln::jit::Kernel& k, std::set<std::string>& seen) {
+  for (const kiln::jit::Expr& e : k.exprs)
+    if (e.kind == kiln::jit::Expr::Kind::Unary || e.kind == kiln::jit::Expr::Kind::Binary)
+      seen.insert(std::string(kiln::op_name(e.op)) + ":" + kiln::dtype_name(k.exprs[e.a].dtype));
+}
+
+// ============================================================== every op
+
+// A kernel that applies every unary and binary op the emitter handles to every dtype it takes,
+// every cast, Where, the index arithmetic, Param/FParam/FConst and every accumulator kind, on
+// inputs full of edge values (NaN, infinities, -0, huge, INT_MIN ...). Buffers 0-9: x and y of
+// float32, float64, int32, int64, bool; 10-14: one output per result dtype (row p holds the
+// results for input element p; `cols` per dtype).
+struct OpsKernel {
+  kiln::jit::Kernel k;
+  int cols[5] = {0, 0, 0, 0, 0};
+  std::vector<std::string> names[5];
+  static constexpr int64_t n = 24;  // input elements
+};
+
+int dt_slot(kiln::DType t) {
+  switch (t) {
+    case kiln::DType::Float32: return 0;
+    case kiln::DType::Float64: return 1;
+    case kiln::DType::Int32: return 2;
+    case kiln::DType::Int64: return 3;
+    default: return 4;
+  }
+}
+const kiln::DType kOpsTypes[5] = {kiln::DType::Float32, kiln::DType::Float64, kiln::DType::Int32, kiln::DType::Int64,
+                                  kiln::DType::Bool};
+
+OpsKernel make_ops_kernel() {
+  using E = kiln::jit::Expr;
+  using S = kiln::jit::Stmt;
+  using O = kiln::OpKind;
+  OpsKernel r;
+  kiln::jit::Kernel& k = r.k;
+  k.name = "every_op";
+  for (int i = 0; i < 5; ++i) {
+    k.buffers.push_back({kOpsTypes[i], false});
+    k.buffers.push_back({kOpsTypes[i], false});
+  }
+  for (int i = 0; i < 5; ++i) k.buffers.push_back({kOpsTypes[i], true});
+  k.num_params = 1;
+  k.num_fparams = 1;
+  const kiln::jit::ExprId p = k.var(0);
+  std::vector<std::pair<kiln::DType, kiln::jit::ExprId>> results;
+  auto push = [&](const std::string& name, kiln::DType t, kiln::jit::ExprId e) {
+    r.names[dt_slot(t)].push_back(name);
+    results.push_back({t, e});
+  };
+  auto load = [&](int buf, kiln::jit::ExprId idx) {
+    E e{E::Kind::Load};
+    e.dtype = k.buffers[buf].dtype;
+    e.i = buf;
+    e.a = idx;
+    return k.add(e);
+  };
+  auto un = [&](O op, kiln::DType out, kiln::jit::ExprId a) {
+    E e{E::Kind::Unary};
+    e.dtype = out;
+    e.op = op;
+    e.a = a;
+    return k.add(e);
+  };
+  auto bin = [&](O op, kiln::DType out, kiln::jit::ExprId a, kiln::jit::ExprId b) {
+    E e{E::Kind::Binary};
+    e.dtype = out;
+    e.op = op;
+    e.a = a;
+    e.b = b;
+    return k.add(e);
+  };
+  auto cast = [&](kiln::DType to, kiln::jit::ExprId a) {
+    E e{E::Kind::Cast};
+    e.dtype = to;
+    e.a = a;
+    return k.add(e);
+  };
+  const O unary_ops[] = {O::Neg, O::Abs, O::Exp, O::Exp2, O::Expm1, O::Log, O::Log2, O::Log1p, O::Sqrt, O::Rsqrt,
+                         O::Reciprocal, O::Sin, O::Cos, O::Tan, O::Atan, O::Tanh, O::Sigmoid, O::Relu, O::Erf,
+                         O::Floor, O::Ceil, O::Round, O::Sign, O::IsNan, O::IsFinite, O::LogicalNot, O::BitwiseNot};
+  const O binary_ops[] = {O::Add, O::Sub, O::Mul, O::Div, O::Pow, O::Maximum, O::Minimum, O::Atan2,
+                          O::Remainder, O::Fmod, O::Eq, O::Ne, O::Lt, O::Le, O::Gt, O::Ge, O::LogicalAnd,
+                          O::LogicalOr, O::LogicalXor, O::BitwiseAnd, O::BitwiseOr, O::BitwiseXor};
+  auto float_only = [](O op) {
+    switch (op) {
+      case O::Exp: case O::Exp2: case O::Expm1: case O::Log: case O::Log2: case O::Log1p: case O::Sqrt:
+      case O::Rsqrt: case O::Reciprocal: case O::Sin: case O::Cos: case O::Tan: case O::Atan: case O::Tanh:
+      case O::Sigmoid: case O::Erf: case O::Div: case O::Pow: case O::Atan2: case O::Remainder: case O::Fmod:
+        return true;
+      default: return false;
+    }
+  };
+  auto boolean = [](O op) {
+    return op == O::IsNan || op == O::IsFinite || op == O::LogicalNot || op == O::Eq || op == O::Ne || op == O::Lt ||
+           op == O::Le || op == O::Gt || op == O::Ge || op == O::LogicalAnd || op == O::LogicalOr || op == O::LogicalXor;
+  };
+  // y is read at another index: pairs of different edge values meet.
+  const kiln::jit::ExprId q = k.iop(E::Kind::IMod, k.iop(E::Kind::IAdd, k.iop(E::Kind::IMul, p, k.iconst(7)), k.iconst(3)),
+                                   k.param(0));
+  for (int ti = 0; ti < 5; ++ti) {
+    const kiln::DType t = kOpsTypes[ti];
+    const bool fl = kiln::is_floating(t), bl = t == kiln::DType::Bool;
+    const kiln::jit::ExprId x = load(2 * ti, p), y = load(2 * ti + 1, q);
+    for (O op : unary_ops) {
+      if (!fl && float_only(op)) continue;
+      if (fl && op == O::BitwiseNot) continue;
+      if (bl && !(op == O::LogicalNot || op == O::BitwiseNot || op == O::Sign || op == O::IsNan || op == O::IsFinite ||
+                  op == O::Abs || op == O::Neg || op == O::Floor))
+        continue;
+      push(std::string(kiln::op_name(op)) + ":" + kiln::dtype_name(t), boolean(op) ? kiln::DType::Bool : t, un(op, boolean(op) ? kiln::DType::Bool : t, x));
+    }
+    for (O op : binary_ops) {
+      if (!fl && float_only(op)) continue;
+      if (fl && (op == O::BitwiseAnd || op == O::BitwiseOr || op == O::BitwiseXor)) continue;
+      push(std::string(kiln::op_name(op)) + ":" + kiln::dtype_name(t), boolean(op) ? kiln::DType::Bool : t,
+           bin(op, boolean(op) ? kiln::DType::Bool : t, x, y));
+    }
+    for (kiln::DType to : kOpsTypes)
+      if (to != t) push(std::string("cast:") + kiln::dtype_name(t) + "->" + kiln::dtype_name(to), to, cast(to, x));
+  }
+  // Where, FParam, FConst (incl. -0, inf, NaN), index arithmetic.
+  {
+    const kiln::jit::ExprId c = load(8, p), a = load(0, p), b = load(1, q);
+    E w{E::Kind::Where};
+    w.dtype = kiln::DType::Float32;
+    w.a = c;
+    w.b = a;
+    w.c = b;
+    push("where:float32", kiln::DType::Float32, k.add(w));
+    E fp{E::Kind::FParam};
+    fp.dtype = kiln::DType::Float64;
+    fp.i = 0;
+    push("fparam*x:float64", kiln::DType::Float64, bin(O::Mul, kiln::DType::Float64, k.add(fp), load(2, p)));
+    for (double v : {-0.0, 1.5, kInf, -kInf, kNaN, 1e-40}) {
+      E fc{E::Kind::FConst};
+      fc.dtype = kiln::DType::Float32;
+      fc.f = v;
+      push("x+fconst:float32", kiln::DType::Float32, bin(O::Add, kiln::DType::Float32, a, k.add(fc)));
+    }
+    const kiln::jit::ExprId big = k.iop(E::Kind::IAdd, p, k.iconst(1000));
+    push("idiv", kiln::DType::Int64, k.iop(E::Kind::IDiv, big, k.iconst(7)));
+    push("imod", kiln::DType::Int64, k.iop(E::Kind::IMod, big, k.iconst(7)));
+    push("imin", kiln::DType::Int64, k.iop(E::Kind::IMin, p, k.iconst(5)));
+    push("isub", kiln::DType::Int64, k.iop(E::Kind::ISub, p, k.iconst(3)));
+    push("param", kiln::DType::Int64, k.param(0));
+  }
+  std::vector<S> body;
+  // Every accumulator over x[(p + j) % n], j in [0, 5): float32 values into float64 sums and
+  // float32 max/min (NaN flag), int64 values into int64 accumulators.
+  k.num_vars = 2;
+  const kiln::jit::ExprId j = k.var(1);
+  const kiln::jit::ExprId idx = k.iop(E::Kind::IMod, k.iop(E::Kind::IAdd, p, j), k.param(0));
+  std::vector<S> loop_body;
+  std::vector<S> after;
+  const O acc_ops[] = {O::Sum, O::Prod, O::Amax, O::Amin, O::ArgMax, O::ArgMin};
+  for (int src = 0; src < 2; ++src) {
+    const kiln::DType vt = src == 0 ? kiln::DType::Float32 : kiln::DType::Int64;
+    const kiln::jit::ExprId v = load(src == 0 ? 0 : 6, idx);
+    for (O op : acc_ops) {
+      kiln::DType at = src == 1 ? kiln::DType::Int64
+                                : (op == O::Sum || op == O::Prod) ? kiln::DType::Float64 : kiln::DType::Float32;
+      const int a = static_cast<int>(k.accs.size());
+      k.accs.push_back({op, at, vt});
+      S init{S::Kind::AccInit};
+      init.acc = a;
+      body.push_back(init);
+      S up{S::Kind::AccUpdate};
+      up.acc = a;
+      up.value = v;
+      up.index = j;
+      loop_body.push_back(up);
+      E ae{op == O::ArgMax || op == O::ArgMin ? E::Kind::AccIndex : E::Kind::Acc};
+      ae.dtype = op == O::ArgMax || op == O::ArgMin ? kiln::DType::Int64 : at;
+      ae.i = a;
+      const std::string name = std::string("acc_") + kiln::op_name(op) + ":" + kiln::dtype_name(vt);
+      r.names[dt_slot(ae.dtype)].push_back(name);
+      results.push_back({ae.dtype, -1 - static_cast<int>(k.exprs.size())});  // placeholder, replaced below
+      k.exprs.push_back(ae);  // not shared: read after the loop
+    }
+  }
+  S loop{S::Kind::Loop};
+  loop.var = 1;
+  loop.lo = k.iconst(0);
+  loop.hi = k.iconst(5);
+  loop.body = loop_body;
+  body.push_back(loop);
+  for (int t = 0; t < 5; ++t) r.cols[t] = static_cast<int>(r.names[t].size());
+  int col[5] = {0, 0, 0, 0, 0};
+  for (auto [t, e] : results) {
+    if (e < 0) e = -1 - e;
+    const int slot = dt_slot(t);
+    S st{S::Kind::Store};
+    st.buffer = 10 + slot;
+    st.index = k.iop(E::Kind::IAdd, k.iop(E::Kind::IMul, p, k.iconst(r.cols[slot])), k.iconst(col[slot]++));
+    st.value = e;
+    body.push_back(st);
+  }
+  k.body = body;
+  E ext{E::Kind::Param};
+  ext.i = 0;
+  k.parallel_extent = k.add(ext);
+  return r;
+}
+
+// Host inputs of the every-op kernel: edge values in x, the same set rotated in y.
+std::vector<std::vector<char>> ops_inputs() {
+  const int64_t n = OpsKernel::n;
+  const double f[] = {0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.75, 1e-3, 100.0, -100.0, 1e30, kNaN,
+                      kInf, -kInf, 2.5, 88.5, -0.75, 7.0, 1e-40, 0.3, -3.0, 1e300, 12.25, -1e-5};
+  const int64_t i[] = {0, 1, -1, 7, -7, 2, 3, -3, 100, -100, 2147483647, -2147483647 - 1,
+                       123456789, -5, 64, 5, 9, -2, 1000, 13, INT64_MAX, INT64_MIN, 31, -64};
+  std::vector<std::vector<char>> v;
+  auto fill = [&](auto tag, auto gen) {
+    using T = decltype(tag);
+    std::vector<char> b(n * sizeof(T));
+    for (int64_t k = 0; k < n; ++k) {
+      T x = gen(k);
+      std::memcpy(b.data() + k * sizeof(T), &x, sizeof(T));
+    }
+    v.push_back(b);
+    v.push_back(b);  // y: read at (7p + 3) % n
+  };
+  fill(float{}, [&](int64_t k) { return static_cast<float>(f[k]); });
+  fill(double{}, [&](int64_t k) { return f[k]; });
+  fill(int32_t{}, [&](int64_t k) { return static_cast<int32_t>(i[k]); });
+  fill(int64_t{}, [&](int64_t k) { return i[k]; });
+  fill(uint8_t{}, [&](int64_t k) { return static_cast<uint8_t>(k % 3 == 0); });
+  return v;
+}
+
+// ============================================================== driver
+
+TEST(CudaDriver, AvailabilityIsReportedWithoutCrashing) {
+  if (cu::available()) {
+    EXPECT_TRUE(cu::unavailable_reason().empty());
+    EXPECT_GE(cu::device_count(), 1);
+    std::printf("[ cuda ] %d device(s); device 0: %s, sm_%d; driver %d; NVRTC %d (%s)\n", cu::device_count(),
+                cu::device_name(0).c_str(), cu::compute_capability(0), cu::driver_version(), cu::nvrtc_version(),
+                cu::nvrtc_path().c_str());
+    ASSERT_NE(gpu_backend(), nullptr) << "a CUDA device is usable but no CUDA backend is registered";
+  } else {
+    std::printf("[ cuda ] not available: %s\n", cu::unavailable_reason().c_str());
+    EXPECT_FALSE(cu::unavailable_reason().empty());
+    EXPECT_EQ(cu::device_count(), 0);
+    EXPECT_THROW(cu::api(), kiln::Error);
+    EXPECT_EQ(gpu_backend(), nullptr) << "the CUDA backend must be registered only where a device is usable";
+    EXPECT_THROW(kiln::jit::tiering_for(kiln::DeviceType::CUDA), kiln::Error);
+  }
+  // The CPU backends are there either way.
+  EXPECT_NE(cpu_backend(), nullptr);
+}
+
+TEST(CudaDriver, CheckNamesTheError) {
+  try {
+    cu::check(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc");
+    FAIL() << "check() did not throw";
+  } catch (const kiln::Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("cuMemAlloc"), std::string::npos) << m;
+    // Without a driver there are no error names: the number is given instead.
+    if (cu::available()) EXPECT_NE(m.find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << m;
+    else EXPECT_NE(m.find("2"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(cu::check(CUDA_SUCCESS, "nothing"));
+}
+
+// ============================================================== NVRTC (no GPU needed)
+
+TEST(CudaNvrtc, RandomGraphKernelsCompile) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  SKIP_WITHOUT_NVRTC();
+  const int cc = cu::available() ? cu::compute_capability(0) : 90;
+  const kiln::jit::Target target = kiln::jit::cuda_target(cc);
+  const uint64_t seed = test_seed();
+  int kernels = 0, rejected = 0;
+  std::vector<double> ms;
+  std::set<std::string> ops;
+  std::map<std::string, int> rejections;
+  for (int g = 0; g < graphs(); ++g) {
+    Program p = make_program(seed, g / 4, g % 4);
+    Prepared pr = prepare(p);
+    for (const kiln::jit::Step& st : pr.steps) {
+      if (st.kind != kiln::jit::Step::Kind::Kernel) continue;
+      std::shared_ptr<Lowered> L;
+      try {
+        L = kiln::jit::lower(st.group, target);
+      } catch (const kiln::jit::LowerError& e) {
+        ++rejected;
+        rejections[std::string(e.what()).substr(0, 60)]++;
+        continue;
+      }
+      std::string sym = fresh_symbol("nvrtc");
+      std::string src;
+      try {
+        src = kiln::jit::emit_cuda(L->kernel, sym);
+        auto t0 = std::chrono::steady_clock::now();
+        bool ptx = false;
+        std::string bin = kiln::jit::nvrtc_compile(src, sym, cc, &ptx);
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        EXPECT_FALSE(bin.empty());
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << "graph " << g << " (" << p.header << "): " << e.what() << "\nloop IR:\n"
+                      << L->kernel.str() << "\nCUDA source:\n" << src;
+        return;
+      }
+      ops_of(L->kernel, ops);
+      ++kernels;
+    }
+  }
+  std::printf("[ cuda ] NVRTC compiled %d kernels for sm_%d (median %.1f ms, max %.1f ms); %d groups not lowered\n", kernels,
+              cc, median(ms), ms.empty() ? 0 : *std::max_element(ms.begin(), ms.end()), rejected);
+  for (auto& [why, n] : rejections) std::printf("[ cuda ]   not lowered x%d: %s\n", n, why.c_str());
+  std::string list;
+  for (const std::string& o : ops) list += o + " ";
+  std::printf("[ cuda ] ops compiled: %s\n", list.c_str());
+  EXPECT_GT(kernels, 0);
+}
+
+TEST(CudaNvrtc, EveryOpCompiles) {
+  SKIP_WITHOUT_NVRTC();
+  OpsKernel ok = make_ops_kernel();
+  const std::string src = kiln::jit::emit_cuda(ok.k, "kiln_every_op");
+  try {
+    EXPECT_FALSE(kiln::jit::nvrtc_compile(src, "kiln_every_op", cu::available() ? cu::compute_capability(0) : 90).empty());
+  } catch (const std::exception& e) {
+    FAIL() << e.what() << "\n" << src;
+  }
+  // The reference it is compared with on a GPU: the LLVM tier compiles the same kernel.
+  EXPECT_NO_THROW(cpu_backend()->compile(ok.k, "kiln_every_op_llvm_check", nullptr));
+  int total = 0;
+  for (int t = 0; t < 5; ++t) total += ok.cols[t];
+  std::printf("[ cuda ] every-op kernel: %d results, %zu bytes of CUDA C++\n", total, src.size());
+}
+
+TEST(CudaNvrtc, CompileErrorQuotesTheLog) {
+  SKIP_WITHOUT_NVRTC();
+  const std::string src = "extern \"C\" __global__ void kiln_broken(int* p) { *p = kiln_undeclared_name; }\n";
+  try {
+    kiln::jit::nvrtc_compile(src, "kiln_broken", 90);
+    FAIL() << "NVRTC accepted a broken kernel";
+  } catch (const kiln::Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("kiln_broken"), std::string::npos) << m;
+    EXPECT_NE(m.find("NVRTC_ERROR_COMPILATION"), std::string::npos) << m;
+    EXPECT_NE(m.find("kiln_undeclared_name"), std::string::npos) << "the log is not quoted: " << m;
+  }
+}
+
+TEST(CudaNvrtc, EmitterRejectsWhatItCannotExpress) {
+  // float16 buffers: no CUDA form yet (a clear error, not wrong code).
+  kiln::jit::Kernel k;
+  k.name = "half";
+  k.buffers = {{kiln::DType::Float16, false}, {kiln::DType::Float16, true}};
+  EXPECT_THROW(kiln::jit::emit_cuda(k, "kiln_half"), kiln::Error);
+  EXPECT_FALSE(kiln::jit::cuda_target(90).supports(kiln::OpKind::Add, kiln::DType::Float16));
+  EXPECT_FALSE(kiln::jit::cuda_target(90).supports(kiln::OpKind::Add, kiln::DType::BFloat16));
+  // A float-only op on integers.
+  kiln::jit::Kernel m;
+  m.name = "int_exp";
+  m.buffers = {{kiln::DType::Int64, false}, {kiln::DType::Int64, true}};
+  kiln::jit::Expr ld{kiln::jit::Expr::Kind::Load};
+  ld.dtype = kiln::DType::Int64;
+  ld.i = 0;
+  ld.a = m.var(0);
+  kiln::jit::ExprId x = m.add(ld);
+  kiln::jit::Expr ex{kiln::jit::Expr::Kind::Unary};
+  ex.dtype = kiln::DType::Int64;
+  ex.op = kiln::OpKind::Exp;
+  ex.a = x;
+  kiln::jit::Stmt st{kiln::jit::Stmt::Kind::Store};
+  st.buffer = 1;
+  st.index = m.var(0);
+  st.value = m.add(ex);
+  m.body.push_back(st);
+  try {
+    kiln::jit::emit_cuda(m, "kiln_int_exp");
+    FAIL() << "exp on int64 was emitted";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("on integers"), std::string::npos) << e.what();
+  }
+}
+
+// ============================================================== GPU
+
+TEST(CudaBackend, RegisteredForTheDevice) {
+  SKIP_WITHOUT_GPU();
+  Backend* b = gpu_backend();
+  ASSERT_NE(b, nullptr);
+  const int cc = cu::compute_capability(0);
+  EXPECT_EQ(std::string(b->name()), "cuda");
+  EXPECT_EQ(b->device(), kiln::DeviceType::CUDA);
+  EXPECT_EQ(b->tier(), kiln::jit::Tier::Optimizing);
+  EXPECT_EQ(b->target().name, "cuda-sm" + std::to_string(cc));
+  EXPECT_EQ(b->target().parallel, kiln::jit::Target::Parallel::DeviceGrid);
+  EXPECT_NE(b->cache_id().find("sm_" + std::to_string(cc)), std::string::npos) << b->cache_id();
+  EXPECT_NE(b->cache_id().find("nvrtc"), std::string::npos) << b->cache_id();
+  EXPECT_NE(b->cache_id().find("driver"), std::string::npos) << b->cache_id();
+  kiln::jit::Tiering t = kiln::jit::tiering_for(kiln::DeviceType::CUDA);
+  EXPECT_EQ(t.optimizing, b);
+  EXPECT_EQ(kiln::jit::target_for(kiln::DeviceType::CUDA).name, b->target().name);
+  std::printf("[ cuda ] backend %s, target %s, cache id %s\n", b->name(), b->target().name.c_str(), b->cache_id().c_str());
+}
+
+TEST(CudaDifferential, RandomGraphsMatchLlvm) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  SKIP_WITHOUT_GPU();
+  Backend* gpu = gpu_backend();
+  Backend* cpu = cpu_backend();
+  ASSERT_NE(gpu, nullptr);
+  ASSERT_NE(cpu, nullptr);
+  const uint64_t seed = test_seed();
+  int kernels = 0, rejected = 0, launched_empty = 0, failures = 0, splits = 0, columns = 0, reductions = 0;
+  std::vector<double> compile_ms;
+  std::set<std::string> ops;
+  g_diff = Diff{};
+  for (int g = 0; g < graphs() && failures < 5; ++g) {
+    Program p = make_program(seed, g / 4, g % 4);
+    Prepared pr = prepare(p);
+    for (const kiln::jit::Step& st : pr.steps) {
+      if (st.kind != kiln::jit::Step::Kind::Kernel) continue;
+      std::shared_ptr<Lowered> L;
+      try {
+        L = kiln::jit::lower(st.group, gpu->target());
+      } catch (const kiln::jit::LowerError&) {
+        ++rejected;
+        continue;
+      }
+      std::string where = "KILN_TEST_SEED=" + std::to_string(seed) + " graph " + std::to_string(g) + " (" + p.header + ")";
+      try {
+        Bound bd = bind(st.group, *L);
+        DeviceArgs dev;
+        upload(bd, dev);  // zeroed outputs and scratch, before the CPU run writes them
+        const std::string sym = fresh_symbol("k");
+        auto t0 = std::chrono::steady_clock::now();
+        std::shared_ptr<kiln::jit::Code> gcode = gpu->compile(L->kernel, sym, nullptr);
+        compile_ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        std::shared_ptr<kiln::jit::Code> ccode = cpu->compile(L->kernel, sym, nullptr);
+        if (bd.extent <= 0) ++launched_empty;
+        gpu->launch(*gcode, launch_of(bd, dev.buffers.data()));
+        cpu->launch(*ccode, launch_of(bd, bd.host.data()));
+        std::vector<std::vector<char>> got = download(bd, dev);
+        const size_t first = bd.storage.size();
+        bool f32_math = false;
+        for (const kiln::jit::Expr& e : L->kernel.exprs) f32_math |= e.dtype == kiln::DType::Float32;
+        for (size_t i = 0; i < got.size(); ++i) {
+          kiln::DType dt = L->kernel.buffers[first + i].dtype;
+          std::string m = compare_buffers(dt, got[i], bd.owned[i], g_diff, f32_math);
+          if (!m.empty()) {
+            ADD_FAILURE() << where << ": buffer " << first + i << " (" << kiln::dtype_name(dt) << "): " << m
+                          << "\ngraph:\n" << p.str() << "loop IR:\n" << L->kernel.str() << "\nCUDA source:\n"
+                          << kiln::jit::emit_cuda(L->kernel, sym);
+            ++failures;
+            break;
+          }
+        }
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << where << ": " << e.what() << "\nloop IR:\n" << L->kernel.str();
+        ++failures;
+      }
+      ops_of(L->kernel, ops);
+      ++kernels;
+      splits += L->split;
+      columns += L->column;
+      reductions += !L->kernel.accs.empty();
+    }
+  }
+  std::printf("[ cuda ] %d kernels compared GPU vs LLVM (%d with reductions: %d split, %d column; %d empty launches); "
+              "%d groups not lowered\n", kernels, reductions, splits, columns, launched_empty, rejected);
+  std::printf("[ cuda ] compile (NVRTC + module load) per kernel: median %.1f ms, max %.1f ms\n", median(compile_ms),
+              compile_ms.empty() ? 0 : *std::max_element(compile_ms.begin(), compile_ms.end()));
+  std::printf("[ cuda ] %lld elements (%lld floating), %lld floating elements differ; worst relative difference %.3g (%s)\n",
+              static_cast<long long>(g_diff.elements), static_cast<long long>(g_diff.float_elements),
+              static_cast<long long>(g_diff.differing), g_diff.worst, g_diff.worst_where.c_str());
+  std::string list;
+  for (const std::string& o : ops) list += o + " ";
+  std::printf("[ cuda ] ops run: %s\n", list.c_str());
+  EXPECT_GT(kernels, 0);
+}
+
+// Every op on edge values: GPU vs LLVM, result by result. Exact for integers, bools, casts and
+// the IEEE operations (+ - * / sqrt, fmod, floor ...); transcendentals (and float sums and
+// products, which the LLVM tier may reassociate) within 16 ulp of each other relative to the
+// larger magnitude (CUDA's bound plus libmvec's / SLEEF's), NaN for NaN. (relu is not applied
+// to bool: the LLVM tier compares i1 as signed there, relu(true) = false.)
+TEST(CudaBackend, EveryOpMatchesLlvm) {
+  SKIP_WITHOUT_GPU();
+  Backend* gpu = gpu_backend();
+  Backend* cpu = cpu_backend();
+  ASSERT_NE(gpu, nullptr);
+  OpsKernel ok = make_ops_kernel();
+  const int64_t n = OpsKernel::n;
+  Bound bd;
+  std::vector<std::vector<char>> ins = ops_inputs();
+  std::vector<std::shared_ptr<kiln::Storage>> keep;
+  for (auto& in : ins) {
+    auto st = std::make_shared<kiln::Storage>();
+    st->data = in.data();
+    st->nbytes = in.size();
+    keep.push_back(st);
+    bd.storage.push_back(st.get());
+    bd.offset.push_back(0);
+    bd.host.push_back(in.data());
+  }
+  for (int t = 0; t < 5; ++t) bd.owned.emplace_back(std::max<size_t>(1, n * ok.cols[t] * kiln::itemsize(kOpsTypes[t])));
+  for (auto& o : bd.owned) bd.host.push_back(o.data());
+  bd.ip = {n};
+  bd.fp = {0.25};
+  bd.extent = n;
+  bd.work = n;
+  DeviceArgs dev;
+  upload(bd, dev);
+  auto gcode = gpu->compile(ok.k, "kiln_every_op_gpu", nullptr);
+  auto ccode = cpu->compile(ok.k, "kiln_every_op_cpu", nullptr);
+  gpu->launch(*gcode, launch_of(bd, dev.buffers.data()));
+  cpu->launch(*ccode, launch_of(bd, bd.host.data()));
+  std::vector<std::vector<char>> got = download(bd, dev);
+  int bad = 0, inexact = 0;
+  double worst_ulps = 0;
+  std::string worst;
+  for (int t = 0; t < 5; ++t) {
+    const kiln::DType dt = kOpsTypes[t];
+    for (int c = 0; c < ok.cols[t]; ++c) {
+      const std::string& name = ok.names[t][c];
+      const bool transcendental = name.find("exp") == 0 || name.find("log") == 0 || name.find("sin") == 0 ||
+                                  name.find("cos") == 0 || name.find("tan") == 0 || name.find("atan") == 0 ||
+                                  name.find("erf") == 0 || name.find("sigmoid") == 0 || name.find("pow") == 0 ||
+                                  name.find("expm1") == 0 || name.find("exp2") == 0 ||
+                                  // float sums and products: the LLVM tier may reassociate them
+                                  name == "acc_sum:float32" || name == "acc_prod:float32";
+      for (int64_t p = 0; p < n; ++p) {
+        const size_t at = static_cast<size_t>(p * ok.cols[t] + c);
+        double a = 0, b = 0;
+        bool same = false;
+        switch (dt) {
+          case kiln::DType::Float32: {
+            float x, y;
+            std::memcpy(&x, got[t].data() + at * 4, 4);
+            std::memcpy(&y, bd.owned[t].data() + at * 4, 4);
+            a = x, b = y;
+            same = std::memcmp(&x, &y, 4) == 0 || (std::isnan(x) && std::isnan(y)) || x == y;
+            break;
+          }
+          case kiln::DType::Float64: {
+            std::memcpy(&a, got[t].data() + at * 8, 8);
+            std::memcpy(&b, bd.owned[t].data() + at * 8, 8);
+            same = (std::isnan(a) && std::isnan(b)) || a == b;
+            break;
+          }
+          default: {
+            const size_t w = kiln::itemsize(dt);
+            same = std::memcmp(got[t].data() + at * w, bd.owned[t].data() + at * w, w) == 0;
+            int64_t x = 0, y = 0;
+            if (w == 1) x = static_cast<uint8_t>(got[t][at]), y = static_cast<uint8_t>(bd.owned[t][at]);
+            else if (w == 4) { int32_t u, v; std::memcpy(&u, got[t].data() + at * 4, 4); std::memcpy(&v, bd.owned[t].data() + at * 4, 4); x = u; y = v; }
+            else { std::memcpy(&x, got[t].data() + at * 8, 8); std::memcpy(&y, bd.owned[t].data() + at * 8, 8); }
+            a = static_cast<double>(x), b = static_cast<double>(y);
+          }
+        }
+        if (same) continue;
+        double ulps = kInf;
+        if (transcendental && kiln::is_floating(dt) && std::isfinite(a) && std::isfinite(b)) {
+          const double ulp = dt == kiln::DType::Float32 ? 0x1p-23 : 0x1p-52;
+          const double tiny = dt == kiln::DType::Float32 ? 0x1p-126 : 0x1p-1022;
+          ulps = std::abs(a - b) / (std::max({std::abs(a), std::abs(b), tiny}) * ulp);
+        }
+        if (ulps <= 16) {
+          ++inexact;
+          if (ulps > worst_ulps) {
+            worst_ulps = ulps;
+            std::ostringstream w;
+            w.precision(17);
+            w << name << " at input " << p << ": gpu " << a << ", cpu " << b;
+            worst = w.str();
+          }
+          continue;
+        }
+        if (++bad <= 20) {
+          ADD_FAILURE() << name << " at input " << p << ": gpu " << std::setprecision(17) << a << ", cpu " << b;
+        }
+      }
+    }
+  }
+  std::printf("[ cuda ] every-op kernel: %d results differ beyond the bounds, %d transcendental results differ "
+              "within 16 ulp (worst %.2f ulp: %s)\n", bad, inexact, worst_ulps, worst.c_str());
+}
+
+// An in-memory blob store (the disk cache's BlobStore stand-in).
+struct MemoryStore : kiln::jit::BlobStore {
+  std::map<std::string, std::string> blobs;
+  bool read(const std::string& k, std::string& v) override {
+    auto it = blobs.find(k);
+    if (it == blobs.end()) return false;
+    v = it->second;
+    return true;
+  }
+  void write(const std::string& k, const std::string& v) override { blobs[k] = v; }
+};
+
+TEST(CudaBackend, ImageRoundTrip) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  SKIP_WITHOUT_GPU();
+  Backend* gpu = gpu_backend();
+  ASSERT_NE(gpu, nullptr);
+  MemoryStore store;
+  const uint64_t seed = test_seed();
+  int tried = 0;
+  for (int g = 0; g < graphs() && tried < 12; ++g) {
+    Program p = make_program(seed, g / 4, g % 4);
+    Prepared pr = prepare(p);
+    for (const kiln::jit::Step& st : pr.steps) {
+      if (st.kind != kiln::jit::Step::Kind::Kernel || tried >= 12) continue;
+      std::shared_ptr<Lowered> L;
+      try {
+        L = kiln::jit::lower(st.group, gpu->target());
+      } catch (const kiln::jit::LowerError&) {
+        continue;
+      }
+      Bound bd = bind(st.group, *L);
+      if (bd.extent <= 0) continue;
+      ++tried;
+      const std::string sym = fresh_symbol("img");
+      std::string image;
+      auto fresh = gpu->compile(L->kernel, sym, &image);
+      ASSERT_FALSE(image.empty());
+      ASSERT_EQ(image.rfind("kiln-cuda-image 1 ", 0), 0u) << image.substr(0, 40);
+      auto loaded = gpu->load(image, sym, store);  // as a later process would, from the disk cache
+      ASSERT_EQ(loaded->backend, gpu);
+      DeviceArgs a, b;
+      upload(bd, a);
+      upload(bd, b);
+      gpu->launch(*fresh, launch_of(bd, a.buffers.data()));
+      gpu->launch(*loaded, launch_of(bd, b.buffers.data()));
+      std::vector<std::vector<char>> ra = download(bd, a), rb = download(bd, b);
+      for (size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i], rb[i]) << "buffer " << i << " differs after the round trip (" << p.header << ")";
+    }
+  }
+  EXPECT_GT(tried, 0);
+  std::printf("[ cuda ] %d kernels: compile -> image -> load gave the same bits\n", tried);
+  // Not an image: a clear error.
+  EXPECT_THROW(gpu->load("not an image", "kiln_x", store), kiln::Error);
+  // A truncated CUBIN: the driver's error, as kiln::Error.
+  EXPECT_THROW(gpu->load("kiln-cuda-image 1 1 0 0 cubin\n\x7f" "ELF garbage", "kiln_x", store), kiln::Error);
+}
+
+}  // namespace
