@@ -76,9 +76,10 @@ class Backend {
   virtual void dump(const Kernel& kernel, const std::string& symbol) const {}
 };
 
-// Every backend of this build, quick tiers before optimizing ones (built on first use from
-// the list in jit/exec/builtin_backends.cpp: adding a backend is one line there).
-const std::vector<Backend*>& backends();
+// The backends of this build for `device`, quick tiers first (built on first use for that
+// device from the list in jit/exec/builtin_backends.cpp: adding a backend is one line there;
+// a CPU-only program never probes for a GPU driver).
+const std::vector<Backend*>& backends(DeviceType device);
 // The backend of `device` with `tier`, or null.
 Backend* find_backend(DeviceType device, Tier tier);
 

@@ -1,4 +1,4 @@
-// The backends of this build, quick tiers first. Adding a backend: one line here.
+// The backends of this build per device, quick tiers first. Adding a backend: one line here.
 #include "jit/cpu_asmjit/asmjit_backend.h"
 #include "jit/cpu_llvm/llvm_backend.h"
 #ifdef KILN_CUDA
@@ -8,16 +8,19 @@
 
 namespace kiln::jit {
 
-std::vector<std::unique_ptr<Backend>> builtin_backends() {
+std::vector<std::unique_ptr<Backend>> builtin_backends(DeviceType device) {
   std::vector<std::unique_ptr<Backend>> v;
-  v.push_back(make_asmjit_backend());
-  v.push_back(make_llvm_backend());
+  if (device == DeviceType::CPU) {
+    v.push_back(make_asmjit_backend());
+    v.push_back(make_llvm_backend());
+  }
 #ifdef KILN_CUDA
-  // Only where a driver and a device are found: without them the list is the CPU's alone.
-  try {
-    if (auto cuda = make_cuda_backend()) v.push_back(std::move(cuda));
-  } catch (const std::exception& e) {
-    log_line("jit", std::string("CUDA backend disabled: ") + e.what());
+  if (device == DeviceType::CUDA) {  // only where a driver and a device are found
+    try {
+      if (auto cuda = make_cuda_backend()) v.push_back(std::move(cuda));
+    } catch (const std::exception& e) {
+      log_line("jit", std::string("CUDA backend disabled: ") + e.what());
+    }
   }
 #endif
   return v;
