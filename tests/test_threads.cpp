@@ -125,3 +125,33 @@ TEST(Threads, SharedModuleNoGradKeepsIntermediates) {
     EXPECT_EQ(got_w[0], net->parameters()[0].to_vector<float>());
   }
 }
+
+// Nodes, tensor handles and shapes come from per-thread pools (runtime/core/pool_allocator.h):
+// blocks made on one thread are freed on another, and threads exit while others still hold
+// what they made. Every value must survive and be right; nothing may crash at thread exit.
+TEST(Threads, PooledBlocksCrossThreadsAndOutliveTheirThread) {
+  constexpr int kProducers = 4, kPerThread = 300;
+  std::vector<std::vector<kiln::Tensor>> made(kProducers);
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kProducers; ++t)
+    producers.emplace_back([&made, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        kiln::Tensor x = kiln::full({3, static_cast<int64_t>(1 + i % 5)}, static_cast<double>(t * 1000 + i));
+        made[t].push_back(kiln::relu(2 * x + 1) - 1);  // pending: materialized by another thread
+      }
+    });
+  for (auto& p : producers) p.join();  // the producers' pools are gone; their blocks are not
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> consumers;
+  for (int t = 0; t < kProducers; ++t)
+    consumers.emplace_back([&made, &wrong, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const double expect = 2.0 * (t * 1000 + i);
+        for (float v : made[t][i].to_vector<float>())
+          if (v != static_cast<float>(expect)) wrong++;
+      }
+      made[t].clear();  // freed on this thread, made on another
+    });
+  for (auto& c : consumers) c.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
