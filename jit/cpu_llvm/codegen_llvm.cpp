@@ -8,10 +8,12 @@
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
+#include <llvm/IRReader/IRReader.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/ErrorHandling.h>
 #include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -84,12 +86,12 @@ orc::JITTargetMachineBuilder host_jtmb() {
   return b;
 }
 
-std::unique_ptr<TargetMachine> host_machine() {
-  auto jtmb = host_jtmb();
+std::unique_ptr<TargetMachine> create_machine(orc::JITTargetMachineBuilder jtmb) {
   auto tm = jtmb.createTargetMachine();
   if (!tm) throw Error("llvm: cannot create target machine: " + toString(tm.takeError()));
   return std::move(*tm);
 }
+std::unique_ptr<TargetMachine> host_machine() { return create_machine(host_jtmb()); }
 
 // The vector-ABI math libraries, loaded globally so kernels resolve their symbols: glibc's
 // libmvec first (faster where it has a function; <= 4 ulp per glibc's manual), then SLEEF's
@@ -569,6 +571,16 @@ void optimize(Module& mod, TargetMachine& tm, Vectorizers vec) {
   mpm.run(mod, mam);
 }
 
+// Code generation of an optimized module.
+std::string emit_object(Module& mod, TargetMachine& tm) {
+  SmallVector<char, 0> obj;
+  raw_svector_ostream os(obj);
+  legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, CGFT_ObjectFile)) throw Error("llvm: target cannot emit object files");
+  pm.run(mod);
+  return std::string(obj.begin(), obj.end());
+}
+
 // The JIT's IR compiler: kiln never adds IR to the JIT, only objects.
 struct ObjectsOnly final : orc::IRCompileLayer::IRCompiler {
   ObjectsOnly() : IRCompiler(orc::IRSymbolMapper::ManglingOptions()) {}
@@ -629,12 +641,7 @@ std::string compile_once(const Kernel& k, const std::string& symbol, std::string
     // Written before code generation, so IR that makes LLVM's backend fail is on disk.
     dump_file(symbol + ".opt.ll", *optimized_ir);
   }
-  SmallVector<char, 0> obj;
-  raw_svector_ostream os(obj);
-  legacy::PassManager pm;
-  if (tm->addPassesToEmitFile(pm, os, nullptr, CGFT_ObjectFile)) throw Error("llvm: target cannot emit object files");
-  pm.run(*mod);
-  return std::string(obj.begin(), obj.end());
+  return emit_object(*mod, *tm);
 }
 
 }  // namespace
@@ -666,6 +673,40 @@ std::string compile_to_object(const Kernel& k, const std::string& symbol, std::s
     }
   }
   throw Error(first_error);
+}
+
+std::string compile_ir_to_object(const std::string& ir, const std::string& cpu, const std::string& features,
+                                 int* lanes_rewritten) {
+  init_llvm();
+  orc::JITTargetMachineBuilder jtmb = host_jtmb();
+  if (!cpu.empty()) {
+    jtmb = orc::JITTargetMachineBuilder(Triple(host_info().triple));
+    jtmb.setCPU(cpu);
+    jtmb.setCodeGenOptLevel(CodeGenOpt::Aggressive);
+  }
+  if (!features.empty()) {
+    std::vector<std::string> fs;
+    for (size_t pos = 0; pos <= features.size();) {
+      size_t comma = std::min(features.find(',', pos), features.size());
+      if (comma > pos) fs.push_back(features.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+    jtmb.addFeatures(fs);
+  }
+  auto tm = create_machine(std::move(jtmb));
+  LLVMContext ctx;
+  SMDiagnostic diag;
+  std::unique_ptr<Module> mod = parseIR(MemoryBufferRef(ir, "kiln-ir"), diag, ctx);
+  if (!mod) {
+    std::string msg;
+    raw_string_ostream os(msg);
+    diag.print("kiln-ir", os);
+    throw Error("llvm: cannot parse IR: " + os.str());
+  }
+  mod->setDataLayout(tm->createDataLayout());
+  mod->setTargetTriple(tm->getTargetTriple().str());
+  if (lanes_rewritten) *lanes_rewritten = 0;
+  return emit_object(*mod, *tm);
 }
 
 KernelFn load_object(const std::string& object, const std::string& symbol) {

@@ -16,6 +16,11 @@ using KernelFn = void (*)(int64_t begin, int64_t end, char* const* buffers, cons
 std::string emit_llvm_ir(const Kernel& k, const std::string& symbol);
 // Compiles a kernel to a relocatable object for the host CPU (O3, vectorized).
 std::string compile_to_object(const Kernel& k, const std::string& symbol, std::string* optimized_ir = nullptr);
+// The back half of compile_to_object for already optimized LLVM IR text (a KILN_DUMP .opt.ll,
+// tests): code generation for `cpu` ("" = the host CPU and features) plus `features`
+// ("+avx512f,-fma", ...). `lanes_rewritten` (optional) receives 0.
+std::string compile_ir_to_object(const std::string& ir, const std::string& cpu = "", const std::string& features = "",
+                                 int* lanes_rewritten = nullptr);
 // Loads an object produced by compile_to_object into the process JIT and returns `symbol`.
 KernelFn load_object(const std::string& object, const std::string& symbol);
 // LLVM version and host CPU name + features (part of the on-disk cache key).
