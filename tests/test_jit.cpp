@@ -172,7 +172,7 @@ TEST(JitDifferential, RandomGraphsMatchInterpreter) {
 // family 348: isnan of a 3/7/8-wide row stored as bool bytes next to a layer_norm): the SLP
 // vectorizer packed the isnan compares, a bool byte read one lane of the i1 vector and the
 // loop vectorizer broadcast it ("Cannot select" or a segfault in SelectionDAG::Combine, in some
-// processes only: the vectorizer's choice depends on heap addresses). Such lane reads reach the
+// processes only: the SLP vectorizer's choice varies between runs). Such lane reads reach the
 // backend through bytes (codegen_llvm.cpp, mask_lanes_through_bytes): the graphs run compiled
 // (a fallback to the interpreter fails check_program), and no kernel's optimized IR reads a
 // lane of an i1 vector. JitCodegen.MaskLaneReadsCompileForAvx512 covers the backend part

@@ -29,7 +29,7 @@ namespace {
 
 constexpr const char* kKilnVersion = "kiln-0.1.0";
 // Bump when the LLVM emitter changes what it generates for the same loop IR.
-constexpr const char* kCodegenVersion = "codegen-6";  // 6: transcendentals through kernels/cpu/vmath.h
+constexpr const char* kCodegenVersion = "codegen-7";  // 7: i1-vector lane reads through bytes (LLVM 16 x86)
 constexpr char kMagic[8] = {'K', 'I', 'L', 'N', 'O', 'B', 'J', '1'};
 
 uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
