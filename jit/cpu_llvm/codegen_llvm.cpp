@@ -8,10 +8,12 @@
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
+#include <llvm/IRReader/IRReader.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/ErrorHandling.h>
 #include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/SourceMgr.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Support/raw_ostream.h>
 #include <llvm/Target/TargetMachine.h>
@@ -21,6 +23,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 #include <mutex>
 #include <unordered_map>
@@ -84,12 +87,12 @@ orc::JITTargetMachineBuilder host_jtmb() {
   return b;
 }
 
-std::unique_ptr<TargetMachine> host_machine() {
-  auto jtmb = host_jtmb();
+std::unique_ptr<TargetMachine> create_machine(orc::JITTargetMachineBuilder jtmb) {
   auto tm = jtmb.createTargetMachine();
   if (!tm) throw Error("llvm: cannot create target machine: " + toString(tm.takeError()));
   return std::move(*tm);
 }
+std::unique_ptr<TargetMachine> host_machine() { return create_machine(host_jtmb()); }
 
 // The vector-ABI math libraries, loaded globally so kernels resolve their symbols: glibc's
 // libmvec first (faster where it has a function; <= 4 ulp per glibc's manual), then SLEEF's
@@ -569,6 +572,64 @@ void optimize(Module& mod, TargetMachine& tm, Vectorizers vec) {
   mpm.run(mod, mam);
 }
 
+// ---- IR the x86 backend of LLVM 16 cannot take ----
+// A lane read out of a vector of i1 (`extractelement <N x i1> %m, k`): the vectorizers make one
+// when a compare they vectorized (the SLP vectorizer packs isnan/compare/logical results of
+// neighbouring elements) also has scalar users, e.g. a bool byte (`zext i1 ... to i8`) that the
+// loop vectorizer then broadcasts and shuffles with other bools. With AVX-512, the compare
+// is a mask register (vXi1) and LLVM 16's DAG combiner folds the byte broadcast into a
+// broadcast whose source is the mask itself (a v16i8/v32i8 X86ISD::VBROADCAST of a v8i1
+// X86ISD::KSHIFTR), which no instruction selects: "Cannot select", or a segfault in SelectionDAG::Combine
+// (peekThroughBitcasts) before any error is reported. The SLP vectorizer's choice is not the
+// same in every process of one build (nor across kernel symbol names), so a kernel failed in some
+// runs only; and the emitter's own IR (scalar compares, a bool byte as `zext i1`) cannot prevent it:
+// any equivalent form of the byte is canonicalized back to `zext i1` before the vectorizers run.
+// So after the optimizer, just before code generation, every such lane is read through bytes:
+// `icmp ne (extractelement (zext %m to <N x i8>), k), 0`, the same value, which the backend
+// computes in vector registers (a masked byte move, vpextrb) and never turns back into a mask
+// broadcast. (The optimizer would undo it: InstCombine turns an extract of a zext into a zext of
+// an extract.) It applies to every kernel and every producer of bools (compares, isnan/isfinite,
+// logical ops, bools loaded from memory), on any target (elsewhere it costs a byte widening).
+// Returns the number of lanes rewritten.
+int mask_lanes_through_bytes(Module& mod) {
+  int rewritten = 0;
+  for (Function& f : mod) {
+    // One widened copy per mask vector and block (the DAG is built per block).
+    std::map<std::pair<Value*, BasicBlock*>, Value*> bytes;
+    for (BasicBlock& bb : f) {
+      for (Instruction& inst : make_early_inc_range(bb)) {
+        auto* ex = dyn_cast<ExtractElementInst>(&inst);
+        if (!ex) continue;
+        auto* vt = dyn_cast<FixedVectorType>(ex->getVectorOperandType());
+        if (!vt || !vt->getElementType()->isIntegerTy(1)) continue;
+        IRBuilder<> b(ex);
+        Value*& wide = bytes[{ex->getVectorOperand(), &bb}];
+        if (!wide) {
+          // At the first lane read of this block (dominates the later ones in it).
+          wide = b.CreateZExt(ex->getVectorOperand(), FixedVectorType::get(b.getInt8Ty(), vt->getNumElements()),
+                              "mask.bytes");
+        }
+        Value* byte = b.CreateExtractElement(wide, ex->getIndexOperand(), "mask.lane");
+        Value* lane = b.CreateICmpNE(byte, b.getInt8(0), ex->getName());
+        ex->replaceAllUsesWith(lane);
+        ex->eraseFromParent();
+        ++rewritten;
+      }
+    }
+  }
+  return rewritten;
+}
+
+// Code generation of an optimized module (after mask_lanes_through_bytes).
+std::string emit_object(Module& mod, TargetMachine& tm) {
+  SmallVector<char, 0> obj;
+  raw_svector_ostream os(obj);
+  legacy::PassManager pm;
+  if (tm.addPassesToEmitFile(pm, os, nullptr, CGFT_ObjectFile)) throw Error("llvm: target cannot emit object files");
+  pm.run(mod);
+  return std::string(obj.begin(), obj.end());
+}
+
 // The JIT's IR compiler: kiln never adds IR to the JIT, only objects.
 struct ObjectsOnly final : orc::IRCompileLayer::IRCompiler {
   ObjectsOnly() : IRCompiler(orc::IRSymbolMapper::ManglingOptions()) {}
@@ -621,6 +682,9 @@ std::string compile_once(const Kernel& k, const std::string& symbol, std::string
   LLVMContext ctx;
   auto mod = build_module(k, symbol, ctx);
   optimize(*mod, *tm, vec);
+  const int lanes = mask_lanes_through_bytes(*mod);
+  if (lanes > 0 && log_enabled("codegen"))
+    log_line("codegen", symbol + ": " + std::to_string(lanes) + " i1-vector lane reads go through bytes (LLVM 16 x86)");
   if (optimized_ir) {
     optimized_ir->clear();
     raw_string_ostream os(*optimized_ir);
@@ -629,12 +693,7 @@ std::string compile_once(const Kernel& k, const std::string& symbol, std::string
     // Written before code generation, so IR that makes LLVM's backend fail is on disk.
     dump_file(symbol + ".opt.ll", *optimized_ir);
   }
-  SmallVector<char, 0> obj;
-  raw_svector_ostream os(obj);
-  legacy::PassManager pm;
-  if (tm->addPassesToEmitFile(pm, os, nullptr, CGFT_ObjectFile)) throw Error("llvm: target cannot emit object files");
-  pm.run(*mod);
-  return std::string(obj.begin(), obj.end());
+  return emit_object(*mod, *tm);
 }
 
 }  // namespace
@@ -649,9 +708,10 @@ std::string emit_llvm_ir(const Kernel& k, const std::string& symbol) {
 }
 
 std::string compile_to_object(const Kernel& k, const std::string& symbol, std::string* optimized_ir) {
-  // LLVM 16's x86 backend cannot select some vectorized AVX-512 mask patterns (a v8i1 compare
-  // broadcast to bytes): such a kernel is compiled again without the SLP vectorizer, then
-  // without any vectorizer, before the caller falls back to the interpreter.
+  // A backend failure that still reports an error (LLVM's fatal-error handler throws: the known
+  // AVX-512 mask-lane pattern never reaches the backend, see mask_lanes_through_bytes) is
+  // compiled again without the SLP vectorizer, then without any vectorizer, before the caller
+  // falls back to the interpreter. A backend crash (segfault) cannot be caught this way.
   const Vectorizers attempts[] = {{true, true}, {true, false}, {false, false}};
   std::string first_error;
   for (const Vectorizers& vec : attempts) {
@@ -666,6 +726,41 @@ std::string compile_to_object(const Kernel& k, const std::string& symbol, std::s
     }
   }
   throw Error(first_error);
+}
+
+std::string compile_ir_to_object(const std::string& ir, const std::string& cpu, const std::string& features,
+                                 int* lanes_rewritten) {
+  init_llvm();
+  orc::JITTargetMachineBuilder jtmb = host_jtmb();
+  if (!cpu.empty()) {
+    jtmb = orc::JITTargetMachineBuilder(Triple(host_info().triple));
+    jtmb.setCPU(cpu);
+    jtmb.setCodeGenOptLevel(CodeGenOpt::Aggressive);
+  }
+  if (!features.empty()) {
+    std::vector<std::string> fs;
+    for (size_t pos = 0; pos <= features.size();) {
+      size_t comma = std::min(features.find(',', pos), features.size());
+      if (comma > pos) fs.push_back(features.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+    jtmb.addFeatures(fs);
+  }
+  auto tm = create_machine(std::move(jtmb));
+  LLVMContext ctx;
+  SMDiagnostic diag;
+  std::unique_ptr<Module> mod = parseIR(MemoryBufferRef(ir, "kiln-ir"), diag, ctx);
+  if (!mod) {
+    std::string msg;
+    raw_string_ostream os(msg);
+    diag.print("kiln-ir", os);
+    throw Error("llvm: cannot parse IR: " + os.str());
+  }
+  mod->setDataLayout(tm->createDataLayout());
+  mod->setTargetTriple(tm->getTargetTriple().str());
+  const int lanes = mask_lanes_through_bytes(*mod);
+  if (lanes_rewritten) *lanes_rewritten = lanes;
+  return emit_object(*mod, *tm);
 }
 
 KernelFn load_object(const std::string& object, const std::string& symbol) {
