@@ -29,11 +29,13 @@ void gather(const Operand& out, const Operand& x, const Operand& index, int64_t 
 void scatter(OpKind op, const Operand& out, const Operand& index, const Operand& src, int64_t dim);
 void index_select(const Operand& out, const Operand& x, const Operand& index, int64_t dim);
 void index_add(const Operand& out, const Operand& index, const Operand& src, int64_t dim);
-// Batched GEMM via OpenBLAS: out[..., M, N] = a[..., M, K] @ b[..., K, N].
+// Batched GEMM via OpenBLAS: out[..., M, N] = a[..., M, K] @ b[..., K, N]. OpenBLAS runs at one
+// thread; the products are cut into tiles (batch × row blocks × column blocks) over TBB, within
+// the current arena's concurrency and a tbb::global_control limit.
 void matmul(const Operand& out, const Operand& a, const Operand& b);
-// out = a·b for one 2-D float32/float64 GEMM, in row blocks over TBB (one BLAS thread each);
-// after a block's rows are computed, `epilogue(r0, r1)` runs on them while they are in cache.
-// Returns false (doing nothing) for shapes or dtypes it does not handle.
+// out = a·b for one 2-D float32/float64 GEMM, the same way, by row blocks (each cut into column
+// tiles where that helps); after all of a block's rows are computed, `epilogue(r0, r1)` runs on
+// them while they are in cache. Returns false (doing nothing) for shapes or dtypes it does not handle.
 bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
                        const std::function<void(int64_t, int64_t)>& epilogue);
 // im2col / col2im for conv2d (ints = kh, kw, sh, sw, ph, pw, dh, dw).
