@@ -102,7 +102,6 @@ struct Bound {
 };
 
 Bound bind(const kiln::jit::Group& g, const Lowered& L) {
-  using AK = kiln::jit::ArgSource::Kind;
   Bound bd;
   std::vector<kiln::Node*> ins = kiln::jit::canonical_inputs(g);
   for (kiln::Node* in : ins) {
@@ -112,42 +111,12 @@ Bound bind(const kiln::jit::Group& g, const Lowered& L) {
     bd.host.push_back(static_cast<char*>(in->storage->data) + off);
   }
   for (kiln::Node* o : g.outputs) bd.owned.emplace_back(std::max<size_t>(1, static_cast<size_t>(kiln::numel(o->shape).as_int()) * kiln::itemsize(o->dtype)));
-  int64_t rows = 1, per_row = 1;
-  if (L.split) {
-    size_t n = g.domain.size();
-    if (n == 1) rows = g.domain[0].as_int();
-    else {
-      for (size_t d = 0; d + 1 < n; ++d) rows *= g.domain[d].as_int();
-      per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
-    }
-  }
-  int64_t chunk = std::max<int64_t>({1, (16384 + per_row - 1) / per_row, (rows + 255) / 256});
-  int64_t chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
-  auto arg_node = [&](int a) -> const kiln::Node* { return a >= 0 ? g.nodes[a] : ins[-a - 1]; };
-  for (const kiln::jit::ArgSource& s : L.iparams) {
-    int64_t v = 0;
-    switch (s.kind) {
-      case AK::DomainSize: v = g.domain[s.a].as_int(); break;
-      case AK::NodeSize: v = arg_node(s.a)->shape[s.b].as_int(); break;
-      case AK::InputStride: v = ins[s.a]->strides[s.b].as_int(); break;
-      case AK::FullValue: case AK::AttrF0: v = g.nodes[s.a]->attrs.ints[0]; break;
-      case AK::AttrF1: v = g.nodes[s.a]->attrs.ints[1]; break;
-      case AK::Chunks: v = chunks; break;
-      case AK::ChunkSize: v = chunk; break;
-    }
-    bd.ip.push_back(v);
-  }
-  for (const kiln::jit::ArgSource& s : L.fparams)
-    bd.fp.push_back(s.kind == AK::AttrF1 ? g.nodes[s.a]->attrs.f1 : g.nodes[s.a]->attrs.f0);
-  int64_t scratch = chunks;
-  if (L.column) {
-    scratch = 1;
-    for (size_t d = 0; d < g.domain.size(); ++d)
-      if (std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) == g.reduce_dims.end())
-        scratch *= g.domain[d].as_int();
-  }
+  kiln::jit::BoundArgs args;
+  kiln::jit::bind_args(L, g, ins, args);  // the executor's own binding of the argument recipe
+  bd.ip = args.ip;
+  bd.fp = args.fp;
   for (size_t b = ins.size() + g.outputs.size(); b < L.kernel.buffers.size(); ++b)
-    bd.owned.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
+    bd.owned.emplace_back(static_cast<size_t>(std::max<int64_t>(args.scratch, 1)) * 8);
   for (auto& o : bd.owned) bd.host.push_back(o.data());
   for (const auto& d : g.domain) bd.work *= d.as_int();
   bd.extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.ip);

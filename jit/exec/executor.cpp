@@ -47,22 +47,14 @@ int64_t eval_index(const Kernel& k, ExprId id, const std::vector<int64_t>& ip) {
 
 struct Binding {
   std::vector<char*> buffers;
-  std::vector<int64_t> ip;
-  std::vector<double> fp;
+  BoundArgs args;
   std::vector<std::shared_ptr<Storage>> out_storage;
   std::vector<std::vector<char>> partials;
-  int64_t chunks = 1;
 };
-
-const Node* arg_node(const Group& g, const std::vector<Node*>& ins, int a) {
-  return a >= 0 ? g.nodes[a] : ins[-a - 1];
-}
 
 // Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`.
 void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins) {
   bd.buffers.clear();
-  bd.ip.clear();
-  bd.fp.clear();
   bd.out_storage.clear();
   bd.partials.clear();
   for (Node* in : ins)
@@ -73,45 +65,10 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
     bd.buffers.push_back(static_cast<char*>(s->data));
     bd.out_storage.push_back(std::move(s));
   }
-  // Split reductions: chunk the rows so each chunk holds enough work.
-  int64_t rows = 1, per_row = 1;
-  if (L.split) {
-    size_t n = g.domain.size();
-    if (n == 1) rows = g.domain[0].as_int();
-    else {
-      for (size_t d = 0; d + 1 < n; ++d) rows *= g.domain[d].as_int();
-      per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
-    }
-  }
-  int64_t chunk = std::max<int64_t>({1, (16384 + per_row - 1) / per_row, (rows + 255) / 256});
-  bd.chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
-  for (const ArgSource& s : L.iparams) {
-    int64_t v = 0;
-    switch (s.kind) {
-      case ArgSource::Kind::DomainSize: v = g.domain[s.a].as_int(); break;
-      case ArgSource::Kind::NodeSize: v = arg_node(g, ins, s.a)->shape[s.b].as_int(); break;
-      case ArgSource::Kind::InputStride: v = ins[s.a]->strides[s.b].as_int(); break;
-      case ArgSource::Kind::FullValue: v = g.nodes[s.a]->attrs.ints[0]; break;
-      case ArgSource::Kind::AttrF0: v = g.nodes[s.a]->attrs.ints[0]; break;
-      case ArgSource::Kind::AttrF1: v = g.nodes[s.a]->attrs.ints[1]; break;
-      case ArgSource::Kind::Chunks: v = bd.chunks; break;
-      case ArgSource::Kind::ChunkSize: v = chunk; break;
-    }
-    bd.ip.push_back(v);
-  }
-  for (const ArgSource& s : L.fparams) {
-    const Node* n = g.nodes[s.a];
-    bd.fp.push_back(s.kind == ArgSource::Kind::AttrF1 ? n->attrs.f1 : n->attrs.f0);
-  }
+  bind_args(L, g, ins, bd.args);
   const Kernel& k = L.kernel;
   // Scratch after the outputs: per-chunk partials (split), per-kept-element accumulators (column).
-  int64_t scratch = bd.chunks;
-  if (L.column) {
-    scratch = 1;
-    for (size_t d = 0; d < g.domain.size(); ++d)
-      if (std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) == g.reduce_dims.end())
-        scratch *= g.domain[d].as_int();
-  }
+  const int64_t scratch = bd.args.scratch;
   for (size_t b = bd.buffers.size(); b < k.buffers.size(); ++b) {
     bd.partials.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
     bd.buffers.push_back(bd.partials.back().data());
@@ -134,7 +91,7 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
     int64_t iacc = op == OpKind::Prod ? 1 : 0;
     int64_t best = -1;
     bool first = true;
-    for (int64_t c = 0; c < bd.chunks; ++c) {
+    for (int64_t c = 0; c < bd.args.chunks; ++c) {
       double dv = !fl ? 0
                   : pdt == DType::Float32 ? static_cast<double>(reinterpret_cast<const float*>(vals)[c])
                                           : reinterpret_cast<const double*>(vals)[c];
@@ -215,18 +172,18 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
   const Lowered& L = *ck->lowered;
   const Kernel& k = L.kernel;
   bind_kernel(bd, g, L, ins);
-  int64_t extent = eval_index(k, k.parallel_extent, bd.ip);
+  int64_t extent = eval_index(k, k.parallel_extent, bd.args.ip);
   if (extent > 0) {
     const Code& code = launch_code(*ck);
     Launch l;
     l.extent = extent;
     l.work = work;
     l.buffers = bd.buffers.data();
-    l.iparams = bd.ip.data();
-    l.fparams = bd.fp.data();
+    l.iparams = bd.args.ip.data();
+    l.fparams = bd.args.fp.data();
     code.backend->launch(code, l);
   } else if (L.split) {
-    bd.chunks = 0;
+    bd.args.chunks = 0;
   }
   if (L.split) combine(L, k, bd, g);
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
@@ -455,15 +412,15 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   const Lowered& L = *ks.ck->lowered;
   Binding& bd = sc.binding;
   bind_kernel(bd, g, L, sc.ins);
-  const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.ip);
+  const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.args.ip);
   if (rows == 0 || extent <= 0 || extent % rows != 0) return false;
   const int64_t per_row = extent / rows;
   const Code& code = launch_code(*ks.ck);
   Launch l;
   l.extent = extent;
   l.buffers = bd.buffers.data();
-  l.iparams = bd.ip.data();
-  l.fparams = bd.fp.data();
+  l.iparams = bd.args.ip.data();
+  l.fparams = bd.args.fp.data();
   bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
                                          kernels::operand_of(*m->inputs[1]), [&](int64_t r0, int64_t r1) {
                                            code.backend->run_range(code, r0 * per_row, r1 * per_row, l);

@@ -711,3 +711,52 @@ struct Lowerer {
 std::shared_ptr<Lowered> lower(const Group& g, const Target& t) { return Lowerer(g, t).run(); }
 
 }  // namespace kiln::jit
+
+namespace kiln::jit {
+
+void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, BoundArgs& out) {
+  out.ip.clear();
+  out.fp.clear();
+  // Split reductions: chunk the rows so each chunk holds enough work.
+  int64_t rows = 1, per_row = 1;
+  if (L.split) {
+    const size_t n = g.domain.size();
+    if (n == 1) {
+      rows = g.domain[0].as_int();
+    } else {
+      for (size_t d = 0; d + 1 < n; ++d) rows *= g.domain[d].as_int();
+      per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
+    }
+  }
+  const int64_t chunk = std::max<int64_t>({1, (16384 + per_row - 1) / per_row, (rows + 255) / 256});
+  out.chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
+  auto arg_node = [&](int a) -> const Node* { return a >= 0 ? g.nodes[a] : ins[-a - 1]; };
+  for (const ArgSource& s : L.iparams) {
+    int64_t v = 0;
+    switch (s.kind) {
+      case ArgSource::Kind::DomainSize: v = g.domain[s.a].as_int(); break;
+      case ArgSource::Kind::NodeSize: v = arg_node(s.a)->shape[s.b].as_int(); break;
+      case ArgSource::Kind::InputStride: v = ins[s.a]->strides[s.b].as_int(); break;
+      case ArgSource::Kind::FullValue:
+      case ArgSource::Kind::AttrF0: v = g.nodes[s.a]->attrs.ints[0]; break;
+      case ArgSource::Kind::AttrF1: v = g.nodes[s.a]->attrs.ints[1]; break;
+      case ArgSource::Kind::Chunks: v = out.chunks; break;
+      case ArgSource::Kind::ChunkSize: v = chunk; break;
+    }
+    out.ip.push_back(v);
+  }
+  for (const ArgSource& s : L.fparams) {
+    const Node* n = g.nodes[s.a];
+    out.fp.push_back(s.kind == ArgSource::Kind::AttrF1 ? n->attrs.f1 : n->attrs.f0);
+  }
+  // Scratch: per-chunk partials (split), per-kept-element accumulators (column).
+  out.scratch = out.chunks;
+  if (L.column) {
+    out.scratch = 1;
+    for (size_t d = 0; d < g.domain.size(); ++d)
+      if (std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) == g.reduce_dims.end())
+        out.scratch *= g.domain[d].as_int();
+  }
+}
+
+}  // namespace kiln::jit

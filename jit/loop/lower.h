@@ -38,6 +38,17 @@ struct Lowered {
   std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
 };
 
+// Runtime arguments of a lowered kernel bound to one group (by the recipe in Lowered).
+struct BoundArgs {
+  std::vector<int64_t> ip;  // int64 parameters
+  std::vector<double> fp;   // double parameters
+  int64_t chunks = 1;       // split reductions: chunks of the parallel range (partials)
+  int64_t scratch = 1;      // elements (8 bytes each) of every scratch buffer
+};
+// Binds `L`'s arguments for group `g`, whose canonical inputs are `ins`, into `out` (cleared
+// first, capacity kept).
+void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, BoundArgs& out);
+
 // Thrown when a group cannot be expressed (the executor then runs it on the interpreter).
 struct LowerError : std::runtime_error {
   using std::runtime_error::runtime_error;
