@@ -476,6 +476,13 @@ std::vector<std::vector<char>> ops_inputs() {
 
 // ============================================================== driver
 
+// Prints the op:dtype pairs a test covered.
+void print_ops(const char* what, const std::set<std::string>& ops) {
+  std::string list;
+  for (const std::string& o : ops) list += o + " ";
+  std::printf("[ cuda ] %s: %s\n", what, list.c_str());
+}
+
 TEST(CudaDriver, AvailabilityIsReportedWithoutCrashing) {
   if (cu::available()) {
     EXPECT_TRUE(cu::unavailable_reason().empty());
@@ -556,9 +563,7 @@ TEST(CudaNvrtc, RandomGraphKernelsCompile) {
   std::printf("[ cuda ] NVRTC compiled %d kernels for sm_%d (median %.1f ms, max %.1f ms); %d groups not lowered\n", kernels,
               cc, median(ms), ms.empty() ? 0 : *std::max_element(ms.begin(), ms.end()), rejected);
   for (auto& [why, n] : rejections) std::printf("[ cuda ]   not lowered x%d: %s\n", n, why.c_str());
-  std::string list;
-  for (const std::string& o : ops) list += o + " ";
-  std::printf("[ cuda ] ops compiled: %s\n", list.c_str());
+  print_ops("ops compiled", ops);
   EXPECT_GT(kernels, 0);
 }
 
@@ -717,9 +722,7 @@ TEST(CudaDifferential, RandomGraphsMatchLlvm) {
   std::printf("[ cuda ] %lld elements (%lld floating), %lld floating elements differ; worst relative difference %.3g (%s)\n",
               static_cast<long long>(g_diff.elements), static_cast<long long>(g_diff.float_elements),
               static_cast<long long>(g_diff.differing), g_diff.worst, g_diff.worst_where.c_str());
-  std::string list;
-  for (const std::string& o : ops) list += o + " ";
-  std::printf("[ cuda ] ops run: %s\n", list.c_str());
+  print_ops("ops run", ops);
   EXPECT_GT(kernels, 0);
 }
 

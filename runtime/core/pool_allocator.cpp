@@ -65,12 +65,8 @@ void* pool_block(size_t bytes) {
 void pool_unblock(void* p, size_t bytes) noexcept {
   const size_t c = (bytes - 1) / kPoolGranule;
   BlockLists& l = t_block_lists;
+  if (c < kPoolClasses && !l.registered) register_block_lists();  // may mark the lists dead
   if (c >= kPoolClasses || l.dead || l.count[c] >= kMaxPooledBlocks) {
-    ::operator delete(p);
-    return;
-  }
-  if (!l.registered) register_block_lists();
-  if (l.dead) {
     ::operator delete(p);
     return;
   }
