@@ -31,7 +31,7 @@ for b in jit/cpu_llvm jit/cpu_asmjit; do
   [ -d "$b" ] && rule "$b" "^($b/|jit/(backend|loop|diag)/|runtime/core/|kernels/cpu/)" "a backend includes only the loop IR and the backend contract"
 done
 for b in jit/cuda; do
-  [ -d "$b" ] && rule "$b" "^($b/|jit/(backend|loop|diag)/|runtime/core/|kernels/cuda/)" "a backend includes only the loop IR and the backend contract"
+  [ -d "$b" ] && rule "$b" "^($b/|jit/(backend|loop|diag)/|runtime/core/|runtime/cuda/|kernels/cuda/)" "a backend includes only the loop IR, the backend contract and its device's runtime"
 done
 # Lowering and graph passes know no backend, no executor and no compile() front end.
 rule jit/loop '^(jit/(loop|backend|graph)/|runtime/(core|ir|exec)/)' "lowering knows no backend"

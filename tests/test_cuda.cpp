@@ -29,12 +29,12 @@
 
 #include "jit/backend/backend.h"
 #include "jit/cuda/cuda_backend.h"
-#include "jit/cuda/driver.h"
+#include "runtime/cuda/driver.h"
 #include "jit/cuda/emit_cuda.h"
 
 namespace {
 
-namespace cu = kiln::jit::cuda;
+namespace cu = kiln::cu;
 using kiln::jit::Backend;
 using kiln::jit::Lowered;
 

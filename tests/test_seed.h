@@ -2,6 +2,9 @@
 #pragma once
 #include <cstdint>
 #include <cstdlib>
+#include <string>
+
+#include "runtime/core/device.h"
 
 namespace kiln::testing {
 
@@ -17,6 +20,14 @@ inline uint64_t splitmix(uint64_t x) {
 inline uint64_t test_seed(uint64_t fallback) {
   const char* s = std::getenv("KILN_TEST_SEED");
   return (s && *s) ? std::strtoull(s, nullptr, 0) : fallback;
+}
+
+// KILN_TEST_DEVICE: "cpu" (default) or "cuda" / "cuda:N", the device tests put their inputs on.
+inline Device test_device() {
+  const char* s = std::getenv("KILN_TEST_DEVICE");
+  const std::string v = s ? s : "";
+  if (v.rfind("cuda", 0) == 0) return kiln::cuda(v.size() > 5 ? std::atoi(v.c_str() + 5) : 0);
+  return cpu();
 }
 
 }  // namespace kiln::testing

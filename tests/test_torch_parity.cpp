@@ -32,6 +32,7 @@
 
 #include "kiln.h"
 #include "torch_ops.h"
+#include "test_seed.h"
 
 namespace {
 
@@ -298,6 +299,8 @@ namespace {
 // Runs the forward cases (or those with gradients) eagerly or through kiln::compile, prints a
 // summary line and the failures, and fails the test on any failure.
 void check_corpus(const std::filesystem::path& path, bool grads, bool compiled) {
+  const kiln::Device dev = kiln::testing::test_device();
+  if (dev != kiln::cpu() && !kiln::cuda::is_available()) GTEST_SKIP() << "KILN_TEST_DEVICE=" << dev.str() << ": no usable CUDA device";
   g_compiled = compiled;
   CorpusResult r = run_corpus(path, [grads](const json& j) -> std::optional<std::string> {
     if (!grads) return run_case(j);

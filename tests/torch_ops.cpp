@@ -1,5 +1,6 @@
 // The torch-parity op dispatcher (see torch_ops.h).
 #include "torch_ops.h"
+#include "test_seed.h"
 
 #include <algorithm>
 #include <cmath>
@@ -118,7 +119,7 @@ std::vector<int64_t> shape_of(const json& t, size_t count) {
   return s;
 }
 
-Tensor make_tensor(const json& t) {
+Tensor make_host_tensor(const json& t) {
   DType dt = parse_dtype(t["dtype"].get<std::string>());
   std::vector<const json*> vals;
   flatten_data(t["data"], vals);
@@ -957,3 +958,9 @@ std::vector<Tensor*> tensor_slots(Ctx& c) {
 }
 
 }  // namespace torch_ops
+
+Tensor make_tensor(const json& t) {
+  Tensor h = make_host_tensor(t);
+  const kiln::Device d = kiln::testing::test_device();
+  return d == kiln::cpu() ? h : h.to(d).detach();  // a leaf on the device
+}

@@ -106,7 +106,7 @@ bool costly_to_recompute(OpKind op) {
   switch (op) {
     case OpKind::Matmul: case OpKind::Im2Col: case OpKind::Col2Im: case OpKind::Cat: case OpKind::ViewScatter:
     case OpKind::Gather: case OpKind::Scatter: case OpKind::ScatterAdd: case OpKind::IndexSelect:
-    case OpKind::IndexAdd: case OpKind::RandUniform: case OpKind::RandNormal: case OpKind::RandInt:
+    case OpKind::IndexAdd: case OpKind::ToDevice: case OpKind::RandUniform: case OpKind::RandNormal: case OpKind::RandInt:
       return true;
     default:
       return is_reduction(op);

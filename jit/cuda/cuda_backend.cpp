@@ -7,7 +7,8 @@
 #include <mutex>
 #include <vector>
 
-#include "jit/cuda/driver.h"
+#include "runtime/cuda/cuda_runtime.h"
+#include "runtime/cuda/driver.h"
 #include "jit/cuda/emit_cuda.h"
 #include "jit/diag/diagnostics.h"
 #include "runtime/core/error.h"
@@ -26,9 +27,10 @@ struct CudaCode : Code {
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
   int buffers = 0, iparams = 0, fparams = 0;
+  std::string symbol;
   ~CudaCode() override {
     // Ignored result: at process exit the driver may be shut down already.
-    if (module && cuda::available()) cuda::api().module_unload(module);
+    if (module && cu::available()) cu::api().module_unload(module);
   }
 };
 
@@ -64,9 +66,9 @@ const std::vector<int>& nvrtc_archs() {
   static const std::vector<int> archs = [] {
     std::vector<int> v;
     int n = 0;
-    cuda::check_nvrtc(cuda::table().nvrtc_get_num_supported_archs(&n), "nvrtcGetNumSupportedArchs");
+    cu::check_nvrtc(cu::table().nvrtc_get_num_supported_archs(&n), "nvrtcGetNumSupportedArchs");
     v.resize(static_cast<size_t>(n));
-    if (n) cuda::check_nvrtc(cuda::table().nvrtc_get_supported_archs(v.data()), "nvrtcGetSupportedArchs");
+    if (n) cu::check_nvrtc(cu::table().nvrtc_get_supported_archs(v.data()), "nvrtcGetSupportedArchs");
     return v;
   }();
   return archs;
@@ -97,8 +99,8 @@ Target cuda_target(int cc) {
 // CUBIN for sm_<cc> when NVRTC knows the architecture; else PTX for the newest virtual
 // architecture it knows below it, which the driver compiles at load.
 std::string nvrtc_compile(const std::string& src, const std::string& symbol, int cc, bool* ptx_out) {
-  KILN_CHECK(cuda::have_nvrtc(), "cuda: NVRTC (libnvrtc.so.13 / .12) not found: cannot compile ", symbol);
-  const cuda::Api& a = cuda::table();
+  KILN_CHECK(cu::have_nvrtc(), "cuda: NVRTC (libnvrtc.so.13 / .12) not found: cannot compile ", symbol);
+  const cu::Api& a = cu::table();
   const std::vector<int>& archs = nvrtc_archs();
   int arch = cc;
   const bool ptx = std::find(archs.begin(), archs.end(), cc) == archs.end();
@@ -114,11 +116,11 @@ std::string nvrtc_compile(const std::string& src, const std::string& symbol, int
   std::vector<const char*> argv;
   for (const std::string& o : opts) argv.push_back(o.c_str());
   nvrtcProgram prog = nullptr;
-  cuda::check_nvrtc(a.nvrtc_create_program(&prog, src.c_str(), (symbol + ".cu").c_str(), 0, nullptr, nullptr),
+  cu::check_nvrtc(a.nvrtc_create_program(&prog, src.c_str(), (symbol + ".cu").c_str(), 0, nullptr, nullptr),
                     "nvrtcCreateProgram");
   struct Destroy {
     nvrtcProgram& p;
-    ~Destroy() { cuda::table().nvrtc_destroy_program(&p); }
+    ~Destroy() { cu::table().nvrtc_destroy_program(&p); }
   } destroy{prog};
   const nvrtcResult r = a.nvrtc_compile_program(prog, static_cast<int>(argv.size()), argv.data());
   if (r != NVRTC_SUCCESS) {
@@ -134,13 +136,13 @@ std::string nvrtc_compile(const std::string& src, const std::string& symbol, int
   std::string out;
   size_t n = 0;
   if (ptx) {
-    cuda::check_nvrtc(a.nvrtc_get_ptx_size(prog, &n), "nvrtcGetPTXSize");
+    cu::check_nvrtc(a.nvrtc_get_ptx_size(prog, &n), "nvrtcGetPTXSize");
     out.resize(n);
-    cuda::check_nvrtc(a.nvrtc_get_ptx(prog, out.data()), "nvrtcGetPTX");  // NUL-terminated (n counts it)
+    cu::check_nvrtc(a.nvrtc_get_ptx(prog, out.data()), "nvrtcGetPTX");  // NUL-terminated (n counts it)
   } else {
-    cuda::check_nvrtc(a.nvrtc_get_cubin_size(prog, &n), "nvrtcGetCUBINSize");
+    cu::check_nvrtc(a.nvrtc_get_cubin_size(prog, &n), "nvrtcGetCUBINSize");
     out.resize(n);
-    cuda::check_nvrtc(a.nvrtc_get_cubin(prog, out.data()), "nvrtcGetCUBIN");
+    cu::check_nvrtc(a.nvrtc_get_cubin(prog, out.data()), "nvrtcGetCUBIN");
   }
   if (log_enabled("codegen"))
     log_line("codegen", symbol + ": nvrtc " + (ptx ? "compute_" : "sm_") + std::to_string(arch) + ", " +
@@ -155,12 +157,12 @@ class CudaBackend final : public Backend {
   // Reads the device's properties only: the context and stream are made at the first compile,
   // load or launch (a process that never runs CUDA code never creates a context).
   CudaBackend() {
-    cc_ = cuda::compute_capability(0);
-    device_name_ = cuda::device_name(0);
+    cc_ = cu::compute_capability(0);
+    device_name_ = cu::device_name(0);
     int sms = 0;
     CUdevice d = 0;
-    cuda::check(cuda::api().device_get(&d, 0), "cuDeviceGet");
-    cuda::check(cuda::api().device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d), "cuDeviceGetAttribute");
+    cu::check(cu::api().device_get(&d, 0), "cuDeviceGet");
+    cu::check(cu::api().device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d), "cuDeviceGetAttribute");
     max_blocks_ = std::max(1, sms) * 32;
     target_ = cuda_target(cc_);
   }
@@ -173,11 +175,11 @@ class CudaBackend final : public Backend {
   std::string cache_id() const override {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
-    return "cuda;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cuda::nvrtc_version()) + ";driver" +
-           std::to_string(cuda::driver_version()) + ";" + nvrtc_options_key();
+    return "cuda;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
+           std::to_string(cu::driver_version()) + ";" + nvrtc_options_key();
   }
 
-  bool supports(const Lowered&) const override { return cuda::have_nvrtc(); }
+  bool supports(const Lowered&) const override { return cu::have_nvrtc(); }
 
   std::shared_ptr<Code> compile(const Kernel& k, const std::string& symbol, std::string* image) override {
     const std::string src = emit_cuda(k, symbol);
@@ -195,80 +197,56 @@ class CudaBackend final : public Backend {
     return load_binary(binary, symbol, h);
   }
 
-  // Buffers hold device addresses; the three arrays are host arrays, copied to the device
-  // (one argument block) before the launch. Returns when the kernel has finished.
+  // Buffers hold device addresses; the three arrays are host arrays, packed into the kernel's
+  // by-value argument block. Queues the kernel on device 0's stream and returns.
   void launch(const Code& code, const Launch& l) const override {
     const auto& c = static_cast<const CudaCode&>(code);
     if (l.extent <= 0) return;
-    const cuda::Api& a = cuda::api();
-    std::lock_guard<std::mutex> lock(mu_);
-    CUstream stream = ready();
-    const size_t nb = static_cast<size_t>(c.buffers) * sizeof(CUdeviceptr);
-    const size_t ni = static_cast<size_t>(c.iparams) * sizeof(int64_t);
-    const size_t nf = static_cast<size_t>(c.fparams) * sizeof(double);
-    staging_.resize(std::max<size_t>(8, nb + ni + nf));
-    if (nb) std::memcpy(staging_.data(), l.buffers, nb);
-    if (ni) std::memcpy(staging_.data() + nb, l.iparams, ni);
-    if (nf) std::memcpy(staging_.data() + nb + ni, l.fparams, nf);
-    if (staging_.size() > arg_capacity_) {
-      if (args_) a.mem_free(args_);
-      args_ = 0;
-      arg_capacity_ = 0;
-      cuda::check(a.mem_alloc(&args_, staging_.size()), "cuMemAlloc (kernel arguments)");
-      arg_capacity_ = staging_.size();
-    }
-    // Synchronous copy: it completes before the launch below (a blocking stream).
-    cuda::check(a.memcpy_htod(args_, staging_.data(), staging_.size()), "cuMemcpyHtoD (kernel arguments)");
+    const cu::Api& a = cu::api();
+    CUstream stream = cu::enter(0);
+    const size_t nb = std::max(c.buffers, 1), ni = std::max(c.iparams, 1), nf = std::max(c.fparams, 1);
+    uint64_t args[512] = {};  // the Args struct: buffers, then iparams, then fparams (8 bytes each)
+    KILN_CHECK(nb + ni + nf <= 512, "cuda: too many kernel arguments");
+    if (c.buffers) std::memcpy(args, l.buffers, static_cast<size_t>(c.buffers) * 8);
+    if (c.iparams) std::memcpy(args + nb, l.iparams, static_cast<size_t>(c.iparams) * 8);
+    if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
     long long begin = 0, end = l.extent;
-    CUdeviceptr bufs = args_, ips = args_ + nb, fps = args_ + nb + ni;
-    void* params[] = {&begin, &end, &bufs, &ips, &fps};
+    void* params[] = {&begin, &end, args};
     const long long blocks = std::min<long long>((l.extent + kBlock - 1) / kBlock, max_blocks_);
-    cuda::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params, nullptr),
-                "cuLaunchKernel");
-    cuda::check(a.stream_synchronize(stream), "cuStreamSynchronize (kernel execution)");
+    cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params, nullptr),
+              ("cuLaunchKernel (" + c.symbol + ")").c_str());
+    cu::note_launch(0, c.symbol);
   }
 
   void dump(const Kernel& k, const std::string& symbol) const override { dump_file(symbol + ".cu", emit_cuda(k, symbol)); }
 
  private:
   std::shared_ptr<Code> load_binary(const std::string& binary, const std::string& symbol, const Header& h) const {
-    const cuda::Api& a = cuda::api();
-    ready();
+    const cu::Api& a = cu::api();
+    cu::enter(0);
     auto code = std::make_shared<CudaCode>();
     code->backend = this;
+    code->symbol = symbol;
     code->buffers = h.buffers;
     code->iparams = h.iparams;
     code->fparams = h.fparams;
     std::string data = binary;
     if (h.ptx && (data.empty() || data.back() != '\0')) data.push_back('\0');
-    cuda::check(a.module_load_data(&code->module, data.data()), h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");
-    cuda::check(a.module_get_function(&code->fn, code->module, symbol.c_str()), "cuModuleGetFunction");
+    cu::check(a.module_load_data(&code->module, data.data()), h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");
+    cu::check(a.module_get_function(&code->fn, code->module, symbol.c_str()), "cuModuleGetFunction");
     return code;
-  }
-
-  // Makes device 0's primary context current on this thread (creating the stream once).
-  CUstream ready() const {
-    cuda::make_current(0);
-    std::call_once(stream_once_, [&] { cuda::check(cuda::api().stream_create(&stream_, CU_STREAM_DEFAULT), "cuStreamCreate"); });
-    return stream_;
   }
 
   int cc_ = 0;
   std::string device_name_;
   long long max_blocks_ = 1;
   Target target_;
-  mutable std::once_flag stream_once_;
-  mutable CUstream stream_ = nullptr;
-  mutable std::mutex mu_;  // the argument block and its staging copy
-  mutable std::vector<char> staging_;
-  mutable CUdeviceptr args_ = 0;
-  mutable size_t arg_capacity_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend() {
-  if (!cuda::available()) return nullptr;
+  if (!cu::available()) return nullptr;
   return std::make_unique<CudaBackend>();
 }
 

@@ -1,5 +1,6 @@
 #include "jit/cuda/emit_cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -381,9 +382,15 @@ struct Emitter {
 
   std::string emit(const std::string& symbol) {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
+    const size_t arg_bytes = 8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
+    KILN_CHECK(arg_bytes + 16 <= 4096, "cuda: kernel ", symbol, " needs ", arg_bytes, " bytes of arguments (at most 4080)");
     out << "// kiln kernel " << symbol << " (" << k.name << ")\n" << kPreamble << "\n";
-    out << "extern \"C\" __global__ void __launch_bounds__(256) " << symbol
-        << "(i64 begin, i64 end, char* const* buffers, const i64* iparams, const double* fparams) {\n";
+    // Arguments by value (copied by the launch, so launches queue without a host wait).
+    out << "struct Args_" << symbol << " { char* buffers[" << std::max<size_t>(k.buffers.size(), 1) << "]; i64 iparams["
+        << std::max(k.num_params, 1) << "]; double fparams[" << std::max(k.num_fparams, 1) << "]; };\n";
+    out << "extern \"C\" __global__ void __launch_bounds__(256) " << symbol << "(i64 begin, i64 end, const Args_" << symbol
+        << " args) {\n";
+    line("char* const* buffers = args.buffers; const i64* iparams = args.iparams; const double* fparams = args.fparams;");
     for (size_t i = 0; i < k.buffers.size(); ++i) {
       std::string T = mtype(k.buffers[i].dtype);
       line(T + "* __restrict__ b" + std::to_string(i) + " = (" + T + "*)buffers[" + std::to_string(i) + "];");

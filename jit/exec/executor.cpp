@@ -23,6 +23,7 @@
 #include "jit/graph/passes.h"
 #include "jit/graph/scheduler.h"
 #include "runtime/core/error.h"
+#include "runtime/exec/device_runtime.h"
 #include "runtime/exec/executor.h"
 
 namespace kiln::jit {
@@ -49,7 +50,8 @@ struct Binding {
   std::vector<char*> buffers;
   BoundArgs args;
   std::vector<std::shared_ptr<Storage>> out_storage;
-  std::vector<std::vector<char>> partials;
+  std::vector<std::vector<char>> partials;               // scratch on the host (read back there on a device)
+  std::vector<std::shared_ptr<Storage>> device_partials;  // scratch on a device
 };
 
 // Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`.
@@ -57,6 +59,7 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
   bd.buffers.clear();
   bd.out_storage.clear();
   bd.partials.clear();
+  bd.device_partials.clear();
   for (Node* in : ins)
     bd.buffers.push_back(static_cast<char*>(in->storage->data) + in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
   for (Node* o : g.outputs) {
@@ -69,9 +72,23 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
   const Kernel& k = L.kernel;
   // Scratch after the outputs: per-chunk partials (split), per-kept-element accumulators (column).
   const int64_t scratch = bd.args.scratch;
+  const Device dev = g.outputs.empty() ? cpu() : g.outputs[0]->device;
   for (size_t b = bd.buffers.size(); b < k.buffers.size(); ++b) {
     bd.partials.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
-    bd.buffers.push_back(bd.partials.back().data());
+    if (dev.type == DeviceType::CPU) {
+      bd.buffers.push_back(bd.partials.back().data());
+    } else {
+      bd.device_partials.push_back(Storage::allocate(bd.partials.back().size(), dev));
+      bd.buffers.push_back(static_cast<char*>(bd.device_partials.back()->data));
+    }
+  }
+}
+
+// A device kernel's per-chunk partials, read back into the host scratch for combine().
+void read_back_partials(Binding& bd) {
+  for (size_t i = 0; i < bd.device_partials.size(); ++i) {
+    const Storage& s = *bd.device_partials[i];
+    device_runtime(s.device).copy(bd.partials[i].data(), cpu(), s.data, s.device, s.nbytes);
   }
 }
 
@@ -117,7 +134,9 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
       }
       first = false;
     }
-    void* out = bd.out_storage[oi]->data;
+    Storage& dst = *bd.out_storage[oi];
+    alignas(8) char host_out[8];
+    void* out = dst.device.type == DeviceType::CPU ? dst.data : host_out;
     if (op == OpKind::ArgMax || op == OpKind::ArgMin) {
       *static_cast<int64_t*>(out) = std::max<int64_t>(best, 0);
     } else {
@@ -128,6 +147,7 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
         else *static_cast<T*>(out) = static_cast<T>(static_cast<compute_t<T>>(fl ? dacc : static_cast<double>(iacc)));
       });
     }
+    if (out == host_out) device_runtime(dst.device).copy(dst.data, dst.device, host_out, cpu(), itemsize(o->dtype));
     part += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
     pb += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
   }
@@ -149,9 +169,9 @@ void interpret_group(const Group& g) {
 }
 
 // The compiled kernel for a group, or null after logging (once per key) why there is none.
-std::shared_ptr<CompiledKernel> kernel_or_null(const Group& g, const std::string& key) {
+std::shared_ptr<CompiledKernel> kernel_or_null(const Group& g, const std::string& key, DeviceType device) {
   try {
-    return get_kernel(key, g);
+    return get_kernel(key, g, device);
   } catch (const std::exception& e) {
     static std::mutex mu;
     static std::set<std::string> told;
@@ -185,7 +205,10 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
   } else if (L.split) {
     bd.args.chunks = 0;
   }
-  if (L.split) combine(L, k, bd, g);
+  if (L.split) {
+    if (!bd.device_partials.empty() && bd.args.chunks > 0) read_back_partials(bd);
+    combine(L, k, bd, g);
+  }
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
 }
 
@@ -232,6 +255,8 @@ void signature(const Segment& seg, RunScratch& sc) {
   externals.clear();
   sc.extern_ids.clear();
   const size_t N = seg.nodes.size();
+  if (N && seg.nodes[0]->device.type != DeviceType::CPU)  // a device's plans are its own
+    s.push_back(-1000 - static_cast<int64_t>(seg.nodes[0]->device.type) * 64 - seg.nodes[0]->device.index);
   for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);
   for (size_t i = 0; i < N; ++i) {
     const Node* n = seg.nodes[i];
@@ -301,6 +326,7 @@ bool passes_enabled() {
 // `passes`: run the graph passes (their rewrite is re-applied on each run of the plan).
 std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes = true) {
   auto plan = std::make_shared<Plan>();
+  const DeviceType device = seg.nodes.empty() ? DeviceType::CPU : seg.nodes[0]->device.type;
   plan->sig = sc.sig;
   if (passes && passes_enabled()) plan->rw = run_passes(seg);
   Segment rewritten;
@@ -320,15 +346,22 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
   std::vector<const Node*> stored;
   std::vector<Step> steps;
   std::vector<std::shared_ptr<CompiledKernel>> kernels;
+  const Target* tgt = nullptr;  // null: no JIT backend for the device (its kernels run on the interpreter)
+  try {
+    tgt = &target_for(device);
+  } catch (const std::exception& e) {
+    static std::once_flag told;
+    std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
+  }
   for (int attempt = 0;; ++attempt) {
     steps = schedule(*target, stored);
     kernels.assign(steps.size(), nullptr);
     bool again = false;
-    for (size_t i = 0; i < steps.size(); ++i) {
+    for (size_t i = 0; tgt && i < steps.size(); ++i) {
       if (steps[i].kind != Step::Kind::Kernel) continue;
-      std::string key = group_key(steps[i].group, target_for(DeviceType::CPU));
+      std::string key = group_key(steps[i].group, *tgt);
       try {
-        kernels[i] = get_kernel(key, steps[i].group);
+        kernels[i] = get_kernel(key, steps[i].group, device);
       } catch (const LowerError&) {
         if (attempt < 3)
           for (Node* n : steps[i].group.nodes)
@@ -337,9 +370,9 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
               stored.push_back(n);
               again = true;
             }
-        if (!again) kernels[i] = kernel_or_null(steps[i].group, key);
+        if (!again) kernels[i] = kernel_or_null(steps[i].group, key, device);
       } catch (const std::exception&) {
-        kernels[i] = kernel_or_null(steps[i].group, key);
+        kernels[i] = kernel_or_null(steps[i].group, key, device);
       }
     }
     if (!again) break;
@@ -364,7 +397,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
   }
   // GEMM epilogues: a 2-D GEMM followed by a pointwise kernel over exactly its output that
   // reads it element for element runs as one step (row blocks, epilogue while in cache).
-  for (size_t i = 0; i + 1 < steps.size(); ++i) {
+  for (size_t i = 0; device == DeviceType::CPU && i + 1 < steps.size(); ++i) {
     if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) continue;
     const Node* m = steps[i].node;
     const Group& g = steps[i + 1].group;
@@ -532,13 +565,15 @@ class JitExecutor final : public Executor {
 
 struct PreparedSegment::Impl {
   Segment* seg;
-  std::shared_ptr<const Plan> plan;  // null: the interpreter
+  std::shared_ptr<const Plan> plan;  // null: the interpreter, or split by device on every run
+  bool devices = false;              // nodes on several devices: run_segment() each run
   RunScratch sc;
 };
 
 PreparedSegment::PreparedSegment(Segment& seg) : impl_(std::make_unique<Impl>()) {
   impl_->seg = &seg;
-  if (jit_mode() == JitMode::Interp) return;
+  for (Node* n : seg.nodes) impl_->devices = impl_->devices || n->device != seg.nodes[0]->device;
+  if (jit_mode() == JitMode::Interp || impl_->devices) return;
   signature(seg, impl_->sc);  // also fixes the external inputs (the same node objects every run)
   // No passes: their rewrite relinks edges on each run, and these nodes persist.
   impl_->plan = make_plan(seg, impl_->sc, false);
@@ -548,6 +583,10 @@ PreparedSegment::PreparedSegment(Segment& seg) : impl_(std::make_unique<Impl>())
 PreparedSegment::~PreparedSegment() = default;
 
 void PreparedSegment::run() {
+  if (impl_->devices) {
+    run_segment(*impl_->seg);
+    return;
+  }
   if (!impl_->plan) {
     interpreter()->run(*impl_->seg);
     return;
@@ -578,7 +617,10 @@ JitMode jit_mode() {
 namespace {
 // Installs the JIT as the default executor when the library loads.
 const bool g_installed = [] {
-  if (jit_mode() != JitMode::Interp) set_executor(jit_executor());
+  if (jit_mode() != JitMode::Interp) {
+    set_executor(jit_executor());
+    set_device_executor(DeviceType::CUDA, jit_executor());  // the plan reads the segment's device
+  }
   return true;
 }();
 }  // namespace

@@ -111,6 +111,8 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: case OpKind::Sign:
       return {zeros_of(x)};
     case OpKind::Cast:
+    case OpKind::ToDevice:
+      return {to(g, x.device())};
     case OpKind::Contiguous:
       return {is_floating(x.dtype()) ? cast(g, x.dtype()) : Tensor()};
     // ---- binary ----

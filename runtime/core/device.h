@@ -3,6 +3,8 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/core/export.h"
+
 namespace kiln {
 
 enum class DeviceType : uint8_t { CPU, CUDA };
@@ -21,5 +23,40 @@ struct Device {
 
 // The host CPU.
 inline Device cpu() { return Device{}; }
+
+// A device allocator's counters (bytes and events since the process started).
+struct MemoryStats {
+  int64_t allocated_bytes = 0;       // bytes in blocks handed out now (rounded sizes)
+  int64_t peak_allocated_bytes = 0;  // the most allocated_bytes reached (since the last reset)
+  int64_t reserved_bytes = 0;        // bytes obtained from the driver now (blocks + cache)
+  int64_t peak_reserved_bytes = 0;   // the most reserved_bytes reached (since the last reset)
+  int64_t cached_bytes = 0;          // reserved but not handed out (reserved - allocated)
+  int64_t num_allocs = 0;            // allocations served
+  int64_t num_frees = 0;             // blocks given back
+  int64_t num_segments = 0;          // driver allocations held now
+  int64_t num_ooms = 0;              // allocations that failed after freeing the cache
+  int64_t num_cache_hits = 0;        // allocations served from cached blocks
+  int64_t num_splits = 0;            // cached blocks split to serve a smaller request
+};
+
+// CUDA device `index`: converts to Device{CUDA, index} (`x.to(kiln::cuda())`). The static
+// members ask about and control the CUDA devices (`kiln::cuda::is_available()`).
+struct KILN_API cuda {
+  int index = 0;
+  cuda(int i = 0) : index(i) {}
+  operator Device() const { return Device{DeviceType::CUDA, index}; }
+  // Whether kiln can use a CUDA device here (built with CUDA, driver found, >= 1 device).
+  static bool is_available();
+  // Number of CUDA devices (0 when unavailable).
+  static int device_count();
+  // Waits for all work queued on every CUDA device, raising any error it hit.
+  static void synchronize();
+  // Device `index`'s caching-allocator counters.
+  static MemoryStats memory_stats(int index = 0);
+  // Resets the peak counters of device `index` to the current values.
+  static void reset_peak_memory_stats(int index = 0);
+  // Gives every cached, unused block of every device back to the driver.
+  static void empty_cache();
+};
 
 }  // namespace kiln

@@ -30,8 +30,15 @@ class KILN_API Executor {
 
 // Installs the executor used by materialization; nullptr restores the interpreter.
 KILN_API void set_executor(std::shared_ptr<Executor> ex);
-// The executor in use.
+// The executor in use (for CPU segments).
 KILN_API Executor& current_executor();
+// Installs the executor for segments on devices of `type` other than the CPU (the JIT's CUDA
+// executor); nullptr restores the interpreter, which runs such nodes through the device runtime.
+KILN_API void set_device_executor(DeviceType type, std::shared_ptr<Executor> ex);
+// Runs a segment whose nodes may live on several devices: split into one segment per device
+// and phase (a node after a cross-device copy runs in a later phase), each on its device's
+// executor.
+KILN_API void run_segment(Segment& segment);
 // The reference interpreter (always available; the oracle for every JIT path).
 KILN_API std::shared_ptr<Executor> interpreter();
 

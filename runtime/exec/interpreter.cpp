@@ -5,6 +5,7 @@
 #include "kernels/cpu/node_operand.h"
 #include "kernels/cpu/reference.h"
 #include "runtime/core/error.h"
+#include "runtime/exec/device_runtime.h"
 #include "runtime/exec/executor.h"
 
 namespace kiln {
@@ -22,6 +23,16 @@ kernels::Operand window(const kernels::Operand& out, std::vector<int64_t> sizes,
   return w;
 }
 
+// A cross-device copy: the input is dense (recorded after contiguous()).
+void copy_to_device(Node& n) {
+  const Node& in = *n.inputs[0];
+  const size_t nbytes = static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype);
+  auto storage = Storage::allocate(nbytes, n.device);
+  const char* src = static_cast<const char*>(in.storage->data) + in.offset.as_int() * static_cast<int64_t>(itemsize(in.dtype));
+  if (nbytes) device_runtime(n.device.type != DeviceType::CPU ? n.device : in.device).copy(storage->data, n.device, src, in.device, nbytes);
+  n.set_storage(std::move(storage), false);
+}
+
 void compute(Node& n) {
   using namespace kernels;
   if (is_view_op(n.op)) {
@@ -29,7 +40,14 @@ void compute(Node& n) {
     return;
   }
   KILN_CHECK(n.op != OpKind::Leaf, "interpreter: leaf node without storage");
-  KILN_CHECK(n.device.type == DeviceType::CPU, "interpreter: cannot run ", op_name(n.op), " on ", n.device.str());
+  if (n.op == OpKind::ToDevice) {
+    copy_to_device(n);
+    return;
+  }
+  if (n.device.type != DeviceType::CPU) {  // the device's own kernels
+    device_runtime(n.device).run_node(n);
+    return;
+  }
   const int64_t numel = kiln::numel(n.shape).as_int();
   auto storage = Storage::allocate(static_cast<size_t>(numel) * itemsize(n.dtype), n.device);
   Operand out;

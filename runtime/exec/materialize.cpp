@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 
+#include "runtime/core/error.h"
 #include "runtime/exec/executor.h"
 #include "runtime/tensor/trace.h"
 
@@ -64,6 +65,76 @@ Executor& current_executor() {
     g_current.store(g_executor.get(), std::memory_order_release);
   }
   return *g_executor;
+}
+
+namespace {
+std::atomic<Executor*> g_device_executor{nullptr};  // CUDA segments (null: the interpreter)
+
+Executor& executor_for(DeviceType type) {
+  if (type == DeviceType::CPU) return current_executor();
+  if (Executor* e = g_device_executor.load(std::memory_order_acquire)) return *e;
+  return *interpreter();
+}
+
+// The part of a segment that runs on one device in one phase.
+struct Part {
+  Device device;
+  int phase = 0;
+  Segment seg;
+};
+}  // namespace
+
+void set_device_executor(DeviceType type, std::shared_ptr<Executor> ex) {
+  KILN_CHECK(type != DeviceType::CPU, "set_device_executor: use set_executor for the CPU");
+  std::lock_guard<std::mutex> lock(g_exec_mu);
+  if (ex && std::find(g_installed.begin(), g_installed.end(), ex) == g_installed.end()) g_installed.push_back(ex);
+  g_device_executor.store(ex.get(), std::memory_order_release);
+}
+
+void run_segment(Segment& seg) {
+  const size_t N = seg.nodes.size();
+  bool one_device = true;
+  for (size_t i = 1; i < N && one_device; ++i) one_device = seg.nodes[i]->device == seg.nodes[0]->device;
+  if (N == 0 || one_device) {
+    if (N) executor_for(seg.nodes[0]->device.type).run(seg);
+    return;
+  }
+  // Phase of a node: the most cross-device edges on a path to it from the segment's start.
+  std::vector<int> phase(N, 0), part_of(N, -1);
+  std::vector<Part> parts;
+  for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);
+  auto in_seg = [&](const Node* in) {
+    return !in->materialized() && in->pos >= 0 && static_cast<size_t>(in->pos) < N && seg.nodes[in->pos] == in;
+  };
+  for (size_t i = 0; i < N; ++i) {
+    Node* n = seg.nodes[i];
+    for (auto& in : n->inputs)
+      if (in_seg(in.get())) phase[i] = std::max(phase[i], phase[in->pos] + (in->device != n->device ? 1 : 0));
+    size_t p = 0;
+    while (p < parts.size() && !(parts[p].device == n->device && parts[p].phase == phase[i])) ++p;
+    if (p == parts.size()) parts.push_back(Part{n->device, phase[i], {}});
+    part_of[i] = static_cast<int>(p);
+  }
+  // A node read by another part must outlive its own part.
+  std::vector<bool> needed = seg.needed;
+  for (size_t i = 0; i < N; ++i)
+    for (auto& in : seg.nodes[i]->inputs)
+      if (in_seg(in.get()) && part_of[in->pos] != part_of[i]) needed[in->pos] = true;
+  for (size_t i = 0; i < N; ++i) {
+    Segment& s = parts[part_of[i]].seg;
+    s.nodes.push_back(seg.nodes[i]);
+    s.needed.push_back(needed[i]);
+  }
+  std::stable_sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.phase < b.phase; });
+  struct KeepAlive {  // what the parts' executors unlinked, released with the whole segment
+    Segment& seg;
+    std::vector<Part>& parts;
+    ~KeepAlive() {
+      for (Part& p : parts) seg.keep_alive.insert(seg.keep_alive.end(), p.seg.keep_alive.begin(), p.seg.keep_alive.end());
+    }
+  } keep{seg, parts};
+  for (Part& p : parts) executor_for(p.device.type).run(p.seg);
+  for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);  // the caller's positions
 }
 
 namespace {
@@ -258,7 +329,7 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
     }
   } release{sc};
   g_materializations.fetch_add(1, std::memory_order_relaxed);
-  current_executor().run(seg);
+  run_segment(seg);
   detail::count_executed(order.size());
   // In topological order, so cutting a node loose frees only nodes already passed. A node is
   // ready before its claim goes; an outer call's claims (nested calls) stay.

@@ -8,6 +8,7 @@
 #include "runtime/ir/node.h"
 
 #include "runtime/core/pool_allocator.h"
+#include "runtime/exec/device_runtime.h"
 
 namespace kiln {
 
@@ -23,7 +24,7 @@ const char* op_name(OpKind op) {
       "sum", "prod", "amax", "amin", "argmax", "argmin", "cumsum",
       "view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "flip", "as_strided",
       "contiguous", "cat", "view_scatter", "gather", "scatter", "scatter_add", "index_select",
-      "index_add", "matmul", "im2col", "col2im"};
+      "index_add", "matmul", "im2col", "col2im", "to"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(OpKind::NumOps));
   return names[static_cast<size_t>(op)];
 }
@@ -46,8 +47,7 @@ void bind_size_attrs(Node& n) {
 }
 
 std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
-  KILN_CHECK(device.type == DeviceType::CPU, "Storage::allocate: no allocator for device ",
-             device.str());
+  if (device.type != DeviceType::CPU) return device_runtime(device).allocate(nbytes, device.index);
   auto s = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>());
   s->data = pool_allocate(nbytes);
   s->nbytes = nbytes;

@@ -48,6 +48,8 @@ enum class OpKind : uint16_t {
   // conv2d helpers; ints = {kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w}.
   // Im2Col: [N, C, H, W] -> [N, C*kh*kw, L]. Col2Im: inverse (summing overlaps) to attrs.sizes.
   Im2Col, Col2Im,
+  // Cross-device copy: a dense copy of a contiguous input onto the node's device.
+  ToDevice,
   NumOps
 };
 
@@ -74,7 +76,8 @@ struct KILN_API Storage {
   ~Storage() {
     if (deleter) deleter(data);
   }
-  // Fresh, owned, 64-byte-aligned memory of `nbytes` on the CPU.
+  // Fresh, owned memory of `nbytes` on `device` (64-byte aligned on the CPU; from the device's
+  // caching allocator elsewhere).
   static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);
 };
 

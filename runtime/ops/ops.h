@@ -29,10 +29,11 @@ KILN_API Tensor full_symint(const Shape& shape, Scalar value, std::optional<DTyp
                    Device device = cpu());
 // 0, 1, ..., end-1 (int64).
 KILN_API Tensor arange_symint(const SymInt& end, Device device = cpu());
-KILN_API Tensor arange(Scalar end, std::optional<DType> dtype = std::nullopt);
-KILN_API Tensor arange(Scalar start, Scalar end, Scalar step = 1, std::optional<DType> dtype = std::nullopt);
-KILN_API Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32);
-KILN_API Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, DType dtype = kFloat32);
+KILN_API Tensor arange(Scalar end, std::optional<DType> dtype = std::nullopt, Device device = cpu());
+KILN_API Tensor arange(Scalar start, Scalar end, Scalar step = 1, std::optional<DType> dtype = std::nullopt,
+                       Device device = cpu());
+KILN_API Tensor linspace(double start, double end, int64_t steps, DType dtype = kFloat32, Device device = cpu());
+KILN_API Tensor eye(int64_t n, std::optional<int64_t> m = std::nullopt, DType dtype = kFloat32, Device device = cpu());
 KILN_API Tensor zeros_like(const Tensor& t, std::optional<DType> dtype = std::nullopt);
 KILN_API Tensor ones_like(const Tensor& t, std::optional<DType> dtype = std::nullopt);
 KILN_API Tensor full_like(const Tensor& t, Scalar value, std::optional<DType> dtype = std::nullopt);
@@ -40,30 +41,35 @@ KILN_API Tensor empty_like(const Tensor& t, std::optional<DType> dtype = std::nu
 KILN_API Tensor rand_like(const Tensor& t);
 KILN_API Tensor randn_like(const Tensor& t);
 // 1-D tensor from a list; dtype defaults from T (double -> float32 like torch.tensor([1.0])).
-KILN_API Tensor tensor(std::initializer_list<double> v, DType dtype = kFloat32);
-KILN_API Tensor tensor(std::initializer_list<std::initializer_list<double>> v, DType dtype = kFloat32);
+KILN_API Tensor tensor(std::initializer_list<double> v, DType dtype = kFloat32, Device device = cpu());
+KILN_API Tensor tensor(std::initializer_list<std::initializer_list<double>> v, DType dtype = kFloat32,
+                       Device device = cpu());
 KILN_API Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<double>>> v,
-              DType dtype = kFloat32);
-// Copies `values` (T's dtype) into a new tensor of `shape` (default: 1-D).
+                       DType dtype = kFloat32, Device device = cpu());
+// Copies `values` (T's dtype) into a new tensor of `shape` (default: 1-D) on `device`.
 template <class T>
-KILN_API Tensor from_vector(const std::vector<T>& values, std::optional<std::vector<int64_t>> shape = std::nullopt);
-// Zero-copy tensor over user memory (contiguous, row-major). `deleter`, if given, is called
-// with `data` when the last reference goes; otherwise the memory must outlive the tensor.
+KILN_API Tensor from_vector(const std::vector<T>& values, std::optional<std::vector<int64_t>> shape = std::nullopt,
+                            Device device = cpu());
+// Zero-copy tensor over user memory (contiguous, row-major) on `device` (a device address for
+// a CUDA device). `deleter`, if given, is called with `data` when the last reference goes;
+// otherwise the memory must outlive the tensor.
 KILN_API Tensor from_blob(void* data, const std::vector<int64_t>& shape, DType dtype,
-                 std::function<void(void*)> deleter = nullptr);
+                          std::function<void(void*)> deleter = nullptr, Device device = cpu());
 // A 0-d tensor holding `value` (dtype defaults to the scalar's own).
-KILN_API Tensor scalar_tensor(Scalar value, std::optional<DType> dtype = std::nullopt);
+KILN_API Tensor scalar_tensor(Scalar value, std::optional<DType> dtype = std::nullopt, Device device = cpu());
 
 // ---------- random (counter-based Philox: same numbers whatever the thread count) ----------
 // Resets the global generator (seed, counter 0).
 KILN_API void manual_seed(uint64_t seed);
-KILN_API Tensor rand(const std::vector<int64_t>& shape, DType dtype = kFloat32);
-KILN_API Tensor randn(const std::vector<int64_t>& shape, DType dtype = kFloat32);
+// The same numbers on every device for the same seed.
+KILN_API Tensor rand(const std::vector<int64_t>& shape, DType dtype = kFloat32, Device device = cpu());
+KILN_API Tensor randn(const std::vector<int64_t>& shape, DType dtype = kFloat32, Device device = cpu());
 // Integers uniform in [low, high).
-KILN_API Tensor randint(int64_t low, int64_t high, const std::vector<int64_t>& shape, DType dtype = kInt64);
+KILN_API Tensor randint(int64_t low, int64_t high, const std::vector<int64_t>& shape, DType dtype = kInt64,
+                        Device device = cpu());
 // 1 with probability p (elementwise), else 0; same dtype as p.
 KILN_API Tensor bernoulli(const Tensor& p);
-KILN_API Tensor bernoulli(const std::vector<int64_t>& shape, double p, DType dtype = kFloat32);
+KILN_API Tensor bernoulli(const std::vector<int64_t>& shape, double p, DType dtype = kFloat32, Device device = cpu());
 
 // ---------- unary pointwise ----------
 KILN_API Tensor neg(const Tensor& x);        KILN_API Tensor abs(const Tensor& x);
@@ -85,6 +91,8 @@ KILN_API Tensor bitwise_not(const Tensor& x);
 // approximate: "none" (erf) or "tanh".
 KILN_API Tensor gelu(const Tensor& x, const std::string& approximate = "none");
 KILN_API Tensor to(const Tensor& x, DType dtype);
+// x on `device` (x itself when it is there already): a recorded copy, differentiable.
+KILN_API Tensor to(const Tensor& x, Device device);
 
 // ---------- binary pointwise (broadcasting, PyTorch type promotion) ----------
 #define KILN_BINARY_DECL(name)                           \
@@ -181,6 +189,10 @@ KILN_API Tensor masked_select(const Tensor& x, const Tensor& mask);
 
 // ---------- linear algebra (OpenBLAS) ----------
 KILN_API Tensor matmul(const Tensor& a, const Tensor& b);
+// How float32 GEMMs on CUDA may round, as torch.set_float32_matmul_precision: "highest" (the
+// default: full float32), "high" or "medium" (TF32 tensor cores allowed). CPU GEMMs ignore it.
+KILN_API void set_float32_matmul_precision(const std::string& precision);
+KILN_API std::string get_float32_matmul_precision();
 KILN_API Tensor bmm(const Tensor& a, const Tensor& b);
 KILN_API Tensor mm(const Tensor& a, const Tensor& b);
 // x @ w^T + b.

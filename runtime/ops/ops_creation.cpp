@@ -2,6 +2,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "runtime/exec/device_runtime.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 #include "runtime/tensor/trace.h"
@@ -43,12 +44,12 @@ Tensor empty_like(const Tensor& t, std::optional<DType> d) { return zeros_like(t
 Tensor full_like(const Tensor& t, Scalar v, std::optional<DType> d) {
   return full_shape(t.shape(), v, d.value_or(t.dtype()), t.device());
 }
-Tensor scalar_tensor(Scalar v, std::optional<DType> dtype) {
-  return full_shape(Shape{}, v, dtype.value_or(v.default_dtype()), cpu());
+Tensor scalar_tensor(Scalar v, std::optional<DType> dtype, Device device) {
+  return full_shape(Shape{}, v, dtype.value_or(v.default_dtype()), device);
 }
 
-Tensor arange(Scalar end, std::optional<DType> dtype) { return arange(0, end, 1, dtype); }
-Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<DType> dtype) {
+Tensor arange(Scalar end, std::optional<DType> dtype, Device device) { return arange(0, end, 1, dtype, device); }
+Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<DType> dtype, Device device) {
   bool fl = start.is_floating() || end.is_floating() || step.is_floating();
   DType t = dtype ? *dtype : fl ? kFloat32 : kInt64;
   double st = step.to_double();
@@ -64,7 +65,7 @@ Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<DType> dtype)
   a.f0 = start.to_double();
   a.f1 = st;
   if (!fl) a.ints = {start.to_int(), step.to_int()};
-  return record(OpKind::Arange, NodeList{}, a, t, Shape{static_cast<int64_t>(n)}, cpu());
+  return record(OpKind::Arange, NodeList{}, a, t, Shape{static_cast<int64_t>(n)}, device);
 }
 
 namespace {
@@ -77,23 +78,27 @@ Tensor host_tensor(const std::vector<T>& v, const std::vector<int64_t>& shape) {
 }  // namespace
 
 template <class T>
-Tensor from_vector(const std::vector<T>& values, std::optional<std::vector<int64_t>> shape) {
+Tensor from_vector(const std::vector<T>& values, std::optional<std::vector<int64_t>> shape, Device device) {
   std::vector<int64_t> sh = shape ? *shape : std::vector<int64_t>{static_cast<int64_t>(values.size())};
   detail::check_sizes(sh, "from_vector");
   int64_t n = 1;
   for (int64_t s : sh) n *= s;
   KILN_CHECK(n == static_cast<int64_t>(values.size()), "from_vector: shape ", detail::str(sh), " holds ", n,
              " elements, got ", values.size(), " values");
-  return host_tensor(values, sh);
+  Tensor t = host_tensor(values, sh);
+  return device == cpu() ? t : t.to(device).detach();
 }
-template Tensor from_vector(const std::vector<float>&, std::optional<std::vector<int64_t>>);
-template Tensor from_vector(const std::vector<double>&, std::optional<std::vector<int64_t>>);
-template Tensor from_vector(const std::vector<int32_t>&, std::optional<std::vector<int64_t>>);
-template Tensor from_vector(const std::vector<int64_t>&, std::optional<std::vector<int64_t>>);
-template Tensor from_vector(const std::vector<Half>&, std::optional<std::vector<int64_t>>);
-template Tensor from_vector(const std::vector<BFloat16>&, std::optional<std::vector<int64_t>>);
+template Tensor from_vector(const std::vector<float>&, std::optional<std::vector<int64_t>>, Device);
+template Tensor from_vector(const std::vector<double>&, std::optional<std::vector<int64_t>>, Device);
+template Tensor from_vector(const std::vector<int32_t>&, std::optional<std::vector<int64_t>>, Device);
+template Tensor from_vector(const std::vector<int64_t>&, std::optional<std::vector<int64_t>>, Device);
+template Tensor from_vector(const std::vector<Half>&, std::optional<std::vector<int64_t>>, Device);
+template Tensor from_vector(const std::vector<BFloat16>&, std::optional<std::vector<int64_t>>, Device);
 
 namespace {
+// t on `device` (a leaf there when it was one here).
+Tensor on(const Tensor& t, Device device) { return device == cpu() ? t : t.to(device).detach(); }
+
 Tensor from_doubles(const std::vector<double>& v, const std::vector<int64_t>& shape, DType dtype) {
   return dispatch_dtype(dtype, [&](auto tag) -> Tensor {
     using T = decltype(tag);
@@ -108,19 +113,20 @@ Tensor from_doubles(const std::vector<double>& v, const std::vector<int64_t>& sh
 }
 }  // namespace
 
-Tensor tensor(std::initializer_list<double> v, DType dtype) {
-  return from_doubles(std::vector<double>(v), {static_cast<int64_t>(v.size())}, dtype);
+Tensor tensor(std::initializer_list<double> v, DType dtype, Device device) {
+  return on(from_doubles(std::vector<double>(v), {static_cast<int64_t>(v.size())}, dtype), device);
 }
-Tensor tensor(std::initializer_list<std::initializer_list<double>> v, DType dtype) {
+Tensor tensor(std::initializer_list<std::initializer_list<double>> v, DType dtype, Device device) {
   std::vector<double> flat;
   size_t cols = v.size() ? v.begin()->size() : 0;
   for (auto& row : v) {
     KILN_CHECK(row.size() == cols, "tensor: expected rows of equal length ", cols, ", got ", row.size());
     flat.insert(flat.end(), row.begin(), row.end());
   }
-  return from_doubles(flat, {static_cast<int64_t>(v.size()), static_cast<int64_t>(cols)}, dtype);
+  return on(from_doubles(flat, {static_cast<int64_t>(v.size()), static_cast<int64_t>(cols)}, dtype), device);
 }
-Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<double>>> v, DType dtype) {
+Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<double>>> v, DType dtype,
+              Device device) {
   std::vector<double> flat;
   size_t rows = v.size() ? v.begin()->size() : 0, cols = rows ? v.begin()->begin()->size() : 0;
   for (auto& m : v) {
@@ -130,11 +136,12 @@ Tensor tensor(std::initializer_list<std::initializer_list<std::initializer_list<
       flat.insert(flat.end(), row.begin(), row.end());
     }
   }
-  return from_doubles(flat, {static_cast<int64_t>(v.size()), static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
-                      dtype);
+  return on(from_doubles(flat, {static_cast<int64_t>(v.size()), static_cast<int64_t>(rows), static_cast<int64_t>(cols)},
+                         dtype),
+            device);
 }
 
-Tensor linspace(double start, double end, int64_t steps, DType dtype) {
+Tensor linspace(double start, double end, int64_t steps, DType dtype, Device device) {
   KILN_CHECK(steps >= 0, "linspace: number of steps must be non-negative, got ", steps);
   KILN_CHECK(is_floating(dtype), "linspace: expected a floating dtype, got ", dtype_name(dtype));
   std::vector<double> v(static_cast<size_t>(steps));
@@ -143,17 +150,19 @@ Tensor linspace(double start, double end, int64_t steps, DType dtype) {
   for (int64_t i = 0; i < steps; ++i)
     v[i] = i < half ? start + step * static_cast<double>(i) : end - step * static_cast<double>(steps - 1 - i);
   if (steps == 1) v[0] = start;  // PyTorch: a single step is `start`, not `end`
-  return from_doubles(v, {steps}, dtype);
+  return on(from_doubles(v, {steps}, dtype), device);
 }
 
-Tensor eye(int64_t n, std::optional<int64_t> m, DType dtype) {
+Tensor eye(int64_t n, std::optional<int64_t> m, DType dtype, Device device) {
   int64_t cols = m.value_or(n);
   KILN_CHECK(n >= 0 && cols >= 0, "eye: expected non-negative sizes, got ", n, " x ", cols);
-  Tensor r = arange(n).unsqueeze(1), c = arange(cols).unsqueeze(0);
+  Tensor r = arange(n, std::nullopt, device).unsqueeze(1), c = arange(cols, std::nullopt, device).unsqueeze(0);
   return to(eq(r, c), dtype);
 }
 
-Tensor from_blob(void* data, const std::vector<int64_t>& shape, DType dtype, std::function<void(void*)> deleter) {
+Tensor from_blob(void* data, const std::vector<int64_t>& shape, DType dtype, std::function<void(void*)> deleter,
+                 Device device) {
+  if (device != cpu()) device_runtime(device);  // usable, or a clear error
   detail::check_sizes(shape, "from_blob");
   int64_t n = 1;
   for (int64_t s : shape) n *= s;
@@ -161,9 +170,9 @@ Tensor from_blob(void* data, const std::vector<int64_t>& shape, DType dtype, std
   auto s = std::make_shared<Storage>();
   s->data = data;
   s->nbytes = static_cast<size_t>(n) * itemsize(dtype);
-  s->device = cpu();
+  s->device = device;
   s->deleter = std::move(deleter);
-  return detail::leaf(std::move(s), make_shape(shape), dtype, cpu());
+  return detail::leaf(std::move(s), make_shape(shape), dtype, device);
 }
 
 // ---------- random ----------
@@ -171,7 +180,7 @@ namespace {
 std::mutex g_rng_mu;
 uint64_t g_seed = 0x853c49e6748fea9bull, g_counter = 0;
 
-Tensor random_op(OpKind op, const Shape& shape, DType dtype, double a, double b,
+Tensor random_op(OpKind op, const Shape& shape, DType dtype, Device device, double a, double b,
                  std::vector<int64_t> ints = {}) {
   Attrs at;
   at.ints = std::move(ints);
@@ -180,7 +189,7 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, double a, double b,
   int64_t n = 1;
   for (const auto& s : shape) n *= s.maybe_int().value_or(1);
   std::tie(at.seed, at.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
-  Tensor t = record(op, NodeList{}, at, dtype, shape, cpu());
+  Tensor t = record(op, NodeList{}, at, dtype, shape, device);
   if (auto* o = detail::trace_observer()) o->on_random(*t.node());
   return t;
 }
@@ -209,33 +218,33 @@ void manual_seed(uint64_t seed) {
   g_counter = 0;
 }
 
-Tensor rand(const std::vector<int64_t>& shape, DType dtype) {
+Tensor rand(const std::vector<int64_t>& shape, DType dtype, Device device) {
   detail::check_sizes(shape, "rand");
   KILN_CHECK(is_floating(dtype), "rand: expected a floating dtype, got ", dtype_name(dtype));
-  return random_op(OpKind::RandUniform, make_shape(shape), dtype, 0, 1);
+  return random_op(OpKind::RandUniform, make_shape(shape), dtype, device, 0, 1);
 }
-Tensor randn(const std::vector<int64_t>& shape, DType dtype) {
+Tensor randn(const std::vector<int64_t>& shape, DType dtype, Device device) {
   detail::check_sizes(shape, "randn");
   KILN_CHECK(is_floating(dtype), "randn: expected a floating dtype, got ", dtype_name(dtype));
-  return random_op(OpKind::RandNormal, make_shape(shape), dtype, 0, 1);
+  return random_op(OpKind::RandNormal, make_shape(shape), dtype, device, 0, 1);
 }
-Tensor rand_like(const Tensor& t) { return random_op(OpKind::RandUniform, t.shape(), t.dtype(), 0, 1); }
-Tensor randn_like(const Tensor& t) { return random_op(OpKind::RandNormal, t.shape(), t.dtype(), 0, 1); }
-Tensor randint(int64_t low, int64_t high, const std::vector<int64_t>& shape, DType dtype) {
+Tensor rand_like(const Tensor& t) { return random_op(OpKind::RandUniform, t.shape(), t.dtype(), t.device(), 0, 1); }
+Tensor randn_like(const Tensor& t) { return random_op(OpKind::RandNormal, t.shape(), t.dtype(), t.device(), 0, 1); }
+Tensor randint(int64_t low, int64_t high, const std::vector<int64_t>& shape, DType dtype, Device device) {
   detail::check_sizes(shape, "randint");
   KILN_CHECK(high > low, "randint: expected low < high, got low=", low, ", high=", high);
-  return random_op(OpKind::RandInt, make_shape(shape), dtype, static_cast<double>(low),
+  return random_op(OpKind::RandInt, make_shape(shape), dtype, device, static_cast<double>(low),
                    static_cast<double>(high), {low, high});
 }
 Tensor bernoulli(const Tensor& p) {
   KILN_CHECK(is_floating(p.dtype()), "bernoulli: expected a floating probability tensor, got ",
              dtype_name(p.dtype()));
-  Tensor u = random_op(OpKind::RandUniform, p.shape(), p.dtype(), 0, 1);
+  Tensor u = random_op(OpKind::RandUniform, p.shape(), p.dtype(), p.device(), 0, 1);
   return to(lt(u, p), p.dtype());
 }
-Tensor bernoulli(const std::vector<int64_t>& shape, double p, DType dtype) {
+Tensor bernoulli(const std::vector<int64_t>& shape, double p, DType dtype, Device device) {
   KILN_CHECK(p >= 0 && p <= 1, "bernoulli: expected 0 <= p <= 1, got ", p);
-  Tensor u = rand(shape, is_floating(dtype) ? dtype : kFloat32);
+  Tensor u = rand(shape, is_floating(dtype) ? dtype : kFloat32, device);
   return to(lt(u, p), dtype);
 }
 

@@ -116,7 +116,9 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (sizes.empty()) body << f.format(vals[0]);
   else if (t.numel() == 0) body << "[]";
   else emit(body, vals, sizes, strides, 0, 0, f, summarize, 7);
-  os << "tensor(" << body.str() << ", shape=" << detail::str(sizes) << ", dtype=" << dtype_name(t.dtype()) << ")";
+  os << "tensor(" << body.str() << ", shape=" << detail::str(sizes) << ", dtype=" << dtype_name(t.dtype());
+  if (t.device() != cpu()) os << ", device='" << t.device().str() << "'";
+  os << ")";
   return os;
 }
 

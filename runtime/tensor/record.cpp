@@ -59,16 +59,31 @@ namespace {
 Tensor record_tensors(OpKind op, const Tensor* inputs, size_t count, Attrs&& attrs, DType dtype, Shape&& shape) {
   NodeList ins;
   ins.reserve(count);
+  // The op's device: the first input's, except that 0-d CPU tensors join any device (as in
+  // PyTorch) and a cross-device copy names its target in attrs.ints.
   Device dev = count == 0 ? cpu() : inputs[0].device();
+  if (count > 1 && dev.type == DeviceType::CPU && inputs[0].defined() && inputs[0].dim() == 0)
+    for (size_t i = 1; i < count && dev.type == DeviceType::CPU; ++i)
+      if (inputs[i].defined() && (inputs[i].dim() > 0 || inputs[i].device().type != DeviceType::CPU)) dev = inputs[i].device();
+  if (op == OpKind::ToDevice) dev = Device{static_cast<DeviceType>(attrs.ints.at(0)), static_cast<int>(attrs.ints.at(1))};
   bool wants_grad = false;
+  std::vector<Tensor> moved;  // the inputs with 0-d CPU ones copied to the op's device (when any is)
   for (size_t i = 0; i < count; ++i) {
     const Tensor& t = inputs[i];
     KILN_CHECK(t.defined(), op_name(op), ": got an undefined tensor");
-    KILN_CHECK(t.device() == dev, op_name(op), ": expected all tensors on ", dev.str(), ", got one on ",
-               t.device().str());
-    ins.push_back(t.node());
+    if (t.device() != dev && op != OpKind::ToDevice) [[unlikely]] {
+      KILN_CHECK(t.device().type == DeviceType::CPU && t.dim() == 0, op_name(op),
+                 ": expected all tensors to be on the same device, but found at least two devices, ", dev.str(),
+                 " and ", t.device().str());
+      if (moved.empty()) moved.assign(inputs, inputs + count);
+      moved[i] = t.to(dev);
+      ins.push_back(moved[i].node());
+    } else {
+      ins.push_back(t.node());
+    }
     wants_grad = wants_grad || t.requires_grad();
   }
+  if (!moved.empty()) inputs = moved.data();
   if (!wants_grad || !grad_enabled()) return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
   Tensor out = record(op, std::move(ins), attrs, dtype, std::move(shape), dev);
   attach_grad(out, op, attrs, std::vector<Tensor>(inputs, inputs + count));

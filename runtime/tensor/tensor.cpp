@@ -6,6 +6,7 @@
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 #include "runtime/tensor/trace.h"
+#include "runtime/exec/device_runtime.h"
 
 namespace kiln {
 
@@ -73,6 +74,7 @@ void eval(const std::vector<Tensor>& ts) {
 template <class T>
 T Tensor::item() const {
   KILN_CHECK(numel() == 1, "item(): expected a tensor with one element, got shape ", detail::str(shape()));
+  if (device().type != DeviceType::CPU) return cpu().item<T>();
   eval();
   const auto& n = node();
   T out{};
@@ -88,12 +90,13 @@ const T* Tensor::data() const {
   KILN_CHECK(dtype() == dtype_of<T>(), "data<T>(): tensor has dtype ", dtype_name(dtype()),
              ", requested ", dtype_name(dtype_of<T>()));
   eval();
+  if (device().type != DeviceType::CPU) device_runtime(device()).synchronize(device().index);  // finished writing
   return node()->data<T>();
 }
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
-  Tensor c = contiguous();
+  Tensor c = device().type == DeviceType::CPU ? contiguous() : contiguous().cpu();
   c.eval();
   const auto& n = c.node();
   int64_t count = c.numel();
@@ -231,6 +234,9 @@ Tensor Tensor::clamp(std::optional<Scalar> mn, std::optional<Scalar> mx) const {
   return kiln::clamp(*this, mn, mx);
 }
 Tensor Tensor::to(DType t) const { return kiln::to(*this, t); }
+Tensor Tensor::to(Device d) const { return kiln::to(*this, d); }
+Tensor Tensor::cuda(int index) const { return kiln::to(*this, kiln::cuda(index)); }
+Tensor Tensor::cpu() const { return kiln::to(*this, kiln::cpu()); }
 Tensor Tensor::masked_fill(const Tensor& m, Scalar v) const { return kiln::masked_fill(*this, m, v); }
 Tensor Tensor::sum(std::vector<int64_t> d, bool k) const { return kiln::sum(*this, d, k); }
 Tensor Tensor::mean(std::vector<int64_t> d, bool k) const { return kiln::mean(*this, d, k); }

@@ -126,7 +126,8 @@ class KILN_API Tensor {
   const Tensor& eval() const;
   // The single value of a one-element tensor, converted to T.
   template <class T> T item() const;
-  // Pointer to the first element (materializes; dtype must match T; follow strides()).
+  // Pointer to the first element (materializes; dtype must match T; follow strides()). For a
+  // CUDA tensor: its device address, once the device has finished writing it.
   template <class T> const T* data() const;
   // A contiguous row-major copy of the values, converted to T.
   template <class T> std::vector<T> to_vector() const;
@@ -144,6 +145,10 @@ class KILN_API Tensor {
   Tensor pow(const Tensor& e) const; Tensor pow(Scalar e) const;
   Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
   Tensor to(DType t) const;
+  // This tensor on `device` (itself when already there); .cuda() / .cpu() are shorthands.
+  Tensor to(Device device) const;
+  Tensor cuda(int index = 0) const;
+  Tensor cpu() const;
   Tensor masked_fill(const Tensor& mask, Scalar value) const;
 
   // --- reductions (empty dims = all dims) ---

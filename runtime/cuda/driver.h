@@ -7,7 +7,7 @@
 
 #include <string>
 
-namespace kiln::jit::cuda {
+namespace kiln::cu {
 
 // The driver's and NVRTC's entry points (versioned `_v2` names where the driver has them).
 struct Api {
@@ -33,6 +33,13 @@ struct Api {
   decltype(&::cuMemcpyHtoD_v2) memcpy_htod = nullptr;
   decltype(&::cuMemcpyDtoH_v2) memcpy_dtoh = nullptr;
   decltype(&::cuMemsetD8_v2) memset_d8 = nullptr;
+  decltype(&::cuMemcpyHtoDAsync_v2) memcpy_htod_async = nullptr;
+  decltype(&::cuMemcpyDtoHAsync_v2) memcpy_dtoh_async = nullptr;
+  decltype(&::cuMemcpyDtoDAsync_v2) memcpy_dtod_async = nullptr;
+  decltype(&::cuMemsetD8Async) memset_d8_async = nullptr;
+  decltype(&::cuMemGetInfo_v2) mem_get_info = nullptr;
+  decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
+  decltype(&::cuStreamQuery) stream_query = nullptr;
   // NVRTC (libnvrtc.so.13 / .12), loaded with or without a driver; null when not found
   // (compiling is then impossible, loading stored cubins still works).
   decltype(&::nvrtcVersion) nvrtc_version = nullptr;
@@ -66,6 +73,8 @@ const std::string& nvrtc_path();
 
 // Number of devices (0 without a driver).
 int device_count();
+// The driver's handle of device `ordinal` (throws kiln::Error for an ordinal out of range).
+CUdevice device(int ordinal);
 // Device `ordinal`'s name ("NVIDIA H100 80GB HBM3").
 std::string device_name(int ordinal);
 // Compute capability of device `ordinal` as major * 10 + minor (90 for sm_90).
@@ -83,4 +92,4 @@ void check_nvrtc(nvrtcResult r, const char* what);
 // process and kept).
 void make_current(int ordinal = 0);
 
-}  // namespace kiln::jit::cuda
+}  // namespace kiln::cu

@@ -1,4 +1,4 @@
-#include "jit/cuda/driver.h"
+#include "runtime/cuda/driver.h"
 
 #include <dlfcn.h>
 
@@ -7,7 +7,7 @@
 
 #include "runtime/core/error.h"
 
-namespace kiln::jit::cuda {
+namespace kiln::cu {
 namespace {
 
 struct Loaded {
@@ -96,6 +96,13 @@ Loaded load() {
       {"cuMemcpyHtoD_v2", reinterpret_cast<void**>(&a.memcpy_htod)},
       {"cuMemcpyDtoH_v2", reinterpret_cast<void**>(&a.memcpy_dtoh)},
       {"cuMemsetD8_v2", reinterpret_cast<void**>(&a.memset_d8)},
+      {"cuMemcpyHtoDAsync_v2", reinterpret_cast<void**>(&a.memcpy_htod_async)},
+      {"cuMemcpyDtoHAsync_v2", reinterpret_cast<void**>(&a.memcpy_dtoh_async)},
+      {"cuMemcpyDtoDAsync_v2", reinterpret_cast<void**>(&a.memcpy_dtod_async)},
+      {"cuMemsetD8Async", reinterpret_cast<void**>(&a.memset_d8_async)},
+      {"cuMemGetInfo_v2", reinterpret_cast<void**>(&a.mem_get_info)},
+      {"cuDeviceTotalMem_v2", reinterpret_cast<void**>(&a.device_total_mem)},
+      {"cuStreamQuery", reinterpret_cast<void**>(&a.stream_query)},
   };
   for (const Need& n : need)
     if (!(*n.slot = dlsym(lib, n.name))) {
@@ -159,14 +166,12 @@ void check_nvrtc(nvrtcResult r, const char* what) {
   throw Error(std::string("nvrtc: ") + what + ": " + (s ? s : ("error " + std::to_string(static_cast<int>(r))).c_str()));
 }
 
-namespace {
 CUdevice device(int ordinal) {
   KILN_CHECK(ordinal >= 0 && ordinal < device_count(), "cuda: no device ", ordinal, " (", device_count(), " devices)");
   CUdevice d = 0;
   check(api().device_get(&d, ordinal), "cuDeviceGet");
   return d;
 }
-}  // namespace
 
 std::string device_name(int ordinal) {
   char buf[256] = {0};
@@ -210,4 +215,4 @@ void make_current(int ordinal) {
   check(api().ctx_set_current(ctx), "cuCtxSetCurrent");
 }
 
-}  // namespace kiln::jit::cuda
+}  // namespace kiln::cu

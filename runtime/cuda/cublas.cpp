@@ -1,0 +1,168 @@
+#include "runtime/cuda/cublas.h"
+
+#include <cublas_api.h>
+#include <dlfcn.h>
+
+#include <mutex>
+#include <vector>
+
+#include "runtime/core/error.h"
+#include "runtime/cuda/cuda_runtime.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/exec/device_runtime.h"
+
+namespace kiln::cu {
+namespace {
+
+struct Cublas {
+  decltype(&::cublasCreate_v2) create = nullptr;
+  decltype(&::cublasSetStream_v2) set_stream = nullptr;
+  decltype(&::cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&::cublasGetStatusName) status_name = nullptr;
+  decltype(&::cublasGemmStridedBatchedEx) gemm = nullptr;
+  bool ok = false;
+  std::string reason;
+};
+
+const Cublas& lib() {
+  static const Cublas c = [] {
+    Cublas c;
+    const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
+                           "/usr/local/cuda/lib64/libcublas.so.12"};
+    void* h = nullptr;
+    for (const char* n : names)
+      if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!h) {
+      c.reason = "libcublas.so.13 / .12 not found";
+      return c;
+    }
+    auto sym = [&](const char* name, auto& out) {
+      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(h, name));
+      if (!out && c.reason.empty()) c.reason = std::string("libcublas lacks ") + name;
+    };
+    sym("cublasCreate_v2", c.create);
+    sym("cublasSetStream_v2", c.set_stream);
+    sym("cublasSetMathMode", c.set_math_mode);
+    sym("cublasGetStatusName", c.status_name);
+    sym("cublasGemmStridedBatchedEx", c.gemm);
+    c.ok = c.reason.empty();
+    return c;
+  }();
+  return c;
+}
+
+void check(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  const char* name = lib().status_name ? lib().status_name(s) : nullptr;
+  throw Error(std::string("cublas: ") + what + ": " + (name ? name : std::to_string(static_cast<int>(s))));
+}
+
+// One handle per device, bound to the device's stream (handles are not shared across devices).
+cublasHandle_t handle(int index) {
+  static std::mutex mu;
+  static std::vector<cublasHandle_t> handles;
+  std::lock_guard<std::mutex> lock(mu);
+  if (handles.size() <= static_cast<size_t>(index)) handles.resize(static_cast<size_t>(index) + 1, nullptr);
+  if (!handles[index]) {
+    CUstream s = enter(index);
+    check(lib().create(&handles[index]), "cublasCreate");
+    check(lib().set_stream(handles[index], reinterpret_cast<cudaStream_t>(s)), "cublasSetStream");
+  }
+  return handles[index];
+}
+
+// A row-major operand [rows, cols] with strides (srow, scol) as cuBLAS's column-major
+// [cols, rows] matrix: op N with leading dimension srow, or its transpose (op T, ld scol) when
+// the operand is column-major. False for other layouts (broadcast rows, general strides).
+bool as_column_major(int64_t rows, int64_t cols, int64_t srow, int64_t scol, cublasOperation_t& op, int64_t& ld) {
+  if ((cols == 1 || scol == 1) && (rows == 1 || srow >= std::max<int64_t>(cols, 1))) {
+    op = CUBLAS_OP_N;
+    ld = rows == 1 ? std::max<int64_t>(cols, 1) : srow;
+    return true;
+  }
+  if ((rows == 1 || srow == 1) && (cols == 1 || scol >= std::max<int64_t>(rows, 1))) {
+    op = CUBLAS_OP_T;
+    ld = cols == 1 ? std::max<int64_t>(rows, 1) : scol;
+    return true;
+  }
+  return false;
+}
+
+// The one stride between consecutive matrices of the batch dims [0, nb) (0 for a single or
+// broadcast matrix); false when the batch dims do not collapse to one stride.
+bool batch_stride(const Node& n, size_t nb, int64_t& stride) {
+  stride = 0;
+  int64_t expect = -1;
+  for (size_t d = nb; d-- > 0;) {
+    const int64_t size = n.shape[d].as_int(), st = n.strides[d].as_int();
+    if (size == 1) continue;
+    if (expect < 0) stride = st;
+    else if (st != expect) return false;
+    expect = st * size;
+  }
+  return true;
+}
+
+bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
+  switch (d) {
+    case DType::Float32:
+      t = CUDA_R_32F;
+      c = float32_matmul_allows_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+      return true;
+    case DType::Float64: t = CUDA_R_64F; c = CUBLAS_COMPUTE_64F; return true;
+    case DType::Float16: t = CUDA_R_16F; c = CUBLAS_COMPUTE_32F; return true;
+    case DType::BFloat16: t = CUDA_R_16BF; c = CUBLAS_COMPUTE_32F; return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+bool have_cublas() { return lib().ok; }
+const std::string& cublas_unavailable_reason() { return lib().reason; }
+
+bool gemm(Node& n) {
+  const Node& a = *n.inputs[0];
+  const Node& b = *n.inputs[1];
+  cudaDataType_t type;
+  cublasComputeType_t compute;
+  if (!have_cublas() || !cuda_type(n.dtype, type, compute)) return false;
+  const size_t r = n.shape.size(), nb = r - 2;
+  const int64_t M = n.shape[r - 2].as_int(), N = n.shape[r - 1].as_int(), K = a.shape[r - 1].as_int();
+  int64_t batch = 1;
+  for (size_t d = 0; d < nb; ++d) batch *= n.shape[d].as_int();
+  cublasOperation_t opa, opb;
+  int64_t lda = 0, ldb = 0, sa = 0, sb = 0;
+  if (!as_column_major(M, K, a.strides[r - 2].as_int(), a.strides[r - 1].as_int(), opa, lda) ||
+      !as_column_major(K, N, b.strides[r - 2].as_int(), b.strides[r - 1].as_int(), opb, ldb) || !batch_stride(a, nb, sa) ||
+      !batch_stride(b, nb, sb))
+    return false;
+  const size_t esize = itemsize(n.dtype);
+  auto out = Storage::allocate(static_cast<size_t>(batch * M * N) * esize, n.device);
+  if (batch * M * N > 0) {
+    CUstream s = enter(n.device.index);
+    if (K == 0) {
+      check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(out->data), 0, out->nbytes, s), "cuMemsetD8Async");
+    } else {
+      const auto* pa = static_cast<const char*>(a.storage->data) + a.offset.as_int() * static_cast<int64_t>(esize);
+      const auto* pb = static_cast<const char*>(b.storage->data) + b.offset.as_int() * static_cast<int64_t>(esize);
+      // Row-major C = A B is column-major C^T = B^T A^T: cuBLAS's "A" is our B.
+      const double one64 = 1, zero64 = 0;
+      const float one32 = 1, zero32 = 0;
+      const bool f64 = n.dtype == DType::Float64;
+      const void* alpha = f64 ? static_cast<const void*>(&one64) : &one32;
+      const void* beta = f64 ? static_cast<const void*>(&zero64) : &zero32;
+      KILN_CHECK(N <= INT32_MAX && M <= INT32_MAX && K <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX && batch <= INT32_MAX,
+                 "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K, ")");
+      check(lib().gemm(handle(n.device.index), opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb,
+                       type, static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
+                       static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
+            "cublasGemmStridedBatchedEx");
+      note_launch(n.device.index, "cublasGemmStridedBatchedEx");
+    }
+  }
+  n.set_storage(std::move(out), false);
+  return true;
+}
+
+}  // namespace kiln::cu

@@ -1,0 +1,189 @@
+#include "runtime/cuda/cuda_runtime.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <vector>
+
+#include "runtime/core/error.h"
+#include "runtime/cuda/caching_allocator.h"
+#include "runtime/cuda/cublas.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/exec/device_runtime.h"
+#include "runtime/exec/executor.h"
+
+namespace kiln::cu {
+namespace {
+
+// Device memory straight from the driver (the caching allocator's source).
+class DriverMemory final : public RawMemory {
+ public:
+  explicit DriverMemory(int index) : index_(index) {}
+  void* alloc(size_t bytes) override {
+    enter(index_);
+    CUdeviceptr p = 0;
+    CUresult r = api().mem_alloc(&p, bytes);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return nullptr;
+    check(r, "cuMemAlloc");
+    return reinterpret_cast<void*>(p);
+  }
+  void free(void* p) override {
+    // Kernels queued on the stream may still use the block: wait for them first.
+    sync(index_);
+    check(api().mem_free(reinterpret_cast<CUdeviceptr>(p)), "cuMemFree");
+  }
+  size_t total_bytes() const override {
+    size_t total = 0;
+    check(api().device_total_mem(&total, device(index_)), "cuDeviceTotalMem");
+    return total;
+  }
+
+ private:
+  int index_;
+};
+
+struct DeviceState {
+  std::once_flag once;
+  CUstream stream = nullptr;
+  std::unique_ptr<CachingAllocator> allocator;
+  std::mutex mu;            // last_kernel
+  std::string last_kernel;  // the last kernel queued (named by errors found at a sync)
+};
+
+// Per device; created on first use and never destroyed (storages freed at exit still reach it).
+DeviceState& state(int index) {
+  static std::mutex mu;
+  static std::vector<DeviceState*> states;
+  std::lock_guard<std::mutex> lock(mu);
+  if (states.empty()) states.resize(static_cast<size_t>(std::max(device_count(), 1)), nullptr);
+  KILN_CHECK(index >= 0 && index < static_cast<int>(states.size()), "cuda: no device ", index, " (", device_count(), " found)");
+  if (!states[index]) states[index] = new DeviceState;
+  return *states[index];
+}
+
+DeviceState& ready(int index) {
+  DeviceState& s = state(index);
+  make_current(index);
+  std::call_once(s.once, [&] {
+    check(api().stream_create(&s.stream, CU_STREAM_DEFAULT), "cuStreamCreate");
+    s.allocator = std::make_unique<CachingAllocator>(std::make_unique<DriverMemory>(index), "cuda:" + std::to_string(index));
+  });
+  return s;
+}
+
+// Runs node `n` with the reference kernels on the host: inputs copied to host memory, the
+// result copied back. The path of ops that have no device kernel yet (logged once per op).
+void run_on_host(Node& n) {
+  static std::mutex mu;
+  static std::set<OpKind> told;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (told.insert(n.op).second && std::getenv("KILN_LOG") && std::strstr(std::getenv("KILN_LOG"), "fallback"))
+      std::fprintf(stderr, "[kiln fallback] %s on %s runs on the host (no device kernel yet)\n", op_name(n.op),
+                   n.device.str().c_str());
+  }
+  NodePtr host = new_node();
+  host->op = n.op;
+  host->attrs = n.attrs;
+  host->dtype = n.dtype;
+  host->shape = n.shape;
+  host->strides = n.strides;
+  host->offset = n.offset;
+  for (const NodePtr& in : n.inputs) {
+    NodePtr h = new_node();
+    h->dtype = in->dtype;
+    h->shape = in->shape;
+    h->strides = in->strides;
+    h->offset = in->offset;
+    auto s = Storage::allocate(in->storage->nbytes, cpu());
+    if (in->storage->nbytes) device_runtime(in->device).copy(s->data, cpu(), in->storage->data, in->device, in->storage->nbytes);
+    h->set_storage(std::move(s));
+    host->inputs.push_back(std::move(h));
+  }
+  interpret_node(*host);
+  auto out = Storage::allocate(host->storage->nbytes, n.device);
+  if (out->nbytes) device_runtime(n.device).copy(out->data, n.device, host->storage->data, cpu(), out->nbytes);
+  n.set_storage(std::move(out), false);
+}
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  bool available() const override { return cu::available(); }
+  std::string unavailable_reason() const override { return cu::unavailable_reason(); }
+  int device_count() const override { return cu::device_count(); }
+
+  std::shared_ptr<Storage> allocate(size_t nbytes, int index) override {
+    CachingAllocator* a = ready(index).allocator.get();
+    auto s = std::allocate_shared<Storage>(std::allocator<Storage>());
+    s->data = a->allocate(nbytes);
+    s->nbytes = nbytes;
+    s->device = Device{DeviceType::CUDA, index};
+    s->deleter = [a](void* p) { a->free(p); };
+    return s;
+  }
+
+  void copy(void* dst, Device to, const void* src, Device from, size_t nbytes) override {
+    const auto d = reinterpret_cast<CUdeviceptr>(dst);
+    const auto s = reinterpret_cast<CUdeviceptr>(src);
+    if (to.type == DeviceType::CPU) {  // device -> host: the host reads it next, so wait
+      CUstream st = enter(from.index);
+      check(api().memcpy_dtoh_async(dst, s, nbytes, st), "cuMemcpyDtoHAsync");
+      sync(from.index);
+    } else if (from.type == DeviceType::CPU) {  // host -> device: pageable memory is staged before this returns
+      check(api().memcpy_htod_async(d, src, nbytes, enter(to.index)), "cuMemcpyHtoDAsync");
+    } else if (from.index == to.index) {
+      check(api().memcpy_dtod_async(d, s, nbytes, enter(to.index)), "cuMemcpyDtoDAsync");
+    } else {  // between two GPUs: through the host (ordered after both streams' work)
+      std::vector<char> tmp(nbytes);
+      copy(tmp.data(), cpu(), src, from, nbytes);
+      copy(dst, to, tmp.data(), cpu(), nbytes);
+      sync(to.index);
+    }
+  }
+
+  void run_node(Node& n) override {
+    enter(n.device.index);
+    if (n.op == OpKind::Matmul && gemm(n)) return;
+    run_on_host(n);
+  }
+
+  void synchronize(int index) override { sync(index); }
+
+  MemoryStats memory_stats(int index) override { return ready(index).allocator->stats(); }
+  void reset_peak_memory_stats(int index) override { ready(index).allocator->reset_peak_stats(); }
+  void empty_cache() override {
+    for (int i = 0; i < cu::device_count(); ++i) ready(i).allocator->empty_cache();
+  }
+};
+
+const bool g_registered = [] {
+  static CudaRuntime rt;
+  register_device_runtime(DeviceType::CUDA, &rt);
+  return true;
+}();
+
+}  // namespace
+
+CUstream enter(int index) { return ready(index).stream; }
+
+void note_launch(int index, const std::string& kernel) {
+  DeviceState& s = state(index);
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.last_kernel = kernel;
+}
+
+void sync(int index) {
+  DeviceState& s = ready(index);
+  CUresult r = api().stream_synchronize(s.stream);
+  if (r == CUDA_SUCCESS) return;
+  std::string last;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    last = s.last_kernel;
+  }
+  check(r, ("a kernel on cuda:" + std::to_string(index) + " failed (last queued: " + (last.empty() ? "none" : last) + ")").c_str());
+}
+
+}  // namespace kiln::cu

@@ -1,0 +1,51 @@
+// The device-runtime seam: how runtime/ reaches memory, copies and library kernels of a device
+// other than the host CPU without knowing its driver. runtime/cuda registers the CUDA one when
+// kiln is built with KILN_CUDA; without it every CUDA request throws a clear kiln::Error.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "runtime/core/device.h"
+#include "runtime/ir/node.h"
+
+namespace kiln {
+
+// One device type's runtime (CUDA). Work is ordered on one stream per device: calls return
+// once the work is queued, except where a host address is written or read.
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  // Whether a device of this type can be used, and why not ("" when it can).
+  virtual bool available() const = 0;
+  virtual std::string unavailable_reason() const = 0;
+  // Number of devices (0 when unavailable).
+  virtual int device_count() const = 0;
+  // Fresh memory of `nbytes` on device `index`, freed (stream-ordered) with the storage.
+  virtual std::shared_ptr<Storage> allocate(size_t nbytes, int index) = 0;
+  // Copies `nbytes` from `src` on `from` to `dst` on `to` (one of them this device type).
+  // Returns after the copy when `to` is the host; otherwise once it is queued.
+  virtual void copy(void* dst, Device to, const void* src, Device from, size_t nbytes) = 0;
+  // Computes node `n` on its device (inputs materialized on that device): the ops that are not
+  // generated kernels (GEMM, indexing, scans, random numbers, conversions ...).
+  virtual void run_node(Node& n) = 0;
+  // Waits until all work queued on device `index` has finished (raising its errors).
+  virtual void synchronize(int index) = 0;
+  // The allocator of device `index`: counters, peak reset, and releasing cached blocks.
+  virtual MemoryStats memory_stats(int index) = 0;
+  virtual void reset_peak_memory_stats(int index) = 0;
+  virtual void empty_cache() = 0;
+};
+
+// Registers the runtime of a device type (called once, at load, by that runtime's library part).
+KILN_API void register_device_runtime(DeviceType type, DeviceRuntime* rt);
+// The runtime of a device type, or null when this build has none.
+KILN_API DeviceRuntime* find_device_runtime(DeviceType type);
+// The runtime of `device`'s type, checked usable for `device` (throws kiln::Error naming the
+// device and the reason otherwise: not built with CUDA, no driver, index out of range).
+KILN_API DeviceRuntime& device_runtime(Device device);
+
+// Whether set_float32_matmul_precision allows TF32 for float32 GEMMs.
+bool float32_matmul_allows_tf32();
+
+}  // namespace kiln
