@@ -20,7 +20,7 @@
 #include "runtime/cuda/caching_allocator.h"
 #include "tests/test_seed.h"
 
-using namespace kiln::cuda;
+using namespace kiln::cu;
 
 namespace {
 

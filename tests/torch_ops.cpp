@@ -957,10 +957,10 @@ std::vector<Tensor*> tensor_slots(Ctx& c) {
   return out;
 }
 
-}  // namespace torch_ops
-
 Tensor make_tensor(const json& t) {
   Tensor h = make_host_tensor(t);
   const kiln::Device d = kiln::testing::test_device();
   return d == kiln::cpu() ? h : h.to(d).detach();  // a leaf on the device
 }
+
+}  // namespace torch_ops

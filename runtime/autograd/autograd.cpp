@@ -279,4 +279,13 @@ void Tensor::backward(const std::optional<Tensor>& gradient, bool retain_graph, 
 
 Tensor Tensor::detach() const { return Tensor::from_node(node()); }
 
+Tensor& Tensor::set_data(const Tensor& value) {
+  KILN_CHECK(defined() && value.defined(), "set_data: got an undefined tensor");
+  KILN_CHECK(!impl_->base, "set_data: cannot rebind a view");
+  impl_->node_ = value.node();
+  impl_->version++;
+  if (impl_->grad && impl_->grad->node()->device != impl_->node_->device) impl_->grad.reset();
+  return *this;
+}
+
 }  // namespace kiln

@@ -6,7 +6,7 @@
 
 #include "runtime/core/error.h"
 
-namespace kiln::cuda {
+namespace kiln::cu {
 
 namespace {
 
@@ -209,4 +209,4 @@ size_t CachingAllocator::block_size(void* p) const {
   return it->second->size;
 }
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cu

@@ -24,7 +24,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-namespace kiln::cuda {
+#include "runtime/core/device.h"
+
+namespace kiln::cu {
 
 // The device memory underneath: whole segments, allocated and freed.
 struct RawMemory {
@@ -37,20 +39,9 @@ struct RawMemory {
   virtual size_t total_bytes() const = 0;
 };
 
-// The allocator's counters. Byte counts are of requests rounded up to 512.
-struct MemoryStats {
-  int64_t allocated_bytes = 0;       // bytes of live allocations
-  int64_t peak_allocated_bytes = 0;  // most allocated_bytes since creation or reset_peak_stats()
-  int64_t reserved_bytes = 0;        // bytes of segments held from RawMemory
-  int64_t peak_reserved_bytes = 0;   // most reserved_bytes since creation or reset_peak_stats()
-  int64_t cached_bytes = 0;          // reserved_bytes - allocated_bytes: held but not in use
-  int64_t num_allocs = 0;            // successful allocate() calls of non-zero size
-  int64_t num_frees = 0;             // free() calls of non-null pointers
-  int64_t num_segments = 0;          // segments held now
-  int64_t num_ooms = 0;              // allocate() calls that threw out-of-memory
-  int64_t num_cache_hits = 0;        // allocations served without a new segment
-  int64_t num_splits = 0;            // free blocks split to serve an allocation
-};
+// The allocator's counters: kiln::MemoryStats (runtime/core/device.h; byte counts are of
+// requests rounded up to 512).
+using kiln::MemoryStats;
 
 class CachingAllocator {
  public:
@@ -95,4 +86,4 @@ class CachingAllocator {
   MemoryStats stats_;
 };
 
-}  // namespace kiln::cuda
+}  // namespace kiln::cu

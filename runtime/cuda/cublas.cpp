@@ -19,7 +19,10 @@ struct Cublas {
   decltype(&::cublasSetStream_v2) set_stream = nullptr;
   decltype(&::cublasSetMathMode) set_math_mode = nullptr;
   decltype(&::cublasGetStatusName) status_name = nullptr;
-  decltype(&::cublasGemmStridedBatchedEx) gemm = nullptr;
+  // (named by its type: C++ builds of cublas_api.h overload this name)
+  cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
+                         cudaDataType, int, long long, const void*, cudaDataType, int, long long, const void*, void*,
+                         cudaDataType, int, long long, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
   bool ok = false;
   std::string reason;
 };

@@ -61,6 +61,15 @@ void Module::zero_grad() {
   for (auto& t : parameters()) t.set_grad(Tensor());
 }
 
+Module& Module::to(Device device) {
+  NoGradGuard ng;
+  for (auto* list : {&params_, &buffers_})
+    for (auto& [name, t] : *list)
+      if (t.device() != device) t.set_data(t.to(device));
+  for (auto& [name, m] : children_) m->to(device);
+  return *this;
+}
+
 std::map<std::string, Tensor> Module::state_dict() const {
   std::map<std::string, Tensor> sd;
   for (auto& [n, t] : named_parameters()) sd[n] = t.detach();

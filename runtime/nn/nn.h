@@ -43,6 +43,9 @@ class KILN_API Module {
   bool is_training() const { return training_; }
   // Clears every parameter's gradient.
   void zero_grad();
+  // Moves every parameter and buffer (children's too) to `device`, in place: tensors held
+  // elsewhere (an optimizer's parameter list) follow. Build optimizers after moving.
+  Module& to(Device device);
 
   // Parameters and buffers by dotted name.
   std::map<std::string, Tensor> state_dict() const;

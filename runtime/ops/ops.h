@@ -301,6 +301,7 @@ KILN_API Tensor index_put(const Tensor& x, const std::vector<TensorIndex>& indic
                  bool accumulate = false);
 // from_vector of bools (std::vector<bool> is bit-packed, so it has its own definition).
 template <>
-KILN_API Tensor from_vector<bool>(const std::vector<bool>& values, std::optional<std::vector<int64_t>> shape);
+KILN_API Tensor from_vector<bool>(const std::vector<bool>& values, std::optional<std::vector<int64_t>> shape,
+                                  Device device);
 
 }  // namespace kiln

@@ -176,9 +176,9 @@ Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
 
 // ---- bool vectors ----
 template <>
-Tensor from_vector<bool>(const std::vector<bool>& values, std::optional<std::vector<int64_t>> shape) {
+Tensor from_vector<bool>(const std::vector<bool>& values, std::optional<std::vector<int64_t>> shape, Device device) {
   std::vector<int32_t> v(values.begin(), values.end());
-  return to(from_vector(v, std::move(shape)), kBool);
+  return to(from_vector(v, std::move(shape), device), kBool);
 }
 
 template <>

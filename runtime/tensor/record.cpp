@@ -1,6 +1,7 @@
 #include "runtime/tensor/record.h"
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/exec/device_runtime.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ir/sym_facts.h"
 #include "runtime/tensor/trace.h"
@@ -40,6 +41,7 @@ const SymFacts* facts_for(const Shape& s) {
 
 Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
               Device device) {
+  if (device.type != DeviceType::CPU) [[unlikely]] device_runtime(device);  // usable, or a clear error now
   auto n = new_node();
   n->op = op;
   n->inputs = std::move(inputs);

@@ -239,6 +239,9 @@ class KILN_API Tensor {
                 bool create_graph = false) const;
   // The same value, cut from the autograd graph (shares the node).
   Tensor detach() const;
+  // Makes this tensor (not a view) hold `value`'s data, keeping its identity and grad settings,
+  // as PyTorch's `t.data = value`; a gradient on another device than `value` is cleared.
+  Tensor& set_data(const Tensor& value);
 
   // Rebinds this handle to `value` (cast to dtype, broadcast to shape), writing through to the
   // base if this is a view. The primitive behind every in-place op.
