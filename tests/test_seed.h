@@ -5,6 +5,7 @@
 #include <string>
 
 #include "runtime/core/device.h"
+#include "fake_device.h"
 
 namespace kiln::testing {
 
@@ -22,10 +23,15 @@ inline uint64_t test_seed(uint64_t fallback) {
   return (s && *s) ? std::strtoull(s, nullptr, 0) : fallback;
 }
 
-// KILN_TEST_DEVICE: "cpu" (default) or "cuda" / "cuda:N", the device tests put their inputs on.
+// KILN_TEST_DEVICE: "cpu" (default), "cuda" / "cuda:N", or "fake-cuda" (cuda:0 simulated in
+// host memory, tests/fake_device.h), the device tests put their inputs on.
 inline Device test_device() {
   const char* s = std::getenv("KILN_TEST_DEVICE");
   const std::string v = s ? s : "";
+  if (v == "fake-cuda") {
+    install_fake_cuda();
+    return kiln::cuda(0);
+  }
   if (v.rfind("cuda", 0) == 0) return kiln::cuda(v.size() > 5 ? std::atoi(v.c_str() + 5) : 0);
   return cpu();
 }

@@ -835,7 +835,7 @@ std::vector<Tensor> run_op(const Ctx& c) {
   if (op == "mlp_xent") {  // cross_entropy(linear(relu(linear(x, w1, b1)), w2, b2), arange(N) % C)
     Tensor h = kiln::relu(kiln::linear(c.tensor(0), c.tensor(1), c.tensor(2)));
     Tensor logits = kiln::linear(h, c.tensor(3), c.tensor(4));
-    Tensor target = kiln::remainder(kiln::arange(logits.size(0)), logits.size(1));
+    Tensor target = kiln::remainder(kiln::arange(logits.size(0), std::nullopt, logits.device()), logits.size(1));
     return one(kiln::cross_entropy(logits, target, c.s("reduction", "mean")));
   }
 

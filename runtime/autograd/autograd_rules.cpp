@@ -110,9 +110,9 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     case OpKind::Erf: return {mul(g, mul(exp(neg(mul(x, x))), 2.0 / std::sqrt(M_PI)))};
     case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: case OpKind::Sign:
       return {zeros_of(x)};
-    case OpKind::Cast:
     case OpKind::ToDevice:
       return {to(g, x.device())};
+    case OpKind::Cast:
     case OpKind::Contiguous:
       return {is_floating(x.dtype()) ? cast(g, x.dtype()) : Tensor()};
     // ---- binary ----

@@ -47,11 +47,11 @@ double fan(const Tensor& t, const std::string& mode) {
 
 Tensor& uniform_(Tensor& t, double lo, double hi) {
   KILN_CHECK(is_floating(t.dtype()), "uniform_: expected a floating tensor");
-  return write(t, rand(t.sizes(), t.dtype()) * (hi - lo) + lo);
+  return write(t, rand(t.sizes(), t.dtype(), t.device()) * (hi - lo) + lo);
 }
 Tensor& normal_(Tensor& t, double mean, double sd) {
   KILN_CHECK(is_floating(t.dtype()), "normal_: expected a floating tensor");
-  return write(t, randn(t.sizes(), t.dtype()) * sd + mean);
+  return write(t, randn(t.sizes(), t.dtype(), t.device()) * sd + mean);
 }
 Tensor& constant_(Tensor& t, double v) { return write(t, full_like(t, v)); }
 
@@ -106,7 +106,7 @@ Tensor& orthogonal_(Tensor& t, double gain) {
       if (wide) q[j * cols + i] = v;  // transpose back
       else q[i * cols + j] = v;
     }
-  return write(t, from_vector(q, t.sizes()).to(t.dtype()));
+  return write(t, from_vector(q, t.sizes(), t.device()).to(t.dtype()));
 }
 
 }  // namespace kiln::nn

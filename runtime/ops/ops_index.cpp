@@ -127,7 +127,7 @@ Tensor nonzero(const Tensor& x) {
       idx[d] = 0;
     }
   }
-  return from_vector(out, std::vector<int64_t>{count, n});
+  return from_vector(out, std::vector<int64_t>{count, n}, x.device());
 }
 
 Tensor masked_select(const Tensor& x, const Tensor& mask) {

@@ -70,7 +70,7 @@ Tensor sort_perm_host(const Tensor& v, bool descending) {
   };
   if (is_floating(v.dtype())) run(v.to_vector<double>());
   else run(v.to_vector<int64_t>());
-  return from_vector(perm, shape);
+  return from_vector(perm, shape, v.device());
 }
 
 Tensor sort_perm(const Tensor& v, bool descending) {

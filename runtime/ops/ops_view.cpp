@@ -514,7 +514,7 @@ namespace {
 Tensor triangle(const Tensor& x, int64_t k, bool lower, const char* op) {
   KILN_CHECK(x.dim() >= 2, op, ": input tensor must have at least 2 dimensions, got ", x.dim());
   const SymInt &h = x.shape()[x.dim() - 2], &w = x.shape()[x.dim() - 1];
-  Tensor diff = sub(detail::arange_of(w).unsqueeze(0), detail::arange_of(h).unsqueeze(1));  // col - row
+  Tensor diff = sub(detail::arange_of(w, x.device()).unsqueeze(0), detail::arange_of(h, x.device()).unsqueeze(1));  // col - row
   Tensor keep = lower ? le(diff, k) : ge(diff, k);
   return where(keep, x, detail::constant(0, x.dtype(), x.device()));
 }

@@ -43,7 +43,7 @@ Tensor reshape_to(const Tensor& t, const Shape& shape);
 // start <= stop); symbolic bounds stay symbolic.
 Tensor slice_window(const Tensor& x, int64_t d, const SymInt& start, const SymInt& stop, int64_t step);
 // 0, 1, ..., n-1 (int64; n symbolic in compile() traces).
-Tensor arange_of(const SymInt& n, Device device = cpu());
+Tensor arange_of(const SymInt& n, Device device);
 // Whether two sizes are equal (in compile() traces the answer is guarded, not a specialization).
 bool same_size(const SymInt& a, const SymInt& b);
 // Throws unless the number `v` converts to `dtype` without overflow (a floating value filled
