@@ -4,6 +4,9 @@
 #
 #   bench/run.sh            full run (about 3-5 minutes after the build)
 #   bench/run.sh --quick    short run (well under 2 minutes after the build)
+#   bench/run.sh --device cuda   the GPU table: kiln (lazy eager, compiled) beside PyTorch eager
+#                                and torch.compile (python3 with torch, same call), copy bandwidth,
+#                                NVRTC cold compile and disk-cache warm load per kernel
 #   options: --threads N (default 2), --no-build, --build-dir DIR, --keep (keep W6 cache dirs)
 #
 # Raw results (one JSON object per row) are kept in <build>/bench-results/.
@@ -17,8 +20,10 @@ QUICK=""
 THREADS=2
 DO_BUILD=1
 KEEP=0
+DEVICE=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
+    --device) DEVICE="$2"; shift ;;
     --quick) QUICK="--quick" ;;
     --threads) THREADS="$2"; shift ;;
     --no-build) DO_BUILD=0 ;;
@@ -32,6 +37,16 @@ done
 
 LOCK=/tmp/kiln-build.lock
 locked() { if command -v flock >/dev/null; then flock "$LOCK" "$@"; else "$@"; fi; }
+
+if [ "$DEVICE" = cuda ]; then
+  if [ "$DO_BUILD" = 1 ]; then
+    [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2
+    locked cmake --build "$BUILD" --target bench_cuda -j2 >&2
+  fi
+  exec bash "$ROOT/bench/run_cuda.sh" "$BUILD/bench/bench_cuda" ${QUICK:+--quick}
+elif [ "$DEVICE" != cpu ]; then
+  echo "run.sh: --device must be cpu or cuda" >&2; exit 2
+fi
 
 # ---- configure + build (serialized with other builds through the lock) ----
 if [ "$DO_BUILD" = 1 ]; then

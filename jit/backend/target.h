@@ -22,6 +22,8 @@ struct Target {
   int64_t small_inner = 8;                // a last dim up to this size is a compile-time constant
   int vector_bytes = 32;                  // width of the vector registers code is generated for
   bool split_reductions = true;           // full reductions as per-chunk partials, combined after
+  int64_t split_chunks = 256;             // most chunks of a split reduction (its parallel extent)
+  int64_t split_chunk_work = 16384;       // fewest elements per chunk
   bool column_reductions = true;          // reductions over leading dims with per-column scratch
   // Ops the backend cannot generate (lower() rejects groups using them); null: all.
   bool (*unsupported_op)(OpKind op, DType dtype) = nullptr;

@@ -21,12 +21,12 @@ constexpr int kBlock = 256;  // threads per block (the kernels' __launch_bounds_
 // An image (what compile() stores and load() reads): a one-line header with the argument
 // counts the launch packs and the kind of binary, then the binary (a CUBIN, or PTX text that
 // the driver compiles when NVRTC did not know the GPU's architecture).
-const char kMagic[] = "kiln-cuda-image 1";
+const char kMagic[] = "kiln-cuda-image 2";
 
 struct CudaCode : Code {
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
-  int buffers = 0, iparams = 0, fparams = 0;
+  int buffers = 0, iparams = 0, fparams = 0, lanes = 1;
   std::string symbol;
   ~CudaCode() override {
     // Ignored result: at process exit the driver may be shut down already.
@@ -36,12 +36,13 @@ struct CudaCode : Code {
 
 struct Header {
   int buffers = 0, iparams = 0, fparams = 0;
+  int lanes = 1;  // threads per parallel index (32: a warp per index)
   bool ptx = false;
 };
 
 std::string make_image(const Header& h, const std::string& binary) {
   return std::string(kMagic) + " " + std::to_string(h.buffers) + " " + std::to_string(h.iparams) + " " +
-         std::to_string(h.fparams) + " " + (h.ptx ? "ptx" : "cubin") + "\n" + binary;
+         std::to_string(h.fparams) + " " + std::to_string(h.lanes) + " " + (h.ptx ? "ptx" : "cubin") + "\n" + binary;
 }
 
 // Splits an image into its header and binary (throws kiln::Error for anything else).
@@ -50,7 +51,9 @@ std::string parse_image(const std::string& image, Header& h) {
   KILN_CHECK(nl != std::string::npos && image.compare(0, sizeof(kMagic) - 1, kMagic) == 0,
              "cuda: not a kiln CUDA image");
   char kind[8] = {0};
-  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, kind) != 4)
+  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, &h.lanes,
+                  kind) != 5 ||
+      (h.lanes != 1 && h.lanes != 32))
     throw Error("cuda: bad kiln CUDA image header");
   h.ptx = std::strcmp(kind, "ptx") == 0;
   return image.substr(nl + 1);
@@ -91,6 +94,8 @@ Target cuda_target(int cc) {
   t.small_inner = 8;
   t.vector_bytes = 16;
   t.split_reductions = true;   // per-chunk partials, combined on the host (as on the CPU)
+  t.split_chunks = 4096;       // a warp per chunk: enough warps to fill the GPU
+  t.split_chunk_work = 1024;
   t.column_reductions = true;
   t.unsupported_op = [](OpKind op, DType d) { return !cuda_supports(op, d); };
   return t;
@@ -175,16 +180,17 @@ class CudaBackend final : public Backend {
   std::string cache_id() const override {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
-    return "cuda;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
+    return "cuda-img2;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
            std::to_string(cu::driver_version()) + ";" + nvrtc_options_key();
   }
 
   bool supports(const Lowered&) const override { return cu::have_nvrtc(); }
 
   std::shared_ptr<Code> compile(const Kernel& k, const std::string& symbol, std::string* image) override {
-    const std::string src = emit_cuda(k, symbol);
+    int lanes = 1;
+    const std::string src = emit_cuda(k, symbol, &lanes);
     dump_file(symbol + ".cu", src);
-    Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, false};
+    Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, lanes, false};
     const std::string binary = nvrtc_compile(src, symbol, cc_, &h.ptx);
     auto code = load_binary(binary, symbol, h);
     if (image) *image = make_image(h, binary);
@@ -212,7 +218,7 @@ class CudaBackend final : public Backend {
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
     long long begin = 0, end = l.extent;
     void* params[] = {&begin, &end, args};
-    const long long blocks = std::min<long long>((l.extent + kBlock - 1) / kBlock, max_blocks_);
+    const long long blocks = std::min<long long>((l.extent * c.lanes + kBlock - 1) / kBlock, max_blocks_);
     cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params, nullptr),
               ("cuLaunchKernel (" + c.symbol + ")").c_str());
     cu::note_launch(0, c.symbol);
@@ -230,6 +236,7 @@ class CudaBackend final : public Backend {
     code->buffers = h.buffers;
     code->iparams = h.iparams;
     code->fparams = h.fparams;
+    code->lanes = h.lanes;
     std::string data = binary;
     if (h.ptx && (data.empty() || data.back() != '\0')) data.push_back('\0');
     cu::check(a.module_load_data(&code->module, data.data()), h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <sstream>
 #include <unordered_map>
 #include <vector>
@@ -87,6 +88,7 @@ struct Emitter {
   std::ostringstream out;
   int indent = 1;
   int temps = 0;
+  bool warp = false;  // one warp per parallel index (see warp_stmts)
   std::vector<std::unordered_map<ExprId, std::string>> scopes;
 
   explicit Emitter(const Kernel& kk) : k(kk) {}
@@ -380,6 +382,163 @@ struct Emitter {
     }
   }
 
+  // ---- one warp per parallel index (reduction kernels) ----
+  // The lanes of a warp share the top-level loops of one parallel index (lane l runs
+  // iterations l, l + 32, ...), each lane accumulating a partial; after such a loop the
+  // partials are combined across the warp with shuffles (every lane then holds the result)
+  // and with what the accumulator held before the loop. Stores outside loops run on lane 0.
+
+  static void updated(const std::vector<Stmt>& ss, std::set<int>& out) {
+    for (const Stmt& s : ss) {
+      if (s.kind == Stmt::Kind::AccUpdate) out.insert(s.acc);
+      if (s.kind == Stmt::Kind::Loop) updated(s.body, out);
+    }
+  }
+  void acc_reads(ExprId e, std::set<int>& out) const {
+    if (e < 0) return;
+    const Expr& x = k.exprs[e];
+    if (x.kind == Expr::Kind::Acc || x.kind == Expr::Kind::AccIndex) out.insert(static_cast<int>(x.i));
+    acc_reads(x.a, out);
+    acc_reads(x.b, out);
+    acc_reads(x.c, out);
+  }
+  void reads(const std::vector<Stmt>& ss, std::set<int>& accs, std::set<int>& stored) const {
+    for (const Stmt& s : ss) {
+      for (ExprId e : {s.lo, s.hi, s.index, s.value}) acc_reads(e, accs);
+      if (s.kind == Stmt::Kind::Store || s.kind == Stmt::Kind::AccStore) stored.insert(s.buffer);
+      if (s.kind == Stmt::Kind::Loop) reads(s.body, accs, stored);
+    }
+  }
+  // Whether the kernel can run a warp per parallel index: it reduces in a top-level loop, no
+  // loop reads an accumulator it updates, and no buffer is both read and written (column
+  // scratch), so lanes never depend on each other inside a loop.
+  bool warp_eligible() const {
+    if (k.accs.empty()) return false;
+    std::set<int> loaded, stored, none;
+    for (const Expr& e : k.exprs)
+      if (e.kind == Expr::Kind::Load) loaded.insert(static_cast<int>(e.i));
+    bool reducing_loop = false;
+    for (const Stmt& s : k.body) {
+      if (s.kind != Stmt::Kind::Loop) continue;
+      std::set<int> up, rd;
+      updated(s.body, up);
+      reads(s.body, rd, stored);
+      for (ExprId e : {s.lo, s.hi}) acc_reads(e, rd);
+      for (int a : up)
+        if (rd.count(a)) return false;
+      reducing_loop = reducing_loop || !up.empty();
+    }
+    std::set<int> rd;
+    reads(k.body, rd, stored);
+    for (int b : stored)
+      if (loaded.count(b)) return false;
+    return reducing_loop;
+  }
+
+  std::string shfl(const std::string& v, const std::string& o) { return "__shfl_xor_sync(0xffffffffu, " + v + ", " + o + ")"; }
+
+  // Replaces accumulator `a` (value A, index I) by the other state (ov, oi) when that one comes
+  // first in the reduction's order: larger (smaller) value, a NaN before numbers, then the
+  // smaller index. Arg reductions only.
+  void arg_take(int a, const std::string& ov, const std::string& oi) {
+    const AccSpec& s = k.accs[a];
+    const bool mx = s.op == OpKind::ArgMax, fl = is_floating(s.dtype);
+    const std::string A = "acc" + std::to_string(a), I = "acci" + std::to_string(a);
+    std::string better = "(" + ov + (mx ? " > " : " < ") + A + ")", same = "(" + ov + " == " + A + ")";
+    if (fl) {
+      better = "((" + isnan_(ov) + " && !" + isnan_(A) + ") || (!" + isnan_(ov) + " && !" + isnan_(A) + " && " + better + "))";
+      same = "(" + same + " || (" + isnan_(ov) + " && " + isnan_(A) + "))";
+    }
+    line("if (" + oi + " >= 0 && (" + I + " < 0 || " + better + " || (" + same + " && " + oi + " < " + I + "))) { " + A +
+         " = " + ov + "; " + I + " = " + oi + "; }");
+  }
+
+  // acc a = combine(acc a, other), for sums, products and max/min (not arg reductions).
+  void combine_with(int a, const std::string& ov, const std::string& onan) {
+    const AccSpec& s = k.accs[a];
+    const bool fl = is_floating(s.dtype);
+    const std::string A = "acc" + std::to_string(a), T = ctype(s.dtype);
+    switch (s.op) {
+      case OpKind::Sum: line(A + " = " + (fl ? A + " + " + ov : "(" + T + ")((u64)" + A + " + (u64)" + ov + ")") + ";"); break;
+      case OpKind::Prod: line(A + " = " + (fl ? A + " * " + ov : "(" + T + ")((u64)" + A + " * (u64)" + ov + ")") + ";"); break;
+      default: {
+        const bool mx = s.op == OpKind::Amax;
+        if (fl) {
+          line(A + " = " + fn(mx ? "fmax" : "fmin", s.dtype) + "(" + A + ", " + ov + ");");
+          line("accnan" + std::to_string(a) + " = accnan" + std::to_string(a) + " || " + onan + ";");
+        } else {
+          line(A + " = " + ov + (mx ? " > " : " < ") + A + " ? " + ov + " : " + A + ";");
+        }
+      }
+    }
+  }
+
+  void warp_reduce(int a) {
+    const AccSpec& s = k.accs[a];
+    const std::string A = "acc" + std::to_string(a), I = "acci" + std::to_string(a), T = ctype(s.dtype);
+    line("for (int o = 16; o > 0; o >>= 1) {");
+    ++indent;
+    if (s.op == OpKind::ArgMax || s.op == OpKind::ArgMin) {
+      line("const " + T + " ov = " + shfl(A, "o") + ";");
+      line("const i64 oi = " + shfl(I, "o") + ";");
+      arg_take(a, "ov", "oi");
+    } else {
+      line("const " + T + " ov = " + shfl(A, "o") + ";");
+      const bool flag = nan_flag(s);
+      if (flag) line("const bool on = " + shfl("(int)accnan" + std::to_string(a), "o") + " != 0;");
+      combine_with(a, "ov", flag ? "on" : "false");
+    }
+    --indent;
+    line("}");
+  }
+
+  void warp_stmts(const std::vector<Stmt>& ss) {
+    for (const Stmt& s : ss) {
+      if (s.kind == Stmt::Kind::Store || s.kind == Stmt::Kind::AccStore) {
+        line("if (lane == 0) {");
+        ++indent;
+        scopes.emplace_back();
+        stmts({s});
+        scopes.pop_back();
+        --indent;
+        line("}");
+        continue;
+      }
+      if (s.kind != Stmt::Kind::Loop) {
+        stmts({s});  // every lane the same: accumulator starts and updates on synchronized state
+        continue;
+      }
+      std::set<int> up;
+      updated(s.body, up);
+      std::vector<std::string> saved;
+      for (int a : up) {  // the state before the loop, combined back after it
+        const AccSpec& as = k.accs[a];
+        const std::string n = "sv" + std::to_string(temps++), A = std::to_string(a);
+        line("const " + std::string(ctype(as.dtype)) + " " + n + " = acc" + A + "; const i64 " + n + "i = acci" + A + ";" +
+             (nan_flag(as) ? " const bool " + n + "n = accnan" + A + ";" : ""));
+        line("acc" + A + " = " + identity(as) + "; acci" + A + " = -1;" + (nan_flag(as) ? " accnan" + A + " = false;" : ""));
+        saved.push_back(n);
+      }
+      std::string lo = expr(s.lo), hi = expr(s.hi);
+      std::string v = "i" + std::to_string(s.var);
+      line("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += 32) {");
+      ++indent;
+      scopes.emplace_back();
+      stmts(s.body);
+      scopes.pop_back();
+      --indent;
+      line("}");
+      size_t si = 0;
+      for (int a : up) {
+        warp_reduce(a);
+        const AccSpec& as = k.accs[a];
+        const std::string& n = saved[si++];
+        if (as.op == OpKind::ArgMax || as.op == OpKind::ArgMin) arg_take(a, n, n + "i");
+        else combine_with(a, n, nan_flag(as) ? n + "n" : "false");
+      }
+    }
+  }
+
   std::string emit(const std::string& symbol) {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
     const size_t arg_bytes = 8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
@@ -404,11 +563,18 @@ struct Emitter {
       if (nan_flag(k.accs[a])) line("bool accnan" + std::to_string(a) + " = false;");
       line("(void)acc" + std::to_string(a) + "; (void)acci" + std::to_string(a) + ";");
     }
-    line("const i64 stride = (i64)gridDim.x * blockDim.x;");
-    line("for (i64 i0 = begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride) {");
+    if (warp) {
+      line("const int lane = threadIdx.x & 31;");
+      line("const i64 wstride = ((i64)gridDim.x * blockDim.x) >> 5;");
+      line("for (i64 i0 = begin + (((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5); i0 < end; i0 += wstride) {");
+    } else {
+      line("const i64 stride = (i64)gridDim.x * blockDim.x;");
+      line("for (i64 i0 = begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride) {");
+    }
     ++indent;
     scopes.emplace_back();
-    stmts(k.body);
+    if (warp) warp_stmts(k.body);
+    else stmts(k.body);
     scopes.pop_back();
     --indent;
     line("}");
@@ -419,8 +585,10 @@ struct Emitter {
 
 }  // namespace
 
-std::string emit_cuda(const Kernel& k, const std::string& symbol) {
+std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes) {
   Emitter e(k);
+  e.warp = e.warp_eligible();
+  if (lanes) *lanes = e.warp ? 32 : 1;
   return e.emit(symbol);
 }
 

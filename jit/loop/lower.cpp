@@ -646,6 +646,8 @@ struct Lowerer {
   void lower_split(ExprId p) {
     const size_t n = g.domain.size();
     L->split = true;
+    L->split_chunks = tgt.split_chunks;
+    L->split_chunk_work = tgt.split_chunk_work;
     std::vector<Node*> reds = reductions();
     for (Node* o : g.outputs)
       if (classify(*o) == NodeClass::Reduction) L->partial_ops.push_back(o->op);
@@ -728,7 +730,8 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
       per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
     }
   }
-  const int64_t chunk = std::max<int64_t>({1, (16384 + per_row - 1) / per_row, (rows + 255) / 256});
+  const int64_t chunk = std::max<int64_t>(
+      {1, (L.split_chunk_work + per_row - 1) / per_row, (rows + L.split_chunks - 1) / L.split_chunks});
   out.chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
   auto arg_node = [&](int a) -> const Node* { return a >= 0 ? g.nodes[a] : ins[-a - 1]; };
   for (const ArgSource& s : L.iparams) {

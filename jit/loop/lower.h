@@ -36,6 +36,7 @@ struct Lowered {
   bool split = false;
   bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
   std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
+  int64_t split_chunks = 256, split_chunk_work = 16384;  // split: the target's chunking
 };
 
 // Runtime arguments of a lowered kernel bound to one group (by the recipe in Lowered).

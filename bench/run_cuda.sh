@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# bench/run.sh --device cuda: kiln's bench_cuda and PyTorch's bench/torch_cuda.py on the same GPU
+# in one call, then one table with ratios and the issue's targets. Usage: run_cuda.sh BENCH_CUDA [--quick]
+set -euo pipefail
+BIN=$1
+ITERS=20
+[ "${2:-}" = --quick ] && ITERS=5
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+OUT=$(mktemp -d)
+CACHE=$(mktemp -d)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
+KILN_CACHE_DIR=$CACHE/w "$BIN" --iters "$ITERS" > "$OUT/kiln.jsonl"
+python3 "$HERE/torch_cuda.py" "$ITERS" > "$OUT/torch.jsonl" 2> "$OUT/torch.err" || { cat "$OUT/torch.err" >&2; exit 1; }
+# Compile times: the same 40 kernels in two processes over one cache directory (cold, then warm).
+KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-cold"/' > "$OUT/cold.jsonl"
+KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-warm"/' > "$OUT/warm.jsonl"
+cat "$OUT"/*.jsonl > "$OUT/all.jsonl"
+python3 - "$OUT/all.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+t = {(r["workload"], r.get("impl")): r for r in rows}
+def us(w, i): return t[(w, i)]["us"] if (w, i) in t else float("nan")
+print(f"{'workload':8} {'impl':15} {'time':>12} {'GB/s':>8}")
+for r in rows:
+    if "us" in r:
+        print(f"{r['workload']:8} {r['impl']:15} {r['us']:10.1f}us {r.get('gbs', ''):>8}")
+checks = []
+def check(name, value, target, ok):
+    checks.append((name, value, target, ok))
+w1 = min(us("W1", "kiln-eager"), us("W1", "kiln-compiled"))
+copy = us("W1", "torch-copy")
+check("W1 vs copy bandwidth time (torch copy_)", w1 / copy, "<= 1.10x", w1 / copy <= 1.10)
+check("W1 speedup over torch.compile", us("W1", "torch-compile") / w1, ">= 1.2x", us("W1", "torch-compile") / w1 >= 1.2)
+w3f = min(us("W3F", "kiln-eager"), us("W3F", "kiln-compiled"))
+check("W3 forward speedup over torch.compile", us("W3F", "torch-compile") / w3f, ">= 2x", us("W3F", "torch-compile") / w3f >= 2)
+w3b = min(us("W3B", "kiln-eager"), us("W3B", "kiln-compiled"))
+best = min(us("W3B", "torch-eager"), us("W3B", "torch-compile"))
+check("W3 fwd+bwd speedup over faster torch", best / w3b, ">= 3x", best / w3b >= 3)
+cold = t.get(("compile-cold", None), {}).get("median_ms", float("nan"))
+warm = t.get(("compile-warm", None), {}).get("median_ms", float("nan"))
+check("NVRTC cold compile median ms/kernel", cold, "<= 30", cold <= 30)
+check("disk-cache warm load median ms/kernel", warm, "<= 1", warm <= 1)
+print()
+for name, v, target, ok in checks:
+    print(f"{name:45} {v:10.3f}  target {target:9} {'PASS' if ok else 'FAIL'}")
+for r in rows:
+    if r["workload"] == "memory":
+        print("memory:", {k: v for k, v in r.items() if k != "workload"})
+PY
+rm -rf "$OUT" "$CACHE"
