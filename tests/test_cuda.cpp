@@ -871,7 +871,7 @@ TEST(CudaBackend, ImageRoundTrip) {
       std::string image;
       auto fresh = gpu->compile(L->kernel, sym, &image);
       ASSERT_FALSE(image.empty());
-      ASSERT_EQ(image.rfind("kiln-cuda-image 1 ", 0), 0u) << image.substr(0, 40);
+      ASSERT_EQ(image.rfind("kiln-cuda-image 2 ", 0), 0u) << image.substr(0, 40);
       auto loaded = gpu->load(image, sym, store);  // as a later process would, from the disk cache
       ASSERT_EQ(loaded->backend, gpu);
       DeviceArgs a, b;
@@ -888,7 +888,7 @@ TEST(CudaBackend, ImageRoundTrip) {
   // Not an image: a clear error.
   EXPECT_THROW(gpu->load("not an image", "kiln_x", store), kiln::Error);
   // A truncated CUBIN: the driver's error, as kiln::Error.
-  EXPECT_THROW(gpu->load("kiln-cuda-image 1 1 0 0 cubin\n\x7f" "ELF garbage", "kiln_x", store), kiln::Error);
+  EXPECT_THROW(gpu->load("kiln-cuda-image 2 1 0 0 1 cubin\n\x7f" "ELF garbage", "kiln_x", store), kiln::Error);
 }
 
 }  // namespace
