@@ -30,6 +30,7 @@
 #include "jit/backend/backend.h"
 #include "jit/cuda/cuda_backend.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/cuda/nvrtc.h"
 #include "jit/cuda/emit_cuda.h"
 
 namespace {
@@ -548,7 +549,7 @@ TEST(CudaNvrtc, RandomGraphKernelsCompile) {
         src = kiln::jit::emit_cuda(L->kernel, sym);
         auto t0 = std::chrono::steady_clock::now();
         bool ptx = false;
-        std::string bin = kiln::jit::nvrtc_compile(src, sym, cc, &ptx);
+        std::string bin = kiln::cu::nvrtc_compile(src, sym, cc, &ptx);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         EXPECT_FALSE(bin.empty());
       } catch (const std::exception& e) {
@@ -572,7 +573,7 @@ TEST(CudaNvrtc, EveryOpCompiles) {
   OpsKernel ok = make_ops_kernel();
   const std::string src = kiln::jit::emit_cuda(ok.k, "kiln_every_op");
   try {
-    EXPECT_FALSE(kiln::jit::nvrtc_compile(src, "kiln_every_op", cu::available() ? cu::compute_capability(0) : 90).empty());
+    EXPECT_FALSE(kiln::cu::nvrtc_compile(src, "kiln_every_op", cu::available() ? cu::compute_capability(0) : 90).empty());
   } catch (const std::exception& e) {
     FAIL() << e.what() << "\n" << src;
   }
@@ -587,7 +588,7 @@ TEST(CudaNvrtc, CompileErrorQuotesTheLog) {
   SKIP_WITHOUT_NVRTC();
   const std::string src = "extern \"C\" __global__ void kiln_broken(int* p) { *p = kiln_undeclared_name; }\n";
   try {
-    kiln::jit::nvrtc_compile(src, "kiln_broken", 90);
+    kiln::cu::nvrtc_compile(src, "kiln_broken", 90);
     FAIL() << "NVRTC accepted a broken kernel";
   } catch (const kiln::Error& e) {
     std::string m = e.what();

@@ -9,6 +9,7 @@
 
 #include "runtime/cuda/cuda_runtime.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/cuda/nvrtc.h"
 #include "jit/cuda/emit_cuda.h"
 #include "jit/diag/diagnostics.h"
 #include "runtime/core/error.h"
@@ -59,31 +60,7 @@ std::string parse_image(const std::string& image, Header& h) {
   return image.substr(nl + 1);
 }
 
-// NVRTC options (part of cache_id): IEEE division and square root, no FMA contraction and no
-// flush-to-zero, so float results follow the same rounding as the CPU tiers.
-std::vector<std::string> base_options() {
-  return {"--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"};
-}
-
-const std::vector<int>& nvrtc_archs() {
-  static const std::vector<int> archs = [] {
-    std::vector<int> v;
-    int n = 0;
-    cu::check_nvrtc(cu::table().nvrtc_get_num_supported_archs(&n), "nvrtcGetNumSupportedArchs");
-    v.resize(static_cast<size_t>(n));
-    if (n) cu::check_nvrtc(cu::table().nvrtc_get_supported_archs(v.data()), "nvrtcGetSupportedArchs");
-    return v;
-  }();
-  return archs;
-}
-
 }  // namespace
-
-std::string nvrtc_options_key() {
-  std::string s;
-  for (const std::string& o : base_options()) s += o + " ";
-  return s;
-}
 
 Target cuda_target(int cc) {
   Target t;
@@ -99,60 +76,6 @@ Target cuda_target(int cc) {
   t.column_reductions = true;
   t.unsupported_op = [](OpKind op, DType d) { return !cuda_supports(op, d); };
   return t;
-}
-
-// CUBIN for sm_<cc> when NVRTC knows the architecture; else PTX for the newest virtual
-// architecture it knows below it, which the driver compiles at load.
-std::string nvrtc_compile(const std::string& src, const std::string& symbol, int cc, bool* ptx_out) {
-  KILN_CHECK(cu::have_nvrtc(), "cuda: NVRTC (libnvrtc.so.13 / .12) not found: cannot compile ", symbol);
-  const cu::Api& a = cu::table();
-  const std::vector<int>& archs = nvrtc_archs();
-  int arch = cc;
-  const bool ptx = std::find(archs.begin(), archs.end(), cc) == archs.end();
-  if (ptx) {
-    arch = 0;
-    for (int x : archs)
-      if (x <= cc) arch = std::max(arch, x);
-    KILN_CHECK(arch > 0, "nvrtc: no supported architecture at or below sm_", cc);
-  }
-  if (ptx_out) *ptx_out = ptx;
-  std::vector<std::string> opts = base_options();
-  opts.push_back(std::string("--gpu-architecture=") + (ptx ? "compute_" : "sm_") + std::to_string(arch));
-  std::vector<const char*> argv;
-  for (const std::string& o : opts) argv.push_back(o.c_str());
-  nvrtcProgram prog = nullptr;
-  cu::check_nvrtc(a.nvrtc_create_program(&prog, src.c_str(), (symbol + ".cu").c_str(), 0, nullptr, nullptr),
-                    "nvrtcCreateProgram");
-  struct Destroy {
-    nvrtcProgram& p;
-    ~Destroy() { cu::table().nvrtc_destroy_program(&p); }
-  } destroy{prog};
-  const nvrtcResult r = a.nvrtc_compile_program(prog, static_cast<int>(argv.size()), argv.data());
-  if (r != NVRTC_SUCCESS) {
-    size_t n = 0;
-    std::string log;
-    if (a.nvrtc_get_program_log_size(prog, &n) == NVRTC_SUCCESS && n > 1) {
-      log.resize(n);
-      a.nvrtc_get_program_log(prog, log.data());
-      log.resize(n - 1);
-    }
-    throw Error("nvrtc: compiling " + symbol + " failed (" + a.nvrtc_get_error_string(r) + "):\n" + log);
-  }
-  std::string out;
-  size_t n = 0;
-  if (ptx) {
-    cu::check_nvrtc(a.nvrtc_get_ptx_size(prog, &n), "nvrtcGetPTXSize");
-    out.resize(n);
-    cu::check_nvrtc(a.nvrtc_get_ptx(prog, out.data()), "nvrtcGetPTX");  // NUL-terminated (n counts it)
-  } else {
-    cu::check_nvrtc(a.nvrtc_get_cubin_size(prog, &n), "nvrtcGetCUBINSize");
-    out.resize(n);
-    cu::check_nvrtc(a.nvrtc_get_cubin(prog, out.data()), "nvrtcGetCUBIN");
-  }
-  if (log_enabled("codegen"))
-    log_line("codegen", symbol + ": nvrtc " + (ptx ? "compute_" : "sm_") + std::to_string(arch) + ", " +
-                            std::to_string(out.size()) + " bytes");
-  return out;
 }
 
 namespace {
@@ -181,7 +104,7 @@ class CudaBackend final : public Backend {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
     return "cuda-img2;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
-           std::to_string(cu::driver_version()) + ";" + nvrtc_options_key();
+           std::to_string(cu::driver_version()) + ";" + cu::nvrtc_options_key();
   }
 
   bool supports(const Lowered&) const override { return cu::have_nvrtc(); }
@@ -191,7 +114,7 @@ class CudaBackend final : public Backend {
     const std::string src = emit_cuda(k, symbol, &lanes);
     dump_file(symbol + ".cu", src);
     Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, lanes, false};
-    const std::string binary = nvrtc_compile(src, symbol, cc_, &h.ptx);
+    const std::string binary = cu::nvrtc_compile(src, symbol, cc_, &h.ptx);
     auto code = load_binary(binary, symbol, h);
     if (image) *image = make_image(h, binary);
     return code;

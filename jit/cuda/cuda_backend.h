@@ -17,11 +17,5 @@ std::unique_ptr<Backend> make_cuda_backend();
 // (tile 1) and one column of a column reduction per index, float16/bfloat16 rejected.
 Target cuda_target(int cc);
 
-// NVRTC's output for CUDA C++ `src` (kernel `symbol`) on a GPU of compute capability `cc`
-// (90 = sm_90): a CUBIN, or PTX for the newest virtual architecture below when NVRTC does not
-// know sm_<cc> (*ptx set). Needs NVRTC only, not a GPU. Throws kiln::Error quoting NVRTC's log.
-std::string nvrtc_compile(const std::string& src, const std::string& symbol, int cc, bool* ptx = nullptr);
-// The NVRTC options every kernel is compiled with (part of the backend's cache id).
-std::string nvrtc_options_key();
 
 }  // namespace kiln::jit
