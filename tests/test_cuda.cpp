@@ -568,6 +568,26 @@ TEST(CudaNvrtc, RandomGraphKernelsCompile) {
   EXPECT_GT(kernels, 0);
 }
 
+// The second stage of split reductions on the GPU: every reduction op, with the accumulator and
+// output dtypes lowering produces, compiles.
+TEST(CudaNvrtc, CombineKernelsCompile) {
+  SKIP_WITHOUT_NVRTC();
+  using kiln::OpKind;
+  using kiln::DType;
+  struct C { OpKind op; DType acc, out; };
+  const C cases[] = {{OpKind::Sum, DType::Float64, DType::Float32}, {OpKind::Sum, DType::Int64, DType::Int64},
+                     {OpKind::Prod, DType::Float64, DType::Float64}, {OpKind::Amax, DType::Float32, DType::Float32},
+                     {OpKind::Amin, DType::Int64, DType::Int32},     {OpKind::ArgMax, DType::Float64, DType::Int64},
+                     {OpKind::ArgMin, DType::Int64, DType::Int64},   {OpKind::Amax, DType::Int64, DType::Bool}};
+  for (const C& c : cases) {
+    int lanes = 0;
+    const std::string sym = std::string("kiln_combine_") + kiln::op_name(c.op);
+    const std::string src = kiln::jit::emit_cuda(kiln::jit::combine_kernel(c.op, c.acc, c.out), sym, &lanes);
+    EXPECT_EQ(lanes, 32) << sym;  // a warp reduces the partials
+    EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, sym, 90)) << src;
+  }
+}
+
 TEST(CudaNvrtc, EveryOpCompiles) {
   SKIP_WITHOUT_NVRTC();
   OpsKernel ok = make_ops_kernel();

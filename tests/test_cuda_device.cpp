@@ -181,6 +181,21 @@ TEST(CudaDevice, IntegerAndBoolOpsAreExact) {
   EXPECT_EQ((ad > bd).cpu().to_vector<uint8_t>(), (a > b).to_vector<uint8_t>());
   EXPECT_EQ(ad.sum({1}).cpu().to_vector<int64_t>(), a.sum({1}).to_vector<int64_t>());
   EXPECT_EQ(ad.argmax(1).cpu().to_vector<int64_t>(), a.argmax(1).to_vector<int64_t>());
+  // Full reductions (split in two stages on the GPU) of a larger tensor.
+  Tensor big = kiln::randint(-1000, 1000, {300, 517});
+  Tensor bigd = big.cuda();
+  EXPECT_EQ(bigd.sum().item<int64_t>(), big.sum().item<int64_t>());
+  EXPECT_EQ(bigd.amax().item<int64_t>(), big.amax().item<int64_t>());
+  EXPECT_EQ(bigd.amin().item<int64_t>(), big.amin().item<int64_t>());
+  EXPECT_EQ(bigd.argmax().item<int64_t>(), big.argmax().item<int64_t>());
+  EXPECT_EQ(bigd.argmin().item<int64_t>(), big.argmin().item<int64_t>());
+  Tensor f = kiln::randn({1000, 999}, kiln::kFloat64);
+  Tensor fd = f.cuda();
+  EXPECT_NEAR(fd.sum().item<double>(), f.sum().item<double>(), 1e-9 * f.abs().sum().item<double>());
+  EXPECT_EQ(fd.argmax().item<int64_t>(), f.argmax().item<int64_t>());
+  Tensor withnan = kiln::where(kiln::rand({700, 300}) > 0.999, std::numeric_limits<double>::quiet_NaN(), f.narrow(0, 0, 700).narrow(1, 0, 300));
+  EXPECT_TRUE(std::isnan(withnan.cuda().amax().item<double>()) == std::isnan(withnan.amax().item<double>()));
+  EXPECT_EQ(withnan.cuda().argmax().item<int64_t>(), withnan.argmax().item<int64_t>());
 }
 
 TEST(CudaDevice, MatmulOnCublasMatchesTheCpu) {

@@ -73,7 +73,9 @@ Target cuda_target(int cc) {
   t.split_reductions = true;   // per-chunk partials, combined on the host (as on the CPU)
   t.split_chunks = 4096;       // a warp per chunk: enough warps to fill the GPU
   t.split_chunk_work = 1024;
-  t.column_reductions = true;
+  // Reductions over leading dims as ordinary reductions (a warp per kept element, lanes over
+  // the reduced rows): the CPU's column mode accumulates in scratch memory serially per column.
+  t.column_reductions = false;
   t.unsupported_op = [](OpKind op, DType d) { return !cuda_supports(op, d); };
   return t;
 }

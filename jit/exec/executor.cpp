@@ -50,7 +50,7 @@ struct Binding {
   std::vector<char*> buffers;
   BoundArgs args;
   std::vector<std::shared_ptr<Storage>> out_storage;
-  std::vector<std::vector<char>> partials;               // scratch on the host (read back there on a device)
+  std::vector<std::vector<char>> partials;               // scratch on the host
   std::vector<std::shared_ptr<Storage>> device_partials;  // scratch on a device
 };
 
@@ -74,25 +74,19 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
   const int64_t scratch = bd.args.scratch;
   const Device dev = g.outputs.empty() ? cpu() : g.outputs[0]->device;
   for (size_t b = bd.buffers.size(); b < k.buffers.size(); ++b) {
-    bd.partials.emplace_back(static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8);
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(scratch, 1)) * 8;
     if (dev.type == DeviceType::CPU) {
+      bd.partials.emplace_back(bytes);
       bd.buffers.push_back(bd.partials.back().data());
     } else {
-      bd.device_partials.push_back(Storage::allocate(bd.partials.back().size(), dev));
+      bd.device_partials.push_back(Storage::allocate(bytes, dev));
       bd.buffers.push_back(static_cast<char*>(bd.device_partials.back()->data));
     }
   }
 }
 
-// A device kernel's per-chunk partials, read back into the host scratch for combine().
-void read_back_partials(Binding& bd) {
-  for (size_t i = 0; i < bd.device_partials.size(); ++i) {
-    const Storage& s = *bd.device_partials[i];
-    device_runtime(s.device).copy(bd.partials[i].data(), cpu(), s.data, s.device, s.nbytes);
-  }
-}
 
-// Combines per-chunk partials of a split reduction into its output.
+// Combines per-chunk partials of a split reduction into its output (on the host).
 void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
   size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
   for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
@@ -134,9 +128,7 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
       }
       first = false;
     }
-    Storage& dst = *bd.out_storage[oi];
-    alignas(8) char host_out[8];
-    void* out = dst.device.type == DeviceType::CPU ? dst.data : host_out;
+    void* out = bd.out_storage[oi]->data;
     if (op == OpKind::ArgMax || op == OpKind::ArgMin) {
       *static_cast<int64_t*>(out) = std::max<int64_t>(best, 0);
     } else {
@@ -147,9 +139,44 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
         else *static_cast<T*>(out) = static_cast<T>(static_cast<compute_t<T>>(fl ? dacc : static_cast<double>(iacc)));
       });
     }
-    if (out == host_out) device_runtime(dst.device).copy(dst.data, dst.device, host_out, cpu(), itemsize(o->dtype));
     part += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
     pb += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
+  }
+}
+
+// The second stage of a split reduction whose partials stay on a device: a combine kernel per
+// reduction output (compiled once per op and dtypes), queued after the first stage.
+void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Group& g, DeviceType device) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::shared_ptr<Code>> codes;
+  Backend* backend = find_backend(device, Tier::Optimizing);
+  KILN_CHECK(backend, "jit: no backend to combine a split reduction on ", device == DeviceType::CUDA ? "cuda" : "cpu");
+  size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
+  for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
+    const Node* o = g.outputs[oi];
+    if (classify(*o) != NodeClass::Reduction) continue;
+    const bool arg = o->op == OpKind::ArgMax || o->op == OpKind::ArgMin;
+    const DType pdt = k.buffers[pb].dtype;
+    const std::string key = std::string(backend->name()) + "_combine_" + op_name(o->op) + "_" + dtype_name(pdt) + "_" + dtype_name(o->dtype);
+    std::shared_ptr<Code> code;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto& c = codes[key];
+      if (!c) c = backend->compile(combine_kernel(o->op, pdt, o->dtype), "kiln_" + key, nullptr);
+      code = c;
+    }
+    char* bufs[3] = {static_cast<char*>(bd.device_partials[part]->data), nullptr, nullptr};
+    if (arg) bufs[1] = static_cast<char*>(bd.device_partials[part + 1]->data);
+    bufs[arg ? 2 : 1] = static_cast<char*>(bd.out_storage[oi]->data);
+    const int64_t chunks = bd.args.chunks;
+    Launch l;
+    l.extent = 1;
+    l.work = chunks;
+    l.buffers = bufs;
+    l.iparams = &chunks;
+    backend->launch(*code, l);
+    part += arg ? 2 : 1;
+    pb += arg ? 2 : 1;
   }
 }
 
@@ -206,8 +233,8 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
     bd.args.chunks = 0;
   }
   if (L.split) {
-    if (!bd.device_partials.empty() && bd.args.chunks > 0) read_back_partials(bd);
-    combine(L, k, bd, g);
+    if (!bd.device_partials.empty()) combine_on_device(L, k, bd, g, g.outputs[0]->device.type);
+    else combine(L, k, bd, g);
   }
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
 }

@@ -712,6 +712,65 @@ struct Lowerer {
 
 std::shared_ptr<Lowered> lower(const Group& g, const Target& t) { return Lowerer(g, t).run(); }
 
+Kernel combine_kernel(OpKind op, DType acc, DType out) {
+  const bool arg = op == OpKind::ArgMax || op == OpKind::ArgMin;
+  Kernel K;
+  K.name = std::string("combine_") + op_name(op);
+  K.buffers.push_back({acc, false});
+  if (arg) K.buffers.push_back({DType::Int64, false});
+  const int ob = static_cast<int>(K.buffers.size());
+  K.buffers.push_back({out, true});
+  K.accs.push_back({op, acc, out});
+  K.num_params = 1;
+  K.num_vars = 2;
+  K.parallel_extent = K.iconst(1);
+  auto load = [&](int b, DType t) {
+    Expr e{Expr::Kind::Load};
+    e.dtype = t;
+    e.i = b;
+    e.a = K.var(1);
+    return K.add(e);
+  };
+  Stmt init{Stmt::Kind::AccInit};
+  Stmt up{Stmt::Kind::AccUpdate};
+  up.value = load(0, acc);
+  up.index = arg ? load(1, DType::Int64) : -1;
+  Stmt loop{Stmt::Kind::Loop};
+  loop.var = 1;
+  loop.lo = K.iconst(0);
+  loop.hi = K.param(0);
+  loop.body = {up};
+  Stmt st{Stmt::Kind::Store};
+  st.buffer = ob;
+  st.index = K.iconst(0);
+  if (arg) {  // no partial seen (no chunk): index 0, as the host combine
+    Expr i{Expr::Kind::AccIndex};
+    i.i = 0;
+    ExprId idx = K.add(i);
+    Expr neg{Expr::Kind::Binary};
+    neg.dtype = DType::Bool;
+    neg.op = OpKind::Lt;
+    neg.a = idx;
+    neg.b = K.iconst(0);
+    Expr w{Expr::Kind::Where};
+    w.dtype = DType::Int64;
+    w.a = K.add(neg);
+    w.b = K.iconst(0);
+    w.c = idx;
+    st.value = K.add(w);
+  } else {
+    Expr a{Expr::Kind::Acc};
+    a.dtype = acc;
+    a.i = 0;
+    Expr c{Expr::Kind::Cast};
+    c.dtype = out;
+    c.a = K.add(a);
+    st.value = K.add(c);
+  }
+  K.body = {init, loop, st};
+  return K;
+}
+
 }  // namespace kiln::jit
 
 namespace kiln::jit {

@@ -50,6 +50,12 @@ struct BoundArgs {
 // first, capacity kept).
 void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, BoundArgs& out);
 
+// The second stage of a split reduction on a device: one parallel index reduces the partials
+// of reduction `op` (param 0 = their count; buffer 0 the values in `acc` dtype, buffer 1 the
+// arg indices for arg reductions) into element 0 of the last buffer (`out` dtype), as the host
+// combine would.
+Kernel combine_kernel(OpKind op, DType acc, DType out);
+
 // Thrown when a group cannot be expressed (the executor then runs it on the interpreter).
 struct LowerError : std::runtime_error {
   using std::runtime_error::runtime_error;
