@@ -16,7 +16,11 @@ namespace {
 // NVRTC options (part of cache_id): IEEE division and square root, no FMA contraction and no
 // flush-to-zero, so float results follow the same rounding as the CPU tiers.
 std::vector<std::string> base_options() {
-  return {"--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"};
+  std::vector<std::string> o = {"--std=c++17", "--fmad=false", "--ftz=false", "--prec-div=true", "--prec-sqrt=true"};
+  // Kernels are self-contained (no runtime API, textures or device launches): NVRTC 12.4+ then
+  // skips declaring those (a 5-op kernel: 17 -> 8 ms on the H100 machine's CPU).
+  if (nvrtc_version() >= 12040) o.push_back("-minimal");
+  return o;
 }
 
 const std::vector<int>& nvrtc_archs() {
