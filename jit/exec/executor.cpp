@@ -381,7 +381,9 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
   }
   for (int attempt = 0;; ++attempt) {
-    steps = schedule(*target, stored);
+    ScheduleOptions so;
+    if (tgt) so.store_expensive = tgt->store_expensive;
+    steps = schedule(*target, stored, so);
     kernels.assign(steps.size(), nullptr);
     bool again = false;
     for (size_t i = 0; tgt && i < steps.size(); ++i) {

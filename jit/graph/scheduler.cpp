@@ -65,6 +65,7 @@ bool fits_reduced(const Shape& s, const Sig& sig) {
 
 struct Scheduler {
   const Segment& seg;
+  ScheduleOptions opts;
   std::unordered_map<const Node*, size_t> pos;
   std::unordered_set<const Node*> M;  // nodes that get their own storage
   std::unordered_map<const Node*, std::string> why;  // why a node was materialized
@@ -104,7 +105,7 @@ struct Scheduler {
         return false;
       if (!M.count(i)) return true;
       if ((c != NodeClass::Pointwise && c != NodeClass::Source) || !same_shape(i->shape, dom)) return false;
-      if (costly.count(i)) return false;  // stored because it is expensive: read it back
+      if (opts.store_expensive && costly.count(i)) return false;  // stored because it is expensive: read it back
       auto w = why.find(i);
       if (w != why.end() && w->second == std::string("kernel depth limit")) return false;
       return ++inlined <= 16;
@@ -171,7 +172,7 @@ struct Scheduler {
       for (auto& in : n->inputs) cost = cost || (costly.count(in.get()) && !M.count(in.get()));
       if (!cost) continue;
       costly.insert(n);
-      if (c == NodeClass::Pointwise && consumers[n] >= 2 && read_by_reduction.count(n))
+      if (opts.store_expensive && c == NodeClass::Pointwise && consumers[n] >= 2 && read_by_reduction.count(n))
         require(n, "expensive value read by a reduction and another op");
     }
   }
@@ -216,6 +217,7 @@ struct Scheduler {
       // A transcendental op that several kernels would each recompute is computed once and
       // stored instead (e.g. a forward erf that the backward's kernels read again).
       std::unordered_map<const Node*, int> kernels_using;
+      if (!opts.store_expensive) return steps;
       for (const Step& st : steps)
         if (st.kind == Step::Kind::Kernel)
           for (const Node* n : st.group.nodes)
@@ -342,8 +344,9 @@ struct Scheduler {
 
 }  // namespace
 
-std::vector<Step> schedule(const Segment& seg, const std::vector<const Node*>& stored) {
+std::vector<Step> schedule(const Segment& seg, const std::vector<const Node*>& stored, ScheduleOptions opts) {
   Scheduler s(seg);
+  s.opts = opts;
   for (const Node* n : stored) {
     s.M.insert(n);
     s.why[n] = "read at another index by its consumer";

@@ -31,9 +31,17 @@ struct Step {
   Node* node = nullptr;  // Opaque / View
 };
 
+// How the schedule trades memory traffic for recomputation (from the backend's Target).
+struct ScheduleOptions {
+  // Store a transcendental value that a reduction and another op read, or that several kernels
+  // would recompute (right where compute is dear, as on CPUs); false recomputes it in each
+  // stage instead (where memory traffic is dear, as on GPUs).
+  bool store_expensive = true;
+};
+
 // Splits `seg` into steps. Nodes left out of every step are fused intermediates. Nodes in
 // `stored` are materialized in any case (used when a kernel could not be formed around them).
-std::vector<Step> schedule(const Segment& seg, const std::vector<const Node*>& stored = {});
+std::vector<Step> schedule(const Segment& seg, const std::vector<const Node*>& stored = {}, ScheduleOptions opts = {});
 
 // One line per step, with why nodes were split (KILN_LOG=fusion).
 std::string describe(const std::vector<Step>& steps);
