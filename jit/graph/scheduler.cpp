@@ -105,7 +105,7 @@ struct Scheduler {
         return false;
       if (!M.count(i)) return true;
       if ((c != NodeClass::Pointwise && c != NodeClass::Source) || !same_shape(i->shape, dom)) return false;
-      if (opts.store_expensive && costly.count(i)) return false;  // stored because it is expensive: read it back
+      if (costly.count(i)) return false;  // stored because it is expensive: read it back
       auto w = why.find(i);
       if (w != why.end() && w->second == std::string("kernel depth limit")) return false;
       return ++inlined <= 16;
@@ -217,7 +217,6 @@ struct Scheduler {
       // A transcendental op that several kernels would each recompute is computed once and
       // stored instead (e.g. a forward erf that the backward's kernels read again).
       std::unordered_map<const Node*, int> kernels_using;
-      if (!opts.store_expensive) return steps;
       for (const Step& st : steps)
         if (st.kind == Step::Kind::Kernel)
           for (const Node* n : st.group.nodes)

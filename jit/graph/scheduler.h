@@ -33,9 +33,9 @@ struct Step {
 
 // How the schedule trades memory traffic for recomputation (from the backend's Target).
 struct ScheduleOptions {
-  // Store a transcendental value that a reduction and another op read, or that several kernels
-  // would recompute (right where compute is dear, as on CPUs); false recomputes it in each
-  // stage instead (where memory traffic is dear, as on GPUs).
+  // Store a transcendental value that a reduction and another op read (right where compute is
+  // dear, as on CPUs); false recomputes it in each stage of the one kernel instead (where memory
+  // traffic is dear, as on GPUs). Values several kernels would recompute are stored in any case.
   bool store_expensive = true;
 };
 
