@@ -22,10 +22,22 @@ struct kbf16 { u16 v; };
 template <class A, class B> struct same { static const bool value = false; };
 template <class A> struct same<A, A> { static const bool value = true; };
 
-// (C)x, with bool meaning x != 0 (NaN is true).
+template <class T> struct is_float { static const bool value = same<T, float>::value || same<T, double>::value; };
+
+// (C)x, with bool meaning x != 0 (NaN is true), and float -> integer as the CPU (x86) does it:
+// NaN and out-of-range values give the type's minimum, where CUDA's conversion saturates.
 template <class C, class X> __device__ C cvt(X x) {
-  if constexpr (same<C, bool>::value) return x != X(0);
-  else return (C)x;
+  if constexpr (same<C, bool>::value) {
+    return x != X(0);
+  } else if constexpr (is_float<X>::value && same<C, i64>::value) {
+    const double d = x;
+    return (d >= -9223372036854775808.0 && d < 9223372036854775808.0) ? (i64)d : (i64)0x8000000000000000ull;
+  } else if constexpr (is_float<X>::value && same<C, i32>::value) {
+    const double d = x;
+    return (d > -2147483649.0 && d < 2147483648.0) ? (i32)d : (i32)0x80000000u;
+  } else {
+    return (C)x;
+  }
 }
 
 __device__ float half_to_float(u16 h) {
