@@ -26,12 +26,14 @@
 #include "jit_random_graphs.h"
 
 #include <iomanip>
+#include <map>
 
 #include "jit/backend/backend.h"
 #include "jit/cuda/cuda_backend.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/cuda/nvrtc.h"
 #include "jit/cuda/emit_cuda.h"
+#include "kernels/cuda/device_kernels.h"
 
 namespace {
 
@@ -602,6 +604,37 @@ TEST(CudaNvrtc, EveryOpCompiles) {
   int total = 0;
   for (int t = 0; t < 5; ++t) total += ok.cols[t];
   std::printf("[ cuda ] every-op kernel: %d results, %zu bytes of CUDA C++\n", total, src.size());
+}
+
+// The device runtime's kernel templates (kernels/cuda/device_kernels.h): every instance it may
+// launch (every op template x dtype combination) compiles for sm_90, and each extern "C" kernel
+// is in the CUBIN. One program per template holds all its instances (the runtime compiles them
+// one by one; the source and wrappers are the same); one instance is also compiled alone.
+TEST(CudaNvrtc, DeviceKernelsCompile) {
+  SKIP_WITHOUT_NVRTC();
+  using kiln::kernels::DeviceKernelInstance;
+  std::map<int, std::vector<DeviceKernelInstance>> groups;
+  for (const DeviceKernelInstance& k : kiln::kernels::all_device_kernels()) groups[static_cast<int>(k.kernel)].push_back(k);
+  EXPECT_EQ(groups.size(), 6u);
+  size_t total = 0;
+  for (auto& [kind, ks] : groups) {
+    const std::string name = "kiln_device_kernels_" + std::to_string(kind);
+    std::string cubin;
+    try {
+      cubin = kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program(ks), name, 90);
+    } catch (const std::exception& e) {
+      FAIL() << e.what();
+    }
+    for (const DeviceKernelInstance& k : ks) {
+      EXPECT_NE(cubin.find(kiln::kernels::device_kernel_name(k) + std::string(1, '\0')), std::string::npos)
+          << kiln::kernels::device_kernel_name(k) << " is not in the CUBIN";
+      ++total;
+    }
+  }
+  const DeviceKernelInstance one{kiln::kernels::DeviceKernel::ScatterWrite, kiln::kFloat16, kiln::kInt32};
+  EXPECT_FALSE(kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), kiln::kernels::device_kernel_name(one), 90).empty());
+  std::printf("[ cuda ] %zu device kernel instances compiled for sm_90\n", total);
+  EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2);
 }
 
 TEST(CudaNvrtc, CompileErrorQuotesTheLog) {

@@ -12,7 +12,9 @@
 // one float32 ulp per halving step of a tree against a sequential/blocked sum).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <thread>
 
@@ -305,15 +307,218 @@ TEST(CudaDevice, AllocatorStatsCacheAndOutOfMemory) {
   EXPECT_EQ(kiln::ones({10}, kiln::kFloat32, kiln::cuda()).sum().item<float>(), 10.0f);
 }
 
+// Each bad index is a kiln::Error worded as the CPU's (the device kernels report the first one
+// at the next synchronization); afterwards the device computes correctly again.
 TEST(CudaDevice, BadIndicesAreErrorsAndTheDeviceKeepsWorking) {
   NEED_GPU();
   Tensor x = kiln::arange(0, 10, 1, kiln::kFloat32).cuda();
   Tensor bad = kiln::from_vector(std::vector<int64_t>{1, 12}).cuda();
-  EXPECT_THROW(kiln::index_select(x, 0, bad).to_vector<float>(), kiln::Error);
-  EXPECT_THROW(kiln::gather(x, 0, bad).to_vector<float>(), kiln::Error);
+  Tensor neg = kiln::from_vector(std::vector<int32_t>{-1, 2}).cuda();
+  Tensor src = kiln::ones({2}, kiln::kFloat32, kiln::cuda());
+  auto expect_error = [](const std::function<Tensor()>& f, const std::string& want) {
+    try {
+      f().to_vector<float>();
+      ADD_FAILURE() << "expected kiln::Error: " << want;
+    } catch (const kiln::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { return kiln::index_select(x, 0, bad); }, "index_select: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::gather(x, 0, bad); }, "gather: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::scatter(x, 0, bad, src); }, "scatter: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::scatter_add(x, 0, neg, src); }, "scatter_add: index -1 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::index_add(x, 0, bad, src); }, "index_add: index 12 is out of bounds for dimension 0 with size 10");
+  Tensor m = kiln::zeros({3, 4}, kiln::kInt64, kiln::cuda());
+  expect_error([&] { return kiln::index_add(m, 1, neg, kiln::ones({3, 2}, kiln::kInt64, kiln::cuda())).to(kiln::kFloat32); },
+               "index_add: index -1 is out of bounds for dimension 1 with size 4");
   Tensor good = kiln::from_vector(std::vector<int64_t>{9, 0, 3}).cuda();
   EXPECT_EQ(kiln::index_select(x, 0, good).cpu().to_vector<float>(), (std::vector<float>{9, 0, 3}));
+  EXPECT_EQ(kiln::scatter_add(x, 0, good, kiln::ones({3}, kiln::kFloat32, kiln::cuda())).sum().item<float>(), 48.0f);
   EXPECT_EQ((x * 2).sum().item<float>(), 90.0f);
+  kiln::cuda::synchronize();  // nothing left over
+}
+
+namespace {
+
+// The same tensor on the CPU and on the GPU (the same view of the same values).
+struct Pair {
+  Tensor cpu, dev;
+};
+
+// Random values of dtype `dt`: integers in [-300, 300], floats ~ N(0, 100^2) rounded to the
+// dtype, bools; `small`: integers in [-8, 8] (sums of them are exact in every dtype here).
+Tensor random_of(kiln::DType dt, const std::vector<int64_t>& shape, bool small = false) {
+  Tensor r = small ? kiln::randint(-8, 9, shape, kiln::kInt64).to(kiln::kFloat64) : kiln::randn(shape, kiln::kFloat64) * 100;
+  return dt == kiln::kBool ? (r > 0) : r.to(dt);
+}
+
+// A tensor of `shape` on both devices: dense, a strided slice (every other element of the last
+// dim) or a transposed view, chosen at random; the view is taken on each device.
+Pair make(kiln::DType dt, const std::vector<int64_t>& shape, std::mt19937_64& rng, bool small = false) {
+  const int64_t r = static_cast<int64_t>(shape.size());
+  const int kind = r == 0 ? 0 : static_cast<int>(rng() % 3);
+  std::vector<int64_t> base = shape;
+  if (kind == 1) base.back() *= 2;
+  if (kind == 2) std::reverse(base.begin(), base.end());
+  Tensor b = random_of(dt, base, small);
+  auto view = [&](const Tensor& t) {
+    if (kind == 1) return t.slice(r - 1, 0, std::nullopt, 2);
+    if (kind == 2) {
+      std::vector<int64_t> perm(static_cast<size_t>(r));
+      for (int64_t i = 0; i < r; ++i) perm[i] = r - 1 - i;
+      return t.permute(perm);
+    }
+    return t;
+  };
+  return {view(b), view(b.cuda())};
+}
+
+// Index values in [0, bound) of `shape` and dtype int64 or int32, on both devices (maybe strided).
+Pair make_index(const std::vector<int64_t>& shape, int64_t bound, std::mt19937_64& rng) {
+  const kiln::DType dt = rng() % 2 ? kiln::kInt64 : kiln::kInt32;
+  std::vector<int64_t> base = shape;
+  const bool strided = !shape.empty() && rng() % 2;
+  if (strided) base.back() *= 2;
+  Tensor b = kiln::randint(0, bound, base, dt);
+  if (strided) return {b.slice(-1, 0, std::nullopt, 2), b.cuda().slice(-1, 0, std::nullopt, 2)};
+  return {b, b.cuda()};
+}
+
+// Equal values, shapes and dtypes (NaN matches NaN): for integer, bool and copying results.
+void expect_same(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  ASSERT_EQ(got.dtype(), want.dtype()) << what;
+  std::vector<double> g = got.cpu().to_vector<double>(), w = want.to_vector<double>();
+  for (size_t i = 0; i < g.size(); ++i)
+    if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i])))) {
+      ADD_FAILURE() << what << " [" << i << "]: got " << g[i] << ", want " << w[i];
+      return;
+    }
+}
+
+std::string str(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+// The device kernels of the opaque ops (runtime/cuda/device_ops) against the CPU's reference
+// kernels on random shapes, dims, dtypes, index dtypes (int64/int32) and strided views:
+// gather, scatter (duplicate indices: the last write wins, as on the CPU), scatter_add,
+// index_select, index_add, cat, cumsum, contiguous copies of strided / expanded / flipped
+// views, and casts to and from float16 / bfloat16 (special values included).
+// Tolerances: everything exact (integers, bools, copies, casts, and the adds, whose values
+// here are small integers: exact in any summation order), except scatter_add / index_add of
+// N(0,1) float32 / float64 values, whose atomic adds run in any order (float32 within 1e-5
+// absolute, float64 within 1e-12), and cumsum of floats, summed sequentially per row in float64
+// like the CPU (so expected identical; checked within float32 1e-6 / float64 1e-12 relative,
+// float16 / bfloat16 within one ulp: 1e-3 / 8e-3 relative).
+TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
+  NEED_GPU();
+  const uint64_t seed = kiln::testing::test_seed(13);
+  std::mt19937_64 rng(seed);
+  kiln::manual_seed(seed);
+  const std::vector<kiln::DType> dtypes = {kiln::kBool,     kiln::kInt32,   kiln::kInt64,  kiln::kFloat16,
+                                           kiln::kBFloat16, kiln::kFloat32, kiln::kFloat64};
+  for (int c = 0; c < 60; ++c) {
+    const kiln::DType dt = dtypes[c % dtypes.size()];
+    const int64_t rank = 1 + static_cast<int64_t>(rng() % 4);
+    std::vector<int64_t> shape;
+    for (int64_t i = 0; i < rank; ++i) shape.push_back(1 + static_cast<int64_t>(rng() % 6));
+    const int64_t d = static_cast<int64_t>(rng() % rank);
+    const std::string what = "case " + std::to_string(c) + " " + kiln::dtype_name(dt) + " " + str(shape) + " dim " + std::to_string(d);
+    Pair x = make(dt, shape, rng);
+    // gather / scatter / scatter_add: index sizes within x's (dim d: up to 2 more) and src's.
+    std::vector<int64_t> is = shape;
+    for (int64_t i = 0; i < rank; ++i) is[i] = 1 + static_cast<int64_t>(rng() % (shape[i] + (i == d ? 2 : 0)));
+    Pair idx = make_index(is, shape[d], rng);
+    expect_same(kiln::gather(x.dev, d, idx.dev), kiln::gather(x.cpu, d, idx.cpu), what + " gather");
+    if (is[d] <= shape[d]) {
+      Pair src = make(dt, is, rng);
+      expect_same(kiln::scatter(x.dev, d, idx.dev, src.dev), kiln::scatter(x.cpu, d, idx.cpu, src.cpu), what + " scatter");
+    }
+    Pair xs = make(dt, shape, rng, true), srcs = make(dt, is, rng, true);
+    expect_same(kiln::scatter_add(xs.dev, d, idx.dev, srcs.dev), kiln::scatter_add(xs.cpu, d, idx.cpu, srcs.cpu),
+                what + " scatter_add");
+    // index_select / index_add: a 1-d index of any length (duplicates included).
+    const int64_t len = static_cast<int64_t>(rng() % 8);
+    Pair idx1 = make_index({len}, shape[d], rng);
+    expect_same(kiln::index_select(x.dev, d, idx1.dev), kiln::index_select(x.cpu, d, idx1.cpu), what + " index_select");
+    std::vector<int64_t> ss = shape;
+    ss[d] = len;
+    Pair srci = make(dt, ss, rng, true);
+    expect_same(kiln::index_add(xs.dev, d, idx1.dev, srci.dev), kiln::index_add(xs.cpu, d, idx1.cpu, srci.cpu),
+                what + " index_add");
+    // cat of 1-3 pieces, each its own size along d (0 included) and layout.
+    std::vector<Tensor> pc, pd;
+    for (int k = 0, n = 1 + static_cast<int>(rng() % 3); k < n; ++k) {
+      std::vector<int64_t> ps = shape;
+      ps[d] = static_cast<int64_t>(rng() % 4);
+      Pair p = make(dt, ps, rng);
+      pc.push_back(p.cpu);
+      pd.push_back(p.dev);
+    }
+    expect_same(kiln::cat(pd, d), kiln::cat(pc, d), what + " cat");
+    // Copies of views: strided/transposed (x), expanded, flipped, and a write into a view.
+    expect_same(x.dev.contiguous(), x.cpu.contiguous(), what + " contiguous");
+    std::vector<int64_t> wide = shape;
+    wide.insert(wide.begin(), 3);
+    expect_same(x.dev.expand(wide).contiguous(), x.cpu.expand(wide).contiguous(), what + " expand");
+    expect_same(x.dev.flip({d}).contiguous(), x.cpu.flip({d}).contiguous(), what + " flip");
+    {
+      Tensor bc = x.cpu.clone(), bd = x.dev.clone();
+      const int64_t at = static_cast<int64_t>(rng() % shape[d]);
+      Tensor wc = bc.narrow(d, at, 1), wd = bd.narrow(d, at, 1);
+      wc.copy_(x.cpu.narrow(d, 0, 1).flip({d}));
+      wd.copy_(x.dev.narrow(d, 0, 1).flip({d}));
+      expect_same(bd, bc, what + " write into a view");
+    }
+    // cumsum (bool and integers sum in int64).
+    Tensor cw = kiln::cumsum(x.cpu, d), cg = kiln::cumsum(x.dev, d);
+    if (!kiln::is_floating(cw.dtype())) {
+      expect_same(cg, cw, what + " cumsum");
+    } else {
+      const double rtol = dt == kiln::kFloat64 ? 1e-12 : dt == kiln::kFloat32 ? 1e-6 : dt == kiln::kFloat16 ? 1e-3 : 8e-3;
+      expect_close(cg.cpu(), cw, rtol, 0, what + " cumsum");
+    }
+    if (HasFailure()) return;
+  }
+  // scatter_add / index_add of non-integer floats: atomics add in any order.
+  for (kiln::DType dt : {kiln::kFloat32, kiln::kFloat64}) {
+    Tensor x = kiln::randn({6, 5}, dt), src = kiln::randn({40, 5}, dt);
+    Tensor idx = kiln::randint(0, 6, {40, 5}), idx1 = kiln::randint(0, 6, {40});
+    const double atol = dt == kiln::kFloat32 ? 1e-5 : 1e-12;
+    expect_close(kiln::scatter_add(x.cuda(), 0, idx.cuda(), src.cuda()).cpu(), kiln::scatter_add(x, 0, idx, src), 0, atol,
+                 std::string("scatter_add ") + kiln::dtype_name(dt));
+    expect_close(kiln::index_add(x.cuda(), 0, idx1.cuda(), src.cuda()).cpu(), kiln::index_add(x, 0, idx1, src), 0, atol,
+                 std::string("index_add ") + kiln::dtype_name(dt));
+  }
+  // Casts to and from the 16-bit floats: rounding to nearest even, overflow, subnormals, NaN.
+  const float inf = INFINITY, nan = NAN;
+  std::vector<float> special = {0.0f, -0.0f, 1.0f, -1.5f, 3.14159265f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 1e-8f,
+                                2.9802322e-8f, 5.9604645e-8f, 8.940697e-8f, 6.1e-5f, 1e-30f, 1e30f, -3.4e38f, 1.00048828125f,
+                                1.0009765625f, 257.0f, 259.0f, 0.1f, inf, -inf, nan};
+  Tensor f = kiln::cat({kiln::from_vector(special), kiln::randn({500}) * 1000, kiln::randn({500}) * 1e-5f});
+  for (kiln::DType to : {kiln::kFloat16, kiln::kBFloat16}) {
+    Tensor fd = f.cuda();
+    expect_same(fd.to(to), f.to(to), std::string("float32 to ") + kiln::dtype_name(to));
+    expect_same(fd.to(kiln::kFloat64).to(to), f.to(kiln::kFloat64).to(to), std::string("float64 to ") + kiln::dtype_name(to));
+    expect_same(fd.to(to).to(kiln::kFloat32), f.to(to).to(kiln::kFloat32), std::string("back from ") + kiln::dtype_name(to));
+    Tensor h = f.to(to), hd = h.cuda();
+    for (kiln::DType other : dtypes) {
+      if (other == to) continue;
+      Tensor src = other == kiln::kBool || kiln::is_integral(other) ? kiln::randint(-70000, 70000, {300}).to(other)
+                                                                     : random_of(other, {300});
+      expect_same(src.cuda().to(to), src.to(to), std::string(kiln::dtype_name(other)) + " to " + kiln::dtype_name(to));
+      if (other != kiln::kInt32 && other != kiln::kInt64)  // (float to int of inf/NaN is undefined)
+        expect_same(hd.to(other), h.to(other), std::string(kiln::dtype_name(to)) + " to " + kiln::dtype_name(other));
+    }
+    Tensor fin = (kiln::randn({300}) * 1000).to(to);  // finite: to integers is defined
+    expect_same(fin.cuda().to(kiln::kInt32), fin.to(kiln::kInt32), std::string(kiln::dtype_name(to)) + " to int32");
+    expect_same(fin.cuda().to(kiln::kInt64), fin.to(kiln::kInt64), std::string(kiln::dtype_name(to)) + " to int64");
+  }
 }
 
 TEST(CudaDevice, ThreadsShareADevice) {

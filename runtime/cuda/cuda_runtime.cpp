@@ -1,6 +1,7 @@
 #include "runtime/cuda/cuda_runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -10,12 +11,15 @@
 #include "runtime/core/error.h"
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/cublas.h"
+#include "runtime/cuda/device_ops.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/exec/device_runtime.h"
 #include "runtime/exec/executor.h"
 
 namespace kiln::cu {
 namespace {
+
+void wait(int index);
 
 // Device memory straight from the driver (the caching allocator's source).
 class DriverMemory final : public RawMemory {
@@ -30,8 +34,9 @@ class DriverMemory final : public RawMemory {
     return reinterpret_cast<void*>(p);
   }
   void free(void* p) override {
-    // Kernels queued on the stream may still use the block: wait for them first.
-    sync(index_);
+    // Kernels queued on the stream may still use the block: wait for them first (a pending
+    // index error stays for the next sync()).
+    wait(index_);
     check(api().mem_free(reinterpret_cast<CUdeviceptr>(p)), "cuMemFree");
   }
   size_t total_bytes() const override {
@@ -44,12 +49,17 @@ class DriverMemory final : public RawMemory {
   int index_;
 };
 
+constexpr size_t kErrorBytes = 5 * sizeof(int64_t);  // the index-error record
+
 struct DeviceState {
   std::once_flag once;
   CUstream stream = nullptr;
   std::unique_ptr<CachingAllocator> allocator;
   std::mutex mu;            // last_kernel
   std::string last_kernel;  // the last kernel queued (named by errors found at a sync)
+  CUdeviceptr errors = 0;   // the index-error record (index_error_record)
+  std::atomic<int64_t> unchecked{0};  // kernels queued that may have written it since it was read
+  std::mutex errors_mu;               // reading and resetting the record
 };
 
 // Per device; created on first use and never destroyed (storages freed at exit still reach it).
@@ -68,9 +78,25 @@ DeviceState& ready(int index) {
   make_current(index);
   std::call_once(s.once, [&] {
     check(api().stream_create(&s.stream, CU_STREAM_DEFAULT), "cuStreamCreate");
+    check(api().mem_alloc(&s.errors, kErrorBytes), "cuMemAlloc");
+    check(api().memset_d8_async(s.errors, 0, kErrorBytes, s.stream), "cuMemsetD8Async");
     s.allocator = std::make_unique<CachingAllocator>(std::make_unique<DriverMemory>(index), "cuda:" + std::to_string(index));
   });
   return s;
+}
+
+// Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
+// kernel queued.
+void wait(int index) {
+  DeviceState& s = ready(index);
+  CUresult r = api().stream_synchronize(s.stream);
+  if (r == CUDA_SUCCESS) return;
+  std::string last;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    last = s.last_kernel;
+  }
+  check(r, ("a kernel on cuda:" + std::to_string(index) + " failed (last queued: " + (last.empty() ? "none" : last) + ")").c_str());
 }
 
 // Runs node `n` with the reference kernels on the host: inputs copied to host memory, the
@@ -146,6 +172,7 @@ class CudaRuntime final : public DeviceRuntime {
   void run_node(Node& n) override {
     enter(n.device.index);
     if (n.op == OpKind::Matmul && gemm(n)) return;
+    if (run_device_op(n)) return;
     run_on_host(n);
   }
 
@@ -168,22 +195,30 @@ const bool g_registered = [] {
 
 CUstream enter(int index) { return ready(index).stream; }
 
-void note_launch(int index, const std::string& kernel) {
+void note_launch(int index, const std::string& kernel, bool reports_index_errors) {
   DeviceState& s = state(index);
+  // Counted after the launch: a sync() that sees the count reads the record after the kernel.
+  if (reports_index_errors) s.unchecked.fetch_add(1);
   std::lock_guard<std::mutex> lock(s.mu);
   s.last_kernel = kernel;
 }
 
+CUdeviceptr index_error_record(int index) { return ready(index).errors; }
+
 void sync(int index) {
+  wait(index);
   DeviceState& s = ready(index);
-  CUresult r = api().stream_synchronize(s.stream);
-  if (r == CUDA_SUCCESS) return;
-  std::string last;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    last = s.last_kernel;
-  }
-  check(r, ("a kernel on cuda:" + std::to_string(index) + " failed (last queued: " + (last.empty() ? "none" : last) + ")").c_str());
+  if (s.unchecked.load() == 0) return;
+  std::lock_guard<std::mutex> lock(s.errors_mu);
+  if (s.unchecked.exchange(0) == 0) return;
+  int64_t rec[5] = {};
+  check(api().memcpy_dtoh_async(rec, s.errors, sizeof(rec), s.stream), "cuMemcpyDtoHAsync");
+  wait(index);
+  if (!rec[0]) return;
+  check(api().memset_d8_async(s.errors, 0, kErrorBytes, s.stream), "cuMemsetD8Async");
+  const auto op = static_cast<OpKind>(rec[1]);
+  throw Error(detail::cat(rec[1] >= 0 && rec[1] < static_cast<int64_t>(OpKind::NumOps) ? op_name(op) : "index", ": index ", rec[2],
+                          " is out of bounds for dimension ", rec[3], " with size ", rec[4]));
 }
 
 }  // namespace kiln::cu

@@ -13,11 +13,19 @@ namespace kiln::cu {
 CUstream enter(int index);
 
 // Records the name of the kernel just queued on device `index`, so that an error found at the
-// next synchronization names it.
-void note_launch(int index, const std::string& kernel);
+// next synchronization names it; `reports_index_errors`: the kernel may write the device's
+// index-error record, which the next sync() then reads.
+void note_launch(int index, const std::string& kernel, bool reports_index_errors = false);
+
+// Device `index`'s index-error record, 5 int64 {flag, op, index, dim, size} in device memory,
+// zero until a kernel meets an out-of-range index (flag set by atomicCAS from 0 to 1: the first
+// one wins; op is the OpKind's value).
+CUdeviceptr index_error_record(int index);
 
 // Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
-// kernel queued before the failure was seen.
+// kernel queued before the failure was seen, and a reported bad index a kiln::Error worded as
+// the CPU kernels' ("gather: index 12 is out of bounds for dimension 0 with size 10"; the
+// record is reset, so the device keeps working).
 void sync(int index);
 
 }  // namespace kiln::cu

@@ -1,0 +1,321 @@
+#include "kernels/cuda/device_kernels.h"
+
+namespace kiln::kernels {
+namespace {
+
+// Conversions and arithmetic follow kernels/cpu exactly: a value is loaded into its compute
+// type (float for the 16-bit floats, bool for bool), converted with C++ casts, and stored with
+// kiln's round-to-nearest-even Half / BFloat16 (runtime/core/dtype.{h,cpp}).
+const char* kSource = R"CUDA(
+typedef long long i64;
+typedef unsigned long long u64;
+typedef int i32;
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+
+// Storage types of bool and the 16-bit floats (1 and 2 bytes, as on the host).
+struct kbool { u8 v; };
+struct khalf { u16 v; };
+struct kbf16 { u16 v; };
+
+template <class A, class B> struct same { static const bool value = false; };
+template <class A> struct same<A, A> { static const bool value = true; };
+
+template <class T> struct is_float { static const bool value = same<T, float>::value || same<T, double>::value; };
+
+// (C)x, with bool meaning x != 0 (NaN is true), and float -> integer as the CPU (x86) does it:
+// NaN and out-of-range values give the type's minimum, where CUDA's conversion saturates.
+template <class C, class X> __device__ C cvt(X x) {
+  if constexpr (same<C, bool>::value) {
+    return x != X(0);
+  } else if constexpr (is_float<X>::value && same<C, i64>::value) {
+    const double d = x;
+    return (d >= -9223372036854775808.0 && d < 9223372036854775808.0) ? (i64)d : (i64)0x8000000000000000ull;
+  } else if constexpr (is_float<X>::value && same<C, i32>::value) {
+    const double d = x;
+    return (d > -2147483649.0 && d < 2147483648.0) ? (i32)d : (i32)0x80000000u;
+  } else {
+    return (C)x;
+  }
+}
+
+__device__ float half_to_float(u16 h) {
+  u32 sign = ((u32)h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0) return __uint_as_float(__float_as_uint((float)mant * 5.9604644775390625e-8f) | sign);
+  if (exp == 31) return __uint_as_float(sign | 0x7f800000u | (mant << 13));
+  return __uint_as_float(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+__device__ u16 float_to_half(float f) {
+  u32 x = __float_as_uint(f), sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return (u16)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x477ff000u) return (u16)(sign | 0x7c00u);
+  if (ax < 0x38800000u) return (u16)(sign | (u32)rintf(__uint_as_float(ax) * 16777216.0f));
+  ax += 0xc8000fffu + ((ax >> 13) & 1u);
+  return (u16)(sign | (ax >> 13));
+}
+
+__device__ u16 float_to_bf16(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+
+// Tr<T>: C, the type arithmetic on T is carried out in; load (T -> C) and store (C -> T).
+template <class T> struct Tr {
+  typedef T C;
+  static __device__ T load(T x) { return x; }
+  static __device__ T store(T x) { return x; }
+};
+template <> struct Tr<kbool> {
+  typedef bool C;
+  static __device__ bool load(kbool x) { return x.v != 0; }
+  static __device__ kbool store(bool b) { kbool r; r.v = b ? 1 : 0; return r; }
+};
+template <> struct Tr<khalf> {
+  typedef float C;
+  static __device__ float load(khalf x) { return half_to_float(x.v); }
+  static __device__ khalf store(float f) { khalf r; r.v = float_to_half(f); return r; }
+};
+template <> struct Tr<kbf16> {
+  typedef float C;
+  static __device__ float load(kbf16 x) { return __uint_as_float((u32)x.v << 16); }
+  static __device__ kbf16 store(float f) { kbf16 r; r.v = float_to_bf16(f); return r; }
+};
+
+// The CPU's convert<TO, TI>: through TI's compute type into TO's.
+template <class TO, class TI> __device__ TO convert(TI x) {
+  return Tr<TO>::store(cvt<typename Tr<TO>::C>(Tr<TI>::load(x)));
+}
+
+// *p = *p + s as one atomic step (the sum computed as the CPU does: in T's compute type).
+__device__ void atomic_add(i32* p, i32 s) { atomicAdd(p, s); }
+__device__ void atomic_add(i64* p, i64 s) { atomicAdd((u64*)p, (u64)s); }
+__device__ void atomic_add(float* p, float s) { atomicAdd(p, s); }
+__device__ void atomic_add(double* p, double s) { atomicAdd(p, s); }
+// 1- and 2-byte types: compare-and-swap on the aligned word holding *p (device buffers are
+// 512-byte blocks, so the word is always inside the buffer's block).
+template <class T> __device__ void atomic_add(T* p, T s) {
+  u32* w = (u32*)((u64)p & ~(u64)3);
+  const u32 shift = (u32)((u64)p & 3) * 8, mask = (sizeof(T) == 1 ? 0xffu : 0xffffu) << shift;
+  u32 old = *w, assumed;
+  do {
+    assumed = old;
+    T cur;
+    cur.v = (decltype(cur.v))((assumed & mask) >> shift);
+    T sum = Tr<T>::store(cvt<typename Tr<T>::C>(Tr<T>::load(cur) + Tr<T>::load(s)));
+    old = atomicCAS(w, assumed, (assumed & ~mask) | ((u32)sum.v << shift));
+  } while (old != assumed);
+}
+
+// Up to 8 dims of sizes and three operands' element strides (host: runtime/cuda/device_ops.cpp).
+struct Geom {
+  i64 nd;
+  i64 size[8];
+  i64 st[3][8];
+};
+
+// The three operands' element offsets of row-major linear index i.
+__device__ void offsets(const Geom& g, i64 i, i64* o) {
+  o[0] = o[1] = o[2] = 0;
+#pragma unroll
+  for (int d = 7; d >= 0; --d) {
+    if (d >= g.nd) continue;
+    const i64 c = i % g.size[d];
+    i /= g.size[d];
+    o[0] += c * g.st[0][d];
+    o[1] += c * g.st[1][d];
+    o[2] += c * g.st[2][d];
+  }
+}
+
+#define KILN_FOR(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
+
+// Reports a bad index into the error record {flag, op, index, dim, size}: the first one wins.
+__device__ void report(i64* err, i64 op, i64 v, i64 dim, i64 size) {
+  if (atomicCAS((u64*)err, 0ull, 1ull) == 0ull) {
+    err[1] = op;
+    err[2] = v;
+    err[3] = dim;
+    err[4] = size;
+  }
+}
+
+// Operands: 0 out, 1 in.
+template <class TO, class TI> __device__ void copy_k(TO* out, const TI* in, Geom g, i64 n) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    out[o[0]] = convert<TO, TI>(in[o[1]]);
+  }
+}
+
+// Operands: 0 out, 1 index, 2 x (indexed dim's stride zeroed; xs is that stride).
+template <class T, class I>
+__device__ void gather_k(T* out, const T* x, const I* idx, Geom g, i64 n, i64 xs, i64 size, i64 dim, i64 op, i64* err) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    const i64 v = (i64)idx[o[1]];
+    if (v < 0 || v >= size) {
+      report(err, op, v, dim, size);
+      continue;
+    }
+    out[o[0]] = x[o[2] + v * xs];
+  }
+}
+
+// Operands: 0 out (indexed dim's stride zeroed; os is that stride), 1 index, 2 src.
+template <class T, class I>
+__device__ void scatter_add_k(T* out, const T* src, const I* idx, Geom g, i64 n, i64 os, i64 size, i64 dim, i64 op, i64* err) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    const i64 v = (i64)idx[o[1]];
+    if (v < 0 || v >= size) {
+      report(err, op, v, dim, size);
+      continue;
+    }
+    atomic_add(out + o[0] + v * os, src[o[2]]);
+  }
+}
+
+// scatter, pass 1: each destination's winner is the last i (in the CPU's serial order) writing it.
+template <class I>
+__device__ void scatter_claim_k(const I* idx, Geom g, i64 n, i64 os, i64 size, i64 dim, i64 op, i64* err, i64* win) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    const i64 v = (i64)idx[o[1]];
+    if (v < 0 || v >= size) {
+      report(err, op, v, dim, size);
+      continue;
+    }
+    atomicMax(win + o[0] + v * os, i);
+  }
+}
+
+// scatter, pass 2: the winners write.
+template <class T, class I>
+__device__ void scatter_write_k(T* out, const T* src, const I* idx, Geom g, i64 n, i64 os, i64 size, const i64* win) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    const i64 v = (i64)idx[o[1]];
+    if (v < 0 || v >= size) continue;
+    const i64 d = o[0] + v * os;
+    if (win[d] == i) out[d] = src[o[2]];
+  }
+}
+
+template <class C> struct Acc { typedef i64 T; };
+template <> struct Acc<float> { typedef double T; };
+template <> struct Acc<double> { typedef double T; };
+
+// Rows: operands 0 out, 1 in at each row's start; len elements along the dim (strides is, os).
+template <class T> __device__ void cumsum_k(T* out, const T* in, Geom g, i64 rows, i64 len, i64 is, i64 os) {
+  typedef typename Tr<T>::C C;
+  typedef typename Acc<C>::T A;
+  KILN_FOR(r, rows) {
+    i64 o[3];
+    offsets(g, r, o);
+    A acc = 0;
+    for (i64 k = 0; k < len; ++k) {
+      acc += cvt<A>(Tr<T>::load(in[o[1] + k * is]));
+      out[o[0] + k * os] = Tr<T>::store(cvt<C>(acc));
+    }
+  }
+}
+
+// One extern "C" kernel per instance (NAME, then the element types).
+#define KILN_COPY(NAME, TO, TI) \
+  extern "C" __global__ void NAME(TO* out, const TI* in, Geom g, i64 n) { copy_k<TO, TI>(out, in, g, n); }
+#define KILN_GATHER(NAME, T, I)                                                                                     \
+  extern "C" __global__ void NAME(T* out, const T* x, const I* idx, Geom g, i64 n, i64 xs, i64 size, i64 dim, i64 op, \
+                                  i64* err) {                                                                       \
+    gather_k<T, I>(out, x, idx, g, n, xs, size, dim, op, err);                                                      \
+  }
+#define KILN_SCATTER_ADD(NAME, T, I)                                                                                   \
+  extern "C" __global__ void NAME(T* out, const T* src, const I* idx, Geom g, i64 n, i64 os, i64 size, i64 dim, i64 op, \
+                                  i64* err) {                                                                          \
+    scatter_add_k<T, I>(out, src, idx, g, n, os, size, dim, op, err);                                                  \
+  }
+#define KILN_SCATTER_CLAIM(NAME, T, I)                                                                                  \
+  extern "C" __global__ void NAME(const I* idx, Geom g, i64 n, i64 os, i64 size, i64 dim, i64 op, i64* err, i64* win) { \
+    scatter_claim_k<I>(idx, g, n, os, size, dim, op, err, win);                                                         \
+  }
+#define KILN_SCATTER_WRITE(NAME, T, I)                                                                                 \
+  extern "C" __global__ void NAME(T* out, const T* src, const I* idx, Geom g, i64 n, i64 os, i64 size, const i64* win) { \
+    scatter_write_k<T, I>(out, src, idx, g, n, os, size, win);                                                         \
+  }
+#define KILN_CUMSUM(NAME, T, I)                                                                            \
+  extern "C" __global__ void NAME(T* out, const T* in, Geom g, i64 rows, i64 len, i64 is, i64 os) { \
+    cumsum_k<T>(out, in, g, rows, len, is, os);                                                          \
+  }
+)CUDA";
+
+// The device source's storage type of a dtype.
+const char* device_type(DType t) {
+  switch (t) {
+    case DType::Bool: return "kbool";
+    case DType::Int32: return "i32";
+    case DType::Int64: return "i64";
+    case DType::Float16: return "khalf";
+    case DType::BFloat16: return "kbf16";
+    case DType::Float32: return "float";
+    case DType::Float64: return "double";
+  }
+  return "float";
+}
+
+const char* macro(DeviceKernel k) {
+  switch (k) {
+    case DeviceKernel::Copy: return "KILN_COPY";
+    case DeviceKernel::Gather: return "KILN_GATHER";
+    case DeviceKernel::ScatterAdd: return "KILN_SCATTER_ADD";
+    case DeviceKernel::ScatterClaim: return "KILN_SCATTER_CLAIM";
+    case DeviceKernel::ScatterWrite: return "KILN_SCATTER_WRITE";
+    case DeviceKernel::Cumsum: return "KILN_CUMSUM";
+  }
+  return "";
+}
+
+const DType kAll[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
+const DType kIndex[] = {DType::Int32, DType::Int64};
+
+}  // namespace
+
+std::string device_kernel_name(const DeviceKernelInstance& k) {
+  switch (k.kernel) {
+    case DeviceKernel::Copy: return std::string("kiln_copy_") + dtype_name(k.a) + "_from_" + dtype_name(k.b);
+    case DeviceKernel::Gather: return std::string("kiln_gather_") + dtype_name(k.a) + "_" + dtype_name(k.b);
+    case DeviceKernel::ScatterAdd: return std::string("kiln_scatter_add_") + dtype_name(k.a) + "_" + dtype_name(k.b);
+    case DeviceKernel::ScatterClaim: return std::string("kiln_scatter_claim_") + dtype_name(k.b);
+    case DeviceKernel::ScatterWrite: return std::string("kiln_scatter_write_") + dtype_name(k.a) + "_" + dtype_name(k.b);
+    case DeviceKernel::Cumsum: return std::string("kiln_cumsum_") + dtype_name(k.a);
+  }
+  return "";
+}
+
+std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
+  std::string s = kSource;
+  for (const DeviceKernelInstance& k : ks)
+    s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + device_type(k.a) + ", " + device_type(k.b) + ")\n";
+  return s;
+}
+
+std::vector<DeviceKernelInstance> all_device_kernels() {
+  std::vector<DeviceKernelInstance> v;
+  for (DType a : kAll) {
+    for (DType b : kAll) v.push_back({DeviceKernel::Copy, a, b});
+    for (DType i : kIndex)
+      for (DeviceKernel k : {DeviceKernel::Gather, DeviceKernel::ScatterAdd, DeviceKernel::ScatterWrite}) v.push_back({k, a, i});
+    v.push_back({DeviceKernel::Cumsum, a, DType::Int64});
+  }
+  for (DType i : kIndex) v.push_back({DeviceKernel::ScatterClaim, DType::Float32, i});
+  return v;
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,37 @@
+// The CUDA device runtime's kernels for the ops that are not generated (copies, casts, cat,
+// view_scatter, indexing, cumsum): one CUDA C++ template source without includes, compiled by
+// NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "runtime/core/dtype.h"
+
+namespace kiln::kernels {
+
+// The templates. Every one walks up to 8 coalesced dims (sizes and per-operand element strides
+// passed by value) with a grid-stride loop; indexing kernels report a bad index into the
+// device's error record (first error wins) and skip the element.
+enum class DeviceKernel {
+  Copy,          // out[i] = convert(in[i]) (a: out dtype, b: in dtype)
+  Gather,        // out[i] = x[... idx[i] ...] (gather, index_select; a: data, b: index)
+  ScatterAdd,    // out[... idx[i] ...] += src[i] atomically (scatter_add, index_add)
+  ScatterClaim,  // winner[dest] = max i writing dest (scatter's last-write-wins order; b: index)
+  ScatterWrite,  // out[dest] = src[i] where i is dest's winner
+  Cumsum,        // one thread per row, sequential in float64 / int64 like the CPU (a: data)
+};
+
+// One instance: a template and its element types (the ones it does not use are ignored).
+struct DeviceKernelInstance {
+  DeviceKernel kernel;
+  DType a = DType::Float32, b = DType::Int64;
+};
+
+// The instance's kernel symbol, e.g. "kiln_gather_float32_int64".
+std::string device_kernel_name(const DeviceKernelInstance& k);
+// The template source followed by an extern "C" kernel per instance (ready for NVRTC).
+std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks);
+// Every instance the device runtime may launch (all dtype combinations it handles).
+std::vector<DeviceKernelInstance> all_device_kernels();
+
+}  // namespace kiln::kernels

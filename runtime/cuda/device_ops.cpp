@@ -1,0 +1,264 @@
+#include "runtime/cuda/device_ops.h"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "kernels/cpu/node_operand.h"
+#include "kernels/cuda/device_kernels.h"
+#include "runtime/core/error.h"
+#include "runtime/cuda/cuda_runtime.h"
+#include "runtime/cuda/driver.h"
+#include "runtime/cuda/nvrtc.h"
+
+namespace kiln::cu {
+namespace {
+
+using kernels::DeviceKernel;
+using kernels::DeviceKernelInstance;
+using kernels::Operand;
+
+// The kernels' Geom (kernels/cuda/device_kernels.cpp): up to 8 dims, three operands' strides.
+struct Geom {
+  int64_t nd = 0;
+  int64_t size[8] = {};
+  int64_t st[3][8] = {};
+};
+
+// `sizes` with the operands' strides (up to 3), coalesced as kernels/cpu's nd_for does (size-1
+// dims dropped, dims contiguous for every operand merged; row-major order is kept). At most
+// 8 dims remain: run_device_op takes only shapes with at most 8 dims of size > 1.
+Geom make_geom(const std::vector<int64_t>& sizes, const std::vector<std::vector<int64_t>>& st) {
+  Geom g;
+  int64_t nd = 0;
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 1) continue;
+    bool merge = nd > 0;
+    for (size_t k = 0; k < st.size() && merge; ++k) merge = g.st[k][nd - 1] == st[k][d] * sizes[d];
+    if (merge) {
+      g.size[nd - 1] *= sizes[d];
+      for (size_t k = 0; k < st.size(); ++k) g.st[k][nd - 1] = st[k][d];
+      continue;
+    }
+    KILN_CHECK(nd < 8, "cuda: device kernels take at most 8 dims");
+    g.size[nd] = sizes[d];
+    for (size_t k = 0; k < st.size(); ++k) g.st[k][nd] = st[k][d];
+    ++nd;
+  }
+  g.nd = nd;
+  return g;
+}
+
+int64_t numel(const std::vector<int64_t>& sizes) {
+  int64_t n = 1;
+  for (int64_t s : sizes) n *= s;
+  return n;
+}
+
+// Strides with dim `dim` zeroed (the indexed dim is addressed through the index value).
+std::vector<int64_t> without(std::vector<int64_t> st, int64_t dim) {
+  st[dim] = 0;
+  return st;
+}
+
+// A loaded kernel, per (device, instance); compiled and loaded once, outside the map's lock.
+struct Loaded {
+  std::once_flag once;
+  CUfunction fn = nullptr;
+};
+
+// NVRTC's output per (compute capability, instance), shared by devices of one architecture.
+struct Compiled {
+  std::once_flag once;
+  std::string image;
+};
+
+template <class V, class K>
+V& slot(std::map<K, std::unique_ptr<V>>& m, const K& key) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& p = m[key];
+  if (!p) p = std::make_unique<V>();
+  return *p;
+}
+
+CUfunction function(int device, const DeviceKernelInstance& k, const std::string& name) {
+  static std::map<std::pair<int, std::string>, std::unique_ptr<Loaded>> loaded;
+  static std::map<std::pair<int, std::string>, std::unique_ptr<Compiled>> compiled;
+  Loaded& l = slot(loaded, std::make_pair(device, name));
+  std::call_once(l.once, [&] {
+    const int cc = compute_capability(device);
+    Compiled& c = slot(compiled, std::make_pair(cc, name));
+    std::call_once(c.once, [&] { c.image = nvrtc_compile(kernels::device_kernel_program({k}), name, cc); });
+    CUmodule mod = nullptr;  // kept for the life of the process
+    check(api().module_load_data(&mod, c.image.data()), "cuModuleLoadData");
+    check(api().module_get_function(&l.fn, mod, name.c_str()), "cuModuleGetFunction");
+  });
+  return l.fn;
+}
+
+// Queues instance `k` over `n` elements (threads) on `device`'s stream with arguments `args`.
+template <class... A>
+void launch(int device, const DeviceKernelInstance& k, int64_t n, bool checks_indices, A... args) {
+  if (n <= 0) return;
+  const std::string name = kernels::device_kernel_name(k);
+  CUfunction f = function(device, k, name);
+  void* params[] = {&args...};
+  const int64_t threads = 256, blocks = std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20);
+  check(api().launch_kernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0, enter(device), params, nullptr),
+        "cuLaunchKernel");
+  note_launch(device, name, checks_indices);
+}
+
+void* ptr(const Operand& o) { return o.data; }
+
+// out = in converted to out's dtype, `in` broadcast to out's sizes (the CPU's unary Contiguous).
+void copy(int device, const Operand& out, const Operand& in) {
+  const Geom g = make_geom(out.sizes, {out.strides, in.broadcast_strides(out.sizes)});
+  launch(device, {DeviceKernel::Copy, out.dtype, in.dtype}, numel(out.sizes), false, ptr(out), ptr(in), g, numel(out.sizes));
+}
+
+// A window of `out` (same dtype) for cat / view_scatter.
+Operand window(const Operand& out, std::vector<int64_t> sizes, std::vector<int64_t> strides, int64_t offset) {
+  Operand w = out;
+  w.sizes = std::move(sizes);
+  w.strides = std::move(strides);
+  w.data = out.data + offset * static_cast<int64_t>(itemsize(out.dtype));
+  return w;
+}
+
+// The gather template: gather (index strides as given) and index_select (index along `dim`).
+void gather(int device, OpKind op, const Operand& out, const Operand& x, const Operand& index, int64_t dim) {
+  const int64_t size = x.sizes.empty() ? 1 : x.sizes[dim];
+  const int64_t xs = x.strides.empty() ? 0 : x.strides[dim];
+  std::vector<int64_t> xst = x.strides.empty() ? std::vector<int64_t>(out.sizes.size(), 0) : without(x.strides, dim);
+  std::vector<int64_t> ist = index.strides;
+  if (op == OpKind::IndexSelect) {
+    ist.assign(out.sizes.size(), 0);
+    ist[x.sizes.empty() ? 0 : dim] = index.strides[0];
+  }
+  const Geom g = make_geom(out.sizes, {out.strides, ist, xst});
+  const int64_t n = numel(out.sizes);
+  launch(device, {DeviceKernel::Gather, out.dtype, index.dtype}, n, true, ptr(out), ptr(x), ptr(index), g, n, xs, size, dim,
+         int64_t(op), index_error_record(device));
+}
+
+// scatter / scatter_add over index's sizes, index_add over src's; `out` already holds self.
+void scatter(int device, OpKind op, const Operand& out, const Operand& index, const Operand& src, int64_t dim) {
+  const bool index_add = op == OpKind::IndexAdd;
+  const std::vector<int64_t>& sizes = index_add ? src.sizes : index.sizes;
+  const int64_t size = out.sizes.empty() ? 1 : out.sizes[dim];
+  const int64_t os = out.strides.empty() ? 0 : out.strides[dim];
+  std::vector<int64_t> ost = out.strides.empty() ? std::vector<int64_t>(sizes.size(), 0) : without(out.strides, dim);
+  std::vector<int64_t> ist = index.strides;
+  if (index_add) {
+    ist.assign(sizes.size(), 0);
+    ist[dim] = index.strides[0];
+  }
+  const Geom g = make_geom(sizes, {ost, ist, src.strides});
+  const int64_t n = numel(sizes);
+  if (n == 0) return;
+  const CUdeviceptr err = index_error_record(device);
+  if (op != OpKind::Scatter) {
+    launch(device, {DeviceKernel::ScatterAdd, out.dtype, index.dtype}, n, true, ptr(out), ptr(src), ptr(index), g, n, os, size,
+           dim, int64_t(op), err);
+    return;
+  }
+  // Duplicate destinations: the last write in the CPU's serial order wins, as there. `win`
+  // goes back to the caching allocator after queuing; its next user is queued after these.
+  auto win = Storage::allocate(static_cast<size_t>(numel(out.sizes)) * sizeof(int64_t), Device{DeviceType::CUDA, device});
+  check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(win->data), 0xff, win->nbytes, enter(device)), "cuMemsetD8Async");
+  launch(device, {DeviceKernel::ScatterClaim, out.dtype, index.dtype}, n, true, ptr(index), g, n, os, size, dim, int64_t(op),
+         err, win->data);
+  launch(device, {DeviceKernel::ScatterWrite, out.dtype, index.dtype}, n, false, ptr(out), ptr(src), ptr(index), g, n, os, size,
+         win->data);
+}
+
+// One thread per row (all dims but `dim`), summing sequentially as the CPU does.
+void cumsum(int device, const Operand& out, const Operand& in, int64_t dim) {
+  std::vector<int64_t> rows = in.sizes;
+  const int64_t len = rows[dim];
+  rows[dim] = 1;
+  const Geom g = make_geom(rows, {out.strides, in.strides});
+  if (len > 0)
+    launch(device, {DeviceKernel::Cumsum, out.dtype, DType::Int64}, numel(rows), false, ptr(out), ptr(in), g, numel(rows), len,
+           in.strides[dim], out.strides[dim]);
+}
+
+// At most 8 dims of size > 1: then every iteration space below coalesces to at most 8 dims.
+bool fits(const Shape& shape) {
+  int dims = 0;
+  for (const SymInt& s : shape) dims += s.as_int() != 1;
+  return dims <= 8;
+}
+
+bool handled(const Node& n) {
+  switch (n.op) {
+    case OpKind::Contiguous:
+    case OpKind::Cast:
+    case OpKind::Cat:
+    case OpKind::ViewScatter:
+    case OpKind::Gather:
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::IndexSelect:
+    case OpKind::Cumsum: break;
+    case OpKind::IndexAdd:
+      if (n.shape.empty()) return false;  // (a 0-d index_add is left to the host)
+      break;
+    default: return false;
+  }
+  if (!fits(n.shape) || !fits(n.attrs.sizes)) return false;
+  for (const NodePtr& in : n.inputs)
+    if (!fits(in->shape)) return false;
+  return is_contiguous_layout(n.shape, n.strides) && have_nvrtc();
+}
+
+}  // namespace
+
+bool run_device_op(Node& n) {
+  if (!handled(n)) return false;
+  const int device = n.device.index;
+  auto storage = Storage::allocate(static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype), n.device);
+  Operand out;
+  out.dtype = n.dtype;
+  out.sizes = concrete(n.shape);
+  out.strides = concrete(contiguous_strides(n.shape));
+  out.data = static_cast<char*>(storage->data);
+  auto in = [&](size_t i) { return kernels::operand_of(*n.inputs[i]); };
+  const int64_t dim = n.attrs.ints.empty() ? 0 : n.attrs.ints[0];
+  switch (n.op) {
+    case OpKind::Contiguous:
+    case OpKind::Cast: copy(device, out, in(0)); break;
+    case OpKind::Cat: {
+      int64_t at = 0;
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        Operand src = in(i);
+        std::vector<int64_t> sz = out.sizes;
+        sz[dim] = src.sizes[dim];
+        copy(device, window(out, sz, out.strides, at * out.strides[dim]), src);
+        at += sz[dim];
+      }
+      break;
+    }
+    case OpKind::ViewScatter:
+      copy(device, out, in(0));
+      copy(device, window(out, concrete(n.attrs.sizes), concrete(n.attrs.strides), n.attrs.offset.as_int()), in(1));
+      break;
+    case OpKind::Gather:
+    case OpKind::IndexSelect: gather(device, n.op, out, in(0), in(1), dim); break;
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::IndexAdd:
+      copy(device, out, in(0));
+      scatter(device, n.op, out, in(1), in(2), dim);
+      break;
+    case OpKind::Cumsum: cumsum(device, out, in(0), dim); break;
+    default: return false;
+  }
+  n.set_storage(std::move(storage), false);
+  return true;
+}
+
+}  // namespace kiln::cu
