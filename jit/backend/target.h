@@ -25,7 +25,9 @@ struct Target {
   int64_t split_chunks = 256;             // most chunks of a split reduction (its parallel extent)
   int64_t split_chunk_work = 16384;       // fewest elements per chunk
   bool column_reductions = true;          // reductions over leading dims with per-column scratch
-  bool store_expensive = true;            // ScheduleOptions::store_expensive (false: recompute)
+  // Store transcendental values a reduction and another op read (ScheduleOptions); false: also
+  // schedule with recomputation and keep whichever schedule's kernels move fewer bytes.
+  bool store_expensive = true;
   // Ops the backend cannot generate (lower() rejects groups using them); null: all.
   bool (*unsupported_op)(OpKind op, DType dtype) = nullptr;
   // Whether lowering may emit `op` on `dtype` values.

@@ -76,8 +76,9 @@ Target cuda_target(int cc) {
   // Reductions over leading dims as ordinary reductions (a warp per kept element, lanes over
   // the reduced rows): the CPU's column mode accumulates in scratch memory serially per column.
   t.column_reductions = false;
-  // Recompute transcendentals in each stage of a row kernel rather than store them: memory
-  // traffic, not arithmetic, bounds these kernels (layer_norm -> gelu -> softmax: one kernel).
+  // Memory traffic, not arithmetic, bounds these kernels: a schedule that recomputes
+  // transcendentals in each stage of a row kernel is taken when it moves fewer bytes
+  // (layer_norm -> gelu -> softmax forward: one kernel instead of three).
   t.store_expensive = false;
   t.unsupported_op = [](OpKind op, DType d) { return !cuda_supports(op, d); };
   return t;

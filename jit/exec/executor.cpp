@@ -348,6 +348,22 @@ bool passes_enabled() {
   return on;
 }
 
+// Bytes the kernel steps of a schedule read and write (each canonical input once per kernel).
+double kernel_traffic(const std::vector<Step>& steps) {
+  auto bytes = [](const Node* n) {
+    double e = static_cast<double>(itemsize(n->dtype));
+    for (const auto& d : n->shape) e *= static_cast<double>(d.maybe_int().value_or(1));
+    return e;
+  };
+  double total = 0;
+  for (const Step& st : steps) {
+    if (st.kind != Step::Kind::Kernel) continue;
+    for (const Node* n : canonical_inputs(st.group)) total += bytes(n);
+    for (const Node* n : st.group.outputs) total += bytes(n);
+  }
+  return total;
+}
+
 // Runs the graph passes on `seg` (applying their rewrite: `sc.ext` then names every extended
 // position) and schedules the result.
 // `passes`: run the graph passes (their rewrite is re-applied on each run of the plan).
@@ -381,9 +397,13 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
   }
   for (int attempt = 0;; ++attempt) {
-    ScheduleOptions so;
-    if (tgt) so.store_expensive = tgt->store_expensive;
-    steps = schedule(*target, stored, so);
+    steps = schedule(*target, stored);
+    if (tgt && !tgt->store_expensive) {  // also try recomputing: keep the schedule moving fewer bytes
+      ScheduleOptions recompute;
+      recompute.store_expensive = false;
+      std::vector<Step> alt = schedule(*target, stored, recompute);
+      if (kernel_traffic(alt) < kernel_traffic(steps)) steps = std::move(alt);
+    }
     kernels.assign(steps.size(), nullptr);
     bool again = false;
     for (size_t i = 0; tgt && i < steps.size(); ++i) {
