@@ -341,19 +341,24 @@ struct Emitter {
     }
   }
 
+  // `header {`, then `body` in a fresh scope (values computed inside stay inside), then `}`.
+  void block(const std::string& header, const std::vector<Stmt>& body) {
+    line(header + " {");
+    ++indent;
+    scopes.emplace_back();
+    stmts(body);
+    scopes.pop_back();
+    --indent;
+    line("}");
+  }
+
   void stmts(const std::vector<Stmt>& ss) {
     for (const Stmt& s : ss) {
       switch (s.kind) {
         case Stmt::Kind::Loop: {
           std::string lo = expr(s.lo), hi = expr(s.hi);
           std::string v = "i" + std::to_string(s.var);
-          line("for (i64 " + v + " = " + lo + "; " + v + " < " + hi + "; ++" + v + ") {");
-          ++indent;
-          scopes.emplace_back();
-          stmts(s.body);
-          scopes.pop_back();
-          --indent;
-          line("}");
+          block("for (i64 " + v + " = " + lo + "; " + v + " < " + hi + "; ++" + v + ")", s.body);
           break;
         }
         case Stmt::Kind::Store: {
@@ -495,13 +500,7 @@ struct Emitter {
   void warp_stmts(const std::vector<Stmt>& ss) {
     for (const Stmt& s : ss) {
       if (s.kind == Stmt::Kind::Store || s.kind == Stmt::Kind::AccStore) {
-        line("if (lane == 0) {");
-        ++indent;
-        scopes.emplace_back();
-        stmts({s});
-        scopes.pop_back();
-        --indent;
-        line("}");
+        block("if (lane == 0)", {s});
         continue;
       }
       if (s.kind != Stmt::Kind::Loop) {
@@ -521,13 +520,7 @@ struct Emitter {
       }
       std::string lo = expr(s.lo), hi = expr(s.hi);
       std::string v = "i" + std::to_string(s.var);
-      line("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += 32) {");
-      ++indent;
-      scopes.emplace_back();
-      stmts(s.body);
-      scopes.pop_back();
-      --indent;
-      line("}");
+      block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += 32)", s.body);
       size_t si = 0;
       for (int a : up) {
         warp_reduce(a);

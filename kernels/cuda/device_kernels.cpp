@@ -143,6 +143,13 @@ __device__ void report(i64* err, i64 op, i64 v, i64 dim, i64 size) {
   }
 }
 
+// Whether index v lies in [0, size); if not, reports it (the element is then skipped).
+__device__ bool in_range(i64 v, i64 size, i64* err, i64 op, i64 dim) {
+  if (v >= 0 && v < size) return true;
+  report(err, op, v, dim, size);
+  return false;
+}
+
 // Operands: 0 out, 1 in.
 template <class TO, class TI> __device__ void copy_k(TO* out, const TI* in, Geom g, i64 n) {
   KILN_FOR(i, n) {
@@ -159,10 +166,7 @@ __device__ void gather_k(T* out, const T* x, const I* idx, Geom g, i64 n, i64 xs
     i64 o[3];
     offsets(g, i, o);
     const i64 v = (i64)idx[o[1]];
-    if (v < 0 || v >= size) {
-      report(err, op, v, dim, size);
-      continue;
-    }
+    if (!in_range(v, size, err, op, dim)) continue;
     out[o[0]] = x[o[2] + v * xs];
   }
 }
@@ -174,10 +178,7 @@ __device__ void scatter_add_k(T* out, const T* src, const I* idx, Geom g, i64 n,
     i64 o[3];
     offsets(g, i, o);
     const i64 v = (i64)idx[o[1]];
-    if (v < 0 || v >= size) {
-      report(err, op, v, dim, size);
-      continue;
-    }
+    if (!in_range(v, size, err, op, dim)) continue;
     atomic_add(out + o[0] + v * os, src[o[2]]);
   }
 }
@@ -189,10 +190,7 @@ __device__ void scatter_claim_k(const I* idx, Geom g, i64 n, i64 os, i64 size, i
     i64 o[3];
     offsets(g, i, o);
     const i64 v = (i64)idx[o[1]];
-    if (v < 0 || v >= size) {
-      report(err, op, v, dim, size);
-      continue;
-    }
+    if (!in_range(v, size, err, op, dim)) continue;
     atomicMax(win + o[0] + v * os, i);
   }
 }

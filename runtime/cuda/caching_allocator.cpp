@@ -136,20 +136,21 @@ void CachingAllocator::free(void* p) {
   Pool& pool = b->small ? small_ : large_;
   if (Block* n = b->next; n && !n->requested) {  // absorb the free next block
     pool.erase(n);
-    b->size += n->size;
-    b->next = n->next;
-    if (b->next) b->next->prev = b;
-    delete n;
+    join(b, n);
   }
   if (Block* q = b->prev; q && !q->requested) {  // join the free previous block
     pool.erase(q);
-    q->size += b->size;
-    q->next = b->next;
-    if (q->next) q->next->prev = q;
-    delete b;
-    b = q;
+    b = join(q, b);
   }
   pool.insert(b);
+}
+
+CachingAllocator::Block* CachingAllocator::join(Block* a, Block* b) {
+  a->size += b->size;
+  a->next = b->next;
+  if (a->next) a->next->prev = a;
+  delete b;
+  return a;
 }
 
 // Returns every free block that is a whole segment to RawMemory.

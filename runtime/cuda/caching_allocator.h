@@ -74,6 +74,8 @@ class CachingAllocator {
   using Pool = std::set<Block*, BySizeThenAddress>;
 
   Block* new_segment(size_t size, bool small, size_t requested);
+  // Merges block `b` into `a`, its neighbour just before it in one segment (b is deleted).
+  static Block* join(Block* a, Block* b);
   void release_free_segments();
   [[noreturn]] void throw_oom(size_t requested);
 
