@@ -277,6 +277,23 @@ TEST(CudaDevice, CompileAndTrainingStepMatchTheCpu) {
   for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 1e-4 * std::abs(lc[i]) + 1e-6) << "step " << i;
 }
 
+// A compiled function that moves data across devices inside: its program's segments span two
+// devices and are run part by part on every call.
+TEST(CudaDevice, CompiledFunctionCrossingDevices) {
+  NEED_GPU();
+  auto f = kiln::compile([](const Tensor& x) {
+    Tensor d = (x.cuda() * 2 + 0) * 1;  // no-ops the graph passes remove
+    return std::vector<Tensor>{(d.tanh() * x.cuda()).sum({1}).cpu(), d.amax().cpu()};
+  });
+  for (int64_t n : {5, 9, 5, 17}) {
+    Tensor x = kiln::randn({n, 33});
+    std::vector<Tensor> got = f(x);
+    EXPECT_EQ(got[0].device(), kiln::cpu());
+    expect_close(got[0], ((x * 2).tanh() * x).sum({1}), 1e-5, 1e-6, "row sums at n=" + std::to_string(n));
+    expect_close(got[1], (x * 2).amax(), 0, 0, "max at n=" + std::to_string(n));
+  }
+}
+
 TEST(CudaDevice, AllocatorStatsCacheAndOutOfMemory) {
   NEED_GPU();
   if (fake()) GTEST_SKIP() << "the simulated device has no caching allocator";
