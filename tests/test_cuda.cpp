@@ -25,6 +25,8 @@
 // The worst observed difference is printed. KILN_CUDA_GRAPHS sets the number of graphs.
 #include "jit_random_graphs.h"
 
+#include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <map>
 
@@ -943,6 +945,90 @@ TEST(CudaBackend, ImageRoundTrip) {
   EXPECT_THROW(gpu->load("not an image", "kiln_x", store), kiln::Error);
   // A truncated CUBIN: the driver's error, as kiln::Error.
   EXPECT_THROW(gpu->load("kiln-cuda-image 2 1 0 0 1 cubin\n\x7f" "ELF garbage", "kiln_x", store), kiln::Error);
+}
+
+
+// The disk cache on the GPU, across processes: this binary re-run as a child (the
+// CudaCacheChild test, which only runs with KILN_CUDA_CACHE_CHILD=1) in a fresh
+// KILN_CACHE_DIR: cold (kernels compiled and stored), warm (every kernel loaded from disk,
+// nothing compiled, same bits), then every stored entry corrupted (each one rejected, rebuilt,
+// same bits).
+TEST(CudaCacheChild, Workload) {
+  if (!std::getenv("KILN_CUDA_CACHE_CHILD")) GTEST_SKIP() << "the child of CudaBackend.DiskCacheColdWarmCorrupted";
+  kiln::manual_seed(7);
+  kiln::Tensor x = kiln::randn({300, 77}).cuda();
+  kiln::Tensor y = kiln::softmax(kiln::tanh(x * 1.75 - 0.5), -1) * x.sum({0}, true);
+  kiln::Tensor s = (y * y).sum();
+  std::vector<float> v = y.to_vector<float>();
+  uint64_t h = 1469598103934665603ull;
+  for (float f : v) {
+    uint32_t b;
+    std::memcpy(&b, &f, 4);
+    h = (h ^ b) * 1099511628211ull;
+  }
+  const kiln::jit::CacheStats st = kiln::jit::cache_stats();
+  std::printf("child: hash %llu sum %.9g compiles %llu disk_hits %llu rebuilds %llu\n", static_cast<unsigned long long>(h),
+              s.item<double>(), static_cast<unsigned long long>(st.compiles), static_cast<unsigned long long>(st.disk_hits),
+              static_cast<unsigned long long>(st.disk_rebuilds));
+}
+
+TEST(CudaBackend, DiskCacheColdWarmCorrupted) {
+  SKIP_WITHOUT_GPU();
+  char tmpl[] = "/tmp/kiln-cuda-cache-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  struct Cleanup {
+    std::string d;
+    ~Cleanup() {
+      std::error_code ec;
+      std::filesystem::remove_all(d, ec);
+    }
+  } cleanup{dir};
+  struct Run {
+    std::string hash;
+    double compiles = -1, disk_hits = -1, rebuilds = -1;
+    std::string out;
+  };
+  auto run = [&] {
+    const std::string cmd = "KILN_CUDA_CACHE_CHILD=1 KILN_CACHE_DIR=" + dir + " /proc/self/exe --gtest_filter=CudaCacheChild.Workload 2>&1";
+    Run r;
+    FILE* p = popen(cmd.c_str(), "r");
+    char buf[4096];
+    while (p && fgets(buf, sizeof buf, p)) r.out += buf;
+    if (p) pclose(p);
+    const size_t at = r.out.find("child: hash ");
+    if (at != std::string::npos) {
+      char h[64] = {0};
+      double sum = 0;
+      std::sscanf(r.out.c_str() + at, "child: hash %63s sum %lf compiles %lf disk_hits %lf rebuilds %lf", h, &sum, &r.compiles,
+                  &r.disk_hits, &r.rebuilds);
+      r.hash = h;
+    }
+    return r;
+  };
+  Run cold = run();
+  ASSERT_FALSE(cold.hash.empty()) << cold.out;
+  EXPECT_GT(cold.compiles, 0) << cold.out;
+  Run warm = run();
+  EXPECT_EQ(warm.hash, cold.hash) << warm.out;
+  EXPECT_EQ(warm.compiles, 0) << warm.out;
+  EXPECT_GE(warm.disk_hits, cold.compiles) << warm.out;
+  int corrupted = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".kobj") continue;
+    std::fstream f(e.path(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(e.path()) / 2));
+    f.put('\x5a');
+    f.put('\xa5');
+    ++corrupted;
+  }
+  EXPECT_GE(corrupted, cold.compiles);
+  Run bad = run();
+  EXPECT_EQ(bad.hash, cold.hash) << bad.out;
+  EXPECT_EQ(bad.rebuilds, corrupted) << bad.out;
+  EXPECT_EQ(bad.compiles, cold.compiles) << bad.out;
+  std::printf("[ cuda ] disk cache: %g kernels compiled cold, %g loaded warm, %d corrupted entries rebuilt\n", cold.compiles,
+              warm.disk_hits, corrupted);
 }
 
 }  // namespace
