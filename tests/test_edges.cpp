@@ -47,6 +47,18 @@ TEST(Edges, CumsumOfZeroDim) {
 }
 
 // torch.masked_fill(x, mask, v) broadcasts x and mask: x [3], mask [2, 3] gives [2, 3].
+// The most negative integer % -1 overflows the hardware division (SIGFPE on x86); PyTorch gives 0.
+TEST(Edges, IntegerRemainderOfMinimumByMinusOne) {
+  const int64_t lo = std::numeric_limits<int64_t>::min();
+  Tensor a = from_vector(std::vector<int64_t>{lo, 7, -7, lo + 1});
+  EXPECT_EQ(remainder(a, -1).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(fmod(a, -1).to_vector<int64_t>(), (std::vector<int64_t>{0, 0, 0, 0}));
+  Tensor b = from_vector(std::vector<int32_t>{std::numeric_limits<int32_t>::min(), 5});
+  EXPECT_EQ(remainder(b, -1).to_vector<int32_t>(), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(fmod(b, -1).to_vector<int32_t>(), (std::vector<int32_t>{0, 0}));
+  EXPECT_EQ(remainder(a, 3).to_vector<int64_t>()[1], 1);  // the ordinary path is unchanged
+}
+
 TEST(Edges, MaskedFillBroadcastsBothWays) {
   Tensor x = arange(3.0);
   Tensor m = from_vector<float>({1, 0, 1, 0, 0, 1}, std::vector<int64_t>{2, 3}) != 0.0;

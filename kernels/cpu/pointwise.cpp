@@ -283,6 +283,7 @@ void binary_typed(OpKind op, const Operand& out, const Operand& a, const Operand
       } else if constexpr (!is_bool) {
         m([](C x, C y) {
           if (y == 0) throw Error("remainder: integer division by zero");
+          if (y == -1) return C(0);  // (the minimum % -1 traps on x86; PyTorch gives 0)
           C r = static_cast<C>(x % y);
           if (r != 0 && ((y < 0) != (r < 0))) r = static_cast<C>(r + y);
           return r;
@@ -294,6 +295,7 @@ void binary_typed(OpKind op, const Operand& out, const Operand& a, const Operand
       else if constexpr (!is_bool) {
         m([](C x, C y) {
           if (y == 0) throw Error("fmod: integer division by zero");
+          if (y == -1) return C(0);  // (the minimum % -1 traps on x86; PyTorch gives 0)
           return static_cast<C>(x % y);
         });
       } else break;
