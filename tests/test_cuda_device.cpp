@@ -523,8 +523,8 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
 
 // Integer remainder (the divisor's sign), fmod (the dividend's sign) and pow (by squaring,
 // wrapping on overflow; negative exponents only of 1 and -1) on the device kernels against the
-// CPU, exactly: int32 / int64, negative values, broadcasting and strided views, the dtypes'
-// extremes. Division by zero and other negative exponents are the CPU's errors, with its
+// CPU, exactly: int32 / int64 (and bool pow), negative values, broadcasting and strided
+// views, the dtypes' extremes. Division by zero and other negative exponents are the CPU's errors, with its
 // wording, and the device keeps working afterwards.
 TEST(CudaDevice, IntegerRemainderFmodPowMatchTheCpu) {
   NEED_GPU();
@@ -552,6 +552,8 @@ TEST(CudaDevice, IntegerRemainderFmodPowMatchTheCpu) {
     expect_same(kiln::pow(a.dev, e.cuda()), kiln::pow(a.cpu, e), what + " pow");
     Tensor one = kiln::randint(0, 2, sa, dt) * 2 - 1, en = kiln::randint(-9, 10, sb, dt);
     expect_same(kiln::pow(one.cuda(), en.cuda()), kiln::pow(one, en), what + " pow of +-1");
+    Pair pa = make(kiln::kBool, sa, rng), pb = make(kiln::kBool, sb, rng);
+    expect_same(kiln::pow(pa.dev, pb.dev), kiln::pow(pa.cpu, pb.cpu), what + " pow of bools");
     if (HasFailure()) return;
   }
   for (kiln::DType dt : {kiln::kInt32, kiln::kInt64}) {
