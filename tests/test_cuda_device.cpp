@@ -538,6 +538,76 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
   }
 }
 
+// Integer remainder (the divisor's sign), fmod (the dividend's sign) and pow (by squaring,
+// wrapping on overflow; negative exponents only of 1 and -1) on the device kernels against the
+// CPU, exactly: int32 / int64 (and bool pow), negative values, broadcasting and strided
+// views, the dtypes' extremes. Division by zero and other negative exponents are the CPU's errors, with its
+// wording, and the device keeps working afterwards.
+TEST(CudaDevice, IntegerRemainderFmodPowMatchTheCpu) {
+  NEED_GPU();
+  const uint64_t seed = kiln::testing::test_seed(17);
+  std::mt19937_64 rng(seed);
+  kiln::manual_seed(seed);
+  for (int c = 0; c < 40; ++c) {
+    const kiln::DType dt = c % 2 ? kiln::kInt32 : kiln::kInt64;
+    const int64_t rank = 1 + static_cast<int64_t>(rng() % 4);
+    std::vector<int64_t> sa, sb;  // broadcast against each other (b maybe with fewer dims)
+    for (int64_t i = 0; i < rank; ++i) {
+      const int64_t n = 1 + static_cast<int64_t>(rng() % 6);
+      sa.push_back(rng() % 4 ? n : 1);
+      sb.push_back(rng() % 4 ? n : 1);
+    }
+    if (rng() % 3 == 0) sb.erase(sb.begin());
+    const std::string what = "case " + std::to_string(c) + " " + kiln::dtype_name(dt) + " " + str(sa) + " " + str(sb);
+    Pair a = make(dt, sa, rng), b = make(dt, sb, rng);
+    Pair d = {kiln::where(b.cpu == 0, 7, b.cpu), kiln::where(b.dev == 0, 7, b.dev)};  // nonzero divisors
+    ASSERT_EQ(d.cpu.dtype(), dt) << what;
+    expect_same(kiln::remainder(a.dev, d.dev), kiln::remainder(a.cpu, d.cpu), what + " remainder");
+    expect_same(kiln::fmod(a.dev, d.dev), kiln::fmod(a.cpu, d.cpu), what + " fmod");
+    expect_same(kiln::remainder(d.dev, a.dev.abs() + 1), kiln::remainder(d.cpu, a.cpu.abs() + 1), what + " remainder by positive");
+    Tensor e = kiln::randint(0, 70, sb, dt);  // large enough to overflow and wrap
+    expect_same(kiln::pow(a.dev, e.cuda()), kiln::pow(a.cpu, e), what + " pow");
+    Tensor one = kiln::randint(0, 2, sa, dt) * 2 - 1, en = kiln::randint(-9, 10, sb, dt);
+    expect_same(kiln::pow(one.cuda(), en.cuda()), kiln::pow(one, en), what + " pow of +-1");
+    Pair pa = make(kiln::kBool, sa, rng), pb = make(kiln::kBool, sb, rng);
+    expect_same(kiln::pow(pa.dev, pb.dev), kiln::pow(pa.cpu, pb.cpu), what + " pow of bools");
+    if (HasFailure()) return;
+  }
+  for (kiln::DType dt : {kiln::kInt32, kiln::kInt64}) {
+    const int64_t lo = dt == kiln::kInt32 ? INT32_MIN : INT64_MIN, hi = dt == kiln::kInt32 ? INT32_MAX : INT64_MAX;
+    Tensor x = kiln::from_vector(std::vector<int64_t>{lo, hi, lo + 1, -7, 7, 0, lo, hi}).to(dt);
+    Tensor y = kiln::from_vector(std::vector<int64_t>{3, -3, hi, -2, -5, lo, 2, 2}).to(dt);
+    const std::string what = std::string("extremes ") + kiln::dtype_name(dt);
+    expect_same(kiln::remainder(x.cuda(), y.cuda()), kiln::remainder(x, y), what + " remainder");
+    expect_same(kiln::fmod(x.cuda(), y.cuda()), kiln::fmod(x, y), what + " fmod");
+    Tensor e = kiln::remainder(y, 64);  // (non-negative)
+    expect_same(kiln::pow(x.cuda(), e.cuda()), kiln::pow(x, e), what + " pow");
+  }
+  // Errors: the CPU's, worded alike; then the device computes correctly again.
+  auto expect_error = [](const std::function<Tensor()>& f, const std::string& want, const std::string& where) {
+    try {
+      f().cpu().to_vector<int64_t>();
+      ADD_FAILURE() << where << ": expected kiln::Error: " << want;
+    } catch (const kiln::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << where << ": " << e.what();
+    }
+  };
+  for (kiln::DType dt : {kiln::kInt32, kiln::kInt64}) {
+    Tensor x = kiln::from_vector(std::vector<int64_t>{5, -3, 4}).to(dt), z = kiln::from_vector(std::vector<int64_t>{1, 0, 2}).to(dt);
+    Tensor n = kiln::from_vector(std::vector<int64_t>{2, -1, 3}).to(dt);
+    for (bool dev : {false, true}) {
+      auto on = [&](const Tensor& t) { return dev ? t.cuda() : t; };
+      const std::string where = std::string(kiln::dtype_name(dt)) + (dev ? " cuda" : " cpu");
+      expect_error([&] { return kiln::remainder(on(x), on(z)); }, "remainder: integer division by zero", where);
+      expect_error([&] { return kiln::fmod(on(x), on(z)); }, "fmod: integer division by zero", where);
+      expect_error([&] { return kiln::pow(on(x), on(n)); }, "pow: integers to negative integer powers are not allowed", where);
+    }
+    expect_same(kiln::remainder(x.cuda(), n.cuda()), kiln::remainder(x, n), "after the errors");
+    expect_same(kiln::pow(x.cuda(), n.abs().cuda()), kiln::pow(x, n.abs()), "after the errors");
+  }
+  kiln::cuda::synchronize();  // nothing left over
+}
+
 TEST(CudaDevice, ThreadsShareADevice) {
   NEED_GPU();
   Tensor w = kiln::randn({64, 64}).cuda();

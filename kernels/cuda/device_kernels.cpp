@@ -133,9 +133,12 @@ __device__ void offsets(const Geom& g, i64 i, i64* o) {
 
 #define KILN_FOR(i, n) for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (i64)gridDim.x * blockDim.x)
 
-// Reports a bad index into the error record {flag, op, index, dim, size}: the first one wins.
-__device__ void report(i64* err, i64 op, i64 v, i64 dim, i64 size) {
-  if (atomicCAS((u64*)err, 0ull, 1ull) == 0ull) {
+// The error record's kinds (its flag; decoded by cu::sync(), runtime/cuda/cuda_runtime.cpp).
+enum { kBadIndex = 1, kDivByZero = 2, kNegativePow = 3 };
+
+// Reports an error into the record {kind, op, index, dim, size}: the first one wins.
+__device__ void report(i64* err, i64 kind, i64 op, i64 v, i64 dim, i64 size) {
+  if (atomicCAS((u64*)err, 0ull, (u64)kind) == 0ull) {
     err[1] = op;
     err[2] = v;
     err[3] = dim;
@@ -146,8 +149,50 @@ __device__ void report(i64* err, i64 op, i64 v, i64 dim, i64 size) {
 // Whether index v lies in [0, size); if not, reports it (the element is then skipped).
 __device__ bool in_range(i64 v, i64 size, i64* err, i64 op, i64 dim) {
   if (v >= 0 && v < size) return true;
-  report(err, op, v, dim, size);
+  report(err, kBadIndex, op, v, dim, size);
   return false;
+}
+
+// x * y wrapping around (the CPU's integer multiply, without signed overflow).
+template <class C> __device__ C wrap_mul(C x, C y) {
+  if constexpr (sizeof(C) == 8) return (C)((u64)x * (u64)y);
+  else return (C)((u32)x * (u32)y);
+}
+
+// Integer remainder (Python's sign: y's), fmod (C's sign: x's) and pow (by squaring, wrapping;
+// bool: x || !y), as kernels/cpu/pointwise.cpp; false for a zero divisor / negative exponent.
+enum { kRemainder, kFmod, kPow };
+template <int F, class C> __device__ bool int_op(C x, C y, C* r) {
+  if constexpr (same<C, bool>::value) {
+    *r = x || !y;
+  } else if constexpr (F == kPow) {
+    if (y < 0) {
+      *r = x == 1 ? 1 : x == -1 ? (y % 2 == 0 ? 1 : -1) : 0;
+      return x == 1 || x == -1;
+    }
+    C p = 1;
+    for (; y; y >>= 1, x = wrap_mul(x, x))
+      if (y & 1) p = wrap_mul(p, x);
+    *r = p;
+  } else {
+    if (y == 0) return false;
+    C m = y == -1 ? 0 : x % y;  // (x % -1 is 0; the minimum % -1 would overflow)
+    if (F == kRemainder && m != 0 && ((y < 0) != (m < 0))) m += y;
+    *r = m;
+  }
+  return true;
+}
+
+// Operands: 0 out, 1 a, 2 b (broadcast); F is kRemainder, kFmod or kPow; op the OpKind.
+template <int F, class T> __device__ void int_binary_k(T* out, const T* a, const T* b, Geom g, i64 n, i64 op, i64* err) {
+  typedef typename Tr<T>::C C;
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    C r;
+    if (int_op<F, C>(Tr<T>::load(a[o[1]]), Tr<T>::load(b[o[2]]), &r)) out[o[0]] = Tr<T>::store(r);
+    else report(err, F == kPow ? kNegativePow : kDivByZero, op, 0, 0, 0);
+  }
 }
 
 // Operands: 0 out, 1 in.
@@ -248,6 +293,13 @@ template <class T> __device__ void cumsum_k(T* out, const T* in, Geom g, i64 row
   extern "C" __global__ void NAME(T* out, const T* src, const I* idx, Geom g, i64 n, i64 os, i64 size, const i64* win) { \
     scatter_write_k<T, I>(out, src, idx, g, n, os, size, win);                                                         \
   }
+#define KILN_INT_BINARY(NAME, F, T)                                                                      \
+  extern "C" __global__ void NAME(T* out, const T* a, const T* b, Geom g, i64 n, i64 op, i64* err) { \
+    int_binary_k<F, T>(out, a, b, g, n, op, err);                                                     \
+  }
+#define KILN_REMAINDER(NAME, T, I) KILN_INT_BINARY(NAME, kRemainder, T)
+#define KILN_FMOD(NAME, T, I) KILN_INT_BINARY(NAME, kFmod, T)
+#define KILN_POW(NAME, T, I) KILN_INT_BINARY(NAME, kPow, T)
 #define KILN_CUMSUM(NAME, T, I)                                                                            \
   extern "C" __global__ void NAME(T* out, const T* in, Geom g, i64 rows, i64 len, i64 is, i64 os) { \
     cumsum_k<T>(out, in, g, rows, len, is, os);                                                          \
@@ -276,6 +328,9 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::ScatterClaim: return "KILN_SCATTER_CLAIM";
     case DeviceKernel::ScatterWrite: return "KILN_SCATTER_WRITE";
     case DeviceKernel::Cumsum: return "KILN_CUMSUM";
+    case DeviceKernel::Remainder: return "KILN_REMAINDER";
+    case DeviceKernel::Fmod: return "KILN_FMOD";
+    case DeviceKernel::Pow: return "KILN_POW";
   }
   return "";
 }
@@ -293,6 +348,9 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::ScatterClaim: return std::string("kiln_scatter_claim_") + dtype_name(k.b);
     case DeviceKernel::ScatterWrite: return std::string("kiln_scatter_write_") + dtype_name(k.a) + "_" + dtype_name(k.b);
     case DeviceKernel::Cumsum: return std::string("kiln_cumsum_") + dtype_name(k.a);
+    case DeviceKernel::Remainder: return std::string("kiln_remainder_") + dtype_name(k.a);
+    case DeviceKernel::Fmod: return std::string("kiln_fmod_") + dtype_name(k.a);
+    case DeviceKernel::Pow: return std::string("kiln_pow_") + dtype_name(k.a);
   }
   return "";
 }
@@ -312,7 +370,11 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
       for (DeviceKernel k : {DeviceKernel::Gather, DeviceKernel::ScatterAdd, DeviceKernel::ScatterWrite}) v.push_back({k, a, i});
     v.push_back({DeviceKernel::Cumsum, a, DType::Int64});
   }
-  for (DType i : kIndex) v.push_back({DeviceKernel::ScatterClaim, DType::Float32, i});
+  for (DType i : kIndex) {
+    v.push_back({DeviceKernel::ScatterClaim, DType::Float32, i});
+    for (DeviceKernel k : {DeviceKernel::Remainder, DeviceKernel::Fmod, DeviceKernel::Pow}) v.push_back({k, i});
+  }
+  v.push_back({DeviceKernel::Pow, DType::Bool});
   return v;
 }
 

@@ -1,5 +1,5 @@
 // The CUDA device runtime's kernels for the ops that are not generated (copies, casts, cat,
-// view_scatter, indexing, cumsum): one CUDA C++ template source without includes, compiled by
+// view_scatter, indexing, cumsum, integer remainder / fmod / pow): one CUDA C++ template source without includes, compiled by
 // NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops).
 #pragma once
 #include <string>
@@ -10,8 +10,8 @@
 namespace kiln::kernels {
 
 // The templates. Every one walks up to 8 coalesced dims (sizes and per-operand element strides
-// passed by value) with a grid-stride loop; indexing kernels report a bad index into the
-// device's error record (first error wins) and skip the element.
+// passed by value) with a grid-stride loop; indexing and integer kernels report a bad index or
+// value into the device's error record (first error wins) and skip the element.
 enum class DeviceKernel {
   Copy,          // out[i] = convert(in[i]) (a: out dtype, b: in dtype)
   Gather,        // out[i] = x[... idx[i] ...] (gather, index_select; a: data, b: index)
@@ -19,6 +19,9 @@ enum class DeviceKernel {
   ScatterClaim,  // winner[dest] = max i writing dest (scatter's last-write-wins order; b: index)
   ScatterWrite,  // out[dest] = src[i] where i is dest's winner
   Cumsum,        // one thread per row, sequential in float64 / int64 like the CPU (a: data)
+  Remainder,     // integer out[i] = a[i] mod b[i], y's sign; reports division by zero (a: dtype)
+  Fmod,          // integer out[i] = a[i] % b[i], x's sign; reports division by zero (a: dtype)
+  Pow,           // integer / bool out[i] = a[i] ** b[i]; reports negative exponents (a: dtype)
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).

@@ -217,8 +217,11 @@ void sync(int index) {
   if (!rec[0]) return;
   check(api().memset_d8_async(s.errors, 0, kErrorBytes, s.stream), "cuMemsetD8Async");
   const auto op = static_cast<OpKind>(rec[1]);
-  throw Error(detail::cat(rec[1] >= 0 && rec[1] < static_cast<int64_t>(OpKind::NumOps) ? op_name(op) : "index", ": index ", rec[2],
-                          " is out of bounds for dimension ", rec[3], " with size ", rec[4]));
+  const char* name = rec[1] >= 0 && rec[1] < static_cast<int64_t>(OpKind::NumOps) ? op_name(op) : "index";
+  // The kinds of kernels/cuda/device_kernels.cpp, worded as kernels/cpu/pointwise.cpp's errors.
+  if (rec[0] == 2) throw Error(detail::cat(name, ": integer division by zero"));
+  if (rec[0] == 3) throw Error(detail::cat(name, ": integers to negative integer powers are not allowed"));
+  throw Error(detail::cat(name, ": index ", rec[2], " is out of bounds for dimension ", rec[3], " with size ", rec[4]));
 }
 
 }  // namespace kiln::cu

@@ -17,15 +17,16 @@ CUstream enter(int index);
 // index-error record, which the next sync() then reads.
 void note_launch(int index, const std::string& kernel, bool reports_index_errors = false);
 
-// Device `index`'s index-error record, 5 int64 {flag, op, index, dim, size} in device memory,
-// zero until a kernel meets an out-of-range index (flag set by atomicCAS from 0 to 1: the first
-// one wins; op is the OpKind's value).
+// Device `index`'s error record, 5 int64 {kind, op, index, dim, size} in device memory, zero
+// until a kernel meets an out-of-range index (kind 1), an integer division by zero (2) or a
+// negative integer exponent (3); kind set by atomicCAS from 0: the first one wins; op is the
+// OpKind's value.
 CUdeviceptr index_error_record(int index);
 
 // Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
 // kernel queued before the failure was seen, and a reported bad index a kiln::Error worded as
-// the CPU kernels' ("gather: index 12 is out of bounds for dimension 0 with size 10"; the
-// record is reset, so the device keeps working).
+// the CPU kernels' ("gather: index 12 is out of bounds for dimension 0 with size 10",
+// "remainder: integer division by zero"; the record is reset, so the device keeps working).
 void sync(int index);
 
 }  // namespace kiln::cu

@@ -186,6 +186,14 @@ void cumsum(int device, const Operand& out, const Operand& in, int64_t dim) {
            in.strides[dim], out.strides[dim]);
 }
 
+// Integer remainder / fmod / pow of a and b broadcast to out's sizes; bad values are reported.
+void int_binary(int device, OpKind op, const Operand& out, const Operand& a, const Operand& b) {
+  const DeviceKernel k = op == OpKind::Remainder ? DeviceKernel::Remainder : op == OpKind::Fmod ? DeviceKernel::Fmod : DeviceKernel::Pow;
+  const Geom g = make_geom(out.sizes, {out.strides, a.broadcast_strides(out.sizes), b.broadcast_strides(out.sizes)});
+  const int64_t n = numel(out.sizes);
+  launch(device, {k, out.dtype}, n, true, ptr(out), ptr(a), ptr(b), g, n, int64_t(op), index_error_record(device));
+}
+
 // At most 8 dims of size > 1: then every iteration space below coalesces to at most 8 dims.
 bool fits(const Shape& shape) {
   int dims = 0;
@@ -206,6 +214,12 @@ bool handled(const Node& n) {
     case OpKind::Cumsum: break;
     case OpKind::IndexAdd:
       if (n.shape.empty()) return false;  // (a 0-d index_add is left to the host)
+      break;
+    case OpKind::Remainder:
+    case OpKind::Fmod:
+    case OpKind::Pow:  // integers (and bool pow); float forms are generated kernels
+      if (n.dtype != DType::Int32 && n.dtype != DType::Int64 && !(n.op == OpKind::Pow && n.dtype == DType::Bool)) return false;
+      if (n.inputs.size() != 2 || n.inputs[0]->dtype != n.dtype || n.inputs[1]->dtype != n.dtype) return false;
       break;
     default: return false;
   }
@@ -255,6 +269,9 @@ bool run_device_op(Node& n) {
       scatter(device, n.op, out, in(1), in(2), dim);
       break;
     case OpKind::Cumsum: cumsum(device, out, in(0), dim); break;
+    case OpKind::Remainder:
+    case OpKind::Fmod:
+    case OpKind::Pow: int_binary(device, n.op, out, in(0), in(1)); break;
     default: return false;
   }
   n.set_storage(std::move(storage), false);

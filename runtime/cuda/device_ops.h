@@ -1,7 +1,7 @@
 // Device kernels for the ops the CUDA runtime computes itself (not generated, not cuBLAS):
-// Contiguous, Cast, Cat, ViewScatter, Gather, Scatter, ScatterAdd, IndexSelect, IndexAdd and
-// Cumsum, from the templates of kernels/cuda/device_kernels.h, each instance compiled by NVRTC
-// on first use and cached per device.
+// Contiguous, Cast, Cat, ViewScatter, Gather, Scatter, ScatterAdd, IndexSelect, IndexAdd,
+// Cumsum and integer Remainder, Fmod and Pow, from the templates of kernels/cuda/device_kernels.h,
+// each instance compiled by NVRTC on first use and cached per device.
 #pragma once
 #include "runtime/ir/node.h"
 
@@ -9,8 +9,9 @@ namespace kiln::cu {
 
 // Computes node `n` (on a CUDA device, inputs materialized there) into fresh dense storage
 // with a device kernel queued on the device's stream. False, doing nothing, for what it does
-// not handle (other ops, more than 8 dims after coalescing, no NVRTC). Bad indices are found
-// at the next cu::sync() (cuda_runtime.h).
+// not handle (other ops, more than 8 dims after coalescing, no NVRTC). Bad indices, integer
+// division by zero and negative integer exponents are found at the next cu::sync()
+// (cuda_runtime.h).
 bool run_device_op(Node& n);
 
 }  // namespace kiln::cu
