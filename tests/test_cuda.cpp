@@ -24,6 +24,7 @@
 // zero), so chains without transcendentals agree to the last bit except for reduction order.
 // The worst observed difference is printed. KILN_CUDA_GRAPHS sets the number of graphs.
 #include "jit_random_graphs.h"
+#include "temp_dir.h"
 
 #include <filesystem>
 #include <fstream>
@@ -974,16 +975,9 @@ TEST(CudaCacheChild, Workload) {
 
 TEST(CudaBackend, DiskCacheColdWarmCorrupted) {
   SKIP_WITHOUT_GPU();
-  char tmpl[] = "/tmp/kiln-cuda-cache-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  kiln::testing::TempDir tmp("kiln-cuda-cache");
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string& dir = tmp.path();
   struct Run {
     std::string hash;
     double compiles = -1, disk_hits = -1, rebuilds = -1;

@@ -98,6 +98,7 @@
 #include "test_seed.h"
 
 #include "jit_random_graphs.h"
+#include "temp_dir.h"
 
 namespace {
 
@@ -316,14 +317,10 @@ std::vector<std::filesystem::path> entries(const std::string& dir) {
 
 TEST(JitDiskCache, ColdWarmCorrupted) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  char tmpl[] = "/tmp/kiln-jit-cache-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
+  kiln::testing::TempDir tmp("kiln-jit-cache");
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string& dir = tmp.path();
   const std::string env = "KILN_CACHE_DIR=" + dir;
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); }
-  } cleanup{dir};
   auto show = [](const Child& c) { return "exit " + std::to_string(c.rc) + ", output:\n" + c.out; };
 
   // (a) cold: an empty directory, every kernel compiled and written.
@@ -377,10 +374,9 @@ TEST(JitDiskCache, ColdWarmCorrupted) {
   EXPECT_EQ(healed.num("disk_hits"), kernels) << show(healed);
 
   // (d) two processes filling an empty directory at once (atomic renames), then a warm run.
-  char tmpl2[] = "/tmp/kiln-jit-cache-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl2), nullptr);
-  Cleanup cleanup2{tmpl2};
-  const std::string env2 = std::string("KILN_CACHE_DIR=") + tmpl2;
+  kiln::testing::TempDir tmp2("kiln-jit-cache");
+  ASSERT_FALSE(tmp2.path().empty());
+  const std::string env2 = "KILN_CACHE_DIR=" + tmp2.path();
   Child r1, r2;
   std::thread t1([&] { r1 = run_child(env2, "workload"); });
   std::thread t2([&] { r2 = run_child(env2, "workload"); });
@@ -392,7 +388,7 @@ TEST(JitDiskCache, ColdWarmCorrupted) {
   EXPECT_EQ(after.num("ok"), 1) << show(after);
   EXPECT_EQ(after.num("compiles"), 0) << show(after);
   EXPECT_EQ(after.num("disk_rebuilds"), 0) << show(after);
-  EXPECT_EQ(entries(tmpl2).size(), static_cast<size_t>(kernels));
+  EXPECT_EQ(entries(tmp2.path()).size(), static_cast<size_t>(kernels));
 
   // (e) KILN_CACHE_DIR=off: nothing read or written.
   Child off = run_child("KILN_CACHE_DIR=off", "workload");
@@ -412,13 +408,9 @@ TEST(JitDiskCache, ColdWarmCorrupted) {
 // process loads every kernel from disk.
 TEST(JitDiskCache, UnreadableEntriesAreReplaced) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  char tmpl[] = "/tmp/kiln-jit-cache-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl, env = "KILN_CACHE_DIR=" + dir;
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() { std::error_code ec; std::filesystem::remove_all(d, ec); }
-  } cleanup{dir};
+  kiln::testing::TempDir tmp("kiln-jit-cache");
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string &dir = tmp.path(), env = "KILN_CACHE_DIR=" + dir;
   Child cold = run_child(env, "workload");
   ASSERT_EQ(cold.num("ok"), 1) << cold.out;
   const double kernels = cold.num("compiles");
@@ -446,17 +438,9 @@ TEST(JitDiskCache, UnreadableEntriesAreReplaced) {
 // under KILN_LOG=codegen) and leaves no temporary file behind.
 TEST(JitDiskCache, UnwritableDirectoryIsReportedOnce) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  char tmpl[] = "/tmp/kiln-jit-cache-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  struct Cleanup {
-    std::string d;
-    ~Cleanup() {
-      std::error_code ec;
-      std::filesystem::permissions(d, std::filesystem::perms::owner_all, ec);
-      std::filesystem::remove_all(d, ec);
-    }
-  } cleanup{dir};
+  kiln::testing::TempDir tmp("kiln-jit-cache");
+  ASSERT_FALSE(tmp.path().empty());
+  const std::string& dir = tmp.path();
   const std::string warning = "[kiln] warning: kernel disk cache";
   auto count = [](const std::string& text, const std::string& what) {
     size_t n = 0;
