@@ -92,7 +92,6 @@ class CudaBackend final : public Backend {
   // load or launch (a process that never runs CUDA code never creates a context).
   CudaBackend() {
     cc_ = cu::compute_capability(0);
-    device_name_ = cu::device_name(0);
     int sms = 0;
     CUdevice d = 0;
     cu::check(cu::api().device_get(&d, 0), "cuDeviceGet");
@@ -140,7 +139,7 @@ class CudaBackend final : public Backend {
     const cu::Api& a = cu::api();
     CUstream stream = cu::enter(0);
     const size_t nb = std::max(c.buffers, 1), ni = std::max(c.iparams, 1), nf = std::max(c.fparams, 1);
-    uint64_t args[512] = {};  // the Args struct: buffers, then iparams, then fparams (8 bytes each)
+    uint64_t args[512];  // the Args struct: buffers, then iparams, then fparams (8 bytes each; unused slots unread)
     KILN_CHECK(nb + ni + nf <= 512, "cuda: too many kernel arguments");
     if (c.buffers) std::memcpy(args, l.buffers, static_cast<size_t>(c.buffers) * 8);
     if (c.iparams) std::memcpy(args + nb, l.iparams, static_cast<size_t>(c.iparams) * 8);
@@ -174,7 +173,6 @@ class CudaBackend final : public Backend {
   }
 
   int cc_ = 0;
-  std::string device_name_;
   long long max_blocks_ = 1;
   Target target_;
 };

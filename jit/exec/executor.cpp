@@ -10,6 +10,8 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <tuple>
+#include <map>
 #include <set>
 #include <unordered_map>
 
@@ -148,7 +150,7 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
 // reduction output (compiled once per op and dtypes), queued after the first stage.
 void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Group& g, DeviceType device) {
   static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<Code>> codes;
+  static std::map<std::tuple<const Backend*, OpKind, DType, DType>, std::shared_ptr<Code>> codes;
   Backend* backend = find_backend(device, Tier::Optimizing);
   KILN_CHECK(backend, "jit: no backend to combine a split reduction on ", device == DeviceType::CUDA ? "cuda" : "cpu");
   size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
@@ -157,12 +159,15 @@ void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Gro
     if (classify(*o) != NodeClass::Reduction) continue;
     const bool arg = o->op == OpKind::ArgMax || o->op == OpKind::ArgMin;
     const DType pdt = k.buffers[pb].dtype;
-    const std::string key = std::string(backend->name()) + "_combine_" + op_name(o->op) + "_" + dtype_name(pdt) + "_" + dtype_name(o->dtype);
     std::shared_ptr<Code> code;
     {
       std::lock_guard<std::mutex> lock(mu);
-      auto& c = codes[key];
-      if (!c) c = backend->compile(combine_kernel(o->op, pdt, o->dtype), "kiln_" + key, nullptr);
+      auto& c = codes[{backend, o->op, pdt, o->dtype}];
+      if (!c)
+        c = backend->compile(combine_kernel(o->op, pdt, o->dtype),
+                             std::string("kiln_") + backend->name() + "_combine_" + op_name(o->op) + "_" + dtype_name(pdt) + "_" +
+                                 dtype_name(o->dtype),
+                             nullptr);
       code = c;
     }
     char* bufs[3] = {static_cast<char*>(bd.device_partials[part]->data), nullptr, nullptr};

@@ -1,6 +1,7 @@
 #include "runtime/cuda/cuda_runtime.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -63,19 +64,29 @@ struct DeviceState {
 };
 
 // Per device; created on first use and never destroyed (storages freed at exit still reach it).
+// Every launch reaches its device's state: after the first use that takes no lock.
+constexpr int kMaxDevices = 64;
 DeviceState& state(int index) {
+  static std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
+  KILN_CHECK(index >= 0 && index < std::min(device_count(), kMaxDevices), "cuda: no device ", index, " (", device_count(),
+             " found)");
+  if (DeviceState* s = states[index].load(std::memory_order_acquire)) return *s;
   static std::mutex mu;
-  static std::vector<DeviceState*> states;
   std::lock_guard<std::mutex> lock(mu);
-  if (states.empty()) states.resize(static_cast<size_t>(std::max(device_count(), 1)), nullptr);
-  KILN_CHECK(index >= 0 && index < static_cast<int>(states.size()), "cuda: no device ", index, " (", device_count(), " found)");
-  if (!states[index]) states[index] = new DeviceState;
-  return *states[index];
+  if (!states[index].load(std::memory_order_relaxed)) states[index].store(new DeviceState, std::memory_order_release);
+  return *states[index].load(std::memory_order_relaxed);
 }
+
+// The device whose context this thread made current last (-1: none yet). Kernels of another
+// context would fail to launch with an error, so a library switching contexts is not silent.
+thread_local int t_current = -1;
 
 DeviceState& ready(int index) {
   DeviceState& s = state(index);
-  make_current(index);
+  if (t_current != index) {
+    make_current(index);
+    t_current = index;
+  }
   std::call_once(s.once, [&] {
     check(api().stream_create(&s.stream, CU_STREAM_DEFAULT), "cuStreamCreate");
     check(api().mem_alloc(&s.errors, kErrorBytes), "cuMemAlloc");

@@ -162,7 +162,7 @@ Tensor eye(int64_t n, std::optional<int64_t> m, DType dtype, Device device) {
 
 Tensor from_blob(void* data, const std::vector<int64_t>& shape, DType dtype, std::function<void(void*)> deleter,
                  Device device) {
-  if (device != cpu()) device_runtime(device);  // usable, or a clear error
+  if (device != cpu()) device_runtime(device);  // before the storage exists: a failure must not call `deleter`
   detail::check_sizes(shape, "from_blob");
   int64_t n = 1;
   for (int64_t s : shape) n *= s;

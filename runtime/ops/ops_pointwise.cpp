@@ -2,7 +2,6 @@
 #include <cmath>
 
 #include "runtime/autograd/autograd.h"
-#include "runtime/exec/device_runtime.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
@@ -129,7 +128,6 @@ Tensor to(const Tensor& x, DType dtype) {
 Tensor to(const Tensor& x, Device device) {
   KILN_CHECK(x.defined(), "to: got an undefined tensor");
   if (x.device() == device) return x;
-  if (device.type != DeviceType::CPU) device_runtime(device);  // usable, or a clear error now
   Tensor c = x.contiguous();
   Attrs a;
   a.ints = {static_cast<int64_t>(device.type), device.index};
