@@ -24,6 +24,11 @@ struct Target {
   bool split_reductions = true;           // full reductions as per-chunk partials, combined after
   int64_t split_chunks = 256;             // most chunks of a split reduction (its parallel extent)
   int64_t split_chunk_work = 16384;       // fewest elements per chunk
+  // Row reductions whose rows hold at most this many elements (known when the plan is made):
+  // the kernel may keep values that several stages of a row use in fast memory (0: never).
+  int64_t row_cache = 0;
+  bool split_flat = false;                // split over a short last dim: chunks of the flat index
+                                          // (lanes read consecutive elements), not of rows
   bool column_reductions = true;          // reductions over leading dims with per-column scratch
   // Store transcendental values a reduction and another op read (ScheduleOptions); false: also
   // schedule with recomputation and keep whichever schedule's kernels move fewer bytes.

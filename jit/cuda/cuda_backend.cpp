@@ -17,7 +17,6 @@
 namespace kiln::jit {
 namespace {
 
-constexpr int kBlock = 256;  // threads per block (the kernels' __launch_bounds__)
 
 // An image (what compile() stores and load() reads): a one-line header with the argument
 // counts the launch packs and the kind of binary, then the binary (a CUBIN, or PTX text that
@@ -27,7 +26,7 @@ const char kMagic[] = "kiln-cuda-image 2";
 struct CudaCode : Code {
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
-  int buffers = 0, iparams = 0, fparams = 0, lanes = 1;
+  int buffers = 0, iparams = 0, fparams = 0, lanes = 1, shared = 0;
   std::string symbol;
   ~CudaCode() override {
     // Ignored result: at process exit the driver may be shut down already.
@@ -37,13 +36,15 @@ struct CudaCode : Code {
 
 struct Header {
   int buffers = 0, iparams = 0, fparams = 0;
-  int lanes = 1;  // threads per parallel index (32: a warp per index)
+  int lanes = 1;   // threads per parallel index (32: a warp per index)
+  int shared = 0;  // dynamic shared memory per block (bytes)
   bool ptx = false;
 };
 
 std::string make_image(const Header& h, const std::string& binary) {
   return std::string(kMagic) + " " + std::to_string(h.buffers) + " " + std::to_string(h.iparams) + " " +
-         std::to_string(h.fparams) + " " + std::to_string(h.lanes) + " " + (h.ptx ? "ptx" : "cubin") + "\n" + binary;
+         std::to_string(h.fparams) + " " + std::to_string(h.lanes) + " " + std::to_string(h.shared) + " " + (h.ptx ? "ptx" : "cubin") +
+         "\n" + binary;
 }
 
 // Splits an image into its header and binary (throws kiln::Error for anything else).
@@ -52,9 +53,9 @@ std::string parse_image(const std::string& image, Header& h) {
   KILN_CHECK(nl != std::string::npos && image.compare(0, sizeof(kMagic) - 1, kMagic) == 0,
              "cuda: not a kiln CUDA image");
   char kind[8] = {0};
-  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, &h.lanes,
-                  kind) != 5 ||
-      (h.lanes != 1 && h.lanes != 32))
+  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, &h.lanes,
+                  &h.shared, kind) != 6 ||
+      (h.lanes != 1 && h.lanes != 32 && h.lanes != kCudaBlock) || h.shared < 0 || h.shared > (227 << 10))
     throw Error("cuda: bad kiln CUDA image header");
   h.ptx = std::strcmp(kind, "ptx") == 0;
   return image.substr(nl + 1);
@@ -71,8 +72,10 @@ Target cuda_target(int cc) {
   t.small_inner = 8;
   t.vector_bytes = 16;
   t.split_reductions = true;   // per-chunk partials, combined on the host (as on the CPU)
-  t.split_chunks = 4096;       // a warp per chunk: enough warps to fill the GPU
+  t.split_chunks = 16384;      // a warp per chunk: enough loads in flight to fill the GPU
   t.split_chunk_work = 1024;
+  t.row_cache = 1024;          // rows of up to 1024 elements: values several stages use kept in shared memory
+  t.split_flat = true;         // [N, 3] rows: the warp's lanes over consecutive elements
   // Reductions over leading dims as ordinary reductions (a warp per kept element, lanes over
   // the reduced rows): the CPU's column mode accumulates in scratch memory serially per column.
   t.column_reductions = false;
@@ -108,17 +111,17 @@ class CudaBackend final : public Backend {
   std::string cache_id() const override {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
-    return "cuda-img2;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
+    return "cuda-img3;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
            std::to_string(cu::driver_version()) + ";" + cu::nvrtc_options_key();
   }
 
   bool supports(const Lowered&) const override { return cu::have_nvrtc(); }
 
   std::shared_ptr<Code> compile(const Kernel& k, const std::string& symbol, std::string* image) override {
-    int lanes = 1;
-    const std::string src = emit_cuda(k, symbol, &lanes);
+    int lanes = 1, shared = 0;
+    const std::string src = emit_cuda(k, symbol, &lanes, &shared);
     dump_file(symbol + ".cu", src);
-    Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, lanes, false};
+    Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, lanes, shared, false};
     const std::string binary = cu::nvrtc_compile(src, symbol, cc_, &h.ptx);
     auto code = load_binary(binary, symbol, h);
     if (image) *image = make_image(h, binary);
@@ -146,8 +149,9 @@ class CudaBackend final : public Backend {
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
     long long begin = 0, end = l.extent;
     void* params[] = {&begin, &end, args};
-    const long long blocks = std::min<long long>((l.extent * c.lanes + kBlock - 1) / kBlock, max_blocks_);
-    cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kBlock, 1, 1, 0, stream, params, nullptr),
+    const long long blocks = std::min<long long>((l.extent * c.lanes + kCudaBlock - 1) / kCudaBlock, max_blocks_);
+    cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kCudaBlock, 1, 1, static_cast<unsigned>(c.shared), stream,
+                              params, nullptr),
               ("cuLaunchKernel (" + c.symbol + ")").c_str());
     cu::note_launch(0, c.symbol);
   }
@@ -169,6 +173,10 @@ class CudaBackend final : public Backend {
     if (h.ptx && (data.empty() || data.back() != '\0')) data.push_back('\0');
     cu::check(a.module_load_data(&code->module, data.data()), h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");
     cu::check(a.module_get_function(&code->fn, code->module, symbol.c_str()), "cuModuleGetFunction");
+    code->shared = h.shared;
+    if (h.shared > (48 << 10))  // beyond the default limit: opted in per function
+      cu::check(a.func_set_attribute(code->fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, h.shared),
+                ("cuFuncSetAttribute (" + symbol + ")").c_str());
     return code;
   }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -88,8 +89,21 @@ struct Emitter {
   std::ostringstream out;
   int indent = 1;
   int temps = 0;
-  bool warp = false;  // one warp per parallel index (see warp_stmts)
+  bool warp = false;  // a group of lanes per parallel index (see warp_stmts)
+  int lanes = 1;      // threads per parallel index: 1, a warp (32) or a block (kCudaBlock)
   std::vector<std::unordered_map<ExprId, std::string>> scopes;
+
+  // Row cache (k.row_cache > 0, a warp per row): values that several loops of a row compute
+  // are computed in the first and kept in shared memory (a region per warp, one slot of
+  // k.row_cache elements per value live at once); later loops read them back.
+  struct LoopCache {
+    std::unordered_map<ExprId, int> reads, writes;  // expression -> slot
+  };
+  std::map<const Stmt*, LoopCache> row_cache;
+  std::vector<DType> slots;
+  std::vector<int64_t> slot_offset;  // bytes into the warp's region
+  int64_t warp_region = 0;           // bytes of shared memory per warp
+  const LoopCache* cur_cache = nullptr;
 
   explicit Emitter(const Kernel& kk) : k(kk) {}
 
@@ -230,6 +244,25 @@ struct Emitter {
       std::string v = lookup(id);
       if (!v.empty()) return v;
     }
+    if (cur_cache) {
+      auto r = cur_cache->reads.find(id);
+      if (r != cur_cache->reads.end()) {
+        std::string v = let(e.dtype, "rc" + std::to_string(r->second) + "[rcx]");
+        scopes.back()[id] = v;
+        return v;
+      }
+    }
+    std::string v = compute(id);
+    if (cur_cache) {
+      auto w = cur_cache->writes.find(id);
+      if (w != cur_cache->writes.end()) line("rc" + std::to_string(w->second) + "[rcx] = " + v + ";");
+    }
+    if (!volatile_value) scopes.back()[id] = v;
+    return v;
+  }
+
+  std::string compute(ExprId id) {
+    const Expr& e = k.exprs[id];
     std::string v;
     auto I = [&](ExprId x) { return expr(x); };
     switch (e.kind) {
@@ -278,7 +311,6 @@ struct Emitter {
       case Expr::Kind::Acc: v = let(k.accs[e.i].dtype, acc_value(static_cast<int>(e.i))); break;
       case Expr::Kind::AccIndex: v = let(DType::Int64, "acci" + std::to_string(e.i)); break;
     }
-    if (!volatile_value) scopes.back()[id] = v;
     return v;
   }
 
@@ -497,6 +529,131 @@ struct Emitter {
     line("}");
   }
 
+  // After warp_reduce in a block: the warps' results through shared memory, combined in warp
+  // order by every thread (the same value everywhere, the same bits on every run).
+  void block_reduce(int a) {
+    const AccSpec& s = k.accs[a];
+    const bool arg = s.op == OpKind::ArgMax || s.op == OpKind::ArgMin, flag = nan_flag(s);
+    const std::string A = std::to_string(a), T = ctype(s.dtype), W = std::to_string(kCudaBlock / 32);
+    line("{");
+    ++indent;
+    line("__shared__ " + T + " bs[" + W + "]; __shared__ i64 bsi[" + W + "]; __shared__ bool bsn[" + W + "];");
+    line("__syncthreads();  // earlier readers of bs are done");
+    line("if (lane % 32 == 0) { bs[lane / 32] = acc" + A + "; bsi[lane / 32] = acci" + A + "; bsn[lane / 32] = " +
+         (flag ? "accnan" + A : std::string("false")) + "; }");
+    line("__syncthreads();");
+    line("acc" + A + " = bs[0]; acci" + A + " = bsi[0];" + (flag ? " accnan" + A + " = bsn[0];" : ""));
+    line("for (int w = 1; w < " + W + "; ++w) {");
+    ++indent;
+    if (arg) arg_take(a, "bs[w]", "bsi[w]");
+    else combine_with(a, "bs[w]", flag ? "bsn[w]" : "false");
+    --indent;
+    line("}");
+    --indent;
+    line("}");
+  }
+
+  // ---- row cache analysis ----
+  // The structure of expression `e` with loop variable `var` written as V (equal strings:
+  // the same value in every loop over the same range), memoized per (e, var).
+  std::map<std::pair<ExprId, int>, std::string> canon_memo;
+  const std::string& canon(ExprId e, int var) {
+    auto key = std::make_pair(e, var);
+    auto it = canon_memo.find(key);
+    if (it != canon_memo.end()) return it->second;
+    const Expr& x = k.exprs[e];
+    std::ostringstream os;
+    if (x.kind == Expr::Kind::Var && x.i == var) {
+      os << "V";
+    } else {
+      uint64_t fbits;
+      std::memcpy(&fbits, &x.f, 8);
+      os << "(" << static_cast<int>(x.kind) << "," << static_cast<int>(x.op) << "," << static_cast<int>(x.dtype) << "," << x.i << ","
+         << fbits;
+      for (ExprId c : {x.a, x.b, x.c})
+        if (c >= 0) os << " " << canon(c, var);
+      os << ")";
+    }
+    return canon_memo[key] = os.str();
+  }
+  bool varies(ExprId e, int var) { return canon(e, var).find('V') != std::string::npos; }
+  static bool worth_caching(const Expr& x) {
+    switch (x.kind) {
+      case Expr::Kind::Load: case Expr::Kind::Unary: case Expr::Kind::Binary: case Expr::Kind::Where: case Expr::Kind::Cast:
+        return true;
+      default: return false;  // index arithmetic, constants, accumulators: cheaper than a shared load
+    }
+  }
+
+  // Plans the row cache over the top-level loops of the kernel body (flat loops only).
+  void plan_row_cache() {
+    struct Found { size_t loop; ExprId id; };
+    std::vector<const Stmt*> loops;
+    for (const Stmt& s : k.body)
+      if (s.kind == Stmt::Kind::Loop && !has_loop(s.body)) loops.push_back(&s);
+    struct Candidate { size_t writer; ExprId wid; std::vector<std::pair<size_t, ExprId>> readers; };
+    std::vector<Candidate> cands;
+    std::unordered_map<std::string, size_t> cand_of;         // canon -> candidate
+    std::unordered_map<std::string, Found> seen;              // canon -> first loop computing it
+    for (size_t li = 0; li < loops.size(); ++li) {
+      const Stmt& L = *loops[li];
+      const std::string range = canon(L.lo, L.var) + "|" + canon(L.hi, L.var);
+      std::vector<ExprId> computed;
+      std::set<ExprId> visited;
+      std::function<void(ExprId)> walk = [&](ExprId e) {
+        if (e < 0 || !visited.insert(e).second) return;
+        const Expr& x = k.exprs[e];
+        if (worth_caching(x) && varies(e, L.var)) {
+          auto f = seen.find(range + "#" + canon(e, L.var));
+          if (f != seen.end() && f->second.loop < li) {
+            auto [it, fresh] = cand_of.emplace(range + "#" + canon(e, L.var), cands.size());
+            if (fresh) cands.push_back({f->second.loop, f->second.id, {}});
+            cands[it->second].readers.push_back({li, e});
+            return;  // read back: nothing under it is computed here
+          }
+          computed.push_back(e);
+        }
+        walk(x.a);
+        walk(x.b);
+        walk(x.c);
+      };
+      for (const Stmt& s : L.body)
+        if (s.kind == Stmt::Kind::AccUpdate || s.kind == Stmt::Kind::Store) walk(s.value);
+      for (ExprId e : computed) seen.emplace(range + "#" + canon(e, L.var), Found{li, e});
+    }
+    // Slots by liveness in writer order (a slot is free for a writer once its last reader loop
+    // is earlier), within the shared memory a block may use.
+    std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
+    constexpr int64_t kBudget = 96 * 1024;  // bytes per block (kCudaBlock / 32 warps)
+    std::vector<size_t> free_after;          // per slot: last reader loop
+    for (const Candidate& c : cands) {
+      const DType t = k.exprs[c.wid].dtype;
+      size_t last = 0;
+      for (auto& r : c.readers) last = std::max(last, r.first);
+      int slot = -1;
+      for (size_t sl = 0; sl < slots.size() && slot < 0; ++sl)
+        if (itemsize(slots[sl]) == itemsize(t) && free_after[sl] < c.writer) slot = static_cast<int>(sl);
+      if (slot < 0) {
+        const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(t == DType::Bool ? DType::Int32 : t));
+        if ((warp_region + bytes) * (kCudaBlock / 32) > kBudget) continue;  // recomputed instead
+        slot = static_cast<int>(slots.size());
+        slots.push_back(t == DType::Bool ? DType::Int32 : t);
+        slot_offset.push_back(warp_region);
+        warp_region += bytes;
+        free_after.push_back(0);
+      }
+      free_after[static_cast<size_t>(slot)] = last;
+      row_cache[loops[c.writer]].writes[c.wid] = slot;
+      for (auto& r : c.readers) row_cache[loops[r.first]].reads[r.second] = slot;
+    }
+  }
+
+  static bool has_loop(const std::vector<Stmt>& ss) {
+    for (const Stmt& s : ss)
+      if (s.kind == Stmt::Kind::Loop) return true;
+    return false;
+  }
+
   void warp_stmts(const std::vector<Stmt>& ss) {
     for (const Stmt& s : ss) {
       if (s.kind == Stmt::Kind::Store || s.kind == Stmt::Kind::AccStore) {
@@ -520,10 +677,28 @@ struct Emitter {
       }
       std::string lo = expr(s.lo), hi = expr(s.hi);
       std::string v = "i" + std::to_string(s.var);
-      block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += 32)", s.body);
+      // A flat loop: unrolled, so each lane keeps several loads in flight.
+      if (!has_loop(s.body)) line("#pragma unroll 4");
+      auto rc = row_cache.find(&s);
+      if (rc == row_cache.end()) {
+        block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
+              s.body);
+      } else {
+        line("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ") {");
+        ++indent;
+        scopes.emplace_back();
+        line("const int rcx = (int)(" + v + " - " + lo + ");");
+        cur_cache = &rc->second;
+        stmts(s.body);
+        cur_cache = nullptr;
+        scopes.pop_back();
+        --indent;
+        line("}");
+      }
       size_t si = 0;
       for (int a : up) {
         warp_reduce(a);
+        if (lanes > 32) block_reduce(a);
         const AccSpec& as = k.accs[a];
         const std::string& n = saved[si++];
         if (as.op == OpKind::ArgMax || as.op == OpKind::ArgMin) arg_take(a, n, n + "i");
@@ -540,7 +715,7 @@ struct Emitter {
     // Arguments by value (copied by the launch, so launches queue without a host wait).
     out << "struct Args_" << symbol << " { char* buffers[" << std::max<size_t>(k.buffers.size(), 1) << "]; i64 iparams["
         << std::max(k.num_params, 1) << "]; double fparams[" << std::max(k.num_fparams, 1) << "]; };\n";
-    out << "extern \"C\" __global__ void __launch_bounds__(256) " << symbol << "(i64 begin, i64 end, const Args_" << symbol
+    out << "extern \"C\" __global__ void __launch_bounds__(" << kCudaBlock << ") " << symbol << "(i64 begin, i64 end, const Args_" << symbol
         << " args) {\n";
     line("char* const* buffers = args.buffers; const i64* iparams = args.iparams; const double* fparams = args.fparams;");
     for (size_t i = 0; i < k.buffers.size(); ++i) {
@@ -556,7 +731,18 @@ struct Emitter {
       if (nan_flag(k.accs[a])) line("bool accnan" + std::to_string(a) + " = false;");
       line("(void)acc" + std::to_string(a) + "; (void)acci" + std::to_string(a) + ";");
     }
-    if (warp) {
+    if (!slots.empty()) {  // the row cache: this warp's region of the dynamic shared memory
+      line("extern __shared__ __align__(16) unsigned char kiln_smem[];");
+      for (size_t sl = 0; sl < slots.size(); ++sl) {
+        const std::string T = mtype(slots[sl]);
+        line(T + "* const rc" + std::to_string(sl) + " = (" + T + "*)(kiln_smem + (threadIdx.x >> 5) * " +
+             std::to_string(warp_region) + " + " + std::to_string(slot_offset[sl]) + ");");
+      }
+    }
+    if (lanes > 32) {  // a block per parallel index
+      line("const int lane = threadIdx.x;");
+      line("for (i64 i0 = begin + (i64)blockIdx.x; i0 < end; i0 += gridDim.x) {");
+    } else if (warp) {
       line("const int lane = threadIdx.x & 31;");
       line("const i64 wstride = ((i64)gridDim.x * blockDim.x) >> 5;");
       line("for (i64 i0 = begin + (((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5); i0 < end; i0 += wstride) {");
@@ -578,10 +764,13 @@ struct Emitter {
 
 }  // namespace
 
-std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes) {
+std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, int* shared_bytes) {
   Emitter e(k);
   e.warp = e.warp_eligible();
-  if (lanes) *lanes = e.warp ? 32 : 1;
+  e.lanes = !e.warp ? 1 : k.long_indices ? kCudaBlock : 32;
+  if (e.lanes == 32 && k.row_cache > 0) e.plan_row_cache();
+  if (lanes) *lanes = e.lanes;
+  if (shared_bytes) *shared_bytes = static_cast<int>(e.warp_region * (kCudaBlock / 32));
   return e.emit(symbol);
 }
 

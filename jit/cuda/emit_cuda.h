@@ -1,6 +1,6 @@
 // Loop IR -> CUDA C++: one self-contained translation unit (no #include) holding an
-// `extern "C" __global__` kernel with the kernel ABI's arguments, each GPU thread running
-// parallel indices of [begin, end) in a grid-stride loop.
+// `extern "C" __global__` kernel with the kernel ABI's arguments, each GPU thread (or group of
+// lanes) running parallel indices of [begin, end) in a grid-stride loop.
 #pragma once
 #include <string>
 
@@ -9,11 +9,15 @@
 
 namespace kiln::jit {
 
+// Threads per block of every kernel (their __launch_bounds__).
+constexpr int kCudaBlock = 256;
+
 // CUDA C++ source for `k` under the name `symbol` (throws kiln::Error for a dtype or op the
-// emitter cannot express: float16/bfloat16 values, float-only ops on integers). Reduction
-// kernels run a warp per parallel index (*lanes = 32: launch 32 threads per index), others a
-// thread (*lanes = 1).
-std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes = nullptr);
+// emitter cannot express: float16/bfloat16 values, float-only ops on integers). *lanes: the
+// threads per parallel index to launch: reduction kernels run a warp per index (32), or a whole
+// block (kCudaBlock) when the kernel has few long indices; others a thread (1). *shared_bytes:
+// the dynamic shared memory per block to launch with (the row cache of short-row reductions).
+std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes = nullptr, int* shared_bytes = nullptr);
 
 // Whether emit_cuda can express `op` on `dtype` values (the CUDA target's lowering filter).
 bool cuda_supports(OpKind op, DType dtype);

@@ -79,6 +79,12 @@ struct Kernel {
   int num_vars = 1;           // var 0 is the parallel index
   ExprId parallel_extent = -1;  // total range of the parallel index (in params)
   std::vector<Stmt> body;     // executed for each parallel index
+  // Few parallel indices, each a long reduction (the combine of split partials): a device
+  // backend may give each index a whole block of threads.
+  bool long_indices = false;
+  // > 0: every loop runs at most this many iterations (row reductions over short rows), so a
+  // backend may keep values that several loops compute in fast memory.
+  int64_t row_cache = 0;
   // Adds an expression, returning its id (identical expressions are shared).
   ExprId add(const Expr& e);
   // Shorthands.

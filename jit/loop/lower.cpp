@@ -28,6 +28,20 @@ char stride_class(const SymInt& size, const SymInt& stride) {
   return 'g';
 }
 
+// Whether `g` is a row reduction whose loops run at most t.row_cache iterations: every dim
+// (reduced or the last) is at most that long, with its size known.
+bool row_cache_fits(const Group& g, const Target& t) {
+  if (t.row_cache <= 0 || g.reduce_dims.empty() || g.split || g.domain.empty()) return false;
+  int64_t reduced = 1;
+  for (int64_t d : g.reduce_dims) {
+    auto v = g.domain[static_cast<size_t>(d)].maybe_int();
+    if (!v) return false;
+    reduced *= *v;
+  }
+  auto last = g.domain.back().maybe_int();
+  return last && *last <= t.row_cache && reduced <= t.row_cache;
+}
+
 // An input laid out exactly like the iteration domain (same sizes, row-major): it is read at
 // the flat domain index, so contiguous loops see unit-stride loads.
 bool dense_in_domain(const Node* n, const Shape& domain) {
@@ -57,7 +71,7 @@ std::string group_key(const Group& g, const Target& t) {
   if (auto si = small_inner(g.domain, t)) k << "c" << *si;
   k << "|R";
   for (int64_t d : g.reduce_dims) k << d << ",";
-  k << (g.split ? "S" : "") << "|";
+  k << (g.split ? "S" : "") << (row_cache_fits(g, t) ? "C" : "") << "|";
   for (size_t i = 0; i < ins.size(); ++i) {
     const Node* n = ins[i];
     k << "i" << dtype_name(n->dtype)[0] << static_cast<int>(n->dtype) << ":";
@@ -408,6 +422,7 @@ struct Lowerer {
     else if (g.split) lower_split(p);
     else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
+    if (!g.split && !L->column && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
     K.name = "kiln_k";
     return L;
   }
@@ -651,7 +666,10 @@ struct Lowerer {
     std::vector<Node*> reds = reductions();
     for (Node* o : g.outputs)
       if (classify(*o) == NodeClass::Reduction) L->partial_ops.push_back(o->op);
-    // Chunks over rows (all dims but the last), or over the only dim.
+    // Chunks over rows (all dims but the last), or over the flat index of every dim when the
+    // last is short and the target asks (consecutive lanes then read consecutive elements).
+    const bool flat = tgt.split_flat && n > 1 && (small_inner(g.domain, tgt) || is_one(g.domain.back()));
+    L->split_flat = flat;
     std::vector<ExprId> idx(n, K.iconst(0));
     ExprId chunk = ip(ArgSource::Kind::ChunkSize);
     K.parallel_extent = ip(ArgSource::Kind::Chunks);
@@ -659,7 +677,7 @@ struct Lowerer {
     std::vector<Stmt> inner;
     int v = new_var();
     std::vector<size_t> rows;
-    for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
+    for (size_t d = 0; d + (flat ? 0 : 1) < n; ++d) rows.push_back(d);
     ExprId total = n == 1 ? dom[0] : product(rows);
     ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), total);
     std::vector<Stmt> body;
@@ -678,6 +696,9 @@ struct Lowerer {
     };
     if (n == 1) {
       idx[0] = K.var(v);
+      body.push_back(loop(v, lo, hi, work(idx)));
+    } else if (flat) {
+      decompose(K.var(v), rows, idx);
       body.push_back(loop(v, lo, hi, work(idx)));
     } else {
       decompose(K.var(v), rows, idx);
@@ -724,6 +745,7 @@ Kernel combine_kernel(OpKind op, DType acc, DType out) {
   K.num_params = 1;
   K.num_vars = 2;
   K.parallel_extent = K.iconst(1);
+  K.long_indices = true;
   auto load = [&](int b, DType t) {
     Expr e{Expr::Kind::Load};
     e.dtype = t;
@@ -782,8 +804,8 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
   int64_t rows = 1, per_row = 1;
   if (L.split) {
     const size_t n = g.domain.size();
-    if (n == 1) {
-      rows = g.domain[0].as_int();
+    if (n == 1 || L.split_flat) {
+      for (const SymInt& d : g.domain) rows *= d.as_int();
     } else {
       for (size_t d = 0; d + 1 < n; ++d) rows *= g.domain[d].as_int();
       per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());

@@ -34,6 +34,7 @@ struct Lowered {
   std::vector<ArgSource> iparams, fparams;
   int num_inputs = 0, num_outputs = 0;  // buffers: inputs, then outputs, then partials
   bool split = false;
+  bool split_flat = false;              // split over the flat index of every dim (a short last dim)
   bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
   std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
   int64_t split_chunks = 256, split_chunk_work = 16384;  // split: the target's chunking

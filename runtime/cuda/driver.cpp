@@ -89,6 +89,7 @@ Loaded load() {
       {"cuModuleGetFunction", reinterpret_cast<void**>(&a.module_get_function)},
       {"cuModuleUnload", reinterpret_cast<void**>(&a.module_unload)},
       {"cuLaunchKernel", reinterpret_cast<void**>(&a.launch_kernel)},
+      {"cuFuncSetAttribute", reinterpret_cast<void**>(&a.func_set_attribute)},
       {"cuStreamCreate", reinterpret_cast<void**>(&a.stream_create)},
       {"cuStreamSynchronize", reinterpret_cast<void**>(&a.stream_synchronize)},
       {"cuMemAlloc_v2", reinterpret_cast<void**>(&a.mem_alloc)},

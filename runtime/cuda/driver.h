@@ -26,6 +26,7 @@ struct Api {
   decltype(&::cuModuleGetFunction) module_get_function = nullptr;
   decltype(&::cuModuleUnload) module_unload = nullptr;
   decltype(&::cuLaunchKernel) launch_kernel = nullptr;
+  decltype(&::cuFuncSetAttribute) func_set_attribute = nullptr;
   decltype(&::cuStreamCreate) stream_create = nullptr;
   decltype(&::cuStreamSynchronize) stream_synchronize = nullptr;
   decltype(&::cuMemAlloc_v2) mem_alloc = nullptr;

@@ -20,6 +20,17 @@ std::vector<std::string> base_options() {
   // Kernels are self-contained (no runtime API, textures or device launches): NVRTC 12.4+ then
   // skips declaring those (a 5-op kernel: 17 -> 8 ms on the H100 machine's CPU).
   if (nvrtc_version() >= 12040) o.push_back("-minimal");
+  // KILN_NVRTC_OPTIONS: extra options, space-separated (e.g. -Ofc=max to trade kernel speed
+  // for compile time); they are part of the disk-cache key like the rest.
+  if (const char* extra = std::getenv("KILN_NVRTC_OPTIONS")) {
+    std::string word;
+    for (const char* c = extra;; ++c) {
+      if (*c && *c != ' ') { word += *c; continue; }
+      if (!word.empty()) o.push_back(word);
+      word.clear();
+      if (!*c) break;
+    }
+  }
   return o;
 }
 
