@@ -590,6 +590,11 @@ TEST(CudaNvrtc, CombineKernelsCompile) {
     const std::string src = kiln::jit::emit_cuda(kiln::jit::combine_kernel(c.op, c.acc, c.out), sym, &lanes);
     EXPECT_EQ(lanes, kiln::jit::kCudaBlock) << sym;  // a block reduces the partials
     EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, sym, 90)) << src;
+    if (c.op == OpKind::ArgMax || c.op == OpKind::ArgMin) continue;
+    // Split column reductions: a warp per column over the chunks' partials.
+    const std::string csrc = kiln::jit::emit_cuda(kiln::jit::combine_kernel(c.op, c.acc, c.out, true), sym + "_columns", &lanes);
+    EXPECT_EQ(lanes, 32) << sym;
+    EXPECT_NO_THROW(kiln::cu::nvrtc_compile(csrc, sym + "_columns", 90)) << csrc;
   }
 }
 

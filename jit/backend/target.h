@@ -27,6 +27,10 @@ struct Target {
   // Row reductions whose rows hold at most this many elements (known when the plan is made):
   // the kernel may keep values that several stages of a row use in fast memory (0: never).
   int64_t row_cache = 0;
+  // Reductions over leading dims (the last kept) of at least this many rows, known when the
+  // plan is made: per-(row chunk, column) partials, one index per column of a chunk, combined
+  // per column after (0: never; columns then reduce in one index each).
+  int64_t column_split_rows = 0;
   bool split_flat = false;                // split over a short last dim: chunks of the flat index
                                           // (lanes read consecutive elements), not of rows
   bool column_reductions = true;          // reductions over leading dims with per-column scratch

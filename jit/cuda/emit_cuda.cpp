@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -390,6 +391,7 @@ struct Emitter {
         case Stmt::Kind::Loop: {
           std::string lo = expr(s.lo), hi = expr(s.hi);
           std::string v = "i" + std::to_string(s.var);
+          if (k.columns && !has_loop(s.body)) line("#pragma unroll 4");  // rows of a column: loads in flight
           block("for (i64 " + v + " = " + lo + "; " + v + " < " + hi + "; ++" + v + ")", s.body);
           break;
         }
@@ -624,15 +626,29 @@ struct Emitter {
     // Slots by liveness in writer order (a slot is free for a writer once its last reader loop
     // is earlier), within the shared memory a block may use.
     std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
+    // A slot also serves a value written by the loop that last reads it when that value is
+    // computed from the read one (the read, kept in a register, comes first in the iteration):
+    // layer_norm -> gelu -> softmax keeps x, x - mean, gelu(.) and exp(.) in one slot in turn.
     constexpr int64_t kBudget = 96 * 1024;  // bytes per block (kCudaBlock / 32 warps)
     std::vector<size_t> free_after;          // per slot: last reader loop
+    std::vector<ExprId> last_read;           // per slot: what that loop reads from it
+    std::function<bool(ExprId, ExprId)> uses = [&](ExprId e, ExprId r) {
+      if (e < 0) return false;
+      if (e == r) return true;
+      const Expr& x = k.exprs[e];
+      return uses(x.a, r) || uses(x.b, r) || uses(x.c, r);
+    };
     for (const Candidate& c : cands) {
       const DType t = k.exprs[c.wid].dtype;
       size_t last = 0;
-      for (auto& r : c.readers) last = std::max(last, r.first);
+      ExprId last_id = -1;
+      for (auto& r : c.readers)
+        if (r.first >= last) last = r.first, last_id = r.second;
       int slot = -1;
       for (size_t sl = 0; sl < slots.size() && slot < 0; ++sl)
-        if (itemsize(slots[sl]) == itemsize(t) && free_after[sl] < c.writer) slot = static_cast<int>(sl);
+        if (itemsize(slots[sl]) == itemsize(t) &&
+            (free_after[sl] < c.writer || (free_after[sl] == c.writer && uses(c.wid, last_read[sl]))))
+          slot = static_cast<int>(sl);
       if (slot < 0) {
         const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(t == DType::Bool ? DType::Int32 : t));
         if ((warp_region + bytes) * (kCudaBlock / 32) > kBudget) continue;  // recomputed instead
@@ -641,8 +657,10 @@ struct Emitter {
         slot_offset.push_back(warp_region);
         warp_region += bytes;
         free_after.push_back(0);
+        last_read.push_back(-1);
       }
       free_after[static_cast<size_t>(slot)] = last;
+      last_read[static_cast<size_t>(slot)] = last_id;
       row_cache[loops[c.writer]].writes[c.wid] = slot;
       for (auto& r : c.readers) row_cache[loops[r.first]].reads[r.second] = slot;
     }
@@ -766,7 +784,7 @@ struct Emitter {
 
 std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, int* shared_bytes) {
   Emitter e(k);
-  e.warp = e.warp_eligible();
+  e.warp = e.warp_eligible() && !k.columns;
   e.lanes = !e.warp ? 1 : k.long_indices ? kCudaBlock : 32;
   if (e.lanes == 32 && k.row_cache > 0) e.plan_row_cache();
   if (lanes) *lanes = e.lanes;

@@ -90,6 +90,7 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
 
 // Combines per-chunk partials of a split reduction into its output (on the host).
 void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
+  KILN_CHECK(!L.split_columns, "jit: split column partials are combined on their device");
   size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
   for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
     const Node* o = g.outputs[oi];
@@ -150,7 +151,7 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
 // reduction output (compiled once per op and dtypes), queued after the first stage.
 void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Group& g, DeviceType device) {
   static std::mutex mu;
-  static std::map<std::tuple<const Backend*, OpKind, DType, DType>, std::shared_ptr<Code>> codes;
+  static std::map<std::tuple<const Backend*, OpKind, DType, DType, bool>, std::shared_ptr<Code>> codes;
   Backend* backend = find_backend(device, Tier::Optimizing);
   KILN_CHECK(backend, "jit: no backend to combine a split reduction on ", device == DeviceType::CUDA ? "cuda" : "cpu");
   size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
@@ -162,23 +163,23 @@ void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Gro
     std::shared_ptr<Code> code;
     {
       std::lock_guard<std::mutex> lock(mu);
-      auto& c = codes[{backend, o->op, pdt, o->dtype}];
+      auto& c = codes[{backend, o->op, pdt, o->dtype, L.split_columns}];
       if (!c)
-        c = backend->compile(combine_kernel(o->op, pdt, o->dtype),
+        c = backend->compile(combine_kernel(o->op, pdt, o->dtype, L.split_columns),
                              std::string("kiln_") + backend->name() + "_combine_" + op_name(o->op) + "_" + dtype_name(pdt) + "_" +
-                                 dtype_name(o->dtype),
+                                 dtype_name(o->dtype) + (L.split_columns ? "_columns" : ""),
                              nullptr);
       code = c;
     }
     char* bufs[3] = {static_cast<char*>(bd.device_partials[part]->data), nullptr, nullptr};
     if (arg) bufs[1] = static_cast<char*>(bd.device_partials[part + 1]->data);
     bufs[arg ? 2 : 1] = static_cast<char*>(bd.out_storage[oi]->data);
-    const int64_t chunks = bd.args.chunks;
+    const int64_t params[2] = {bd.args.chunks, bd.args.columns};
     Launch l;
-    l.extent = 1;
-    l.work = chunks;
+    l.extent = L.split_columns ? bd.args.columns : 1;
+    l.work = params[0] * params[1];
     l.buffers = bufs;
-    l.iparams = &chunks;
+    l.iparams = params;
     backend->launch(*code, l);
     part += arg ? 2 : 1;
     pb += arg ? 2 : 1;

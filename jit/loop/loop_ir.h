@@ -82,6 +82,9 @@ struct Kernel {
   // Few parallel indices, each a long reduction (the combine of split partials): a device
   // backend may give each index a whole block of threads.
   bool long_indices = false;
+  // Neighbouring parallel indices read neighbouring elements (split column reductions): a
+  // device backend runs one thread per index.
+  bool columns = false;
   // > 0: every loop runs at most this many iterations (row reductions over short rows), so a
   // backend may keep values that several loops compute in fast memory.
   int64_t row_cache = 0;

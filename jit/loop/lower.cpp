@@ -7,6 +7,8 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "runtime/core/error.h"
+
 namespace kiln::jit {
 namespace {
 
@@ -42,6 +44,33 @@ bool row_cache_fits(const Group& g, const Target& t) {
   return last && *last <= t.row_cache && reduced <= t.row_cache;
 }
 
+// Whether `g` reduces leading dims (a prefix, the last dim kept) over at least
+// t.column_split_rows rows, with no arg reduction and nothing in the group reading a
+// reduction's value: such a group runs as per-(row chunk, column) partials.
+bool column_split_fits(const Group& g, const Target& t) {
+  const size_t n = g.domain.size();
+  if (t.column_split_rows <= 0 || g.split || n < 2 || g.reduce_dims.empty()) return false;
+  std::vector<bool> red(n, false);
+  for (int64_t d : g.reduce_dims) red[static_cast<size_t>(d)] = true;
+  int64_t rows = 1;
+  for (size_t d = 0; d < n; ++d) {
+    if (red[d] != (d < g.reduce_dims.size())) return false;  // not a prefix
+    if (red[d]) {
+      auto v = g.domain[d].maybe_int();
+      if (!v) return false;
+      rows *= *v;
+    }
+  }
+  if (rows < t.column_split_rows) return false;
+  for (const Node* x : g.nodes) {
+    if (classify(*x) == NodeClass::Reduction && (x->op == OpKind::ArgMax || x->op == OpKind::ArgMin)) return false;
+    for (const auto& in : x->inputs)
+      if (classify(*in) == NodeClass::Reduction && std::find(g.nodes.begin(), g.nodes.end(), in.get()) != g.nodes.end())
+        return false;
+  }
+  return true;
+}
+
 // An input laid out exactly like the iteration domain (same sizes, row-major): it is read at
 // the flat domain index, so contiguous loops see unit-stride loads.
 bool dense_in_domain(const Node* n, const Shape& domain) {
@@ -71,7 +100,7 @@ std::string group_key(const Group& g, const Target& t) {
   if (auto si = small_inner(g.domain, t)) k << "c" << *si;
   k << "|R";
   for (int64_t d : g.reduce_dims) k << d << ",";
-  k << (g.split ? "S" : "") << (row_cache_fits(g, t) ? "C" : "") << "|";
+  k << (g.split ? "S" : "") << (row_cache_fits(g, t) ? "C" : "") << (column_split_fits(g, t) ? "K" : "") << "|";
   for (size_t i = 0; i < ins.size(); ++i) {
     const Node* n = ins[i];
     k << "i" << dtype_name(n->dtype)[0] << static_cast<int>(n->dtype) << ":";
@@ -420,9 +449,10 @@ struct Lowerer {
     ExprId p = K.var(0);
     if (g.reduce_dims.empty()) lower_pointwise(p);
     else if (g.split) lower_split(p);
+    else if (column_split_fits(g, tgt)) lower_split_columns(p);
     else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
-    if (!g.split && !L->column && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
+    if (!L->split && !L->column && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
     K.name = "kiln_k";
     return L;
   }
@@ -658,6 +688,55 @@ struct Lowerer {
     K.body = std::move(body);
   }
 
+  // Split column reductions: index p = chunk * columns + column (columns: the flat kept
+  // index, so neighbouring indices read neighbouring elements); each accumulates its chunk of
+  // rows and stores a partial at p; outputs over the whole domain are stored on the way.
+  void lower_split_columns(ExprId p) {
+    const size_t n = g.domain.size();
+    L->split = true;
+    L->split_columns = true;
+    L->split_chunks = tgt.split_chunks;
+    L->split_chunk_work = tgt.split_chunk_work;
+    std::vector<size_t> kept, red;
+    for (size_t d = 0; d < n; ++d) (reduced[d] ? red : kept).push_back(d);
+    std::vector<Node*> reds = reductions();
+    for (Node* o : g.outputs)
+      if (classify(*o) == NodeClass::Reduction) L->partial_ops.push_back(o->op);
+    ExprId cols = product(kept), chunk = ip(ArgSource::Kind::ChunkSize);
+    K.parallel_extent = mul(ip(ArgSource::Kind::Chunks), cols);
+    K.columns = true;
+    std::vector<ExprId> idx(n, K.iconst(0));
+    decompose(K.iop(Expr::Kind::IMod, p, cols), kept, idx);
+    ExprId lo = mul(K.iop(Expr::Kind::IDiv, p, cols), chunk);
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), product(red));
+    std::vector<Stmt> body;
+    for (Node* r : reds) {
+      int acc = static_cast<int>(K.accs.size());
+      K.accs.push_back({r->op, acc_dtype(r), r->dtype});
+      body.push_back(acc_init(acc));
+      acc_of[r] = acc;
+    }
+    int v = new_var();
+    decompose(K.var(v), red, idx);
+    std::vector<Stmt> work;
+    for (Node* r : reds) work.push_back(acc_update(acc_of[r], emit(r->inputs[0].get(), idx), reduced_linear(idx)));
+    for (Node* o : g.outputs)
+      if (classify(*o) != NodeClass::Reduction) work.push_back(store(out_buffer(o), out_offset(o, idx), emit(o, idx)));
+    body.push_back(loop(v, lo, hi, std::move(work)));
+    int pb = static_cast<int>(K.buffers.size());
+    for (Node* o : g.outputs) {
+      if (classify(*o) != NodeClass::Reduction) continue;
+      K.buffers.push_back({K.accs[acc_of[o]].dtype, true});
+      Stmt s{Stmt::Kind::AccStore};
+      s.acc = acc_of[o];
+      s.buffer = pb++;
+      s.index = p;
+      s.value = 0;
+      body.push_back(s);
+    }
+    K.body = std::move(body);
+  }
+
   void lower_split(ExprId p) {
     const size_t n = g.domain.size();
     L->split = true;
@@ -733,24 +812,27 @@ struct Lowerer {
 
 std::shared_ptr<Lowered> lower(const Group& g, const Target& t) { return Lowerer(g, t).run(); }
 
-Kernel combine_kernel(OpKind op, DType acc, DType out) {
+Kernel combine_kernel(OpKind op, DType acc, DType out, bool columns) {
   const bool arg = op == OpKind::ArgMax || op == OpKind::ArgMin;
+  KILN_CHECK(!(arg && columns), "jit: no split column arg reductions");
   Kernel K;
-  K.name = std::string("combine_") + op_name(op);
+  K.name = std::string("combine_") + op_name(op) + (columns ? "_columns" : "");
   K.buffers.push_back({acc, false});
   if (arg) K.buffers.push_back({DType::Int64, false});
   const int ob = static_cast<int>(K.buffers.size());
   K.buffers.push_back({out, true});
   K.accs.push_back({op, acc, out});
-  K.num_params = 1;
+  // iparams: the chunks; columns: also the columns (partial of chunk c, column j at c * columns + j).
+  K.num_params = columns ? 2 : 1;
   K.num_vars = 2;
-  K.parallel_extent = K.iconst(1);
-  K.long_indices = true;
+  K.parallel_extent = columns ? K.param(1) : K.iconst(1);
+  K.long_indices = !columns;  // one output: a block of lanes; per column: a warp each
+  const ExprId at = columns ? K.iop(Expr::Kind::IAdd, K.iop(Expr::Kind::IMul, K.var(1), K.param(1)), K.var(0)) : K.var(1);
   auto load = [&](int b, DType t) {
     Expr e{Expr::Kind::Load};
     e.dtype = t;
     e.i = b;
-    e.a = K.var(1);
+    e.a = at;
     return K.add(e);
   };
   Stmt init{Stmt::Kind::AccInit};
@@ -764,7 +846,7 @@ Kernel combine_kernel(OpKind op, DType acc, DType out) {
   loop.body = {up};
   Stmt st{Stmt::Kind::Store};
   st.buffer = ob;
-  st.index = K.iconst(0);
+  st.index = columns ? K.var(0) : K.iconst(0);
   if (arg) {  // no partial seen (no chunk): index 0, as the host combine
     Expr i{Expr::Kind::AccIndex};
     i.i = 0;
@@ -811,8 +893,18 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
       per_row = std::max<int64_t>(1, g.domain[n - 1].as_int());
     }
   }
-  const int64_t chunk = std::max<int64_t>(
+  int64_t chunk = std::max<int64_t>(
       {1, (L.split_chunk_work + per_row - 1) / per_row, (rows + L.split_chunks - 1) / L.split_chunks});
+  out.columns = 1;
+  if (L.split_columns) {  // about split_chunks * 8 indices in all, at least 32 rows each
+    rows = 1;
+    for (size_t d = 0; d < g.domain.size(); ++d) {
+      const bool red = std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) != g.reduce_dims.end();
+      (red ? rows : out.columns) *= g.domain[d].as_int();
+    }
+    const int64_t want = std::max<int64_t>(1, L.split_chunks * 8 / std::max<int64_t>(out.columns, 1));
+    chunk = std::max<int64_t>(32, (rows + want - 1) / want);
+  }
   out.chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
   auto arg_node = [&](int a) -> const Node* { return a >= 0 ? g.nodes[a] : ins[-a - 1]; };
   for (const ArgSource& s : L.iparams) {
@@ -834,7 +926,7 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
     out.fp.push_back(s.kind == ArgSource::Kind::AttrF1 ? n->attrs.f1 : n->attrs.f0);
   }
   // Scratch: per-chunk partials (split), per-kept-element accumulators (column).
-  out.scratch = out.chunks;
+  out.scratch = out.chunks * out.columns;
   if (L.column) {
     out.scratch = 1;
     for (size_t d = 0; d < g.domain.size(); ++d)

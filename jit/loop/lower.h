@@ -35,6 +35,7 @@ struct Lowered {
   int num_inputs = 0, num_outputs = 0;  // buffers: inputs, then outputs, then partials
   bool split = false;
   bool split_flat = false;              // split over the flat index of every dim (a short last dim)
+  bool split_columns = false;           // split over rows of a column reduction: partials per (chunk, column)
   bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
   std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
   int64_t split_chunks = 256, split_chunk_work = 16384;  // split: the target's chunking
@@ -45,6 +46,7 @@ struct BoundArgs {
   std::vector<int64_t> ip;  // int64 parameters
   std::vector<double> fp;   // double parameters
   int64_t chunks = 1;       // split reductions: chunks of the parallel range (partials)
+  int64_t columns = 1;      // split column reductions: kept elements (partials per chunk)
   int64_t scratch = 1;      // elements (8 bytes each) of every scratch buffer
 };
 // Binds `L`'s arguments for group `g`, whose canonical inputs are `ins`, into `out` (cleared
@@ -55,7 +57,7 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
 // of reduction `op` (param 0 = their count; buffer 0 the values in `acc` dtype, buffer 1 the
 // arg indices for arg reductions) into element 0 of the last buffer (`out` dtype), as the host
 // combine would.
-Kernel combine_kernel(OpKind op, DType acc, DType out);
+Kernel combine_kernel(OpKind op, DType acc, DType out, bool columns = false);
 
 // Thrown when a group cannot be expressed (the executor then runs it on the interpreter).
 struct LowerError : std::runtime_error {
