@@ -588,7 +588,7 @@ TEST(CudaNvrtc, CombineKernelsCompile) {
     int lanes = 0;
     const std::string sym = std::string("kiln_combine_") + kiln::op_name(c.op);
     const std::string src = kiln::jit::emit_cuda(kiln::jit::combine_kernel(c.op, c.acc, c.out), sym, &lanes);
-    EXPECT_EQ(lanes, kiln::jit::kCudaBlock) << sym;  // a block reduces the partials
+    EXPECT_EQ(lanes, kiln::jit::kCudaWideBlock) << sym;  // a block reduces the partials
     EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, sym, 90)) << src;
     if (c.op == OpKind::ArgMax || c.op == OpKind::ArgMin) continue;
     // Split column reductions: a warp per column over the chunks' partials.

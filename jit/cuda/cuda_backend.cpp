@@ -55,7 +55,7 @@ std::string parse_image(const std::string& image, Header& h) {
   char kind[8] = {0};
   if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, &h.lanes,
                   &h.shared, kind) != 6 ||
-      (h.lanes != 1 && h.lanes != 32 && h.lanes != kCudaBlock) || h.shared < 0 || h.shared > (227 << 10))
+      (h.lanes != 1 && h.lanes != 32 && h.lanes != kCudaWideBlock) || h.shared < 0 || h.shared > (227 << 10))
     throw Error("cuda: bad kiln CUDA image header");
   h.ptx = std::strcmp(kind, "ptx") == 0;
   return image.substr(nl + 1);
@@ -112,7 +112,7 @@ class CudaBackend final : public Backend {
   std::string cache_id() const override {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
-    return "cuda-img3;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
+    return "cuda-img4;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
            std::to_string(cu::driver_version()) + ";" + cu::nvrtc_options_key();
   }
 
@@ -150,8 +150,9 @@ class CudaBackend final : public Backend {
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
     long long begin = 0, end = l.extent;
     void* params[] = {&begin, &end, args};
-    const long long blocks = std::min<long long>((l.extent * c.lanes + kCudaBlock - 1) / kCudaBlock, max_blocks_);
-    cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, kCudaBlock, 1, 1, static_cast<unsigned>(c.shared), stream,
+    const long long threads = std::max(kCudaBlock, c.lanes);
+    const long long blocks = std::min<long long>((l.extent * c.lanes + threads - 1) / threads, max_blocks_);
+    cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(threads), 1, 1, static_cast<unsigned>(c.shared), stream,
                               params, nullptr),
               ("cuLaunchKernel (" + c.symbol + ")").c_str());
     cu::note_launch(0, c.symbol);

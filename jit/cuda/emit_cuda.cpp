@@ -91,7 +91,7 @@ struct Emitter {
   int indent = 1;
   int temps = 0;
   bool warp = false;  // a group of lanes per parallel index (see warp_stmts)
-  int lanes = 1;      // threads per parallel index: 1, a warp (32) or a block (kCudaBlock)
+  int lanes = 1;      // threads per parallel index: 1, a warp (32) or a block (kCudaWideBlock)
   std::vector<std::unordered_map<ExprId, std::string>> scopes;
 
   // Row cache (k.row_cache > 0, a warp per row): values that several loops of a row compute
@@ -536,7 +536,7 @@ struct Emitter {
   void block_reduce(int a) {
     const AccSpec& s = k.accs[a];
     const bool arg = s.op == OpKind::ArgMax || s.op == OpKind::ArgMin, flag = nan_flag(s);
-    const std::string A = std::to_string(a), T = ctype(s.dtype), W = std::to_string(kCudaBlock / 32);
+    const std::string A = std::to_string(a), T = ctype(s.dtype), W = std::to_string(lanes / 32);
     line("{");
     ++indent;
     line("__shared__ " + T + " bs[" + W + "]; __shared__ i64 bsi[" + W + "]; __shared__ bool bsn[" + W + "];");
@@ -733,7 +733,7 @@ struct Emitter {
     // Arguments by value (copied by the launch, so launches queue without a host wait).
     out << "struct Args_" << symbol << " { char* buffers[" << std::max<size_t>(k.buffers.size(), 1) << "]; i64 iparams["
         << std::max(k.num_params, 1) << "]; double fparams[" << std::max(k.num_fparams, 1) << "]; };\n";
-    out << "extern \"C\" __global__ void __launch_bounds__(" << kCudaBlock << ") " << symbol << "(i64 begin, i64 end, const Args_" << symbol
+    out << "extern \"C\" __global__ void __launch_bounds__(" << std::max(kCudaBlock, lanes) << ") " << symbol << "(i64 begin, i64 end, const Args_" << symbol
         << " args) {\n";
     line("char* const* buffers = args.buffers; const i64* iparams = args.iparams; const double* fparams = args.fparams;");
     for (size_t i = 0; i < k.buffers.size(); ++i) {
@@ -785,7 +785,7 @@ struct Emitter {
 std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, int* shared_bytes) {
   Emitter e(k);
   e.warp = e.warp_eligible() && !k.columns;
-  e.lanes = !e.warp ? 1 : k.long_indices ? kCudaBlock : 32;
+  e.lanes = !e.warp ? 1 : k.long_indices ? kCudaWideBlock : 32;
   if (e.lanes == 32 && k.row_cache > 0) e.plan_row_cache();
   if (lanes) *lanes = e.lanes;
   if (shared_bytes) *shared_bytes = static_cast<int>(e.warp_region * (kCudaBlock / 32));

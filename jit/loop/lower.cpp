@@ -489,9 +489,10 @@ struct Lowerer {
     std::vector<size_t> rows;
     for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
     int j = new_var();
-    if (small_inner(g.domain, tgt) || is_one(g.domain.back())) {
-      // A short last dim: iterate the flat index, so the vectorizable loop is the long one
-      // (contiguous operands fold back to the flat index; broadcast ones become gathers).
+    if (small_inner(g.domain, tgt) || is_one(g.domain.back()) || tgt.tile == 1) {
+      // A short last dim, or one element per parallel index: iterate the flat index, so the
+      // vectorizable loop is the long one (contiguous operands fold back to the flat index;
+      // broadcast ones become gathers).
       std::vector<size_t> all;
       for (size_t d = 0; d < n; ++d) all.push_back(d);
       K.parallel_extent = product(all);
