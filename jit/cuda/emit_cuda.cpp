@@ -27,6 +27,7 @@ typedef unsigned long long u64;
 typedef int i32;
 typedef unsigned int u32;
 typedef unsigned char u8;
+typedef unsigned short u16;
 static __device__ __forceinline__ i64 kiln_f2i64(double x) {
   return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (i64)x : (i64)0x8000000000000000ull;
 }
@@ -35,25 +36,49 @@ static __device__ __forceinline__ i32 kiln_f2i32(double x) {
 }
 )";
 
+// float16/bfloat16 in memory and float32 in registers, rounded to 16 bits after each op
+// (kiln_rh / kiln_rbf), as the CPU reference kernels compute them: round to nearest even,
+// through the hardware's conversion for float16 and bit arithmetic for bfloat16.
+const char* kHalfPreamble = R"(static __device__ __forceinline__ float kiln_h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+static __device__ __forceinline__ u16 kiln_f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+static __device__ __forceinline__ float kiln_rh(float f) { return kiln_h2f(kiln_f2h(f)); }
+static __device__ __forceinline__ float kiln_bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
+static __device__ __forceinline__ u16 kiln_f2bf(float f) {
+  u32 u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (u16)(u >> 16);
+}
+static __device__ __forceinline__ float kiln_rbf(float f) { return kiln_bf2f(kiln_f2bf(f)); }
+)";
+
+bool half16(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+
 const char* ctype(DType t) {
   switch (t) {
     case DType::Bool: return "bool";
     case DType::Int32: return "i32";
     case DType::Int64: return "i64";
-    case DType::Float32: return "float";
+    case DType::Float16: case DType::BFloat16: case DType::Float32: return "float";
     case DType::Float64: return "double";
     default: throw Error(std::string("cuda codegen: unsupported dtype ") + dtype_name(t));
   }
 }
 // Element type in memory (bool is a byte).
-const char* mtype(DType t) { return t == DType::Bool ? "u8" : ctype(t); }
+const char* mtype(DType t) { return t == DType::Bool ? "u8" : half16(t) ? "u16" : ctype(t); }
+// A float32 register value rounded to `t`'s precision (16-bit floats), else as it is.
+std::string rounded(DType t, const std::string& v) {
+  return t == DType::Float16 ? "kiln_rh(" + v + ")" : t == DType::BFloat16 ? "kiln_rbf(" + v + ")" : v;
+}
 // Unsigned type of the same width (wrapping integer arithmetic, as LLVM's add/sub/mul).
 const char* utype(DType t) { return t == DType::Int32 ? "u32" : "u64"; }
 
 std::string fconst(DType t, double v) {
   std::ostringstream os;
-  if (t == DType::Float32) {
-    float f = static_cast<float>(v);
+  if (t != DType::Float64) {
+    float f = t == DType::Float16 ? static_cast<float>(Half(static_cast<float>(v)))
+            : t == DType::BFloat16 ? static_cast<float>(BFloat16(static_cast<float>(v)))
+                                   : static_cast<float>(v);
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
     os << "__int_as_float(" << static_cast<int32_t>(bits) << ")";
@@ -71,7 +96,7 @@ std::string iconst(int64_t v) {
 }
 
 // The math builtin of `f` for `t` ("expf" / "exp").
-std::string fn(const char* name, DType t) { return std::string(name) + (t == DType::Float32 ? "f" : ""); }
+std::string fn(const char* name, DType t) { return std::string(name) + (t == DType::Float64 ? "" : "f"); }
 
 bool float_only(OpKind op) {
   switch (op) {
@@ -121,7 +146,7 @@ struct Emitter {
   // Declares a temporary of type `t` holding `value`; returns its name.
   std::string let(DType t, const std::string& value) {
     std::string n = "t" + std::to_string(temps++);
-    line("const " + std::string(ctype(t)) + " " + n + " = " + value + ";");
+    line("const " + std::string(ctype(t)) + " " + n + " = " + rounded(t, value) + ";");
     return n;
   }
 
@@ -286,7 +311,9 @@ struct Emitter {
         // As the LLVM tier: the address from the buffer's element type, the value of e.dtype.
         std::string raw = elem(static_cast<int>(e.i), I(e.a));
         if (k.buffers[e.i].dtype != e.dtype) raw = "*(const " + std::string(mtype(e.dtype)) + "*)&" + raw;
-        v = let(e.dtype, e.dtype == DType::Bool ? "(" + raw + " != 0)" : raw);
+        if (e.dtype == DType::Bool) raw = "(" + raw + " != 0)";
+        if (half16(e.dtype)) raw = (e.dtype == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ")";
+        v = let(e.dtype, raw);
         break;
       }
       case Expr::Kind::Unary: {
@@ -399,7 +426,9 @@ struct Emitter {
           DType t = k.buffers[s.buffer].dtype;
           std::string v = convert(expr(s.value), k.exprs[s.value].dtype, t);
           std::string idx = expr(s.index);
-          line(elem(s.buffer, idx) + " = " + (t == DType::Bool ? "(u8)(" + v + " ? 1 : 0)" : v) + ";");
+          if (t == DType::Bool) v = "(u8)(" + v + " ? 1 : 0)";
+          if (half16(t)) v = (t == DType::Float16 ? "kiln_f2h(" : "kiln_f2bf(") + v + ")";
+          line(elem(s.buffer, idx) + " = " + v + ";");
           break;
         }
         case Stmt::Kind::AccInit:
@@ -587,6 +616,10 @@ struct Emitter {
     }
   }
 
+  // How a cached value of type t is kept: as its register type (bools as ints, 16-bit floats
+  // as float32).
+  static DType slot_type(DType t) { return t == DType::Bool ? DType::Int32 : half16(t) ? DType::Float32 : t; }
+
   // Plans the row cache over the top-level loops of the kernel body (flat loops only).
   void plan_row_cache() {
     struct Found { size_t loop; ExprId id; };
@@ -646,14 +679,14 @@ struct Emitter {
         if (r.first >= last) last = r.first, last_id = r.second;
       int slot = -1;
       for (size_t sl = 0; sl < slots.size() && slot < 0; ++sl)
-        if (itemsize(slots[sl]) == itemsize(t) &&
+        if (slots[sl] == slot_type(t) &&
             (free_after[sl] < c.writer || (free_after[sl] == c.writer && uses(c.wid, last_read[sl]))))
           slot = static_cast<int>(sl);
       if (slot < 0) {
-        const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(t == DType::Bool ? DType::Int32 : t));
+        const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(slot_type(t)));
         if ((warp_region + bytes) * (kCudaBlock / 32) > kBudget) continue;  // recomputed instead
         slot = static_cast<int>(slots.size());
-        slots.push_back(t == DType::Bool ? DType::Int32 : t);
+        slots.push_back(slot_type(t));
         slot_offset.push_back(warp_region);
         warp_region += bytes;
         free_after.push_back(0);
@@ -729,7 +762,10 @@ struct Emitter {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
     const size_t arg_bytes = 8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
     KILN_CHECK(arg_bytes + 16 <= 4096, "cuda: kernel ", symbol, " needs ", arg_bytes, " bytes of arguments (at most 4080)");
-    out << "// kiln kernel " << symbol << " (" << k.name << ")\n" << kPreamble << "\n";
+    bool halves = false;
+    for (const BufferSpec& b : k.buffers) halves = halves || half16(b.dtype);
+    for (const Expr& e : k.exprs) halves = halves || half16(e.dtype);
+    out << "// kiln kernel " << symbol << " (" << k.name << ")\n" << kPreamble << (halves ? kHalfPreamble : "") << "\n";
     // Arguments by value (copied by the launch, so launches queue without a host wait).
     out << "struct Args_" << symbol << " { char* buffers[" << std::max<size_t>(k.buffers.size(), 1) << "]; i64 iparams["
         << std::max(k.num_params, 1) << "]; double fparams[" << std::max(k.num_fparams, 1) << "]; };\n";
@@ -794,11 +830,13 @@ std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, in
 
 bool cuda_supports(OpKind, DType dtype) {
   // Float-only ops on integers never reach a kernel (type promotion makes them float first);
-  // emit_cuda still rejects them. 16-bit floats have no CUDA form yet.
+  // emit_cuda still rejects them. 16-bit floats compute in float32, rounded after each op.
   switch (dtype) {
-    case DType::Bool: case DType::Int32: case DType::Int64: case DType::Float32: case DType::Float64: return true;
-    default: return false;
+    case DType::Bool: case DType::Int32: case DType::Int64: case DType::Float16: case DType::BFloat16: case DType::Float32:
+    case DType::Float64:
+      return true;
   }
+  return false;
 }
 
 }  // namespace kiln::jit

@@ -403,9 +403,11 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
   }
   for (int attempt = 0;; ++attempt) {
-    steps = schedule(*target, stored);
+    ScheduleOptions opts;
+    opts.half_kernels = tgt && tgt->half_kernels;
+    steps = schedule(*target, stored, opts);
     if (tgt && !tgt->store_expensive) {  // also try recomputing: keep the schedule moving fewer bytes
-      ScheduleOptions recompute;
+      ScheduleOptions recompute = opts;
       recompute.store_expensive = false;
       std::vector<Step> alt = schedule(*target, stored, recompute);
       if (kernel_traffic(alt) < kernel_traffic(steps)) steps = std::move(alt);

@@ -14,11 +14,14 @@ namespace {
 bool half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 }  // namespace
 
-NodeClass classify(const Node& n) {
-  // 16-bit floats and random numbers run on the reference kernels.
-  if (half(n.dtype)) return NodeClass::Opaque;
+bool touches_half(const Node& n) {
+  if (half(n.dtype)) return true;
   for (auto& in : n.inputs)
-    if (half(in->dtype)) return NodeClass::Opaque;
+    if (half(in->dtype)) return true;
+  return false;
+}
+
+NodeClass classify(const Node& n) {
   switch (n.op) {
     case OpKind::Full: case OpKind::Arange:
       return NodeClass::Source;
@@ -66,6 +69,11 @@ bool fits_reduced(const Shape& s, const Sig& sig) {
 struct Scheduler {
   const Segment& seg;
   ScheduleOptions opts;
+  // The node's class here: 16-bit float values run on the reference kernels unless the target
+  // computes them in kernels.
+  NodeClass cls(const Node& n) const {
+    return !opts.half_kernels && touches_half(n) ? NodeClass::Opaque : classify(n);
+  }
   std::unordered_map<const Node*, size_t> pos;
   std::unordered_set<const Node*> M;  // nodes that get their own storage
   std::unordered_map<const Node*, std::string> why;  // why a node was materialized
@@ -100,7 +108,7 @@ struct Scheduler {
     int inlined = 0;  // stored nodes recomputed inline: bounded so cones stay small
     auto take = [&](Node* i) {
       if (!in_seg(i)) return false;
-      NodeClass c = classify(*i);
+      NodeClass c = cls(*i);
       if (c != NodeClass::Pointwise && c != NodeClass::Source && c != NodeClass::View && c != NodeClass::Reduction)
         return false;
       if (!M.count(i)) return true;
@@ -133,7 +141,7 @@ struct Scheduler {
     constexpr int kMaxDepth = 128;
     std::unordered_map<const Node*, int> depth;
     for (Node* n : seg.nodes) {
-      NodeClass c = classify(*n);
+      NodeClass c = cls(*n);
       if (c == NodeClass::Opaque) continue;
       int d = 0;
       for (auto& in : n->inputs) {
@@ -149,7 +157,7 @@ struct Scheduler {
     }
     for (size_t i = 0; i < seg.nodes.size(); ++i) {
       Node* n = seg.nodes[i];
-      NodeClass c = classify(*n);
+      NodeClass c = cls(*n);
       if (seg.needed[i]) require(n, "used outside the segment");
       if (c == NodeClass::Opaque || n->op == OpKind::AsStrided)
         for (auto& in : n->inputs) require(in.get(), c == NodeClass::Opaque ? "input of a library/reference op" : "input of as_strided");
@@ -163,10 +171,10 @@ struct Scheduler {
     for (Node* n : seg.nodes)
       for (auto& in : n->inputs) {
         consumers[in.get()]++;
-        if (classify(*n) == NodeClass::Reduction) read_by_reduction.insert(in.get());
+        if (cls(*n) == NodeClass::Reduction) read_by_reduction.insert(in.get());
       }
     for (Node* n : seg.nodes) {
-      NodeClass c = classify(*n);
+      NodeClass c = cls(*n);
       if (c != NodeClass::Pointwise && c != NodeClass::View) continue;
       bool cost = transcendental(n->op);
       for (auto& in : n->inputs) cost = cost || (costly.count(in.get()) && !M.count(in.get()));
@@ -193,10 +201,10 @@ struct Scheduler {
     std::vector<Node*> c = cone(root);
     std::vector<Node*> reds;
     for (Node* n : c)
-      if (classify(*n) == NodeClass::Reduction) reds.push_back(n);
+      if (cls(*n) == NodeClass::Reduction) reds.push_back(n);
     if (reds.empty()) return false;
     Sig sig = sig_of_reduction(*reds.back());
-    bool root_fits = classify(*root) == NodeClass::Reduction ? sig_of_reduction(*root) == sig
+    bool root_fits = cls(*root) == NodeClass::Reduction ? sig_of_reduction(*root) == sig
                      : same_shape(root->shape, sig.domain) || fits_reduced(root->shape, sig);
     bool changed = false;
     for (Node* r : reds) {
@@ -220,7 +228,7 @@ struct Scheduler {
       for (const Step& st : steps)
         if (st.kind == Step::Kind::Kernel)
           for (const Node* n : st.group.nodes)
-            if (!M.count(n) && classify(*n) == NodeClass::Pointwise && transcendental(n->op)) kernels_using[n]++;
+            if (!M.count(n) && cls(*n) == NodeClass::Pointwise && transcendental(n->op)) kernels_using[n]++;
       bool more = false;
       for (const auto& [n, k] : kernels_using)
         if (k >= 2) {
@@ -236,13 +244,13 @@ struct Scheduler {
     for (bool changed = true; changed;) {
       changed = false;
       for (Node* n : seg.nodes)
-        if (M.count(n) && classify(*n) != NodeClass::Opaque && !is_view_op(n->op)) changed = settle(n) || changed;
+        if (M.count(n) && cls(*n) != NodeClass::Opaque && !is_view_op(n->op)) changed = settle(n) || changed;
     }
     std::vector<Step> steps;
     std::unordered_map<const Node*, size_t> producer;  // output node -> step index
     for (size_t i = 0; i < seg.nodes.size(); ++i) {
       Node* n = seg.nodes[i];
-      NodeClass c = classify(*n);
+      NodeClass c = cls(*n);
       if (c == NodeClass::Opaque || n->op == OpKind::AsStrided) {
         Step s{Step::Kind::Opaque, {}, n};
         if (n->op == OpKind::AsStrided) s.kind = Step::Kind::View;
@@ -254,7 +262,7 @@ struct Scheduler {
         // Needed views and views read by library ops just share their root's storage.
         bool used_as_buffer = seg.needed[i];
         for (Node* m : seg.nodes)
-          if (classify(*m) == NodeClass::Opaque || m->op == OpKind::AsStrided)
+          if (cls(*m) == NodeClass::Opaque || m->op == OpKind::AsStrided)
             for (auto& in : m->inputs) used_as_buffer = used_as_buffer || in.get() == n;
         if (used_as_buffer) steps.push_back({Step::Kind::View, {}, n});
         continue;
@@ -308,7 +316,7 @@ struct Scheduler {
     std::sort(g.inputs.begin(), g.inputs.end(), [&](Node* a, Node* b) { return a->id < b->id; });
     const Node* red = nullptr;
     for (Node* n : g.nodes)
-      if (classify(*n) == NodeClass::Reduction) red = n;
+      if (cls(*n) == NodeClass::Reduction) red = n;
     if (red) {
       g.domain = red->inputs[0]->shape;
       g.reduce_dims = red->attrs.ints;

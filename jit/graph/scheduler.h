@@ -9,7 +9,8 @@
 
 namespace kiln::jit {
 
-// How a node is treated by fusion.
+// How a node is treated by fusion, by its op (the scheduler also keeps nodes touching 16-bit
+// float values opaque unless ScheduleOptions::half_kernels).
 enum class NodeClass { Pointwise, Source, View, Reduction, Opaque };
 NodeClass classify(const Node& n);
 
@@ -37,6 +38,9 @@ struct ScheduleOptions {
   // dear, as on CPUs); false recomputes it in each stage of the one kernel instead (where memory
   // traffic is dear, as on GPUs). Values several kernels would recompute are stored in any case.
   bool store_expensive = true;
+  // Fuse float16/bfloat16 values (computed in float32, rounded to 16 bits after each op) rather
+  // than running them on the reference kernels.
+  bool half_kernels = false;
 };
 
 // Splits `seg` into steps. Nodes left out of every step are fused intermediates. Nodes in

@@ -519,7 +519,8 @@ struct Lowerer {
 
   DType acc_dtype(const Node* r) const {
     DType in = r->inputs[0]->dtype;
-    if ((r->op == OpKind::Amax || r->op == OpKind::Amin) && is_floating(in)) return in;  // exact in its own type
+    if ((r->op == OpKind::Amax || r->op == OpKind::Amin) && is_floating(in))  // exact in its own type (16-bit: float32)
+      return in == DType::Float16 || in == DType::BFloat16 ? DType::Float32 : in;
     return is_floating(in) ? DType::Float64 : DType::Int64;
   }
 
