@@ -690,103 +690,36 @@ struct Lowerer {
     K.body = std::move(body);
   }
 
-  // Split column reductions: index p = chunk * columns + column (columns: the flat kept
-  // index, so neighbouring indices read neighbouring elements); each accumulates its chunk of
-  // rows and stores a partial at p; outputs over the whole domain are stored on the way.
-  void lower_split_columns(ExprId p) {
-    const size_t n = g.domain.size();
+  // ---- split reductions: per-chunk partials, combined after ----
+  // Marks the kernel split and returns the group's reductions, each with an accumulator
+  // started in `body`.
+  std::vector<Node*> start_split(std::vector<Stmt>& body) {
     L->split = true;
-    L->split_columns = true;
     L->split_chunks = tgt.split_chunks;
     L->split_chunk_work = tgt.split_chunk_work;
-    std::vector<size_t> kept, red;
-    for (size_t d = 0; d < n; ++d) (reduced[d] ? red : kept).push_back(d);
-    std::vector<Node*> reds = reductions();
     for (Node* o : g.outputs)
       if (classify(*o) == NodeClass::Reduction) L->partial_ops.push_back(o->op);
-    ExprId cols = product(kept), chunk = ip(ArgSource::Kind::ChunkSize);
-    K.parallel_extent = mul(ip(ArgSource::Kind::Chunks), cols);
-    K.columns = true;
-    std::vector<ExprId> idx(n, K.iconst(0));
-    decompose(K.iop(Expr::Kind::IMod, p, cols), kept, idx);
-    ExprId lo = mul(K.iop(Expr::Kind::IDiv, p, cols), chunk);
-    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), product(red));
-    std::vector<Stmt> body;
+    std::vector<Node*> reds = reductions();
     for (Node* r : reds) {
       int acc = static_cast<int>(K.accs.size());
       K.accs.push_back({r->op, acc_dtype(r), r->dtype});
       body.push_back(acc_init(acc));
       acc_of[r] = acc;
     }
-    int v = new_var();
-    decompose(K.var(v), red, idx);
-    std::vector<Stmt> work;
-    for (Node* r : reds) work.push_back(acc_update(acc_of[r], emit(r->inputs[0].get(), idx), reduced_linear(idx)));
-    for (Node* o : g.outputs)
-      if (classify(*o) != NodeClass::Reduction) work.push_back(store(out_buffer(o), out_offset(o, idx), emit(o, idx)));
-    body.push_back(loop(v, lo, hi, std::move(work)));
-    int pb = static_cast<int>(K.buffers.size());
-    for (Node* o : g.outputs) {
-      if (classify(*o) != NodeClass::Reduction) continue;
-      K.buffers.push_back({K.accs[acc_of[o]].dtype, true});
-      Stmt s{Stmt::Kind::AccStore};
-      s.acc = acc_of[o];
-      s.buffer = pb++;
-      s.index = p;
-      s.value = 0;
-      body.push_back(s);
-    }
-    K.body = std::move(body);
+    return reds;
   }
 
-  void lower_split(ExprId p) {
-    const size_t n = g.domain.size();
-    L->split = true;
-    L->split_chunks = tgt.split_chunks;
-    L->split_chunk_work = tgt.split_chunk_work;
-    std::vector<Node*> reds = reductions();
+  // One element of a split kernel: the accumulators take it, outputs over the whole domain store it.
+  std::vector<Stmt> split_work(const std::vector<Node*>& reds, const std::vector<ExprId>& ix) {
+    std::vector<Stmt> b;
+    for (Node* r : reds) b.push_back(acc_update(acc_of[r], emit(r->inputs[0].get(), ix), reduced_linear(ix)));
     for (Node* o : g.outputs)
-      if (classify(*o) == NodeClass::Reduction) L->partial_ops.push_back(o->op);
-    // Chunks over rows (all dims but the last), or over the flat index of every dim when the
-    // last is short and the target asks (consecutive lanes then read consecutive elements).
-    const bool flat = tgt.split_flat && n > 1 && (small_inner(g.domain, tgt) || is_one(g.domain.back()));
-    L->split_flat = flat;
-    std::vector<ExprId> idx(n, K.iconst(0));
-    ExprId chunk = ip(ArgSource::Kind::ChunkSize);
-    K.parallel_extent = ip(ArgSource::Kind::Chunks);
-    ExprId lo = mul(p, chunk);
-    std::vector<Stmt> inner;
-    int v = new_var();
-    std::vector<size_t> rows;
-    for (size_t d = 0; d + (flat ? 0 : 1) < n; ++d) rows.push_back(d);
-    ExprId total = n == 1 ? dom[0] : product(rows);
-    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), total);
-    std::vector<Stmt> body;
-    for (Node* r : reds) {
-      int acc = static_cast<int>(K.accs.size());
-      K.accs.push_back({r->op, acc_dtype(r), r->dtype});
-      body.push_back(acc_init(acc));
-      acc_of[r] = acc;
-    }
-    auto work = [&](const std::vector<ExprId>& ix) {
-      std::vector<Stmt> b;
-      for (Node* r : reds) b.push_back(acc_update(acc_of[r], emit(r->inputs[0].get(), ix), reduced_linear(ix)));
-      for (Node* o : g.outputs)
-        if (classify(*o) != NodeClass::Reduction) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
-      return b;
-    };
-    if (n == 1) {
-      idx[0] = K.var(v);
-      body.push_back(loop(v, lo, hi, work(idx)));
-    } else if (flat) {
-      decompose(K.var(v), rows, idx);
-      body.push_back(loop(v, lo, hi, work(idx)));
-    } else {
-      decompose(K.var(v), rows, idx);
-      auto in = nest(idx, {n - 1}, work);
-      body.push_back(loop(v, lo, hi, std::move(in)));
-    }
-    // Partials: one value (and index for arg reductions) per chunk, per reduction output.
+      if (classify(*o) != NodeClass::Reduction) b.push_back(store(out_buffer(o), out_offset(o, ix), emit(o, ix)));
+    return b;
+  }
+
+  // Stores each reduction's partial (and index for arg reductions) at `p` of its partials buffer.
+  void store_partials(ExprId p, std::vector<Stmt>& body) {
     int pb = static_cast<int>(K.buffers.size());
     for (Node* o : g.outputs) {
       if (classify(*o) != NodeClass::Reduction) continue;
@@ -806,6 +739,62 @@ struct Lowerer {
         body.push_back(t);
       }
     }
+  }
+
+  // Split column reductions: index p = chunk * columns + column (columns: the flat kept
+  // index, so neighbouring indices read neighbouring elements); each accumulates its chunk of
+  // rows and stores a partial at p; outputs over the whole domain are stored on the way.
+  void lower_split_columns(ExprId p) {
+    const size_t n = g.domain.size();
+    L->split_columns = true;
+    std::vector<size_t> kept, red;
+    for (size_t d = 0; d < n; ++d) (reduced[d] ? red : kept).push_back(d);
+    ExprId cols = product(kept), chunk = ip(ArgSource::Kind::ChunkSize);
+    K.parallel_extent = mul(ip(ArgSource::Kind::Chunks), cols);
+    K.columns = true;
+    std::vector<ExprId> idx(n, K.iconst(0));
+    decompose(K.iop(Expr::Kind::IMod, p, cols), kept, idx);
+    ExprId lo = mul(K.iop(Expr::Kind::IDiv, p, cols), chunk);
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), product(red));
+    std::vector<Stmt> body;
+    std::vector<Node*> reds = start_split(body);
+    int v = new_var();
+    decompose(K.var(v), red, idx);
+    body.push_back(loop(v, lo, hi, split_work(reds, idx)));
+    store_partials(p, body);
+    K.body = std::move(body);
+  }
+
+  void lower_split(ExprId p) {
+    const size_t n = g.domain.size();
+    // Chunks over rows (all dims but the last), or over the flat index of every dim when the
+    // last is short and the target asks (consecutive lanes then read consecutive elements).
+    const bool flat = tgt.split_flat && n > 1 && (small_inner(g.domain, tgt) || is_one(g.domain.back()));
+    L->split_flat = flat;
+    std::vector<ExprId> idx(n, K.iconst(0));
+    ExprId chunk = ip(ArgSource::Kind::ChunkSize);
+    K.parallel_extent = ip(ArgSource::Kind::Chunks);
+    ExprId lo = mul(p, chunk);
+    int v = new_var();
+    std::vector<size_t> rows;
+    for (size_t d = 0; d + (flat ? 0 : 1) < n; ++d) rows.push_back(d);
+    ExprId total = n == 1 ? dom[0] : product(rows);
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, chunk), total);
+    std::vector<Stmt> body;
+    std::vector<Node*> reds = start_split(body);
+    auto work = [&](const std::vector<ExprId>& ix) { return split_work(reds, ix); };
+    if (n == 1) {
+      idx[0] = K.var(v);
+      body.push_back(loop(v, lo, hi, work(idx)));
+    } else if (flat) {
+      decompose(K.var(v), rows, idx);
+      body.push_back(loop(v, lo, hi, work(idx)));
+    } else {
+      decompose(K.var(v), rows, idx);
+      auto in = nest(idx, {n - 1}, work);
+      body.push_back(loop(v, lo, hi, std::move(in)));
+    }
+    store_partials(p, body);
     K.body = std::move(body);
   }
 };
