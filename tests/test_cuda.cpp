@@ -72,7 +72,9 @@ Prepared prepare(const Program& p) {
   std::vector<Tensor> outs;
   for (int o : p.outputs) outs.push_back(r.values[o]);
   r.seg = make_segment(outs);
-  r.steps = kiln::jit::schedule(r.seg);
+  kiln::jit::ScheduleOptions opts;  // the CUDA target's fusion: later row stages join their row kernel
+  opts.merge_row_stages = true;
+  r.steps = kiln::jit::schedule(r.seg, {}, opts);
   for (kiln::Node* n : r.seg.nodes) kiln::interpret_node(*n);
   return r;
 }

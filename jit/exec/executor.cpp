@@ -402,9 +402,10 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     static std::once_flag told;
     std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
   }
+  ScheduleOptions opts;
+  opts.half_kernels = tgt && tgt->half_kernels;
+  opts.merge_row_stages = tgt && tgt->merge_row_stages;
   for (int attempt = 0;; ++attempt) {
-    ScheduleOptions opts;
-    opts.half_kernels = tgt && tgt->half_kernels;
     steps = schedule(*target, stored, opts);
     if (tgt && !tgt->store_expensive) {  // also try recomputing: keep the schedule moving fewer bytes
       ScheduleOptions recompute = opts;
@@ -420,6 +421,11 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
       try {
         kernels[i] = get_kernel(key, steps[i].group, device);
       } catch (const LowerError&) {
+        if (opts.merge_row_stages) {  // a merged row stage the kernel cannot express: schedule without merging
+          opts.merge_row_stages = false;
+          again = true;
+          break;
+        }
         if (attempt < 3)
           for (Node* n : steps[i].group.nodes)
             if (classify(*n) == NodeClass::Reduction &&

@@ -223,7 +223,9 @@ struct Scheduler {
     for (;;) {
       std::vector<Step> steps = build_steps();
       // A transcendental op that several kernels would each recompute is computed once and
-      // stored instead (e.g. a forward erf that the backward's kernels read again).
+      // stored instead (e.g. a forward erf that the backward's kernels read again); not where
+      // recomputing is cheaper than memory traffic (store_expensive off).
+      if (!opts.store_expensive) return steps;
       std::unordered_map<const Node*, int> kernels_using;
       for (const Step& st : steps)
         if (st.kind == Step::Kind::Kernel)
@@ -294,12 +296,29 @@ struct Scheduler {
         merged = true;
         break;
       }
+      // Row kernels: a later stage of the same rows (a reduction over the last dim, or a
+      // pointwise value of the domain) joins the row kernel whose outputs it reads; those
+      // values are then accumulators of earlier stages in that kernel.
+      if (!merged && opts.merge_row_stages && first_dep > 0) {
+        Step& s = steps[first_dep - 1];
+        if (s.kind == Step::Kind::Kernel && same_shape(s.group.domain, g.domain) && row_group(s.group) &&
+            (g.reduce_dims.empty() || g.reduce_dims == s.group.reduce_dims) && !g.split) {
+          merge(s.group, g);
+          producer[n] = first_dep - 1;
+          merged = true;
+        }
+      }
       if (!merged) {
         producer[n] = steps.size();
         steps.push_back({Step::Kind::Kernel, std::move(g), nullptr});
       }
     }
     return steps;
+  }
+
+  // A reduction over the last dim only (one row per kept index).
+  static bool row_group(const Group& g) {
+    return !g.split && g.reduce_dims.size() == 1 && g.reduce_dims[0] + 1 == static_cast<int64_t>(g.domain.size());
   }
 
   Group make_group(Node* root) {

@@ -34,13 +34,16 @@ struct Step {
 
 // How the schedule trades memory traffic for recomputation (from the backend's Target).
 struct ScheduleOptions {
-  // Store a transcendental value that a reduction and another op read (right where compute is
-  // dear, as on CPUs); false recomputes it in each stage of the one kernel instead (where memory
-  // traffic is dear, as on GPUs). Values several kernels would recompute are stored in any case.
+  // Store a transcendental value that a reduction and another op read, or that several kernels
+  // would recompute (right where compute is dear, as on CPUs); false recomputes it in each stage
+  // and kernel instead (where memory traffic is dear, as on GPUs).
   bool store_expensive = true;
   // Fuse float16/bfloat16 values (computed in float32, rounded to 16 bits after each op) rather
   // than running them on the reference kernels.
   bool half_kernels = false;
+  // Let a later stage over the same rows join the row kernel whose outputs it reads (one
+  // kernel for layer_norm's forward and backward), rather than start a kernel of its own.
+  bool merge_row_stages = false;
 };
 
 // Splits `seg` into steps. Nodes left out of every step are fused intermediates. Nodes in
