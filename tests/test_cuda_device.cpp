@@ -358,6 +358,24 @@ TEST(CudaDevice, ColumnReductionsOverManyRowsMatchTheCpu) {
   }
 }
 
+// A second GPU: tensors on cuda:1 compute there (generated kernels run on cuda:0 only, so its
+// ops run one by one through the device runtime) and match the CPU; copies between the GPUs.
+TEST(CudaDevice, SecondGpuMatchesTheCpu) {
+  NEED_GPU();
+  if (kiln::cuda::device_count() < 2) GTEST_SKIP() << "one GPU";
+  kiln::manual_seed(kiln::testing::test_seed(23));
+  Tensor x = kiln::randn({300, 70}), y = kiln::randn({70});
+  auto f = [](const Tensor& a, const Tensor& b) { return std::vector<Tensor>{kiln::tanh(a * b + 1).sum({1}), kiln::softmax(a, 1)}; };
+  auto want = f(x, y);
+  Tensor x1 = x.to(kiln::cuda(1)), y1 = y.to(kiln::cuda(1));
+  auto got = f(x1, y1);
+  EXPECT_EQ(got[0].device().str(), "cuda:1");
+  expect_close(got[0].cpu(), want[0], 1e-4, 1e-5, "cuda:1 tanh-sum");
+  expect_close(got[1].cpu(), want[1], 1e-4, 1e-6, "cuda:1 softmax");
+  Tensor back = x1.to(kiln::cuda(0)) * 2;  // cuda:1 -> cuda:0, then a generated kernel
+  expect_close(back.cpu(), x * 2, 0, 0, "cuda:1 -> cuda:0");
+}
+
 // A compiled function that moves data across devices inside: its program's segments span two
 // devices and are run part by part on every call.
 TEST(CudaDevice, CompiledFunctionCrossingDevices) {

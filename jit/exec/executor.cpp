@@ -402,6 +402,16 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     static std::once_flag told;
     std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
   }
+  // Generated device kernels are loaded and launched on a device's first ordinal only; other
+  // ordinals run their nodes one by one through the device runtime (library kernels, cuBLAS).
+  if (tgt && device != DeviceType::CPU && seg.nodes[0]->device.index != 0) {
+    static std::once_flag told;
+    std::call_once(told, [&] {
+      log_line("jit", "generated kernels run on " + Device{device, 0}.str() + " only; " + seg.nodes[0]->device.str() +
+                          " runs its ops one by one through the device runtime");
+    });
+    tgt = nullptr;
+  }
   ScheduleOptions opts;
   opts.half_kernels = tgt && tgt->half_kernels;
   opts.merge_row_stages = tgt && tgt->merge_row_stages;
