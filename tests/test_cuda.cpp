@@ -600,6 +600,32 @@ TEST(CudaNvrtc, CombineKernelsCompile) {
   }
 }
 
+// A split reduction's 0-d tail (`sum() * 0.5`) runs in the combine kernel on devices: the merged
+// kernel keeps a block of lanes for the partials and compiles; the tail reads the combine's output.
+TEST(CudaNvrtc, CombineWithEpilogueCompiles) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  SKIP_WITHOUT_NVRTC();
+  kiln::set_executor(kiln::interpreter());
+  Tensor x = kiln::randn({5000, 3});
+  x.eval();
+  Tensor e = (x * x).sum() * 0.5 + 1;
+  kiln::Segment seg = make_segment({e});
+  const kiln::jit::Target target = kiln::jit::cuda_target(90);
+  std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg);
+  ASSERT_EQ(steps.size(), 2u);
+  auto split = kiln::jit::lower(steps[0].group, target), tail = kiln::jit::lower(steps[1].group, target);
+  ASSERT_TRUE(split->split);
+  ASSERT_TRUE(steps[1].group.domain.empty());
+  kiln::jit::Kernel k = kiln::jit::combine_with_epilogue(
+      kiln::jit::combine_kernel(kiln::OpKind::Sum, kiln::DType::Float64, kiln::DType::Float32), tail->kernel, 0);
+  EXPECT_EQ(k.buffers.size(), 2 + tail->kernel.buffers.size());
+  int lanes = 0;
+  const std::string src = kiln::jit::emit_cuda(k, "kiln_combine_then_tail", &lanes);
+  EXPECT_EQ(lanes, kiln::jit::kCudaWideBlock) << src;
+  EXPECT_NE(src.find("b1[((i64)0ll)]"), std::string::npos) << "the tail reads the combined value\n" << src;
+  EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, "kiln_combine_then_tail", 90)) << src;
+}
+
 TEST(CudaNvrtc, EveryOpCompiles) {
   SKIP_WITHOUT_NVRTC();
   OpsKernel ok = make_ops_kernel();

@@ -476,14 +476,30 @@ struct Emitter {
       if (s.kind == Stmt::Kind::Loop) reads(s.body, accs, stored);
     }
   }
+  void loads_of(ExprId e, std::set<int>& out) const {
+    if (e < 0) return;
+    const Expr& x = k.exprs[e];
+    if (x.kind == Expr::Kind::Load) out.insert(static_cast<int>(x.i));
+    loads_of(x.a, out);
+    loads_of(x.b, out);
+    loads_of(x.c, out);
+  }
+  void loads_in(const std::vector<Stmt>& ss, std::set<int>& out) const {
+    for (const Stmt& s : ss) {
+      for (ExprId e : {s.lo, s.hi, s.index}) loads_of(e, out);
+      if (s.kind != Stmt::Kind::AccStore) loads_of(s.value, out);
+      loads_in(s.body, out);
+    }
+  }
   // Whether the kernel can run a warp per parallel index: it reduces in a top-level loop, no
-  // loop reads an accumulator it updates, and no buffer is both read and written (column
-  // scratch), so lanes never depend on each other inside a loop.
+  // loop reads an accumulator it updates, and no buffer written is read inside a loop (column
+  // scratch), so lanes never depend on each other inside a loop. (A value stored by lane 0 and
+  // read back outside loops, as a combine's output by its epilogue, stays on lane 0.)
   bool warp_eligible() const {
     if (k.accs.empty()) return false;
     std::set<int> loaded, stored, none;
-    for (const Expr& e : k.exprs)
-      if (e.kind == Expr::Kind::Load) loaded.insert(static_cast<int>(e.i));
+    for (const Stmt& s : k.body)  // top-level stores run on lane 0 only: their reads are exempt
+      if (s.kind != Stmt::Kind::Store) loads_in({s}, loaded);
     bool reducing_loop = false;
     for (const Stmt& s : k.body) {
       if (s.kind != Stmt::Kind::Loop) continue;

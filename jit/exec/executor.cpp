@@ -257,8 +257,11 @@ struct PlanStep {
   int64_t work = 1;                    // elements of the domain
   bool split = false;
   std::shared_ptr<CompiledKernel> ck;  // null: interpreter fallback
-  bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks
-  bool fused = false;     // Kernel: run as the previous GEMM's epilogue
+  bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks;
+                          // device split Kernel: the next (0-d) step runs in its combine kernel
+  bool fused = false;     // Kernel: run as the previous step's epilogue
+  int epilogue_input = -1;             // device split Kernel: the next step's input that is this step's reduction
+  std::shared_ptr<Code> combine_code;  // device split Kernel: combine + the next step's kernel
 };
 struct Plan {
   std::vector<int64_t> sig;
@@ -486,6 +489,38 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     plan->steps[i + 1].fused = true;
     if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i));
   }
+  // Device split reductions: a 0-d pointwise step reading the reduction (`sum() * 0.5`) runs in
+  // the combine kernel of the partials, one launch instead of two.
+  for (size_t i = 0; device != DeviceType::CPU && i + 1 < steps.size(); ++i) {
+    if (steps[i].kind != Step::Kind::Kernel || steps[i + 1].kind != Step::Kind::Kernel || !kernels[i] || !kernels[i + 1]) continue;
+    const Lowered& L = *kernels[i]->lowered;
+    const Group& e = steps[i + 1].group;
+    if (!L.split || L.split_columns || L.partial_ops.size() != 1 || !e.domain.empty() || !e.reduce_dims.empty()) continue;
+    const OpKind op = L.partial_ops[0];
+    if (op == OpKind::ArgMax || op == OpKind::ArgMin) continue;
+    const Node* red = nullptr;
+    for (const Node* o : steps[i].group.outputs)
+      if (classify(*o) == NodeClass::Reduction) red = o;
+    const std::vector<Node*> eins = canonical_inputs(e);
+    const auto at = std::find(eins.begin(), eins.end(), red);
+    if (!red || at == eins.end()) continue;
+    const int epi_in = static_cast<int>(at - eins.begin());
+    const DType pdt = L.kernel.buffers[static_cast<size_t>(L.num_inputs + L.num_outputs)].dtype;
+    try {
+      Backend* backend = find_backend(device, Tier::Optimizing);
+      if (!backend) continue;
+      Kernel k = combine_with_epilogue(combine_kernel(op, pdt, red->dtype), kernels[i + 1]->lowered->kernel, epi_in);
+      plan->steps[i].combine_code = backend->compile(k, "kiln_" + std::string(backend->name()) + "_combine_then_" +
+                                                             kernels[i + 1]->symbol, nullptr);
+    } catch (const std::exception& ex) {
+      log_line("jit", std::string("combine with epilogue not built (") + ex.what() + "); running them apart");
+      continue;
+    }
+    plan->steps[i].epilogue = true;
+    plan->steps[i].epilogue_input = epi_in;
+    plan->steps[i + 1].fused = true;
+    if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs in the combine kernel of split step " + std::to_string(i));
+  }
   return plan;
 }
 
@@ -537,6 +572,49 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   return true;
 }
 
+// A device split reduction whose 0-d tail (the next step) runs in its combine kernel: the
+// first stage, then one launch combining the partials and running the tail. False when this run
+// cannot (no chunks); the caller then runs them apart.
+bool run_split_with_epilogue(const PlanStep& s, const PlanStep& e, const std::vector<Node*>& ext, RunScratch& sc) {
+  const Group g = load_group(s, ext, sc);  // a copy: the tail's group is loaded into the scratch next
+  const std::vector<Node*> ins = sc.ins;
+  const Lowered& L = *s.ck->lowered;
+  Binding& bd = sc.binding;
+  bind_kernel(bd, g, L, ins);
+  const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.args.ip);
+  if (extent <= 0 || bd.device_partials.size() != 1) return false;
+  const Code& code = launch_code(*s.ck);
+  Launch l;
+  l.extent = extent;
+  l.buffers = bd.buffers.data();
+  l.iparams = bd.args.ip.data();
+  l.fparams = bd.args.fp.data();
+  code.backend->launch(code, l);
+  std::shared_ptr<Storage> partials = bd.device_partials[0];
+  char* red_out = nullptr;
+  for (size_t i = 0; i < g.outputs.size(); ++i) {
+    if (classify(*g.outputs[i]) == NodeClass::Reduction) red_out = static_cast<char*>(bd.out_storage[i]->data);
+    g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
+  }
+  const int64_t chunks = bd.args.chunks;
+  // The tail, bound as its own kernel; its buffers follow the combine's (partials, output).
+  Group& tg = load_group(e, ext, sc);
+  bind_kernel(bd, tg, *e.ck->lowered, sc.ins);
+  std::vector<char*> bufs = {static_cast<char*>(partials->data), red_out};
+  bufs.insert(bufs.end(), bd.buffers.begin(), bd.buffers.end());
+  std::vector<int64_t> ip = {chunks};
+  ip.insert(ip.end(), bd.args.ip.begin(), bd.args.ip.end());
+  Launch c;
+  c.extent = 1;
+  c.work = chunks;
+  c.buffers = bufs.data();
+  c.iparams = ip.data();
+  c.fparams = bd.args.fp.data();
+  s.combine_code->backend->launch(*s.combine_code, c);
+  for (size_t i = 0; i < tg.outputs.size(); ++i) tg.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
+  return true;
+}
+
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
   bool epilogue_done = false;
@@ -544,8 +622,12 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
     const PlanStep& s = plan.steps[si];
     switch (s.kind) {
       case Step::Kind::Kernel: {
-        if (s.fused && epilogue_done) {  // ran as the GEMM's epilogue
+        if (s.fused && epilogue_done) {  // ran as the previous step's epilogue
           epilogue_done = false;
+          break;
+        }
+        if (s.epilogue && s.combine_code && run_split_with_epilogue(s, plan.steps[si + 1], ext, sc)) {
+          epilogue_done = true;
           break;
         }
         run_kernel(load_group(s, ext, sc), s.ck, sc.ins, sc.binding, s.work);
