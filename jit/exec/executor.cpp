@@ -215,6 +215,17 @@ std::shared_ptr<CompiledKernel> kernel_or_null(const Group& g, const std::string
   }
 }
 
+// The launch of a bound kernel over `extent` parallel indices.
+Launch launch_of(const Binding& bd, int64_t extent, int64_t work = 0) {
+  Launch l;
+  l.extent = extent;
+  l.work = work;
+  l.buffers = bd.buffers.data();
+  l.iparams = bd.args.ip.data();
+  l.fparams = bd.args.fp.data();
+  return l;
+}
+
 // Runs a kernel step; `ins` are the group's canonical inputs, `work` its domain's size.
 void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins,
                 Binding& bd, int64_t work) {
@@ -228,13 +239,7 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
   int64_t extent = eval_index(k, k.parallel_extent, bd.args.ip);
   if (extent > 0) {
     const Code& code = launch_code(*ck);
-    Launch l;
-    l.extent = extent;
-    l.work = work;
-    l.buffers = bd.buffers.data();
-    l.iparams = bd.args.ip.data();
-    l.fparams = bd.args.fp.data();
-    code.backend->launch(code, l);
+    code.backend->launch(code, launch_of(bd, extent, work));
   } else if (L.split) {
     bd.args.chunks = 0;
   }
@@ -557,11 +562,7 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   if (rows == 0 || extent <= 0 || extent % rows != 0) return false;
   const int64_t per_row = extent / rows;
   const Code& code = launch_code(*ks.ck);
-  Launch l;
-  l.extent = extent;
-  l.buffers = bd.buffers.data();
-  l.iparams = bd.args.ip.data();
-  l.fparams = bd.args.fp.data();
+  const Launch l = launch_of(bd, extent);
   bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
                                          kernels::operand_of(*m->inputs[1]), [&](int64_t r0, int64_t r1) {
                                            code.backend->run_range(code, r0 * per_row, r1 * per_row, l);
@@ -584,12 +585,7 @@ bool run_split_with_epilogue(const PlanStep& s, const PlanStep& e, const std::ve
   const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.args.ip);
   if (extent <= 0 || bd.device_partials.size() != 1) return false;
   const Code& code = launch_code(*s.ck);
-  Launch l;
-  l.extent = extent;
-  l.buffers = bd.buffers.data();
-  l.iparams = bd.args.ip.data();
-  l.fparams = bd.args.fp.data();
-  code.backend->launch(code, l);
+  code.backend->launch(code, launch_of(bd, extent, s.work));
   std::shared_ptr<Storage> partials = bd.device_partials[0];
   char* red_out = nullptr;
   for (size_t i = 0; i < g.outputs.size(); ++i) {
