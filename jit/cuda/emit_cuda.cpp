@@ -400,11 +400,13 @@ struct Emitter {
     }
   }
 
-  // `header {`, then `body` in a fresh scope (values computed inside stay inside), then `}`.
-  void block(const std::string& header, const std::vector<Stmt>& body) {
+  // `header {`, then `first` (a line, if any) and `body` in a fresh scope (values computed inside
+  // stay inside), then `}`.
+  void block(const std::string& header, const std::vector<Stmt>& body, const std::string& first = "") {
     line(header + " {");
     ++indent;
     scopes.emplace_back();
+    if (!first.empty()) line(first);
     stmts(body);
     scopes.pop_back();
     --indent;
@@ -654,9 +656,10 @@ struct Emitter {
         if (e < 0 || !visited.insert(e).second) return;
         const Expr& x = k.exprs[e];
         if (worth_caching(x) && varies(e, L.var)) {
-          auto f = seen.find(range + "#" + canon(e, L.var));
+          const std::string key = range + "#" + canon(e, L.var);
+          auto f = seen.find(key);
           if (f != seen.end() && f->second.loop < li) {
-            auto [it, fresh] = cand_of.emplace(range + "#" + canon(e, L.var), cands.size());
+            auto [it, fresh] = cand_of.emplace(key, cands.size());
             if (fresh) cands.push_back({f->second.loop, f->second.id, {}});
             cands[it->second].readers.push_back({li, e});
             return;  // read back: nothing under it is computed here
@@ -747,22 +750,11 @@ struct Emitter {
       // Rows kept in shared memory: 8 (layer_norm -> gelu -> softmax 55 -> 50 us on the H100;
       // the W1 split kernel loses occupancy at 8: 102 -> 112 us).
       if (!has_loop(s.body)) line(slots.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
-      auto rc = row_cache.find(&s);
-      if (rc == row_cache.end()) {
-        block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
-              s.body);
-      } else {
-        line("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ") {");
-        ++indent;
-        scopes.emplace_back();
-        line("const int rcx = (int)(" + v + " - " + lo + ");");
-        cur_cache = &rc->second;
-        stmts(s.body);
-        cur_cache = nullptr;
-        scopes.pop_back();
-        --indent;
-        line("}");
-      }
+      const auto rc = row_cache.find(&s);
+      if (rc != row_cache.end()) cur_cache = &rc->second;  // the loop's element in the row cache: rcx
+      block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
+            s.body, cur_cache ? "const int rcx = (int)(" + v + " - " + lo + ");" : "");
+      cur_cache = nullptr;
       size_t si = 0;
       for (int a : up) {
         warp_reduce(a);

@@ -265,7 +265,6 @@ struct PlanStep {
   bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks;
                           // device split Kernel: the next (0-d) step runs in its combine kernel
   bool fused = false;     // Kernel: run as the previous step's epilogue
-  int epilogue_input = -1;             // device split Kernel: the next step's input that is this step's reduction
   std::shared_ptr<Code> combine_code;  // device split Kernel: combine + the next step's kernel
 };
 struct Plan {
@@ -522,7 +521,6 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
       continue;
     }
     plan->steps[i].epilogue = true;
-    plan->steps[i].epilogue_input = epi_in;
     plan->steps[i + 1].fused = true;
     if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs in the combine kernel of split step " + std::to_string(i));
   }

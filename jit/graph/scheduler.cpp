@@ -12,7 +12,6 @@ namespace kiln::jit {
 
 namespace {
 bool half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
-}  // namespace
 
 bool touches_half(const Node& n) {
   if (half(n.dtype)) return true;
@@ -20,6 +19,7 @@ bool touches_half(const Node& n) {
     if (half(in->dtype)) return true;
   return false;
 }
+}  // namespace
 
 NodeClass classify(const Node& n) {
   switch (n.op) {
