@@ -245,6 +245,10 @@ class CompiledCore {
     std::lock_guard<std::mutex> lock(mu_);
     CompileStats s = stats_;
     s.hits = hits_.load();
+    s.graphs = graph_counters_->recorded;
+    s.graph_replays = graph_counters_->replays;
+    s.ungraphed_runs = graph_counters_->ungraphed;
+    s.graph_bytes = graph_counters_->pool_bytes;
     return s;
   }
 
@@ -335,6 +339,7 @@ class CompiledCore {
   mutable std::mutex mu_;
   std::atomic<Entry*> last_hit_{nullptr};
   std::atomic<int64_t> hits_{0};
+  std::shared_ptr<jit::GraphCounters> graph_counters_ = std::make_shared<jit::GraphCounters>();
   std::vector<std::unique_ptr<Entry>> entries_;
   CompileStats stats_;
   bool eager_ = false;
@@ -424,6 +429,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   }
   std::vector<Value> results;
   std::vector<NodePtr> outputs;  // fwd program outputs
+  std::vector<std::pair<size_t, size_t>> write_back;  // (output, input slot) of captured state written in place
   std::vector<NodePtr> tangents, grads;
   std::vector<Tensor> diff_inputs;
   {
@@ -459,6 +465,8 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       auto& c = ts.captured[k];
       if (c.written) {
         e->out.cap_written.push_back(static_cast<int>(k));
+        const auto slot = std::find(ts.slots.begin(), ts.slots.end(), c.node) - ts.slots.begin();
+        if (slot < static_cast<long>(ts.slots.size())) write_back.push_back({outputs.size(), static_cast<size_t>(slot)});
         outputs.push_back(c.impl->node());
       }
     }
@@ -623,6 +631,13 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   }
   e->out.fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names,
                                          ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
+  if (opt_.cuda_graphs) {
+    // Captured state written in place is written back into its own storage by the graph (only
+    // in a program without breaks: there the state is an input of this program).
+    e->out.fwd->use_graphs({graph_counters_, ts.breaks.empty() ? write_back : decltype(write_back){}, opt_.name});
+    if (e->out.bwd) e->out.bwd->use_graphs({graph_counters_, {}, opt_.name + " backward"});
+    for (auto& tb : ts.breaks) tb.step->prog->use_graphs({graph_counters_, {}, opt_.name + " " + tb.step->what});
+  }
   e->out.rng_total = ts.rng_total;
   stats_.symbols = e->out.fwd->symbols_used();
   stats_.size_relations = static_cast<int>(ts.relations.size());

@@ -41,6 +41,9 @@ struct CompileOptions {
   // min-cut's saved bytes allowed (more recomputation below 1).
   double memory_budget = 1.0;
   bool save_all = false;       // save every value backward reads instead of the min-cut (tests)
+  // On a GPU, replay each entry as a CUDA graph (recorded at its second run) instead of
+  // launching its kernels one by one.
+  bool cuda_graphs = true;
 };
 
 // Counters of one compiled function.
@@ -57,6 +60,11 @@ struct CompileStats {
   std::vector<std::string> symbols;  // newest compile: the size symbols its (final) program uses, after
                                      // simplification with the facts its guards establish
   int size_relations = 0;      // ... size relations its trace relied on (guards beyond sizes >= 2)
+  int64_t graphs = 0;          // CUDA graphs recorded
+  int64_t graph_replays = 0;   // runs served by a CUDA graph
+  int64_t ungraphed_runs = 0;  // runs on a GPU that went without a graph (outputs of every graph
+                               // still held, state shared elsewhere, recording impossible)
+  int64_t graph_bytes = 0;     // device memory the graphs hold now (their private pools)
   std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000",
                                // "break 0 (item() of sum): expected 3, got 5")
 };

@@ -18,6 +18,7 @@ struct Program::Instance {
   std::vector<int64_t> rand_offsets;  // ... and their offsets from a given generator state (or empty)
   Segment seg;
   std::unique_ptr<PreparedSegment> prepared;
+  std::unique_ptr<GraphReplay> graphs;  // on a GPU: the instance's device graphs
 };
 
 namespace {
@@ -193,6 +194,10 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   }
   for (Node* n : inst->seg.nodes) inst->seg.needed.push_back(outs.count(n) > 0);
   if (!inst->seg.nodes.empty()) inst->prepared = std::make_unique<PreparedSegment>(inst->seg);
+  // Random ops draw fresh numbers per run (counters set on the host): such instances run without graphs.
+  if (graphs_ && inst->prepared && inst->rands.empty())
+    if (auto dev = GraphReplay::device_of(inst->seg.nodes, inst->inputs))
+      inst->graphs = std::make_unique<GraphReplay>(*graphs_, *dev, inst->inputs, inst->outputs);
   last_ = inst.get();
   last_key_ = key;
   instances_[std::move(key)] = std::move(inst);
@@ -220,6 +225,8 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   Instance& inst = instance(syms);
   KILN_CHECK(inputs.size() == inst.inputs.size(), "compiled program: expected ", inst.inputs.size(), " inputs, got ",
              inputs.size());
+  std::vector<Tensor> out;
+  if (inst.graphs && inst.graphs->replay(ins, out)) return out;
   struct Reset {
     Instance& i;
     ~Reset() {
@@ -227,16 +234,19 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
       for (Node* n : i.inputs) n->storage.reset();
     }
   } reset{inst};
-  for (size_t i = 0; i < ins.size(); ++i) {
-    Node* dst = inst.inputs[i];
-    const Node* src = ins[i];
-    dst->storage = src->storage;
-    dst->offset = src->offset;
-    bool same = dst->strides.size() == src->strides.size();
-    for (size_t d = 0; same && d < src->strides.size(); ++d)
-      same = src->strides[d].is_constant() && dst->strides[d].as_int() == src->strides[d].as_int();
-    if (!same) dst->strides = src->strides;
-  }
+  auto bind = [&] {
+    for (size_t i = 0; i < ins.size(); ++i) {
+      Node* dst = inst.inputs[i];
+      const Node* src = ins[i];
+      dst->storage = src->storage;
+      dst->offset = src->offset;
+      bool same = dst->strides.size() == src->strides.size();
+      for (size_t d = 0; same && d < src->strides.size(); ++d)
+        same = src->strides[d].is_constant() && dst->strides[d].as_int() == src->strides[d].as_int();
+      if (!same) dst->strides = src->strides;
+    }
+  };
+  bind();
   if (rng_base) {
     KILN_CHECK(inst.rand_offsets.size() == inst.rands.size(), "compiled program: a random op has no generator offset");
     for (size_t i = 0; i < inst.rands.size(); ++i) {
@@ -250,8 +260,17 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
       std::tie(r->attrs.seed, r->attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
     }
   }
+  if (inst.graphs && inst.graphs->wants_record(ins)) {
+    if (inst.graphs->record(
+            ins, [&] { inst.prepared->run(); },
+            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out))
+      return out;
+    for (Node* n : inst.seg.nodes) n->storage.reset();  // what the failed recording left
+    bind();
+  } else if (inst.graphs) {
+    inst.graphs->note_ungraphed();
+  }
   if (inst.prepared) inst.prepared->run();
-  std::vector<Tensor> out;
   out.reserve(inst.outputs.size());
   for (Node* o : inst.outputs) {
     KILN_CHECK(o->materialized(), "compiled program: output ", op_name(o->op), " was not computed");

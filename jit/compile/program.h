@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "jit/compile/graph_replay.h"
 #include "runtime/tensor/tensor.h"
 
 namespace kiln::jit {
@@ -31,6 +32,8 @@ class Program {
                           const std::pair<uint64_t, uint64_t>* rng_base = nullptr);
   const std::vector<NodePtr>& inputs() const { return inputs_; }
   const std::vector<NodePtr>& outputs() const { return outputs_; }
+  // Replays instances on a GPU as device graphs under `policy` (set before the first run).
+  void use_graphs(GraphPolicy policy) { graphs_ = std::make_unique<GraphPolicy>(std::move(policy)); }
   // Number of size instances built so far (one per set of values of the symbols it uses).
   size_t instances() const;
   // The symbols the program's sizes use (inputs' layouts, nodes, random offsets), in the
@@ -52,6 +55,7 @@ class Program {
   std::vector<std::string> symbols_;
   std::vector<size_t> used_;  // indices into symbols_ of the symbols the program uses
   std::map<uint64_t, SymInt> rng_offsets_;
+  std::unique_ptr<GraphPolicy> graphs_;  // null: no device graphs
   mutable std::mutex mu_;
   std::map<std::vector<int64_t>, std::unique_ptr<Instance>> instances_;
   Instance* last_ = nullptr;  // the instance used last (most calls repeat sizes)

@@ -210,4 +210,15 @@ size_t CachingAllocator::block_size(void* p) const {
   return it->second->size;
 }
 
+bool CachingAllocator::owns(const void* p) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const char* c = static_cast<const char*>(p);
+  for (const Block* first : segments_) {
+    const Block* last = first;
+    while (last->next) last = last->next;
+    if (c >= first->ptr && c < last->ptr + last->size) return true;
+  }
+  return false;
+}
+
 }  // namespace kiln::cu

@@ -65,6 +65,8 @@ class CachingAllocator {
   void empty_cache();
   // The size of the live block at `p` (>= the request rounded up to 512).
   size_t block_size(void* p) const;
+  // Whether `p` lies inside one of this allocator's segments.
+  bool owns(const void* p) const;
 
  private:
   struct Block;

@@ -157,7 +157,12 @@ bool gemm(Node& n) {
       const void* beta = f64 ? static_cast<const void*>(&zero64) : &zero32;
       KILN_CHECK(N <= INT32_MAX && M <= INT32_MAX && K <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX && batch <= INT32_MAX,
                  "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K, ")");
-      check(lib().gemm(handle(n.device.index), opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb,
+      // The handle follows the stream work goes to now (the device's, or a graph's being recorded).
+      static std::mutex mu;
+      std::lock_guard<std::mutex> lock(mu);
+      cublasHandle_t h = handle(n.device.index);
+      check(lib().set_stream(h, reinterpret_cast<cudaStream_t>(s)), "cublasSetStream");
+      check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb,
                        type, static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
                        static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx");

@@ -22,6 +22,18 @@ namespace {
 
 void wait(int index);
 
+// The graph this thread is recording, if any: device `index`'s work goes to `stream` (captured,
+// not run) and its allocations come from `pool`, the graph's private memory.
+struct Capture {
+  int index = -1;
+  CUstream stream = nullptr;
+  std::shared_ptr<CachingAllocator> pool;
+  bool reports_index_errors = false;  // a recorded kernel may write the index-error record
+};
+thread_local Capture* t_capture = nullptr;
+
+bool capturing(int index) { return t_capture && t_capture->index == index; }
+
 // Device memory straight from the driver (the caching allocator's source).
 class DriverMemory final : public RawMemory {
  public:
@@ -99,6 +111,8 @@ DeviceState& ready(int index) {
 // Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
 // kernel queued.
 void wait(int index) {
+  KILN_CHECK(!capturing(index), "cuda: the host waits for cuda:", index,
+             " while a CUDA graph is recorded (the work reads a device value on the host)");
   DeviceState& s = ready(index);
   CUresult r = api().stream_synchronize(s.stream);
   if (r == CUDA_SUCCESS) return;
@@ -154,14 +168,22 @@ class CudaRuntime final : public DeviceRuntime {
   std::shared_ptr<Storage> allocate(size_t nbytes, int index) override {
     CachingAllocator* a = ready(index).allocator.get();
     auto s = std::allocate_shared<Storage>(std::allocator<Storage>());
-    s->data = a->allocate(nbytes);
     s->nbytes = nbytes;
     s->device = Device{DeviceType::CUDA, index};
+    if (capturing(index)) {  // the graph's own memory, kept while anything from it lives
+      std::shared_ptr<CachingAllocator> pool = t_capture->pool;
+      s->data = pool->allocate(nbytes);
+      s->deleter = [pool](void* p) { pool->free(p); };
+      return s;
+    }
+    s->data = a->allocate(nbytes);
     s->deleter = [a](void* p) { a->free(p); };
     return s;
   }
 
   void copy(void* dst, Device to, const void* src, Device from, size_t nbytes) override {
+    KILN_CHECK(from.type == to.type || !t_capture, "cuda: a copy between ", from.str(), " and ", to.str(),
+               " while a CUDA graph is recorded (a graph replays device work only)");
     const auto d = reinterpret_cast<CUdeviceptr>(dst);
     const auto s = reinterpret_cast<CUdeviceptr>(src);
     if (to.type == DeviceType::CPU) {  // device -> host: the host reads it next, so wait
@@ -189,12 +211,87 @@ class CudaRuntime final : public DeviceRuntime {
 
   void synchronize(int index) override { sync(index); }
 
+  std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why) override;
+
   MemoryStats memory_stats(int index) override { return ready(index).allocator->stats(); }
   void reset_peak_memory_stats(int index) override { ready(index).allocator->reset_peak_stats(); }
   void empty_cache() override {
     for (int i = 0; i < cu::device_count(); ++i) ready(i).allocator->empty_cache();
   }
 };
+
+// A recorded graph, instantiated, with the private pool its work allocated from.
+class CudaGraph final : public DeviceGraph {
+ public:
+  CudaGraph(int index, CUgraph graph, CUgraphExec exec, std::shared_ptr<CachingAllocator> pool, bool reports, size_t size)
+      : index_(index), graph_(graph), exec_(exec), pool_(std::move(pool)), reports_(reports), size_(size) {}
+  ~CudaGraph() override {
+    // (replays still queued finish first: the driver defers the release)
+    api().graph_exec_destroy(exec_);
+    api().graph_destroy(graph_);
+  }
+  void launch() override {
+    check(api().graph_launch(exec_, enter(index_)), "cuGraphLaunch");
+    note_launch(index_, "a CUDA graph of " + std::to_string(size_) + " operations", reports_);
+  }
+  size_t size() const override { return size_; }
+  bool owns(const void* p) const override { return pool_->owns(p); }
+  size_t pool_bytes() const override { return static_cast<size_t>(pool_->stats().reserved_bytes); }
+
+ private:
+  int index_;
+  CUgraph graph_;
+  CUgraphExec exec_;
+  std::shared_ptr<CachingAllocator> pool_;
+  bool reports_;
+  size_t size_;
+};
+
+std::unique_ptr<DeviceGraph> CudaRuntime::capture(int index, const std::function<void()>& work, std::string& why) {
+  KILN_CHECK(!t_capture, "cuda: CUDA graph recordings do not nest");
+  ready(index);
+  Capture c;
+  c.index = index;
+  c.pool = std::make_shared<CachingAllocator>(std::make_unique<DriverMemory>(index),
+                                              "cuda:" + std::to_string(index) + " (graph memory)");
+  // Recorded on a stream of its own: other threads keep queueing on the device's stream.
+  check(api().stream_create(&c.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  struct Destroy {
+    CUstream s;
+    ~Destroy() { api().stream_destroy(s); }
+  } destroy{c.stream};
+  // Relaxed: the private pool may take segments from cuMemAlloc while recording.
+  check(api().stream_begin_capture(c.stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
+  t_capture = &c;
+  std::string failed;
+  try {
+    work();
+  } catch (const std::exception& e) {
+    failed = e.what();
+  }
+  t_capture = nullptr;
+  CUgraph graph = nullptr;
+  CUresult r = api().stream_end_capture(c.stream, &graph);
+  if (failed.empty() && r != CUDA_SUCCESS) {
+    const char* name = nullptr;
+    api().get_error_name(r, &name);
+    failed = std::string("cuStreamEndCapture: ") + (name ? name : "error");
+  }
+  if (!failed.empty()) {
+    if (graph) api().graph_destroy(graph);
+    why = failed;
+    return nullptr;
+  }
+  size_t size = 0;
+  check(api().graph_get_nodes(graph, nullptr, &size), "cuGraphGetNodes");
+  CUgraphExec exec = nullptr;
+  r = api().graph_instantiate(&exec, graph, 0);
+  if (r != CUDA_SUCCESS) {
+    api().graph_destroy(graph);
+    check(r, "cuGraphInstantiate");
+  }
+  return std::make_unique<CudaGraph>(index, graph, exec, std::move(c.pool), c.reports_index_errors, size);
+}
 
 const bool g_registered = [] {
   static CudaRuntime rt;
@@ -204,9 +301,16 @@ const bool g_registered = [] {
 
 }  // namespace
 
-CUstream enter(int index) { return ready(index).stream; }
+CUstream enter(int index) {
+  CUstream s = ready(index).stream;
+  return capturing(index) ? t_capture->stream : s;
+}
 
 void note_launch(int index, const std::string& kernel, bool reports_index_errors) {
+  if (capturing(index)) {  // recorded, not run: the graph's launches note it
+    t_capture->reports_index_errors |= reports_index_errors;
+    return;
+  }
   DeviceState& s = state(index);
   // Counted after the launch: a sync() that sees the count reads the record after the kernel.
   if (reports_index_errors) s.unchecked.fetch_add(1);

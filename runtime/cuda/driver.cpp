@@ -104,6 +104,14 @@ Loaded load() {
       {"cuMemGetInfo_v2", reinterpret_cast<void**>(&a.mem_get_info)},
       {"cuDeviceTotalMem_v2", reinterpret_cast<void**>(&a.device_total_mem)},
       {"cuStreamQuery", reinterpret_cast<void**>(&a.stream_query)},
+      {"cuStreamDestroy_v2", reinterpret_cast<void**>(&a.stream_destroy)},
+      {"cuStreamBeginCapture_v2", reinterpret_cast<void**>(&a.stream_begin_capture)},
+      {"cuStreamEndCapture", reinterpret_cast<void**>(&a.stream_end_capture)},
+      {"cuGraphInstantiateWithFlags", reinterpret_cast<void**>(&a.graph_instantiate)},
+      {"cuGraphLaunch", reinterpret_cast<void**>(&a.graph_launch)},
+      {"cuGraphExecDestroy", reinterpret_cast<void**>(&a.graph_exec_destroy)},
+      {"cuGraphDestroy", reinterpret_cast<void**>(&a.graph_destroy)},
+      {"cuGraphGetNodes", reinterpret_cast<void**>(&a.graph_get_nodes)},
   };
   for (const Need& n : need)
     if (!(*n.slot = dlsym(lib, n.name))) {

@@ -41,6 +41,15 @@ struct Api {
   decltype(&::cuMemGetInfo_v2) mem_get_info = nullptr;
   decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
   decltype(&::cuStreamQuery) stream_query = nullptr;
+  decltype(&::cuStreamDestroy_v2) stream_destroy = nullptr;
+  // Stream capture and CUDA graphs (compiled entries replay as graphs).
+  decltype(&::cuStreamBeginCapture_v2) stream_begin_capture = nullptr;
+  decltype(&::cuStreamEndCapture) stream_end_capture = nullptr;
+  decltype(&::cuGraphInstantiateWithFlags) graph_instantiate = nullptr;
+  decltype(&::cuGraphLaunch) graph_launch = nullptr;
+  decltype(&::cuGraphExecDestroy) graph_exec_destroy = nullptr;
+  decltype(&::cuGraphDestroy) graph_destroy = nullptr;
+  decltype(&::cuGraphGetNodes) graph_get_nodes = nullptr;
   // NVRTC (libnvrtc.so.13 / .12), loaded with or without a driver; null when not found
   // (compiling is then impossible, loading stored cubins still works).
   decltype(&::nvrtcVersion) nvrtc_version = nullptr;

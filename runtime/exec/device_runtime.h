@@ -3,6 +3,7 @@
 // kiln is built with KILN_CUDA; without it every CUDA request throws a clear kiln::Error.
 #pragma once
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -10,6 +11,21 @@
 #include "runtime/ir/node.h"
 
 namespace kiln {
+
+// Device work recorded once and replayed with one launch (a CUDA graph). The memory the work
+// allocated while it was recorded belongs to the graph: replays write the same addresses.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Queues one replay on the device's stream.
+  virtual void launch() = 0;
+  // Number of operations recorded (kernels, GEMMs, copies, memsets).
+  virtual size_t size() const = 0;
+  // Whether `p` lies in the graph's private memory.
+  virtual bool owns(const void* p) const = 0;
+  // Bytes of device memory the graph's private pool holds.
+  virtual size_t pool_bytes() const = 0;
+};
 
 // One device type's runtime (CUDA). Work is ordered on one stream per device: calls return
 // once the work is queued, except where a host address is written or read.
@@ -35,6 +51,14 @@ class DeviceRuntime {
   virtual MemoryStats memory_stats(int index) = 0;
   virtual void reset_peak_memory_stats(int index) = 0;
   virtual void empty_cache() = 0;
+  // Records the device work `work` queues on device `index` from this thread into a graph,
+  // without running it. Memory `work` allocates on that device comes from a pool private to the
+  // graph (kept while the graph or a storage from it lives). Returns null and says why in `why`
+  // when the work cannot be recorded (it waits for the device or copies to or from the host).
+  virtual std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why) {
+    why = "this device type records no graphs";
+    return nullptr;
+  }
 };
 
 // Registers the runtime of a device type (called once, at load, by that runtime's library part).

@@ -1,0 +1,224 @@
+// kiln::compile on a GPU replays entries as CUDA graphs (jit/compile/graph_replay.h). Each test
+// runs the same function compiled twice, with and without graphs (CompileOptions::cuda_graphs):
+// a graph replays the very kernels of a run without it, so results must be equal bit for bit;
+// against lazy eager on the same device, float32 within 1e-5 relative (fusion differs).
+// Need a GPU (skip cleanly without one, and on the simulated device, which records no graphs).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <thread>
+
+#include "expect_close.h"
+#include "kiln.h"
+#include "test_seed.h"
+
+using kiln::Tensor;
+
+namespace {
+
+bool gpu() {
+  const char* v = std::getenv("KILN_TEST_DEVICE");
+  return !(v && std::string(v) == "fake-cuda") && kiln::cuda::is_available();
+}
+#define NEED_GPU() \
+  if (!gpu()) GTEST_SKIP() << "no usable CUDA device"
+
+void expect_same_bits(const Tensor& a, const Tensor& b, const std::string& what) {
+  ASSERT_EQ(a.sizes(), b.sizes()) << what;
+  auto x = a.to_vector<float>(), y = b.to_vector<float>();
+  for (size_t i = 0; i < x.size(); ++i)
+    if (!(std::isnan(x[i]) && std::isnan(y[i]))) ASSERT_EQ(x[i], y[i]) << what << " element " << i;
+}
+
+kiln::CompileOptions options(const std::string& name, bool graphs) {
+  kiln::CompileOptions o;
+  o.name = name;
+  o.cuda_graphs = graphs;
+  return o;
+}
+
+const void* address(const Tensor& t) { return t.node()->storage->data; }
+
+}  // namespace
+
+// Fresh inputs every call (new tensors: their addresses move, so they are copied into the
+// graph's buffers) and one input rewritten in place at a fixed address (guarded by address).
+TEST(CudaGraphs, ReplayEqualsRunsWithoutGraphs) {
+  NEED_GPU();
+  kiln::manual_seed(kiln::testing::test_seed(11));
+  auto body = [](const Tensor& a, const Tensor& b) { return (kiln::gelu(a * 2 + b).sum({1}) / 3).exp(); };
+  auto with = kiln::compile(body, options("with", true));
+  auto without = kiln::compile(body, options("without", false));
+  Tensor b = kiln::randn({40}).cuda().eval();
+  for (int i = 0; i < 12; ++i) {
+    Tensor a = kiln::randn({33, 40}).cuda().eval();
+    if (i % 3 == 0) b = kiln::randn({40}).cuda().eval();
+    Tensor got = with(a, b), want = without(a, b);
+    expect_same_bits(got, want, "call " + std::to_string(i));
+    expect_close(got, (kiln::gelu(a * 2 + b).sum({1}) / 3).exp(), 1e-5, 1e-6);
+  }
+  const auto s = with.stats();
+  EXPECT_GE(s.graphs, 1);
+  EXPECT_GE(s.graph_replays, 6);
+  EXPECT_EQ(without.stats().graphs, 0);
+}
+
+// A caller that keeps every output: a replay never writes memory handed out (the graphs take
+// turns while outputs are dropped; when all are held the call runs without a graph).
+TEST(CudaGraphs, OutputsKeptAcrossReplaysStayIntact) {
+  NEED_GPU();
+  auto f = kiln::compile([](const Tensor& x) { return (x * 2 + 1).tanh(); }, options("keep", true));
+  Tensor x = kiln::zeros({1000}).cuda().eval();
+  std::vector<Tensor> kept;
+  for (int i = 0; i < 100; ++i) {
+    x = kiln::full({1000}, 0.01 * i).cuda().eval();
+    Tensor y = f(x);
+    if (i % 2 == 0) kept.push_back(y);  // half kept, half dropped at once
+  }
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const float want = std::tanh(static_cast<float>(0.01 * (2.0 * k) * 2 + 1));
+    auto v = kept[k].to_vector<float>();
+    for (float e : v) ASSERT_NEAR(e, want, 1e-6) << "output " << 2 * k;
+  }
+  EXPECT_GE(f.stats().graph_replays, 40);
+}
+
+// A training step (forward, backward, Adam) compiled whole: parameters and optimizer state are
+// written back in place by the graph (their addresses never change), gradients alternate
+// between two graphs, and every step equals the step without graphs bit for bit.
+TEST(CudaGraphs, TrainingStepReplayEqualsRunsWithoutGraphs) {
+  NEED_GPU();
+  struct Setup {
+    std::shared_ptr<kiln::nn::Sequential> net;
+    std::unique_ptr<kiln::optim::Adam> opt;
+  };
+  auto make = [] {
+    kiln::manual_seed(3);
+    Setup s;
+    s.net = std::make_shared<kiln::nn::Sequential>(std::vector<std::shared_ptr<kiln::nn::Module>>{
+        std::make_shared<kiln::nn::Linear>(16, 64), std::make_shared<kiln::nn::Tanh>(), std::make_shared<kiln::nn::Linear>(64, 4)});
+    s.net->to(kiln::cuda());
+    kiln::optim::AdamOptions o;
+    o.lr = 1e-2;
+    s.opt = std::make_unique<kiln::optim::Adam>(s.net->parameters(), o);
+    return s;
+  };
+  auto step = [](Setup& s, const Tensor& x, const Tensor& y) {
+    s.opt->zero_grad();
+    Tensor loss = kiln::mse_loss(s.net->forward(x), y);
+    loss.backward();
+    s.opt->step();
+    return loss.detach();
+  };
+  Setup g = make(), n = make(), e = make();
+  auto fg = kiln::compile([&](const Tensor& x, const Tensor& y) { return step(g, x, y); }, options("step", true));
+  auto fn = kiln::compile([&](const Tensor& x, const Tensor& y) { return step(n, x, y); }, options("step_plain", false));
+  kiln::manual_seed(kiln::testing::test_seed(12));
+  Tensor x = kiln::randn({128, 16}).cuda().eval(), y = kiln::randn({128, 4}).cuda().eval();
+  std::vector<const void*> where;
+  for (int i = 0; i < 8; ++i) {
+    Tensor lg = fg(x, y), ln = fn(x, y), le = step(e, x, y);
+    expect_same_bits(lg, ln, "loss at step " + std::to_string(i));
+    EXPECT_NEAR(lg.item<float>(), le.item<float>(), 1e-5 * std::abs(le.item<float>()) + 1e-6) << "step " << i;
+    if (i == 3)
+      for (auto& p : g.net->parameters()) where.push_back(address(p));
+  }
+  auto pg = g.net->parameters(), pn = n.net->parameters(), pe = e.net->parameters();
+  for (size_t k = 0; k < pg.size(); ++k) {
+    expect_same_bits(pg[k], pn[k], "parameter " + std::to_string(k));
+    expect_same_bits(pg[k].grad(), pn[k].grad(), "gradient " + std::to_string(k));
+    expect_close(pg[k], pe[k], 1e-4, 1e-5);
+    EXPECT_EQ(address(pg[k]), where[k]) << "parameter " << k << " moved: not updated in place";
+  }
+  const auto s = fg.stats();
+  EXPECT_EQ(s.graphs, 2) << "two graphs take turns (the gradients of one step are held during the next)";
+  EXPECT_GE(s.graph_replays, 5);
+  EXPECT_EQ(s.ungraphed_runs, 0);
+  EXPECT_GT(s.graph_bytes, 0);
+}
+
+// A parameter whose node is shared (a detached handle taken by the caller) must keep its old
+// value in that handle: the step then runs without a graph and the state moves to new memory.
+TEST(CudaGraphs, StateSharedWithTheCallerIsNotOverwritten) {
+  NEED_GPU();
+  Tensor w = kiln::ones({256}).cuda().eval();
+  auto f = kiln::compile([&](const Tensor& g) { w.sub_(g * 0.5); return w.sum(); }, options("sgd", true));
+  Tensor g = kiln::ones({256}).cuda().eval();
+  for (int i = 0; i < 3; ++i) f(g);  // recorded at the second call, replayed at the third
+  EXPECT_GE(f.stats().graph_replays, 1);
+  Tensor snapshot = w.detach();
+  const float before = snapshot.to_vector<float>()[0];
+  Tensor total = f(g);
+  EXPECT_EQ(snapshot.to_vector<float>()[0], before) << "the caller's handle saw an in-place write";
+  EXPECT_EQ(w.to_vector<float>()[0], before - 0.5f);
+  EXPECT_EQ(total.item<float>(), 256 * (before - 0.5f));
+  EXPECT_GE(f.stats().ungraphed_runs, 1);
+}
+
+// Sizes that change: one graph per size met, kernels shared (one compiled entry), and each size
+// replays its own graph afterwards.
+TEST(CudaGraphs, OneGraphPerSizeKernelsShared) {
+  NEED_GPU();
+  kiln::CompileOptions o = options("sizes", true);
+  o.dynamic = kiln::CompileOptions::Dynamic::Always;
+  auto f = kiln::compile([](const Tensor& x) { return kiln::softmax(x * 3, 1); }, o);
+  kiln::manual_seed(kiln::testing::test_seed(13));
+  for (int r = 0; r < 4; ++r)
+    for (int64_t n : {8, 24, 40}) {
+      Tensor x = kiln::randn({n, 50}).cuda().eval();
+      expect_close(f(x), kiln::softmax(x * 3, 1), 1e-5, 1e-6);
+    }
+  const auto s = f.stats();
+  EXPECT_EQ(s.entries, 1);
+  EXPECT_EQ(s.graphs, 3);
+  EXPECT_EQ(s.graph_replays, 6);
+}
+
+// A graph break (a value read on the host) splits fn: each segment replays its own graph.
+TEST(CudaGraphs, BreakSegmentsReplayTheirOwnGraphs) {
+  NEED_GPU();
+  auto body = [](const Tensor& x) {
+    Tensor y = x * 2 + 1;
+    int k = static_cast<int>(y.amax().item<float>() > 1.0f);
+    return y.tanh() * (k + 1);
+  };
+  auto f = kiln::compile(body, options("break", true));
+  auto plain = kiln::compile(body, options("break_plain", false));
+  for (int i = 0; i < 6; ++i) {
+    Tensor x = kiln::full({300}, 0.25 * i).cuda().eval();
+    expect_same_bits(f(x), plain(x), "call " + std::to_string(i));
+  }
+  EXPECT_GE(f.stats().graph_replays, 4);
+}
+
+// Random numbers are drawn afresh per call: such programs run without graphs, still correct.
+TEST(CudaGraphs, RandomOpsRunWithoutAGraph) {
+  NEED_GPU();
+  auto f = kiln::compile([](const Tensor& x) { return kiln::dropout(x, 0.5, true); }, options("dropout", true));
+  Tensor x = kiln::ones({4096}).cuda().eval();
+  Tensor a = f(x), b = f(x), c = f(x);
+  auto va = a.to_vector<float>(), vc = c.to_vector<float>();
+  EXPECT_NE(va, vc) << "the same mask twice";
+  EXPECT_EQ(f.stats().graph_replays, 0);
+}
+
+// Threads sharing one compiled function on one GPU: every result is its own input's.
+TEST(CudaGraphs, ThreadsShareACompiledFunction) {
+  NEED_GPU();
+  auto f = kiln::compile([](const Tensor& x) { return (x * x + 1).sqrt(); }, options("threads", true));
+  std::vector<std::thread> ts;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        const double v = t * 100 + i;
+        Tensor y = f(kiln::full({512}, v).cuda());
+        const float want = static_cast<float>(std::sqrt(v * v + 1));
+        for (float e : y.to_vector<float>())
+          if (std::abs(e - want) > 1e-6 * want) bad++;
+      }
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_GE(f.stats().graph_replays, 1);
+}
