@@ -106,6 +106,122 @@ void bench_w3(int iters) {
   row("W3B", "kiln-compiled", time_us([&] { kiln::eval(fc(x, w, b)); }, iters));
 }
 
+// Mean microseconds per step of `step` run `n` times back to back (no wait between steps, as a
+// training loop runs), the median of 5 such loops.
+template <class F>
+double loop_us(F&& step, int n = 20) {
+  for (int i = 0; i < 3; ++i) step();
+  kiln::cuda::synchronize();
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    auto a = Clock::now();
+    for (int i = 0; i < n; ++i) step();
+    kiln::cuda::synchronize();
+    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count() / n);
+  }
+  return median(t);
+}
+
+std::shared_ptr<kiln::nn::Sequential> w2_net() {
+  kiln::manual_seed(7);
+  auto net = std::make_shared<kiln::nn::Sequential>(std::vector<std::shared_ptr<kiln::nn::Module>>{
+      std::make_shared<kiln::nn::Linear>(64, 256), std::make_shared<kiln::nn::Tanh>(),
+      std::make_shared<kiln::nn::Linear>(256, 256), std::make_shared<kiln::nn::Tanh>(),
+      std::make_shared<kiln::nn::Linear>(256, 8)});
+  net->to(kiln::cuda());
+  kiln::eval(net->parameters());
+  return net;
+}
+
+// W2: MLP 64-256-256-8 (tanh) + MSE + Adam (lr 1e-3) train step at `batch`: lazy eager, compiled
+// without and with CUDA graphs; loss after 3 steps against lazy eager's.
+void bench_w2(int64_t batch) {
+  struct Model {
+    std::shared_ptr<kiln::nn::Sequential> net = w2_net();
+    kiln::optim::Adam opt{net->parameters(), kiln::optim::AdamOptions{.lr = 1e-3}};
+    Tensor step(const Tensor& x, const Tensor& y) {
+      opt.zero_grad();
+      Tensor loss = kiln::mse_loss(net->forward(x), y);
+      loss.backward();
+      opt.step();
+      return loss.detach();
+    }
+  };
+  kiln::manual_seed(8);
+  Tensor x = kiln::randn({batch, 64}, kiln::kFloat32, kiln::cuda()), y = kiln::randn({batch, 8}, kiln::kFloat32, kiln::cuda()) * 0.5;
+  kiln::eval({x, y});
+  Model e, c, g;
+  kiln::CompileOptions plain{"w2"};
+  plain.cuda_graphs = false;
+  auto fc = kiln::compile([&](const Tensor& a, const Tensor& b) { return c.step(a, b); }, plain);
+  auto fg = kiln::compile([&](const Tensor& a, const Tensor& b) { return g.step(a, b); }, kiln::CompileOptions{"w2g"});
+  float le = 0, lc = 0, lg = 0;
+  auto first = Clock::now();
+  fg(x, y).eval();
+  kiln::cuda::synchronize();
+  const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - first).count();
+  le = e.step(x, y).item<float>();
+  fc(x, y);
+  for (int i = 0; i < 2; ++i) {
+    le = e.step(x, y).item<float>();
+    lc = fc(x, y).item<float>();
+    lg = fg(x, y).item<float>();
+  }
+  const std::string w = "W2-" + std::to_string(batch);
+  auto eager = [&] {
+    Tensor l = e.step(x, y);
+    std::vector<Tensor> all = e.net->parameters();
+    all.push_back(l);
+    kiln::eval(all);
+  };
+  row(w.c_str(), "kiln-eager", loop_us(eager));
+  row(w.c_str(), "kiln-compiled-nographs", loop_us([&] { fc(x, y); }));
+  const double us = loop_us([&] { fg(x, y); });
+  const auto s = fg.stats();
+  std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-compiled\", \"us\": %.2f, \"first_call_ms\": %.1f, "
+              "\"loss_step3_eager\": %.7g, \"loss_step3_compiled\": %.7g, \"loss_step3_graphs\": %.7g, \"graphs\": %lld, "
+              "\"replays\": %lld, \"ungraphed\": %lld, \"graph_mib\": %.1f}\n",
+              w.c_str(), us, first_ms, le, lc, lg, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays),
+              static_cast<long long>(s.ungraphed_runs), s.graph_bytes / 1048576.0);
+  std::fflush(stdout);
+}
+
+// W4: the W2 MLP forward over 64 batch sizes 1000, 1061, ..., 4843: the first pass (compiles
+// included) and a steady pass, compiled (sizes become symbolic: one kernel set).
+void bench_w4() {
+  auto net = w2_net();
+  std::vector<Tensor> xs;
+  kiln::manual_seed(9);
+  for (int i = 0; i < 64; ++i) xs.push_back(kiln::randn({1000 + 61 * i, 64}, kiln::kFloat32, kiln::cuda()).eval());
+  auto f = kiln::compile([&](const Tensor& x) { return net->forward(x); }, kiln::CompileOptions{"w4"});
+  kiln::NoGradGuard ng;
+  kiln::cuda::synchronize();
+  auto a = Clock::now();
+  for (auto& x : xs) f(x);
+  kiln::cuda::synchronize();
+  const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+  const double steady = loop_us([&] { for (auto& x : xs) f(x); }, 3);
+  const double eager = loop_us([&] { for (auto& x : xs) net->forward(x).eval(); }, 3);
+  const auto s = f.stats();
+  std::printf("{\"workload\": \"W4\", \"impl\": \"kiln-compiled\", \"us\": %.2f, \"first_pass_ms\": %.1f, \"compiles\": %d, "
+              "\"graphs\": %lld, \"replays\": %lld}\n",
+              steady, first_ms, s.entries, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays));
+  row("W4", "kiln-eager", eager);
+}
+
+// W5: relu(2x + 1) on 16 elements, per call in a loop without waiting: compiled, lazy eager.
+void bench_w5() {
+  Tensor x = kiln::linspace(-2, 2, 16, kiln::kFloat32).cuda().eval();
+  auto body = [](const Tensor& t) { return kiln::relu(t * 2 + 1); };
+  auto f = kiln::compile(body, kiln::CompileOptions{"w5"});
+  kiln::CompileOptions plain{"w5p"};
+  plain.cuda_graphs = false;
+  auto fp = kiln::compile(body, plain);
+  row("W5", "kiln-compiled", loop_us([&] { f(x); }, 2000));
+  row("W5", "kiln-compiled-nographs", loop_us([&] { fp(x); }, 2000));
+  row("W5", "kiln-eager", loop_us([&] { body(x).eval(); }, 2000));
+}
+
 // K structurally different kernels, each called once: with an empty KILN_CACHE_DIR every first
 // call compiles with NVRTC; with a filled one it loads the cubin. Kernel k is a chain of
 // 1 + k % 8 ops (tanh * c, + c, sigmoid, exp, * x) chosen by the digits of k / 8: the size of
@@ -155,6 +271,10 @@ int main(int argc, char** argv) {
     }
     bench_w1(iters);
     bench_w3(iters);
+    bench_w5();
+    bench_w2(4096);
+    bench_w2(65536);
+    bench_w4();
     kiln::MemoryStats m = kiln::cuda::memory_stats();
     std::printf("{\"workload\": \"memory\", \"peak_allocated_mib\": %.1f, \"peak_reserved_mib\": %.1f}\n",
                 m.peak_allocated_bytes / 1048576.0, m.peak_reserved_bytes / 1048576.0);

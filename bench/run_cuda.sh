@@ -11,6 +11,7 @@ CACHE=$(mktemp -d)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
 KILN_CACHE_DIR=$CACHE/w "$BIN" --iters "$ITERS" > "$OUT/kiln.jsonl"
 python3 "$HERE/torch_cuda.py" "$ITERS" > "$OUT/torch.jsonl" 2> "$OUT/torch.err" || { cat "$OUT/torch.err" >&2; exit 1; }
+python3 "$HERE/torch_cuda_steps.py" > "$OUT/torchsteps.jsonl" 2> "$OUT/torchsteps.err" || { tail -20 "$OUT/torchsteps.err" >&2; exit 1; }
 # Compile times: the same 40 kernels in two processes over one cache directory (cold, then warm).
 KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-cold"/' > "$OUT/cold.jsonl"
 KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-warm"/' > "$OUT/warm.jsonl"
@@ -20,10 +21,11 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 t = {(r["workload"], r.get("impl")): r for r in rows}
 def us(w, i): return t[(w, i)]["us"] if (w, i) in t else float("nan")
-print(f"{'workload':8} {'impl':15} {'time':>12} {'GB/s':>8}")
+print(f"{'workload':8} {'impl':22} {'time':>12} {'GB/s':>8}")
 for r in rows:
     if "us" in r:
-        print(f"{r['workload']:8} {r['impl']:15} {r['us']:10.1f}us {r.get('gbs', ''):>8}")
+        extra = {k: v for k, v in r.items() if k not in ("workload", "impl", "us", "gbs")}
+        print(f"{r['workload']:8} {r['impl']:22} {r['us']:10.1f}us {r.get('gbs', ''):>8} {extra if extra else ''}")
 checks = []
 def check(name, value, target, ok):
     checks.append((name, value, target, ok))
@@ -40,6 +42,29 @@ cold = t.get(("compile-cold", None), {}).get("median_ms", float("nan"))
 warm = t.get(("compile-warm", None), {}).get("median_ms", float("nan"))
 check("NVRTC cold compile median ms/kernel", cold, "<= 30", cold <= 30)
 check("disk-cache warm load median ms/kernel", warm, "<= 1", warm <= 1)
+# The step workloads (issue "GPU speed"): kiln compiled (CUDA graphs) against PyTorch's fastest mode.
+def fastest(w):
+    return min(us(w, i) for i in ("torch-eager", "torch-compile", "torch-reduce-overhead") if (w, i) in t)
+for batch, target in ((4096, 4.0), (65536, 1.8)):
+    w = f"W2-{batch}"
+    if (w, "kiln-compiled") in t:
+        r = fastest(w) / us(w, "kiln-compiled")
+        check(f"W2 batch {batch} speedup over fastest torch", r, f">= {target}x", r >= target)
+        k = t[(w, "kiln-compiled")]
+        d = abs(k["loss_step3_graphs"] - k["loss_step3_eager"]) / abs(k["loss_step3_eager"])
+        check(f"W2 batch {batch} loss after 3 steps vs eager (rel)", d, "<= 1e-5", d <= 1e-5)
+if ("W4", "kiln-compiled") in t:
+    k = t[("W4", "kiln-compiled")]
+    check("W4 first pass ms (compiles included)", k["first_pass_ms"], "<= 100", k["first_pass_ms"] <= 100)
+    check("W4 compiles in the first pass", k["compiles"], "<= 2", k["compiles"] <= 2)
+    r = us("W4", "torch-compile-dynamic") / us("W4", "kiln-compiled")
+    check("W4 steady speedup over torch.compile(dynamic)", r, ">= 1.7x", r >= 1.7)
+if ("W5", "kiln-compiled") in t:
+    check("W5 compiled us/call", us("W5", "kiln-compiled"), "<= 4", us("W5", "kiln-compiled") <= 4)
+    check("W5 lazy eager us/call", us("W5", "kiln-eager"), "<= 6", us("W5", "kiln-eager") <= 6)
+    for i in ("kiln-compiled", "kiln-eager"):
+        r = us("W5", "torch-eager") / us("W5", i)
+        check(f"W5 {i} speedup over torch eager", r, ">= 4x", r >= 4)
 print()
 for name, v, target, ok in checks:
     print(f"{name:45} {v:10.3f}  target {target:9} {'PASS' if ok else 'FAIL'}")

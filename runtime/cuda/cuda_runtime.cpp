@@ -21,6 +21,7 @@ namespace kiln::cu {
 namespace {
 
 void wait(int index);
+void wait_stream(int index);
 
 // The graph this thread is recording, if any: device `index`'s work goes to `stream` (captured,
 // not run) and its allocations come from `pool`, the graph's private memory.
@@ -48,8 +49,9 @@ class DriverMemory final : public RawMemory {
   }
   void free(void* p) override {
     // Kernels queued on the stream may still use the block: wait for them first (a pending
-    // index error stays for the next sync()).
-    wait(index_);
+    // index error stays for the next sync()). Legal while this thread records a graph: the
+    // device's stream is not the one recorded.
+    wait_stream(index_);
     check(api().mem_free(reinterpret_cast<CUdeviceptr>(p)), "cuMemFree");
   }
   size_t total_bytes() const override {
@@ -113,6 +115,10 @@ DeviceState& ready(int index) {
 void wait(int index) {
   KILN_CHECK(!capturing(index), "cuda: the host waits for cuda:", index,
              " while a CUDA graph is recorded (the work reads a device value on the host)");
+  wait_stream(index);
+}
+
+void wait_stream(int index) {
   DeviceState& s = ready(index);
   CUresult r = api().stream_synchronize(s.stream);
   if (r == CUDA_SUCCESS) return;
@@ -224,7 +230,13 @@ class CudaRuntime final : public DeviceRuntime {
 class CudaGraph final : public DeviceGraph {
  public:
   CudaGraph(int index, CUgraph graph, CUgraphExec exec, std::shared_ptr<CachingAllocator> pool, bool reports, size_t size)
-      : index_(index), graph_(graph), exec_(exec), pool_(std::move(pool)), reports_(reports), size_(size) {}
+      : index_(index),
+        graph_(graph),
+        exec_(exec),
+        pool_(std::move(pool)),
+        reports_(reports),
+        size_(size),
+        name_("a CUDA graph of " + std::to_string(size) + " operations") {}
   ~CudaGraph() override {
     // (replays still queued finish first: the driver defers the release)
     api().graph_exec_destroy(exec_);
@@ -232,7 +244,7 @@ class CudaGraph final : public DeviceGraph {
   }
   void launch() override {
     check(api().graph_launch(exec_, enter(index_)), "cuGraphLaunch");
-    note_launch(index_, "a CUDA graph of " + std::to_string(size_) + " operations", reports_);
+    note_launch(index_, name_, reports_);
   }
   size_t size() const override { return size_; }
   bool owns(const void* p) const override { return pool_->owns(p); }
@@ -245,6 +257,7 @@ class CudaGraph final : public DeviceGraph {
   std::shared_ptr<CachingAllocator> pool_;
   bool reports_;
   size_t size_;
+  std::string name_;  // for errors found at a later sync
 };
 
 std::unique_ptr<DeviceGraph> CudaRuntime::capture(int index, const std::function<void()>& work, std::string& why) {
