@@ -285,6 +285,28 @@ TEST(CudaDevice, CompileAndTrainingStepMatchTheCpu) {
   for (size_t i = 0; i < lc.size(); ++i) EXPECT_NEAR(lg[i], lc[i], 1e-4 * std::abs(lc[i]) + 1e-6) << "step " << i;
 }
 
+// A compiled update of GPU state that reads a CPU scalar (a learning rate kept on the host):
+// the program's nodes live on two devices and run as prepared single-device parts, call after
+// call, equal to eager (the same ops: bit for bit up to the reduction order, 1e-6 relative).
+TEST(CudaDevice, CompiledStepMixingDevicesMatchesEager) {
+  NEED_GPU();
+  kiln::manual_seed(kiln::testing::test_seed(6));
+  Tensor w0 = kiln::randn({64, 8}).cuda().eval();
+  Tensor lr = kiln::full({}, 0.1, kiln::kFloat64);  // on the CPU
+  Tensor wc = w0.clone().eval(), we = w0.clone().eval();
+  auto update = [&](Tensor& w, const Tensor& g) {
+    w.sub_(g * lr.to(kiln::kFloat32) + w * 0.01);
+    return (w * w).sum();
+  };
+  auto f = kiln::compile([&](const Tensor& g) { return update(wc, g); });
+  for (int i = 0; i < 6; ++i) {
+    Tensor g = kiln::randn({64, 8}).cuda().eval();
+    Tensor got = f(g), want = update(we, g);
+    expect_close(got, want, 1e-6, 1e-6, "loss at call " + std::to_string(i));
+    expect_close(wc, we, 1e-6, 1e-7, "state at call " + std::to_string(i));
+  }
+}
+
 // Row kernels (layer_norm -> gelu -> softmax and its backward, whose row stages join one row
 // kernel on the GPU: several passes over each row). Rows up to the CUDA target's row cache
 // (1024) keep values between passes in shared memory; longer rows recompute them. Both, at

@@ -63,24 +63,25 @@ TEST(CudaGraphs, ReplayEqualsRunsWithoutGraphs) {
   EXPECT_EQ(without.stats().graphs, 0);
 }
 
-// A caller that keeps every output: a replay never writes memory handed out (the graphs take
-// turns while outputs are dropped; when all are held the call runs without a graph).
+// A caller that keeps outputs: a replay never writes memory handed out. First every output is
+// kept (graphs whose outputs are held do not replay; runs go without one), then outputs are
+// dropped at once while the first ones are still held (stale held graphs are replaced and the
+// new ones replay); all kept outputs keep their values to the end.
 TEST(CudaGraphs, OutputsKeptAcrossReplaysStayIntact) {
   NEED_GPU();
   auto f = kiln::compile([](const Tensor& x) { return (x * 2 + 1).tanh(); }, options("keep", true));
-  Tensor x = kiln::zeros({1000}).cuda().eval();
+  auto want = [](int i) { return std::tanh(static_cast<float>(0.01 * i * 2 + 1)); };
   std::vector<Tensor> kept;
-  for (int i = 0; i < 100; ++i) {
-    x = kiln::full({1000}, 0.01 * i).cuda().eval();
-    Tensor y = f(x);
-    if (i % 2 == 0) kept.push_back(y);  // half kept, half dropped at once
+  for (int i = 0; i < 50; ++i) kept.push_back(f(kiln::full({1000}, 0.01 * i).cuda()));
+  const auto held = f.stats();
+  EXPECT_GE(held.ungraphed_runs, 40);
+  for (int i = 50; i < 150; ++i) {
+    Tensor y = f(kiln::full({1000}, 0.01 * i).cuda());
+    ASSERT_NEAR(y.to_vector<float>()[999], want(i), 1e-6) << "call " << i;
   }
-  for (size_t k = 0; k < kept.size(); ++k) {
-    const float want = std::tanh(static_cast<float>(0.01 * (2.0 * k) * 2 + 1));
-    auto v = kept[k].to_vector<float>();
-    for (float e : v) ASSERT_NEAR(e, want, 1e-6) << "output " << 2 * k;
-  }
-  EXPECT_GE(f.stats().graph_replays, 40);
+  EXPECT_GE(f.stats().graph_replays - held.graph_replays, 60);
+  for (int i = 0; i < 50; ++i)
+    for (float e : kept[i].to_vector<float>()) ASSERT_NEAR(e, want(i), 1e-6) << "output " << i;
 }
 
 // A training step (forward, backward, Adam) compiled whole: parameters and optimizer state are
@@ -144,7 +145,7 @@ TEST(CudaGraphs, StateSharedWithTheCallerIsNotOverwritten) {
   Tensor w = kiln::ones({256}).cuda().eval();
   auto f = kiln::compile([&](const Tensor& g) { w.sub_(g * 0.5); return w.sum(); }, options("sgd", true));
   Tensor g = kiln::ones({256}).cuda().eval();
-  for (int i = 0; i < 3; ++i) f(g);  // recorded at the second call, replayed at the third
+  for (int i = 0; i < 4; ++i) f(g);  // recorded at the second call, replayed from the third
   EXPECT_GE(f.stats().graph_replays, 1);
   Tensor snapshot = w.detach();
   const float before = snapshot.to_vector<float>()[0];
@@ -152,6 +153,7 @@ TEST(CudaGraphs, StateSharedWithTheCallerIsNotOverwritten) {
   EXPECT_EQ(snapshot.to_vector<float>()[0], before) << "the caller's handle saw an in-place write";
   EXPECT_EQ(w.to_vector<float>()[0], before - 0.5f);
   EXPECT_EQ(total.item<float>(), 256 * (before - 0.5f));
+  EXPECT_EQ(before, 1 - 4 * 0.5f);
   EXPECT_GE(f.stats().ungraphed_runs, 1);
 }
 

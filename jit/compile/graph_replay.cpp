@@ -24,7 +24,7 @@ struct GraphReplay::Graph {
   std::vector<Out> outs;
   std::vector<std::shared_ptr<Storage>> owned;  // outputs' storage: graph memory, or constants
   std::vector<bool> handed;                     // per owned: graph memory a replay rewrites
-  uint64_t used = 0;
+  int64_t used = 0;  // the run that used it last
 };
 
 namespace {
@@ -134,7 +134,7 @@ bool GraphReplay::replay(const std::vector<Node*>& ins, std::vector<Tensor>& out
       if (g.ins[i].buffer && g.ins[i].bytes)
         rt.copy(g.ins[i].buffer->data, device_, ins[i]->storage->data, device_, g.ins[i].bytes);
     g.graph->launch();
-    g.used = ++clock_;
+    g.used = calls_;
     policy_.counters->replays++;
     make_outputs(g, ins, out);
     return true;
@@ -146,11 +146,12 @@ bool GraphReplay::wants_record(const std::vector<Node*>& ins) {
   // The first run compiles the kernels (and may load them): record from the second on.
   if (broken_ || calls_ < 2 || !write_back_safe(ins)) return false;
   if (graphs_.size() < kPerInstance) return true;
-  // Full: replace the least recently used graph whose outputs nobody holds.
+  // Full: replace the least recently used graph whose outputs nobody holds, or one whose
+  // outputs have been held for kStale runs (its memory stays with them; the new graph gets its own).
   Graph* lru = nullptr;
   for (auto& g : graphs_) {
-    bool free = true;
-    for (size_t k = 0; free && k < g->owned.size(); ++k) free = !g->handed[k] || g->owned[k].use_count() == 1;
+    bool free = calls_ - g->used > kStale;
+    for (size_t k = 0; !free && k < g->owned.size(); ++k) free = !g->handed[k] || g->owned[k].use_count() == 1;
     if (free && (!lru || g->used < lru->used)) lru = g.get();
   }
   if (!lru) return false;
@@ -247,7 +248,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
     if (g->ins[i].buffer && g->ins[i].bytes)
       rt.copy(g->ins[i].buffer->data, device_, ins[i]->storage->data, device_, g->ins[i].bytes);
   g->graph->launch();
-  g->used = ++clock_;
+  g->used = calls_;
   policy_.counters->recorded++;
   policy_.counters->pool_bytes += static_cast<int64_t>(g->graph->pool_bytes());
   if (log_enabled("graphs")) {

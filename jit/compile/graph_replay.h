@@ -6,7 +6,8 @@
 // - Overwrite an output the caller still holds: each graph owns its output memory (its private
 //   pool); a graph replays only when nobody else holds one of its outputs. Up to kPerInstance
 //   graphs per instance take turns (a training loop holding last step's loss or gradients
-//   alternates between two); when every graph's outputs are held the run goes without a graph.
+//   alternates between two); when every graph's outputs are held the run goes without a graph,
+//   and a graph held for kStale runs is replaced (its memory stays with the outputs held).
 // - Read the wrong memory: a graph bakes in the addresses of its inputs. An input whose address
 //   changes from call to call (a fresh batch tensor) is copied into a buffer of the graph before
 //   each replay; the others are guarded by address (storage, offset and strides).
@@ -50,6 +51,8 @@ class GraphReplay {
  public:
   // Graphs per instance that take turns (outputs still held block a graph).
   static constexpr size_t kPerInstance = 3;
+  // Runs after which a graph whose outputs are still held may be replaced by a new one.
+  static constexpr int64_t kStale = 16;
 
   // For an instance whose computed nodes are `nodes`, inputs `inputs`, outputs `outputs`
   // (the instance's node objects). `device` is where everything lives.
@@ -83,7 +86,6 @@ class GraphReplay {
   std::vector<std::unique_ptr<Graph>> graphs_;
   std::vector<const void*> last_address_;  // per input, its data address at the last call
   std::vector<bool> moving_;                // per input: its address changed between calls
-  uint64_t clock_ = 0;
   int64_t calls_ = 0;
   bool broken_ = false;                     // recording failed once: never again
 };

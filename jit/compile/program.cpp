@@ -109,6 +109,19 @@ Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std:
 }
 Program::~Program() = default;
 
+void Program::use_graphs(GraphPolicy policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  graphs_ = std::make_unique<GraphPolicy>(std::move(policy));
+  for (auto& [key, inst] : instances_) graph_instance(*inst);  // (a break's segment ran while traced)
+}
+
+void Program::graph_instance(Instance& inst) {
+  // Random ops draw fresh numbers per run (counters set on the host): such instances run without graphs.
+  if (!graphs_ || !inst.prepared || !inst.rands.empty() || inst.graphs) return;
+  if (auto dev = GraphReplay::device_of(inst.seg.nodes, inst.inputs))
+    inst.graphs = std::make_unique<GraphReplay>(*graphs_, *dev, inst.inputs, inst.outputs);
+}
+
 size_t Program::instances() const {
   std::lock_guard<std::mutex> lock(mu_);
   return instances_.size();
@@ -194,10 +207,7 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   }
   for (Node* n : inst->seg.nodes) inst->seg.needed.push_back(outs.count(n) > 0);
   if (!inst->seg.nodes.empty()) inst->prepared = std::make_unique<PreparedSegment>(inst->seg);
-  // Random ops draw fresh numbers per run (counters set on the host): such instances run without graphs.
-  if (graphs_ && inst->prepared && inst->rands.empty())
-    if (auto dev = GraphReplay::device_of(inst->seg.nodes, inst->inputs))
-      inst->graphs = std::make_unique<GraphReplay>(*graphs_, *dev, inst->inputs, inst->outputs);
+  graph_instance(*inst);
   last_ = inst.get();
   last_key_ = key;
   instances_[std::move(key)] = std::move(inst);
@@ -227,6 +237,8 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
              inputs.size());
   std::vector<Tensor> out;
   if (inst.graphs && inst.graphs->replay(ins, out)) return out;
+  // (asked before the inputs are bound: binding shares their storage)
+  const bool record = inst.graphs && inst.graphs->wants_record(ins);
   struct Reset {
     Instance& i;
     ~Reset() {
@@ -260,7 +272,7 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
       std::tie(r->attrs.seed, r->attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
     }
   }
-  if (inst.graphs && inst.graphs->wants_record(ins)) {
+  if (record) {
     if (inst.graphs->record(
             ins, [&] { inst.prepared->run(); },
             [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out))

@@ -33,7 +33,7 @@ class Program {
   const std::vector<NodePtr>& inputs() const { return inputs_; }
   const std::vector<NodePtr>& outputs() const { return outputs_; }
   // Replays instances on a GPU as device graphs under `policy` (set before the first run).
-  void use_graphs(GraphPolicy policy) { graphs_ = std::make_unique<GraphPolicy>(std::move(policy)); }
+  void use_graphs(GraphPolicy policy);
   // Number of size instances built so far (one per set of values of the symbols it uses).
   size_t instances() const;
   // The symbols the program's sizes use (inputs' layouts, nodes, random offsets), in the
@@ -50,6 +50,7 @@ class Program {
     SymInt offset;
   };
   Instance& instance(const std::vector<int64_t>& syms);
+  void graph_instance(Instance& inst);  // gives `inst` device graphs when the policy and its nodes allow
   std::vector<NodePtr> inputs_, outputs_;
   std::vector<Layout> input_layouts_;
   std::vector<std::string> symbols_;

@@ -714,15 +714,24 @@ class JitExecutor final : public Executor {
 
 struct PreparedSegment::Impl {
   Segment* seg;
-  std::shared_ptr<const Plan> plan;  // null: the interpreter, or split by device on every run
-  bool devices = false;              // nodes on several devices: run_segment() each run
+  std::shared_ptr<const Plan> plan;  // null: the interpreter, or the parts below
   RunScratch sc;
+  // Nodes on several devices: one prepared part per device and phase, run in order (the
+  // passes of a per-run split would rewrite these persistent nodes).
+  std::vector<DevicePart> parts;
+  std::vector<std::unique_ptr<PreparedSegment>> prepared_parts;
 };
 
 PreparedSegment::PreparedSegment(Segment& seg) : impl_(std::make_unique<Impl>()) {
   impl_->seg = &seg;
-  for (Node* n : seg.nodes) impl_->devices = impl_->devices || n->device != seg.nodes[0]->device;
-  if (jit_mode() == JitMode::Interp || impl_->devices) return;
+  bool devices = false;
+  for (Node* n : seg.nodes) devices = devices || n->device != seg.nodes[0]->device;
+  if (devices) {
+    impl_->parts = split_by_device(seg);
+    for (DevicePart& p : impl_->parts) impl_->prepared_parts.push_back(std::make_unique<PreparedSegment>(p.seg));
+    return;
+  }
+  if (jit_mode() == JitMode::Interp) return;
   signature(seg, impl_->sc);  // also fixes the external inputs (the same node objects every run)
   // No passes: their rewrite relinks edges on each run, and these nodes persist.
   impl_->plan = make_plan(seg, impl_->sc, false);
@@ -732,8 +741,8 @@ PreparedSegment::PreparedSegment(Segment& seg) : impl_(std::make_unique<Impl>())
 PreparedSegment::~PreparedSegment() = default;
 
 void PreparedSegment::run() {
-  if (impl_->devices) {
-    run_segment(*impl_->seg);
+  if (!impl_->prepared_parts.empty()) {
+    for (auto& p : impl_->prepared_parts) p->run();
     return;
   }
   if (!impl_->plan) {

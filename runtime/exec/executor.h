@@ -39,6 +39,15 @@ KILN_API void set_device_executor(DeviceType type, std::shared_ptr<Executor> ex)
 // and phase (a node after a cross-device copy runs in a later phase), each on its device's
 // executor.
 KILN_API void run_segment(Segment& segment);
+// The part of a segment that runs on one device in one phase.
+struct DevicePart {
+  Device device;
+  int phase = 0;
+  Segment seg;  // its nodes, in the segment's order; `needed` also for nodes a later part reads
+};
+// `segment` cut into single-device parts, in an order that runs every node after its inputs
+// (sets the nodes' `pos` to their index in `segment`).
+KILN_API std::vector<DevicePart> split_by_device(Segment& segment);
 // The reference interpreter (always available; the oracle for every JIT path).
 KILN_API std::shared_ptr<Executor> interpreter();
 

@@ -75,13 +75,6 @@ Executor& executor_for(DeviceType type) {
   if (Executor* e = g_device_executor.load(std::memory_order_acquire)) return *e;
   return *interpreter();
 }
-
-// The part of a segment that runs on one device in one phase.
-struct Part {
-  Device device;
-  int phase = 0;
-  Segment seg;
-};
 }  // namespace
 
 void set_device_executor(DeviceType type, std::shared_ptr<Executor> ex) {
@@ -91,17 +84,12 @@ void set_device_executor(DeviceType type, std::shared_ptr<Executor> ex) {
   g_device_executor.store(ex.get(), std::memory_order_release);
 }
 
-void run_segment(Segment& seg) {
+std::vector<DevicePart> split_by_device(Segment& seg) {
   const size_t N = seg.nodes.size();
-  bool one_device = true;
-  for (size_t i = 1; i < N && one_device; ++i) one_device = seg.nodes[i]->device == seg.nodes[0]->device;
-  if (N == 0 || one_device) {
-    if (N) executor_for(seg.nodes[0]->device.type).run(seg);
-    return;
-  }
+  std::vector<DevicePart> parts;
+  if (N == 0) return parts;
   // Phase of a node: the most cross-device edges on a path to it from the segment's start.
   std::vector<int> phase(N, 0), part_of(N, -1);
-  std::vector<Part> parts;
   for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);
   auto in_seg = [&](const Node* in) {
     return !in->materialized() && in->pos >= 0 && static_cast<size_t>(in->pos) < N && seg.nodes[in->pos] == in;
@@ -112,7 +100,7 @@ void run_segment(Segment& seg) {
       if (in_seg(in.get())) phase[i] = std::max(phase[i], phase[in->pos] + (in->device != n->device ? 1 : 0));
     size_t p = 0;
     while (p < parts.size() && !(parts[p].device == n->device && parts[p].phase == phase[i])) ++p;
-    if (p == parts.size()) parts.push_back(Part{n->device, phase[i], {}});
+    if (p == parts.size()) parts.push_back(DevicePart{n->device, phase[i], {}});
     part_of[i] = static_cast<int>(p);
   }
   // A node read by another part must outlive its own part.
@@ -125,15 +113,27 @@ void run_segment(Segment& seg) {
     s.nodes.push_back(seg.nodes[i]);
     s.needed.push_back(needed[i]);
   }
-  std::stable_sort(parts.begin(), parts.end(), [](const Part& a, const Part& b) { return a.phase < b.phase; });
+  std::stable_sort(parts.begin(), parts.end(), [](const DevicePart& a, const DevicePart& b) { return a.phase < b.phase; });
+  return parts;
+}
+
+void run_segment(Segment& seg) {
+  const size_t N = seg.nodes.size();
+  bool one_device = true;
+  for (size_t i = 1; i < N && one_device; ++i) one_device = seg.nodes[i]->device == seg.nodes[0]->device;
+  if (N == 0 || one_device) {
+    if (N) executor_for(seg.nodes[0]->device.type).run(seg);
+    return;
+  }
+  std::vector<DevicePart> parts = split_by_device(seg);
   struct KeepAlive {  // what the parts' executors unlinked, released with the whole segment
     Segment& seg;
-    std::vector<Part>& parts;
+    std::vector<DevicePart>& parts;
     ~KeepAlive() {
-      for (Part& p : parts) seg.keep_alive.insert(seg.keep_alive.end(), p.seg.keep_alive.begin(), p.seg.keep_alive.end());
+      for (DevicePart& p : parts) seg.keep_alive.insert(seg.keep_alive.end(), p.seg.keep_alive.begin(), p.seg.keep_alive.end());
     }
   } keep{seg, parts};
-  for (Part& p : parts) executor_for(p.device.type).run(p.seg);
+  for (DevicePart& p : parts) executor_for(p.device.type).run(p.seg);
   for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);  // the caller's positions
 }
 

@@ -70,11 +70,17 @@ ParamGroup& Optimizer::add_group(const char* who, std::vector<Tensor> params, co
       for (size_t j = 0; j < i; ++j)
         KILN_CHECK(params[j].impl() != p.impl(), who, ": parameter group ", g, " holds a parameter twice");
   }
+  // The scalars an update reads live where the group's parameters do (all on one device), so
+  // an update on a GPU reads no host value: the whole step can be one device graph.
+  Device dev = params.empty() ? cpu() : params[0].device();
+  for (const auto& p : params)
+    if (p.device() != dev) dev = cpu();
+  if (groups_.empty() && dev != cpu()) step_ = step_.to(dev).eval();
   ParamGroup group;
   group.who_ = who;
   for (const auto& o : options) {
     check_range(who, o.name, o.value, o.lo, o.hi, o.hi_open);
-    group.options_.push_back({o.name, o.value, o.lo, o.hi, o.hi_open, full({}, o.value, kFloat64)});
+    group.options_.push_back({o.name, o.value, o.lo, o.hi, o.hi_open, full({}, o.value, kFloat64, dev)});
   }
   for (const auto& p : params) params_.push_back(p);
   group.params_ = std::move(params);

@@ -27,7 +27,8 @@ class KILN_API ParamGroup {
   double get(const std::string& name) const;
   // Sets an option (checked against its valid range), filling its tensor in place.
   void set(const std::string& name, double value);
-  // The float64 0-d tensor an update reads for an option.
+  // The float64 0-d tensor an update reads for an option (on the device of the group's
+  // parameters when they share one, else on the CPU).
   const Tensor& tensor(const std::string& name) const;
   // Names of the group's options, in declaration order.
   std::vector<std::string> option_names() const;
@@ -93,7 +94,7 @@ class KILN_API Optimizer {
                         bool strict);
   std::vector<ParamGroup> groups_;
   std::vector<Tensor> params_;  // every group's parameters, flattened
-  Tensor step_;                 // number of step() calls, float64 0-d
+  Tensor step_;                 // number of step() calls, float64 0-d (on the first group's device)
 };
 
 struct SGDOptions {
