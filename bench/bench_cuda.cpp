@@ -4,6 +4,8 @@
 // One JSON object per line; bench/run.sh --device cuda runs it beside PyTorch (bench/torch_cuda.py).
 //
 //   bench_cuda [--iters N]            the workloads
+//   bench_cuda --w2-start             a process's first three W2 train steps (run cold, then warm)
+//   bench_cuda --w2-steps BATCH       six compiled W2 steps (for a profiler)
 //   bench_cuda --compile-times K      K distinct kernels, first call each (run twice over one
 //                                     KILN_CACHE_DIR: cold NVRTC, then warm disk-cache loads)
 #include <algorithm>
@@ -104,6 +106,29 @@ void bench_w3(int iters) {
   row("W3B", "kiln-eager", time_us([&] { kiln::eval(fb(x, w, b)); }, iters));
   auto fc = kiln::compile([&](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return fb(x0, w0, b0); });
   row("W3B", "kiln-compiled", time_us([&] { kiln::eval(fc(x, w, b)); }, iters));
+  // The forward's saved values across the backward (min-cut partition): peak device memory of
+  // one step with outputs that need grad, at memory budgets 1 and 0.5.
+  for (double budget : {1.0, 0.5}) {
+    kiln::CompileOptions o{"w3m"};
+    o.memory_budget = budget;
+    auto fm = kiln::compile([&](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return w3_forward(x0, w0, b0); }, o);
+    Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
+    auto once = [&] {
+      Tensor loss = (fm(xl, wl, bl) * gy).sum();
+      kiln::eval(kiln::grad({loss}, {xl, wl, bl}));
+    };
+    once();
+    once();
+    kiln::cuda::synchronize();
+    kiln::cuda::reset_peak_memory_stats();
+    const auto before = kiln::cuda::memory_stats().allocated_bytes;
+    const double us = time_us(once, iters, 0);
+    const auto s = fm.stats();
+    std::printf("{\"workload\": \"W3B-budget\", \"impl\": \"kiln-compiled-%.1f\", \"us\": %.2f, \"saved_mib\": %.1f, "
+                "\"peak_over_start_mib\": %.1f, \"recomputed\": %d}\n",
+                budget, us, s.saved_bytes / 1048576.0,
+                (kiln::cuda::memory_stats().peak_allocated_bytes - before) / 1048576.0, s.recomputed);
+  }
 }
 
 // Mean microseconds per step of `step` run `n` times back to back (no wait between steps, as a
@@ -135,7 +160,7 @@ std::shared_ptr<kiln::nn::Sequential> w2_net() {
 
 // W2: MLP 64-256-256-8 (tanh) + MSE + Adam (lr 1e-3) train step at `batch`: lazy eager, compiled
 // without and with CUDA graphs; loss after 3 steps against lazy eager's.
-void bench_w2(int64_t batch) {
+void bench_w2(int64_t batch, int only_steps = 0) {
   struct Model {
     std::shared_ptr<kiln::nn::Sequential> net = w2_net();
     kiln::optim::Adam opt{net->parameters(), kiln::optim::AdamOptions{.lr = 1e-3}};
@@ -156,6 +181,11 @@ void bench_w2(int64_t batch) {
   auto fc = kiln::compile([&](const Tensor& a, const Tensor& b) { return c.step(a, b); }, plain);
   auto fg = kiln::compile([&](const Tensor& a, const Tensor& b) { return g.step(a, b); }, kiln::CompileOptions{"w2g"});
   float le = 0, lc = 0, lg = 0;
+  if (only_steps) {
+    for (int i = 0; i < only_steps; ++i) fg(x, y);
+    kiln::cuda::synchronize();
+    return;
+  }
   auto first = Clock::now();
   fg(x, y).eval();
   kiln::cuda::synchronize();
@@ -184,6 +214,37 @@ void bench_w2(int64_t batch) {
               w.c_str(), us, first_ms, le, lc, lg, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays),
               static_cast<long long>(s.ungraphed_runs), s.graph_bytes / 1048576.0);
   std::fflush(stdout);
+}
+
+// A process's first W2 steps (batch 4096): the first call (trace, partition, compile or disk
+// load, run), the second (records the CUDA graph) and the third (the first replay), each waited
+// for. Run twice over one KILN_CACHE_DIR: cold (NVRTC), then warm (disk cache).
+void w2_start() {
+  Tensor warm = kiln::ones({1}, kiln::kFloat32, kiln::cuda()).eval();  // the context is not what is timed
+  kiln::cuda::synchronize();
+  auto net = w2_net();
+  kiln::optim::Adam opt{net->parameters(), kiln::optim::AdamOptions{.lr = 1e-3}};
+  kiln::manual_seed(8);
+  Tensor x = kiln::randn({4096, 64}, kiln::kFloat32, kiln::cuda()), y = kiln::randn({4096, 8}, kiln::kFloat32, kiln::cuda());
+  kiln::eval({x, y});
+  kiln::cuda::synchronize();
+  auto f = kiln::compile([&](const Tensor& a, const Tensor& b) {
+    opt.zero_grad();
+    Tensor loss = kiln::mse_loss(net->forward(a), b);
+    loss.backward();
+    opt.step();
+    return loss.detach();
+  }, kiln::CompileOptions{"w2start"});
+  double ms[3];
+  for (double& m : ms) {
+    auto a = Clock::now();
+    f(x, y);
+    kiln::cuda::synchronize();
+    m = std::chrono::duration<double, std::milli>(Clock::now() - a).count();
+  }
+  std::printf("{\"workload\": \"w2-start\", \"first_call_ms\": %.2f, \"record_ms\": %.2f, \"first_replay_ms\": %.3f, "
+              "\"to_first_replay_ms\": %.2f, \"graphs\": %lld}\n",
+              ms[0], ms[1], ms[2], ms[0] + ms[1] + ms[2], static_cast<long long>(f.stats().graphs));
 }
 
 // W4: the W2 MLP forward over 64 batch sizes 1000, 1061, ..., 4843: the first pass (compiles
@@ -259,12 +320,22 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--compile-times") && i + 1 < argc) kernels = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--w2-start")) kernels = -1;
+    else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc) kernels = -std::atoi(argv[++i]);
   }
   if (!kiln::cuda::is_available()) {
     std::fprintf(stderr, "bench_cuda: no usable CUDA device\n");
     return 2;
   }
   try {
+    if (kernels == -1) {
+      w2_start();
+      return 0;
+    }
+    if (kernels < 0) {  // --w2-steps BATCH: 6 compiled steps, for a profiler
+      bench_w2(-kernels, 6);
+      return 0;
+    }
     if (kernels) {
       compile_times(kernels);
       return 0;

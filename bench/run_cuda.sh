@@ -15,6 +15,8 @@ python3 "$HERE/torch_cuda_steps.py" > "$OUT/torchsteps.jsonl" 2> "$OUT/torchstep
 # Compile times: the same 40 kernels in two processes over one cache directory (cold, then warm).
 KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-cold"/' > "$OUT/cold.jsonl"
 KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-warm"/' > "$OUT/warm.jsonl"
+KILN_CACHE_DIR=$CACHE/s "$BIN" --w2-start | sed 's/"w2-start"/"w2-start-cold"/' > "$OUT/start-cold.jsonl"
+KILN_CACHE_DIR=$CACHE/s "$BIN" --w2-start | sed 's/"w2-start"/"w2-start-warm"/' > "$OUT/start-warm.jsonl"
 cat "$OUT"/*.jsonl > "$OUT/all.jsonl"
 python3 - "$OUT/all.jsonl" <<'PY'
 import json, sys
@@ -65,11 +67,20 @@ if ("W5", "kiln-compiled") in t:
     for i in ("kiln-compiled", "kiln-eager"):
         r = us("W5", "torch-eager") / us("W5", i)
         check(f"W5 {i} speedup over torch eager", r, ">= 4x", r >= 4)
+for r in rows:
+    if r["workload"] == "w2-start-cold":
+        check("W2 cold first call ms (trace + NVRTC + run)", r["first_call_ms"], "<= 300", r["first_call_ms"] <= 300)
+    if r["workload"] == "w2-start-warm":
+        check("W2 warm start to first replay ms (3 calls)", r["to_first_replay_ms"], "<= 5", r["to_first_replay_ms"] <= 5)
+w3m = {r["impl"]: r for r in rows if r["workload"] == "W3B-budget"}
+if len(w3m) == 2:
+    a, b = w3m["kiln-compiled-1.0"], w3m["kiln-compiled-0.5"]
+    check("W3B peak MiB at memory_budget 0.5 vs 1.0", b["peak_over_start_mib"] / a["peak_over_start_mib"], "< 1", b["peak_over_start_mib"] < a["peak_over_start_mib"])
 print()
 for name, v, target, ok in checks:
     print(f"{name:45} {v:10.3f}  target {target:9} {'PASS' if ok else 'FAIL'}")
 for r in rows:
-    if r["workload"] == "memory":
+    if r["workload"] in ("memory", "w2-start-cold", "w2-start-warm"):
         print("memory:", {k: v for k, v in r.items() if k != "workload"})
 PY
 rm -rf "$OUT" "$CACHE"

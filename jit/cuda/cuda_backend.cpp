@@ -154,9 +154,9 @@ class CudaBackend final : public Backend {
     void* params[] = {&begin, &end, args};
     const long long threads = std::max(kCudaBlock, c.lanes);
     const long long blocks = std::min<long long>((l.extent * c.lanes + threads - 1) / threads, max_blocks_);
-    cu::check(a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(threads), 1, 1, static_cast<unsigned>(c.shared), stream,
-                              params, nullptr),
-              ("cuLaunchKernel (" + c.symbol + ")").c_str());
+    const CUresult r = a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(threads), 1, 1,
+                                       static_cast<unsigned>(c.shared), stream, params, nullptr);
+    if (r != CUDA_SUCCESS) cu::check(r, ("cuLaunchKernel (" + c.symbol + ")").c_str());  // (message built on failure only)
     cu::note_launch(0, c.symbol);
   }
 

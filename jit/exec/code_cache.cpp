@@ -166,8 +166,10 @@ const Code& launch_code(const CompiledKernel& ck) {
   return *code;
 }
 
-std::shared_ptr<CompiledKernel> get_kernel(const std::string& key, const Group& g, DeviceType device) {
-  const std::string full = target_for(device).name + "|" + key;
+namespace {
+// The cache entry `full`, built by `make` on a miss (once, however many threads ask).
+template <class Make>
+std::shared_ptr<CompiledKernel> cached(const std::string& full, const Make& make) {
   std::promise<std::shared_ptr<CompiledKernel>> promise;
   std::shared_future<std::shared_ptr<CompiledKernel>> fut;
   bool mine = false;
@@ -185,12 +187,37 @@ std::shared_ptr<CompiledKernel> get_kernel(const std::string& key, const Group& 
   }
   if (mine) {
     try {
-      promise.set_value(build(key, g, device));
+      promise.set_value(make());
     } catch (...) {
       promise.set_exception(std::current_exception());
     }
   }
   return fut.get();
+}
+}  // namespace
+
+std::shared_ptr<CompiledKernel> get_kernel(const std::string& key, const Group& g, DeviceType device) {
+  return cached(target_for(device).name + "|" + key, [&] { return build(key, g, device); });
+}
+
+std::shared_ptr<CompiledKernel> get_built_kernel(const Kernel& k, DeviceType device) {
+  const std::string ir = k.str();
+  return cached("built|" + target_for(device).name + "|" + ir, [&] {
+    const Tiering t = tiering_for(device);
+    auto ck = std::make_shared<CompiledKernel>();
+    ck->lowered = std::make_shared<Lowered>();
+    ck->lowered->kernel = k;
+    ck->full_key = std::string(kKilnVersion) + ";" + t.optimizing->cache_id() + "|" + kCodegenVersion + "|built|" + ir;
+    ck->symbol = "kiln_" + hash_hex(ck->full_key);
+    ck->lowered->kernel.name = ck->symbol;
+    if (auto code = load_stored(*t.optimizing, *ck)) {
+      ck->optimized = code;
+    } else {
+      ck->optimized = compile_optimized(*t.optimizing, *ck);
+    }
+    ck->code = ck->optimized.get();
+    return ck;
+  });
 }
 
 }  // namespace kiln::jit

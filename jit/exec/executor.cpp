@@ -431,6 +431,21 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
       if (kernel_traffic(alt) < kernel_traffic(steps)) steps = std::move(alt);
     }
     kernels.assign(steps.size(), nullptr);
+    // Device kernels compile in parallel (NVRTC takes 40-150 ms a kernel): the code cache is
+    // filled for every kernel step at once, and the loop below finds them (and their errors).
+    if (tgt && device != DeviceType::CPU) {
+      std::vector<size_t> ks;
+      for (size_t i = 0; i < steps.size(); ++i)
+        if (steps[i].kind == Step::Kind::Kernel) ks.push_back(i);
+      if (ks.size() > 1)
+        kernels::parallel_for(0, static_cast<int64_t>(ks.size()), [&](int64_t j) {
+          const Group& g = steps[ks[static_cast<size_t>(j)]].group;
+          try {
+            get_kernel(group_key(g, *tgt), g, device);
+          } catch (const std::exception&) {
+          }  // (met again below, where it is handled)
+        });
+    }
     bool again = false;
     for (size_t i = 0; tgt && i < steps.size(); ++i) {
       if (steps[i].kind != Step::Kind::Kernel) continue;
@@ -511,11 +526,9 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     const int epi_in = static_cast<int>(at - eins.begin());
     const DType pdt = L.kernel.buffers[static_cast<size_t>(L.num_inputs + L.num_outputs)].dtype;
     try {
-      Backend* backend = find_backend(device, Tier::Optimizing);
-      if (!backend) continue;
+      if (!find_backend(device, Tier::Optimizing)) continue;
       Kernel k = combine_with_epilogue(combine_kernel(op, pdt, red->dtype), kernels[i + 1]->lowered->kernel, epi_in);
-      plan->steps[i].combine_code = backend->compile(k, "kiln_" + std::string(backend->name()) + "_combine_then_" +
-                                                             kernels[i + 1]->symbol, nullptr);
+      plan->steps[i].combine_code = get_built_kernel(k, device)->optimized;
     } catch (const std::exception& ex) {
       log_line("jit", std::string("combine with epilogue not built (") + ex.what() + "); running them apart");
       continue;

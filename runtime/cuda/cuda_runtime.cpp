@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "runtime/core/error.h"
+#include "runtime/core/pool_allocator.h"
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/cublas.h"
 #include "runtime/cuda/device_ops.h"
@@ -70,8 +71,9 @@ struct DeviceState {
   std::once_flag once;
   CUstream stream = nullptr;
   std::unique_ptr<CachingAllocator> allocator;
-  std::mutex mu;            // last_kernel
-  std::string last_kernel;  // the last kernel queued (named by errors found at a sync)
+  std::mutex mu;              // last_kernel
+  char last_kernel[128] = {};  // the last kernel queued, cut to 127 chars (named by errors found at a sync;
+                               // a fixed buffer: noting a launch allocates nothing)
   CUdeviceptr errors = 0;   // the index-error record (index_error_record)
   std::atomic<int64_t> unchecked{0};  // kernels queued that may have written it since it was read
   std::mutex errors_mu;               // reading and resetting the record
@@ -125,7 +127,7 @@ void wait_stream(int index) {
   std::string last;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    last = s.last_kernel;
+    last = s.last_kernel;  // (a copy, taken on the error path only)
   }
   check(r, ("a kernel on cuda:" + std::to_string(index) + " failed (last queued: " + (last.empty() ? "none" : last) + ")").c_str());
 }
@@ -173,7 +175,7 @@ class CudaRuntime final : public DeviceRuntime {
 
   std::shared_ptr<Storage> allocate(size_t nbytes, int index) override {
     CachingAllocator* a = ready(index).allocator.get();
-    auto s = std::allocate_shared<Storage>(std::allocator<Storage>());
+    auto s = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>());  // (pooled: no malloc per launch)
     s->nbytes = nbytes;
     s->device = Device{DeviceType::CUDA, index};
     if (capturing(index)) {  // the graph's own memory, kept while anything from it lives
@@ -328,7 +330,9 @@ void note_launch(int index, const std::string& kernel, bool reports_index_errors
   // Counted after the launch: a sync() that sees the count reads the record after the kernel.
   if (reports_index_errors) s.unchecked.fetch_add(1);
   std::lock_guard<std::mutex> lock(s.mu);
-  s.last_kernel = kernel;
+  const size_t n = std::min(kernel.size(), sizeof s.last_kernel - 1);
+  std::memcpy(s.last_kernel, kernel.data(), n);
+  s.last_kernel[n] = 0;
 }
 
 CUdeviceptr index_error_record(int index) { return ready(index).errors; }
