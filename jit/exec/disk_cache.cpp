@@ -13,6 +13,7 @@
 #include <filesystem>
 
 #include "jit/diag/diagnostics.h"
+#include "runtime/exec/device_runtime.h"
 
 namespace kiln::jit {
 namespace {
@@ -195,5 +196,23 @@ bool DiskBlobStore::read(const std::string& key, std::string& value) {
 void DiskBlobStore::write(const std::string& key, const std::string& value) {
   disk_write(entry(key), scope_ + "|" + key, value);
 }
+
+namespace {
+// The device runtimes' library kernels (runtime/cuda/device_ops) kept in the disk cache.
+class DiskImageStore final : public KernelImageStore {
+ public:
+  bool read(const std::string& key, std::string& image) override {
+    return disk_read("lib-" + hash_hex(key) + ".bin", key, image);
+  }
+  void write(const std::string& key, const std::string& image) override {
+    disk_write("lib-" + hash_hex(key) + ".bin", key, image);
+  }
+};
+const bool g_image_store = [] {
+  static DiskImageStore store;
+  set_kernel_image_store(&store);
+  return true;
+}();
+}  // namespace
 
 }  // namespace kiln::jit

@@ -147,30 +147,44 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
   }
 }
 
-// The second stage of a split reduction whose partials stay on a device: a combine kernel per
-// reduction output (compiled once per op and dtypes), queued after the first stage.
-void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Group& g, DeviceType device) {
+// The combine kernel of a split reduction's partials on `device` (op, partial and output
+// dtypes, per column or whole): from the code cache (memory and disk), memoized here by its
+// parameters, since it is looked up at every launch.
+const Code& combine_code(DeviceType device, OpKind op, DType pdt, DType dtype, bool columns) {
   static std::mutex mu;
-  static std::map<std::tuple<const Backend*, OpKind, DType, DType, bool>, std::shared_ptr<Code>> codes;
-  Backend* backend = find_backend(device, Tier::Optimizing);
-  KILN_CHECK(backend, "jit: no backend to combine a split reduction on ", device == DeviceType::CUDA ? "cuda" : "cpu");
+  static std::map<std::tuple<DeviceType, OpKind, DType, DType, bool>, std::shared_ptr<Code>> codes;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = codes.find({device, op, pdt, dtype, columns});
+    if (it != codes.end()) return *it->second;
+  }
+  std::shared_ptr<Code> c = get_built_kernel(combine_kernel(op, pdt, dtype, columns), device)->optimized;
+  std::lock_guard<std::mutex> lock(mu);
+  return *codes.emplace(std::make_tuple(device, op, pdt, dtype, columns), std::move(c)).first->second;
+}
+
+// The combine kernels `ck`'s partials need on `device`, compiled now (while the plan is made).
+void prepare_combines(const CompiledKernel& ck, const Group& g, DeviceType device) {
+  const Lowered& L = *ck.lowered;
+  if (!L.split || device == DeviceType::CPU) return;
+  size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs);
+  for (const Node* o : g.outputs) {
+    if (classify(*o) != NodeClass::Reduction) continue;
+    combine_code(device, o->op, L.kernel.buffers[pb].dtype, o->dtype, L.split_columns);
+    pb += o->op == OpKind::ArgMax || o->op == OpKind::ArgMin ? 2 : 1;
+  }
+}
+
+// The second stage of a split reduction whose partials stay on a device: a combine kernel per
+// reduction output, queued after the first stage.
+void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Group& g, DeviceType device) {
   size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
   for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
     const Node* o = g.outputs[oi];
     if (classify(*o) != NodeClass::Reduction) continue;
     const bool arg = o->op == OpKind::ArgMax || o->op == OpKind::ArgMin;
     const DType pdt = k.buffers[pb].dtype;
-    std::shared_ptr<Code> code;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      auto& c = codes[{backend, o->op, pdt, o->dtype, L.split_columns}];
-      if (!c)
-        c = backend->compile(combine_kernel(o->op, pdt, o->dtype, L.split_columns),
-                             std::string("kiln_") + backend->name() + "_combine_" + op_name(o->op) + "_" + dtype_name(pdt) + "_" +
-                                 dtype_name(o->dtype) + (L.split_columns ? "_columns" : ""),
-                             nullptr);
-      code = c;
-    }
+    const Code& code = combine_code(device, o->op, pdt, o->dtype, L.split_columns);
     char* bufs[3] = {static_cast<char*>(bd.device_partials[part]->data), nullptr, nullptr};
     if (arg) bufs[1] = static_cast<char*>(bd.device_partials[part + 1]->data);
     bufs[arg ? 2 : 1] = static_cast<char*>(bd.out_storage[oi]->data);
@@ -180,7 +194,7 @@ void combine_on_device(const Lowered& L, const Kernel& k, Binding& bd, const Gro
     l.work = params[0] * params[1];
     l.buffers = bufs;
     l.iparams = params;
-    backend->launch(*code, l);
+    code.backend->launch(code, l);
     part += arg ? 2 : 1;
     pb += arg ? 2 : 1;
   }
@@ -441,7 +455,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
         kernels::parallel_for(0, static_cast<int64_t>(ks.size()), [&](int64_t j) {
           const Group& g = steps[ks[static_cast<size_t>(j)]].group;
           try {
-            get_kernel(group_key(g, *tgt), g, device);
+            prepare_combines(*get_kernel(group_key(g, *tgt), g, device), g, device);
           } catch (const std::exception&) {
           }  // (met again below, where it is handled)
         });

@@ -10,6 +10,7 @@
 #include "runtime/core/error.h"
 #include "runtime/cuda/cuda_runtime.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/exec/device_runtime.h"
 #include "runtime/cuda/nvrtc.h"
 
 namespace kiln::cu {
@@ -90,7 +91,17 @@ CUfunction function(int device, const DeviceKernelInstance& k, const std::string
   std::call_once(l.once, [&] {
     const int cc = compute_capability(device);
     Compiled& c = slot(compiled, std::make_pair(cc, name));
-    std::call_once(c.once, [&] { c.image = nvrtc_compile(kernels::device_kernel_program({k}), name, cc); });
+    std::call_once(c.once, [&] {
+      // Kept across processes in the JIT's disk cache when there is one (keyed by the source,
+      // the architecture, NVRTC's version and options): a warm process compiles nothing.
+      const std::string src = kernels::device_kernel_program({k});
+      const std::string key = "cuda-lib;sm_" + std::to_string(cc) + ";nvrtc" + std::to_string(nvrtc_version()) + ";" +
+                              nvrtc_options_key() + ";" + name + "\n" + src;
+      KernelImageStore* store = kernel_image_store();
+      if (store && store->read(key, c.image) && !c.image.empty()) return;
+      c.image = nvrtc_compile(src, name, cc);
+      if (store) store->write(key, c.image);
+    });
     CUmodule mod = nullptr;  // kept for the life of the process
     check(api().module_load_data(&mod, c.image.data()), "cuModuleLoadData");
     check(api().module_get_function(&l.fn, mod, name.c_str()), "cuModuleGetFunction");

@@ -72,4 +72,11 @@ void cuda::empty_cache() {
   if (DeviceRuntime* rt = usable_cuda()) rt->empty_cache();
 }
 
+namespace {
+std::atomic<KernelImageStore*> g_image_store{nullptr};
+}  // namespace
+
+void set_kernel_image_store(KernelImageStore* store) { g_image_store.store(store, std::memory_order_release); }
+KernelImageStore* kernel_image_store() { return g_image_store.load(std::memory_order_acquire); }
+
 }  // namespace kiln

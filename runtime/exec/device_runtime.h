@@ -61,6 +61,21 @@ class DeviceRuntime {
   }
 };
 
+// Where device runtimes keep compiled library kernels across processes. The JIT's disk cache
+// registers one at load (under KILN_CACHE_DIR); without it nothing is kept.
+class KernelImageStore {
+ public:
+  virtual ~KernelImageStore() = default;
+  // The image stored under `key` (compared in full); false when there is none.
+  virtual bool read(const std::string& key, std::string& image) = 0;
+  // Stores `image` under `key`.
+  virtual void write(const std::string& key, const std::string& image) = 0;
+};
+// Sets the store (null: none); the store must live as long as the process.
+KILN_API void set_kernel_image_store(KernelImageStore* store);
+// The store, or null.
+KernelImageStore* kernel_image_store();
+
 // Registers the runtime of a device type (called once, at load, by that runtime's library part).
 KILN_API void register_device_runtime(DeviceType type, DeviceRuntime* rt);
 // The runtime of a device type, or null when this build has none.
