@@ -292,6 +292,21 @@ void bench_w4() {
   row("W4", "kiln-eager", eager);
 }
 
+// GEMM + bias + ReLU (a Linear layer's inference, [16384, 256] x [256, 1024]): compiled, with
+// the bias and ReLU in the GEMM's epilogue (cuBLASLt), and the same with one more pointwise op
+// after the ReLU (no epilogue match: GEMM, then one fused pointwise kernel).
+void bench_linear_relu() {
+  kiln::manual_seed(3);
+  Tensor x = kiln::randn({16384, 256}, kiln::kFloat32, kiln::cuda()), w = kiln::randn({1024, 256}, kiln::kFloat32, kiln::cuda());
+  Tensor b = kiln::randn({1024}, kiln::kFloat32, kiln::cuda());
+  kiln::eval({x, w, b});
+  kiln::NoGradGuard ng;
+  auto fused = kiln::compile([](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return kiln::relu(kiln::linear(x0, w0, b0)); });
+  auto apart = kiln::compile([](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return kiln::relu(kiln::linear(x0, w0, b0)) * 1.5; });
+  row("LINRELU", "kiln-compiled-epilogue", loop_us([&] { fused(x, w, b); }));
+  row("LINRELU", "kiln-compiled-apart", loop_us([&] { apart(x, w, b); }));
+}
+
 // W5: relu(2x + 1) on 16 elements, per call in a loop without waiting: compiled, lazy eager.
 void bench_w5() {
   Tensor x = kiln::linspace(-2, 2, 16, kiln::kFloat32).cuda().eval();
@@ -364,6 +379,7 @@ int main(int argc, char** argv) {
     }
     bench_w1(iters);
     bench_w3(iters);
+    bench_linear_relu();
     bench_w5();
     bench_w2(4096);
     bench_w2(65536);

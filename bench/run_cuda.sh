@@ -61,6 +61,11 @@ if ("W4", "kiln-compiled") in t:
     check("W4 compiles in the first pass", k["compiles"], "<= 2", k["compiles"] <= 2)
     r = us("W4", "torch-compile-dynamic") / us("W4", "kiln-compiled")
     check("W4 steady speedup over torch.compile(dynamic)", r, ">= 1.7x", r >= 1.7)
+if ("LINRELU", "kiln-compiled-epilogue") in t:
+    r = us("LINRELU", "kiln-compiled-apart") / us("LINRELU", "kiln-compiled-epilogue")
+    check("Linear+ReLU: GEMM epilogue vs GEMM + kernel", r, "> 1x", r > 1)
+    r = min(us("LINRELU", "torch-eager"), us("LINRELU", "torch-compile")) / us("LINRELU", "kiln-compiled-epilogue")
+    check("Linear+ReLU: speedup over faster torch", r, "(info)", True)
 if ("W5", "kiln-compiled") in t:
     check("W5 compiled us/call", us("W5", "kiln-compiled"), "<= 4", us("W5", "kiln-compiled") <= 4)
     check("W5 lazy eager us/call", us("W5", "kiln-eager"), "<= 6", us("W5", "kiln-eager") <= 6)

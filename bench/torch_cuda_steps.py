@@ -36,7 +36,16 @@ def net():
                                torch.nn.Linear(256, 8)).to(dev)
 
 
-which = sys.argv[1:] or ["W5", "W2", "W4"]
+which = sys.argv[1:] or ["LINRELU", "W5", "W2", "W4"]
+
+if "LINRELU" in which:
+    torch.manual_seed(3)
+    xl, wl, bl = torch.randn(16384, 256, device=dev), torch.randn(1024, 256, device=dev), torch.randn(1024, device=dev)
+    lr = lambda a, b_, c: torch.relu(torch.nn.functional.linear(a, b_, c))
+    with torch.no_grad():
+        row("LINRELU", "torch-eager", loop_us(lambda: lr(xl, wl, bl)))
+        clr = torch.compile(lr)
+        row("LINRELU", "torch-compile", loop_us(lambda: clr(xl, wl, bl)))
 
 if "W5" in which:
     x5 = torch.linspace(-2, 2, 16, device=dev)

@@ -280,6 +280,10 @@ struct PlanStep {
                           // device split Kernel: the next (0-d) step runs in its combine kernel
   bool fused = false;     // Kernel: run as the previous step's epilogue
   std::shared_ptr<Code> combine_code;  // device split Kernel: combine + the next step's kernel
+  // Opaque GEMM on a device: the next step (+ a row vector, then ReLU if `relu`) runs as the
+  // GEMM's epilogue (DeviceRuntime::gemm_bias) producing position `bias_out` from `bias`.
+  bool gemm_bias = false, relu = false;
+  int bias = 0, bias_out = 0;
 };
 struct Plan {
   std::vector<int64_t> sig;
@@ -522,6 +526,59 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     plan->steps[i + 1].fused = true;
     if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i));
   }
+  // GEMM + bias (+ ReLU) on a device: a pointwise step after a 2-D float32 GEMM that only adds
+  // a row vector to the product (then applies ReLU) becomes the GEMM's epilogue, when nothing
+  // else reads the bare product.
+  for (size_t i = 0; device != DeviceType::CPU && tgt && i + 1 < steps.size(); ++i) {
+    if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) continue;
+    const Node* m = steps[i].node;
+    const Group& g = steps[i + 1].group;
+    if (m->op != OpKind::Matmul || m->shape.size() != 2 || m->dtype != DType::Float32 || g.split ||
+        !g.reduce_dims.empty() || g.outputs.size() != 1 || !same_shape(g.domain, m->shape))
+      continue;
+    const Node* add = nullptr;
+    const Node* relu = nullptr;
+    bool ok = true;
+    for (const Node* n : g.nodes) {
+      if (n->op == OpKind::Add && !add) add = n;
+      else if (n->op == OpKind::Relu && !relu) relu = n;
+      else ok = false;
+    }
+    if (!ok || !add || add->inputs.size() != 2 || !same_shape(add->shape, m->shape) || add->dtype != DType::Float32) continue;
+    if (relu && (relu->inputs[0].get() != add || g.outputs[0] != relu)) continue;
+    if (!relu && g.outputs[0] != add) continue;
+    const int mi = add->inputs[0].get() == m ? 0 : add->inputs[1].get() == m ? 1 : -1;
+    if (mi < 0) continue;
+    const Node* bias = add->inputs[1 - mi].get();
+    if (bias->dtype != DType::Float32 || bias->shape.empty() || !same_shape({bias->shape.back()}, {m->shape[1]})) continue;
+    // The bare product must have no other reader, in this segment or after it.
+    bool read_elsewhere = false;
+    for (size_t j = 0; j < steps.size() && !read_elsewhere; ++j) {
+      if (j == i + 1) continue;
+      auto reads = [&](const Node* n) {
+        for (const auto& in : n->inputs)
+          if (in.get() == m) return true;
+        return false;
+      };
+      if (steps[j].kind == Step::Kind::Kernel) {
+        for (const Node* n : steps[j].group.nodes) read_elsewhere = read_elsewhere || reads(n);
+      } else {
+        read_elsewhere = reads(steps[j].node);
+      }
+    }
+    for (size_t k = 0; k < target->nodes.size(); ++k)
+      if (target->nodes[k] == m && target->needed[k]) read_elsewhere = true;
+    if (read_elsewhere || !pos.count(bias)) continue;
+    PlanStep& ps = plan->steps[i];
+    ps.gemm_bias = true;
+    ps.relu = relu != nullptr;
+    ps.bias = pos.at(bias);
+    ps.bias_out = pos.at(g.outputs[0]);
+    plan->steps[i + 1].fused = true;
+    if (log_enabled("fusion"))
+      log_line("fusion", "step " + std::to_string(i + 1) + " (+ bias" + (relu ? ", ReLU" : "") + ") runs as the epilogue of GEMM step " +
+                             std::to_string(i));
+  }
   // Device split reductions: a 0-d pointwise step reading the reduction (`sum() * 0.5`) runs in
   // the combine kernel of the partials, one launch instead of two.
   for (size_t i = 0; device != DeviceType::CPU && i + 1 < steps.size(); ++i) {
@@ -636,6 +693,20 @@ bool run_split_with_epilogue(const PlanStep& s, const PlanStep& e, const std::ve
   return true;
 }
 
+// A device GEMM step with its bias (+ ReLU) epilogue as one call of the device runtime. False
+// when the device cannot take it this run (the two steps then run apart).
+bool run_gemm_bias(const PlanStep& s, const std::vector<Node*>& ext, RunScratch& sc) {
+  Node* m = ext[s.node];
+  Node* bias = s.bias >= 0 ? ext[s.bias] : sc.externals[-s.bias - 1];
+  Node* out = ext[s.bias_out];
+  for (auto& in : m->inputs) materialize_view(in.get());
+  materialize_view(bias);
+  if (!bias->materialized() || !device_runtime(m->device).gemm_bias(*out, *m->inputs[0], *m->inputs[1], *bias, s.relu))
+    return false;
+  g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
   bool epilogue_done = false;
@@ -656,6 +727,10 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
       }
       case Step::Kind::Opaque: {
         Node* n = ext[s.node];
+        if (s.gemm_bias && run_gemm_bias(s, ext, sc)) {
+          epilogue_done = true;
+          break;
+        }
         if (s.epilogue && run_gemm_epilogue(s, plan.steps[si + 1], ext, sc)) {
           epilogue_done = true;
           break;

@@ -74,23 +74,6 @@ cublasHandle_t handle(int index) {
   return handles[index];
 }
 
-// A row-major operand [rows, cols] with strides (srow, scol) as cuBLAS's column-major
-// [cols, rows] matrix: op N with leading dimension srow, or its transpose (op T, ld scol) when
-// the operand is column-major. False for other layouts (broadcast rows, general strides).
-bool as_column_major(int64_t rows, int64_t cols, int64_t srow, int64_t scol, cublasOperation_t& op, int64_t& ld) {
-  if ((cols == 1 || scol == 1) && (rows == 1 || srow >= std::max<int64_t>(cols, 1))) {
-    op = CUBLAS_OP_N;
-    ld = rows == 1 ? std::max<int64_t>(cols, 1) : srow;
-    return true;
-  }
-  if ((rows == 1 || srow == 1) && (cols == 1 || scol >= std::max<int64_t>(rows, 1))) {
-    op = CUBLAS_OP_T;
-    ld = cols == 1 ? std::max<int64_t>(rows, 1) : scol;
-    return true;
-  }
-  return false;
-}
-
 // The one stride between consecutive matrices of the batch dims [0, nb) (0 for a single or
 // broadcast matrix); false when the batch dims do not collapse to one stride.
 bool batch_stride(const Node& n, size_t nb, int64_t& stride) {
@@ -106,6 +89,22 @@ bool batch_stride(const Node& n, size_t nb, int64_t& stride) {
   return true;
 }
 
+}  // namespace
+
+bool as_column_major(int64_t rows, int64_t cols, int64_t srow, int64_t scol, cublasOperation_t& op, int64_t& ld) {
+  if ((cols == 1 || scol == 1) && (rows == 1 || srow >= std::max<int64_t>(cols, 1))) {
+    op = CUBLAS_OP_N;
+    ld = rows == 1 ? std::max<int64_t>(cols, 1) : srow;
+    return true;
+  }
+  if ((rows == 1 || srow == 1) && (cols == 1 || scol >= std::max<int64_t>(rows, 1))) {
+    op = CUBLAS_OP_T;
+    ld = cols == 1 ? std::max<int64_t>(rows, 1) : scol;
+    return true;
+  }
+  return false;
+}
+
 bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
   switch (d) {
     case DType::Float32:
@@ -118,8 +117,6 @@ bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
     default: return false;
   }
 }
-
-}  // namespace
 
 bool have_cublas() { return lib().ok; }
 const std::string& cublas_unavailable_reason() { return lib().reason; }

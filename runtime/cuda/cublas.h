@@ -1,6 +1,9 @@
 // cuBLAS, loaded at run time (libcublas.so.13 / .12): GEMM and batched GEMM of Matmul nodes on
 // the device's stream.
 #pragma once
+#include <cublas_api.h>
+
+#include <cstdint>
 #include <string>
 
 #include "runtime/ir/node.h"
@@ -15,5 +18,13 @@ const std::string& cublas_unavailable_reason();
 // into fresh device memory with cuBLAS. Returns false, computing nothing, for what cuBLAS cannot
 // take as it is: integer dtypes, or operand layouts that are not (batched, transposed) matrices.
 bool gemm(Node& n);
+
+// A row-major operand [rows, cols] with strides (srow, scol) as cuBLAS's column-major
+// [cols, rows] matrix: op N with leading dimension srow, or its transpose (op T, ld scol) when
+// the operand is column-major. False for other layouts (broadcast rows, general strides).
+bool as_column_major(int64_t rows, int64_t cols, int64_t srow, int64_t scol, cublasOperation_t& op, int64_t& ld);
+// cuBLAS's data and compute types for a floating dtype (TF32 as set_float32_matmul_precision
+// allows); false for other dtypes.
+bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c);
 
 }  // namespace kiln::cu

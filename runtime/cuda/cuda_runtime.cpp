@@ -13,6 +13,7 @@
 #include "runtime/core/pool_allocator.h"
 #include "runtime/cuda/caching_allocator.h"
 #include "runtime/cuda/cublas.h"
+#include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda/device_ops.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/exec/device_runtime.h"
@@ -218,6 +219,10 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
   void synchronize(int index) override { sync(index); }
+
+  bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool relu) override {
+    return cu::gemm_bias(out, a, b, bias, relu);
+  }
 
   std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why) override;
 

@@ -45,6 +45,10 @@ class DeviceRuntime {
   // Computes node `n` on its device (inputs materialized on that device): the ops that are not
   // generated kernels (GEMM, indexing, scans, random numbers, conversions ...).
   virtual void run_node(Node& n) = 0;
+  // Computes `out` = a b + bias, then ReLU when `relu`, as one GEMM with its epilogue (cuBLASLt
+  // on CUDA): `a` [M, K], `b` [K, N], `bias` [N] (or broadcast over rows) materialized on out's
+  // device. False, computing nothing, when the device cannot (then GEMM and epilogue run apart).
+  virtual bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool relu) { return false; }
   // Waits until all work queued on device `index` has finished (raising its errors).
   virtual void synchronize(int index) = 0;
   // The allocator of device `index`: counters, peak reset, and releasing cached blocks.
