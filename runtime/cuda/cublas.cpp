@@ -1,7 +1,6 @@
 #include "runtime/cuda/cublas.h"
 
 #include <cublas_api.h>
-#include <dlfcn.h>
 
 #include <mutex>
 #include <vector>
@@ -30,24 +29,15 @@ struct Cublas {
 const Cublas& lib() {
   static const Cublas c = [] {
     Cublas c;
-    const char* names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
-                           "/usr/local/cuda/lib64/libcublas.so.12"};
-    void* h = nullptr;
-    for (const char* n : names)
-      if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
-    if (!h) {
-      c.reason = "libcublas.so.13 / .12 not found";
-      return c;
-    }
-    auto sym = [&](const char* name, auto& out) {
-      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(h, name));
-      if (!out && c.reason.empty()) c.reason = std::string("libcublas lacks ") + name;
-    };
-    sym("cublasCreate_v2", c.create);
-    sym("cublasSetStream_v2", c.set_stream);
-    sym("cublasSetMathMode", c.set_math_mode);
-    sym("cublasGetStatusName", c.status_name);
-    sym("cublasGemmStridedBatchedEx", c.gemm);
+    RuntimeLibrary l({"libcublas.so.13", "libcublas.so.12", "libcublas.so", "/usr/local/cuda/lib64/libcublas.so.13",
+                      "/usr/local/cuda/lib64/libcublas.so.12"},
+                     "libcublas.so.13 / .12");
+    l.symbol("cublasCreate_v2", c.create);
+    l.symbol("cublasSetStream_v2", c.set_stream);
+    l.symbol("cublasSetMathMode", c.set_math_mode);
+    l.symbol("cublasGetStatusName", c.status_name);
+    l.symbol("cublasGemmStridedBatchedEx", c.gemm);
+    c.reason = l.reason();
     c.ok = c.reason.empty();
     return c;
   }();

@@ -1,7 +1,6 @@
 #include "runtime/cuda/cublaslt.h"
 
 #include <cublasLt.h>
-#include <dlfcn.h>
 
 #include <map>
 #include <mutex>
@@ -32,28 +31,19 @@ struct Lt {
 const Lt& lib() {
   static const Lt l = [] {
     Lt l;
-    const char* names[] = {"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
-                           "/usr/local/cuda/lib64/libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.12"};
-    void* h = nullptr;
-    for (const char* n : names)
-      if ((h = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
-    if (!h) {
-      l.reason = "libcublasLt.so.13 / .12 not found";
-      return l;
-    }
-    auto sym = [&](const char* name, auto& out) {
-      out = reinterpret_cast<std::remove_reference_t<decltype(out)>>(dlsym(h, name));
-      if (!out && l.reason.empty()) l.reason = std::string("libcublasLt lacks ") + name;
-    };
-    sym("cublasLtCreate", l.create);
-    sym("cublasLtMatmulDescCreate", l.desc_create);
-    sym("cublasLtMatmulDescSetAttribute", l.desc_set);
-    sym("cublasLtMatrixLayoutCreate", l.layout_create);
-    sym("cublasLtMatmulPreferenceCreate", l.pref_create);
-    sym("cublasLtMatmulPreferenceSetAttribute", l.pref_set);
-    sym("cublasLtMatmulPreferenceDestroy", l.pref_destroy);
-    sym("cublasLtMatmulAlgoGetHeuristic", l.heuristic);
-    sym("cublasLtMatmul", l.matmul);
+    RuntimeLibrary lib({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so", "/usr/local/cuda/lib64/libcublasLt.so.13",
+                        "/usr/local/cuda/lib64/libcublasLt.so.12"},
+                       "libcublasLt.so.13 / .12");
+    lib.symbol("cublasLtCreate", l.create);
+    lib.symbol("cublasLtMatmulDescCreate", l.desc_create);
+    lib.symbol("cublasLtMatmulDescSetAttribute", l.desc_set);
+    lib.symbol("cublasLtMatrixLayoutCreate", l.layout_create);
+    lib.symbol("cublasLtMatmulPreferenceCreate", l.pref_create);
+    lib.symbol("cublasLtMatmulPreferenceSetAttribute", l.pref_set);
+    lib.symbol("cublasLtMatmulPreferenceDestroy", l.pref_destroy);
+    lib.symbol("cublasLtMatmulAlgoGetHeuristic", l.heuristic);
+    lib.symbol("cublasLtMatmul", l.matmul);
+    l.reason = lib.reason();
     l.ok = l.reason.empty();
     return l;
   }();

@@ -5,6 +5,9 @@
 #include <cuda.h>
 #include <nvrtc.h>
 
+#include <dlfcn.h>
+
+#include <initializer_list>
 #include <string>
 
 namespace kiln::cu {
@@ -65,6 +68,30 @@ struct Api {
   decltype(&::nvrtcGetPTX) nvrtc_get_ptx = nullptr;
   decltype(&::nvrtcGetNumSupportedArchs) nvrtc_get_num_supported_archs = nullptr;
   decltype(&::nvrtcGetSupportedArchs) nvrtc_get_supported_archs = nullptr;
+};
+
+// A CUDA library loaded at run time (cuBLAS, cuBLASLt): the first of `names` that dlopen finds;
+// symbol() binds entry points, the first missing one (or the library) saying why it is unusable.
+class RuntimeLibrary {
+ public:
+  RuntimeLibrary(std::initializer_list<const char*> names, const std::string& what) : what_(what) {
+    for (const char* n : names)
+      if ((handle_ = dlopen(n, RTLD_NOW | RTLD_LOCAL))) break;
+    if (!handle_) reason_ = what + " not found";
+  }
+  // Binds entry point `name` into `out` (left null when missing).
+  template <class F>
+  void symbol(const char* name, F& out) {
+    out = handle_ ? reinterpret_cast<F>(dlsym(handle_, name)) : nullptr;
+    if (!out && reason_.empty()) reason_ = what_ + " lacks " + name;
+  }
+  // Whether the library and every symbol bound so far were found, and why not.
+  bool ok() const { return reason_.empty(); }
+  const std::string& reason() const { return reason_; }
+
+ private:
+  void* handle_ = nullptr;
+  std::string what_, reason_;
 };
 
 // Whether the driver loads, cuInit succeeds and at least one device exists (computed once;
