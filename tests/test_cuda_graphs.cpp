@@ -138,6 +138,52 @@ TEST(CudaGraphs, TrainingStepReplayEqualsRunsWithoutGraphs) {
   EXPECT_GT(s.graph_bytes, 0);
 }
 
+// Simulation state, both ways a tick is written: arguments updated in place inside fn (written
+// back by the graph: their addresses never change) and state returned and passed back in
+// (each call's input sits in the other graph's output: two graphs alternate, the input copied
+// into the graph's buffer). Every tick equals the same function without graphs, bit for bit.
+TEST(CudaGraphs, SimulationTicksInPlaceAndFedBack) {
+  NEED_GPU();
+  auto in_place = [](Tensor p, Tensor v) {  // (handles share the caller's tensors)
+    v.add_((p * -0.5 - v * 0.1) * 0.01);
+    p.add_(v * 0.01);
+    return (v * v).sum();
+  };
+  auto fed_back = [](const Tensor& p, const Tensor& v) {
+    Tensor v2 = v + (p * -0.5 - v * 0.1) * 0.01;
+    return std::vector<Tensor>{p + v2 * 0.01, v2};
+  };
+  kiln::manual_seed(kiln::testing::test_seed(14));
+  Tensor p0 = kiln::randn({4096, 3}).cuda().eval(), v0 = kiln::randn({4096, 3}).cuda().eval();
+  {
+    auto fg = kiln::compile(in_place, options("tick", true));
+    auto fn = kiln::compile(in_place, options("tick_plain", false));
+    Tensor pg = p0.clone().eval(), vg = v0.clone().eval(), pn = p0.clone().eval(), vn = v0.clone().eval();
+    const void* at = nullptr;
+    for (int i = 0; i < 10; ++i) {
+      expect_same_bits(fg(pg, vg), fn(pn, vn), "energy at tick " + std::to_string(i));
+      if (i == 3) at = address(pg);
+    }
+    expect_same_bits(pg, pn, "positions");
+    EXPECT_EQ(address(pg), at) << "positions moved: not updated in place";
+    EXPECT_GE(fg.stats().graph_replays, 7);
+    EXPECT_EQ(fg.stats().ungraphed_runs, 0);
+  }
+  {
+    auto fg = kiln::compile(fed_back, options("feed", true));
+    auto fn = kiln::compile(fed_back, options("feed_plain", false));
+    Tensor pg = p0, vg = v0, pn = p0, vn = v0;
+    for (int i = 0; i < 10; ++i) {
+      auto g = fg(pg, vg), n = fn(pn, vn);
+      pg = g[0], vg = g[1], pn = n[0], vn = n[1];
+    }
+    expect_same_bits(pg, pn, "positions fed back");
+    expect_same_bits(vg, vn, "velocities fed back");
+    EXPECT_GE(fg.stats().graph_replays, 6);
+    EXPECT_LE(fg.stats().graphs, 3);
+  }
+}
+
 // A parameter whose node is shared (a detached handle taken by the caller) must keep its old
 // value in that handle: the step then runs without a graph and the state moves to new memory.
 TEST(CudaGraphs, StateSharedWithTheCallerIsNotOverwritten) {

@@ -486,6 +486,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
       if (!w) continue;
       size_t k = std::find(placeholder_arg.begin(), placeholder_arg.end(), i) - placeholder_arg.begin();
       e->out.arg_written.push_back(i);
+      write_back.push_back({outputs.size(), k});  // (placeholder k is input slot k)
       outputs.push_back(placeholder_tensors[k].node());
     }
     // Gradients a backward in fn accumulated into arguments (placeholders start without one;
@@ -632,8 +633,8 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   e->out.fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names,
                                          ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
   if (opt_.cuda_graphs) {
-    // Captured state written in place is written back into its own storage by the graph (only
-    // in a program without breaks: there the state is an input of this program).
+    // State written in place (captured tensors, arguments) is written back into its own storage
+    // by the graph (only in a program without breaks: there the state is an input of it).
     e->out.fwd->use_graphs({graph_counters_, ts.breaks.empty() ? write_back : decltype(write_back){}, opt_.name});
     if (e->out.bwd) e->out.bwd->use_graphs({graph_counters_, {}, opt_.name + " backward"});
     for (auto& tb : ts.breaks) tb.step->prog->use_graphs({graph_counters_, {}, opt_.name + " " + tb.step->what});
