@@ -1,6 +1,7 @@
 #include "jit/compile/graph_replay.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "jit/diag/diagnostics.h"
 #include "runtime/core/error.h"
@@ -172,9 +173,17 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
   for (const auto& [o, j] : policy_.write_back) written[j] = true;
   DeviceRuntime& rt = device_runtime(device_);
   std::string why;
+  const auto t0 = std::chrono::steady_clock::now();
+  double work_ms = 0;
   std::unique_ptr<DeviceGraph> dg = rt.capture(
       device_.index,
       [&] {
+        const auto w0 = std::chrono::steady_clock::now();
+        struct Timed {
+          std::chrono::steady_clock::time_point from;
+          double& ms;
+          ~Timed() { ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - from).count(); }
+        } timed{w0, work_ms};
         for (size_t i = 0; i < ins.size(); ++i) {
           Graph::In& in = g->ins[i];
           in.strides = strides_of(*ins[i]);
@@ -203,6 +212,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
         }
       },
       why);
+  const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!dg) {
     broken_ = true;
     policy_.counters->failed++;
@@ -258,7 +268,8 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
                            " operations (" + std::to_string(g->graph->pool_bytes() >> 10) + " KiB of graph memory, " +
                            std::to_string(copied) + " of " + std::to_string(ins.size()) + " inputs copied in per replay, " +
                            std::to_string(policy_.write_back.size()) + " tensors updated in place; graph " +
-                           std::to_string(graphs_.size() + 1) + " of this size)");
+                           std::to_string(graphs_.size() + 1) + " of this size) in " + std::to_string(total_ms) +
+                           " ms (running the work " + std::to_string(work_ms) + " ms, the rest capture and instantiation)");
   }
   make_outputs(*g, ins, out);
   graphs_.push_back(std::move(g));
