@@ -107,6 +107,12 @@ bool GraphReplay::write_back_safe(const std::vector<Node*>& ins) const {
   return true;
 }
 
+bool GraphReplay::outputs_free(const Graph& g) {
+  for (size_t k = 0; k < g.owned.size(); ++k)
+    if (g.handed[k] && g.owned[k].use_count() != 1) return false;  // (held by someone besides the graph)
+  return true;
+}
+
 void GraphReplay::note_ungraphed() {
   if (calls_ > 1) policy_.counters->ungraphed++;  // (the first run compiles: never graphed)
 }
@@ -127,8 +133,7 @@ bool GraphReplay::replay(const std::vector<Node*>& ins, std::vector<Tensor>& out
              ins[i]->strides.size() == in.strides.size();
       for (size_t d = 0; fits && d < in.strides.size(); ++d) fits = ins[i]->strides[d].as_int() == in.strides[d];
     }
-    for (size_t k = 0; fits && k < g.owned.size(); ++k) fits = !g.handed[k] || g.owned[k].use_count() == 1;
-    if (!fits) continue;
+    if (!fits || !outputs_free(g)) continue;
     if (!write_back_safe(ins)) return false;
     DeviceRuntime& rt = device_runtime(device_);
     for (size_t i = 0; i < ins.size(); ++i)
@@ -151,8 +156,7 @@ bool GraphReplay::wants_record(const std::vector<Node*>& ins) {
   // outputs have been held for kStale runs (its memory stays with them; the new graph gets its own).
   Graph* lru = nullptr;
   for (auto& g : graphs_) {
-    bool free = calls_ - g->used > kStale;
-    for (size_t k = 0; !free && k < g->owned.size(); ++k) free = !g->handed[k] || g->owned[k].use_count() == 1;
+    const bool free = calls_ - g->used > kStale || outputs_free(*g);
     if (free && (!lru || g->used < lru->used)) lru = g.get();
   }
   if (!lru) return false;

@@ -78,6 +78,8 @@ class GraphReplay {
  private:
   struct Graph;
   bool write_back_safe(const std::vector<Node*>& ins) const;
+  // Whether nobody but the graph holds an output it hands out (a replay would overwrite it).
+  static bool outputs_free(const Graph& g);
   void make_outputs(const Graph& g, const std::vector<Node*>& ins, std::vector<Tensor>& out) const;
 
   GraphPolicy policy_;
