@@ -222,6 +222,24 @@ TEST(CudaGraphs, OneGraphPerSizeKernelsShared) {
   EXPECT_EQ(s.graph_replays, 6);
 }
 
+// A limit on graphs kept (CompileOptions::cuda_graph_limit): ten sizes met in turn keep at most
+// four graphs, the least recently used dropped and recorded again when their size comes back.
+TEST(CudaGraphs, GraphLimitDropsTheLeastRecentlyUsed) {
+  NEED_GPU();
+  kiln::CompileOptions o = options("limit", true);
+  o.dynamic = kiln::CompileOptions::Dynamic::Always;
+  o.cuda_graph_limit = 4;
+  auto f = kiln::compile([](const Tensor& x) { return (x * 2).tanh(); }, o);
+  for (int r = 0; r < 4; ++r)
+    for (int64_t n = 10; n < 20; ++n) {
+      Tensor x = kiln::full({n}, 0.1 * r).cuda().eval();
+      ASSERT_NEAR(f(x).to_vector<float>()[0], std::tanh(static_cast<float>(0.2 * r)), 1e-6) << "size " << n;
+      ASSERT_LE(f.stats().graphs_kept, 4);
+    }
+  EXPECT_GT(f.stats().graphs, 4);
+  EXPECT_EQ(f.stats().graphs_kept, 4);
+}
+
 // A graph break (a value read on the host) splits fn: the continuation after it replays its own
 // graph, one per break value met (the segment before the break ends with the copy to the host
 // and runs without one).

@@ -136,7 +136,11 @@ TensorImpl* captured_source(const guards::CapturedTensor& c) {
 
 class CompiledCore {
  public:
-  explicit CompiledCore(CompileOptions o) : opt_(std::move(o)) {}
+  explicit CompiledCore(CompileOptions o) : opt_(std::move(o)) {
+    KILN_CHECK(opt_.cuda_graph_limit >= 1, "compile(", opt_.name, "): cuda_graph_limit must be at least 1, got ",
+               opt_.cuda_graph_limit);
+    graph_counters_->limit = opt_.cuda_graph_limit;
+  }
 
   std::vector<Value> call(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn,
                           std::vector<int64_t>& out_spec) {
@@ -249,6 +253,7 @@ class CompiledCore {
     s.graph_replays = graph_counters_->replays;
     s.ungraphed_runs = graph_counters_->ungraphed;
     s.graph_bytes = graph_counters_->pool_bytes;
+    s.graphs_kept = graph_counters_->kept;
     return s;
   }
 

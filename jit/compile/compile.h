@@ -44,6 +44,9 @@ struct CompileOptions {
   // On a GPU, replay each entry as a CUDA graph (recorded at its second run) instead of
   // launching its kernels one by one.
   bool cuda_graphs = true;
+  // CUDA graphs kept at most (each holds its own device memory); past it the least recently
+  // used whose outputs nobody holds are dropped, and recorded again when their sizes come back.
+  int cuda_graph_limit = 128;
 };
 
 // Counters of one compiled function.
@@ -65,6 +68,7 @@ struct CompileStats {
   int64_t ungraphed_runs = 0;  // runs on a GPU that went without a graph (outputs of every graph
                                // still held, state shared elsewhere, recording impossible)
   int64_t graph_bytes = 0;     // device memory the graphs hold now (their private pools)
+  int64_t graphs_kept = 0;     // CUDA graphs kept now (<= CompileOptions::cuda_graph_limit)
   std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000",
                                // "break 0 (item() of sum): expected 3, got 5")
 };

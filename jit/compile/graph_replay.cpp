@@ -1,6 +1,7 @@
 #include "jit/compile/graph_replay.h"
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 
 #include "jit/diag/diagnostics.h"
@@ -25,7 +26,8 @@ struct GraphReplay::Graph {
   std::vector<Out> outs;
   std::vector<std::shared_ptr<Storage>> owned;  // outputs' storage: graph memory, or constants
   std::vector<bool> handed;                     // per owned: graph memory a replay rewrites
-  int64_t used = 0;  // the run that used it last
+  int64_t used = 0;   // the run of this instance that used it last
+  int64_t stamp = 0;  // ... and its place among the uses of all graphs of the function
 };
 
 namespace {
@@ -82,7 +84,29 @@ GraphReplay::GraphReplay(GraphPolicy policy, Device device, std::vector<Node*> i
       moving_(inputs_.size(), false) {}
 
 GraphReplay::~GraphReplay() {
-  for (const auto& g : graphs_) policy_.counters->pool_bytes -= static_cast<int64_t>(g->graph->pool_bytes());
+  for (const auto& g : graphs_) {
+    policy_.counters->pool_bytes -= static_cast<int64_t>(g->graph->pool_bytes());
+    policy_.counters->kept--;
+  }
+}
+
+void GraphReplay::drop(const Graph* g) {
+  policy_.counters->pool_bytes -= static_cast<int64_t>(g->graph->pool_bytes());
+  policy_.counters->kept--;
+  graphs_.erase(std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& p) { return p.get() == g; }));
+}
+
+int64_t GraphReplay::oldest_free() const {
+  int64_t oldest = INT64_MAX;
+  for (const auto& g : graphs_)
+    if (outputs_free(*g)) oldest = std::min(oldest, g->stamp);
+  return oldest;
+}
+
+void GraphReplay::drop_oldest_free() {
+  const int64_t oldest = oldest_free();
+  for (const auto& g : graphs_)
+    if (g->stamp == oldest && outputs_free(*g)) return drop(g.get());
 }
 
 std::optional<Device> GraphReplay::device_of(const std::vector<Node*>& nodes, const std::vector<Node*>& inputs) {
@@ -141,6 +165,7 @@ bool GraphReplay::replay(const std::vector<Node*>& ins, std::vector<Tensor>& out
         rt.copy(g.ins[i].buffer->data, device_, ins[i]->storage->data, device_, g.ins[i].bytes);
     g.graph->launch();
     g.used = calls_;
+    g.stamp = ++policy_.counters->clock;
     policy_.counters->replays++;
     make_outputs(g, ins, out);
     return true;
@@ -160,8 +185,7 @@ bool GraphReplay::wants_record(const std::vector<Node*>& ins) {
     if (free && (!lru || g->used < lru->used)) lru = g.get();
   }
   if (!lru) return false;
-  policy_.counters->pool_bytes -= static_cast<int64_t>(lru->graph->pool_bytes());
-  graphs_.erase(std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& g) { return g.get() == lru; }));
+  drop(lru);
   return true;
 }
 
@@ -263,7 +287,9 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
       rt.copy(g->ins[i].buffer->data, device_, ins[i]->storage->data, device_, g->ins[i].bytes);
   g->graph->launch();
   g->used = calls_;
+  g->stamp = ++policy_.counters->clock;
   policy_.counters->recorded++;
+  policy_.counters->kept++;
   policy_.counters->pool_bytes += static_cast<int64_t>(g->graph->pool_bytes());
   if (log_enabled("graphs")) {
     size_t copied = 0;

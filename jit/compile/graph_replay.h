@@ -37,6 +37,9 @@ struct GraphCounters {
   std::atomic<int64_t> ungraphed{0};  // runs of graphable instances that went without a graph
   std::atomic<int64_t> failed{0};     // instances whose recording failed (then never graphed)
   std::atomic<int64_t> pool_bytes{0};  // device memory held by the graphs' private pools now
+  std::atomic<int64_t> kept{0};        // graphs kept now
+  std::atomic<int64_t> clock{0};       // stamps graph uses (least recently used across instances)
+  int64_t limit = 128;                 // graphs kept at most (CompileOptions::cuda_graph_limit)
 };
 
 // How a program's instances use graphs.
@@ -74,10 +77,15 @@ class GraphReplay {
               const std::function<void(size_t, const std::shared_ptr<Storage>&)>& bind_input, std::vector<Tensor>& out);
   // Counts a run that went without a graph.
   void note_ungraphed();
+  // The use stamp of this instance's least recently used graph whose outputs nobody holds
+  // (INT64_MAX: none), and dropping that graph (the function keeps too many).
+  int64_t oldest_free() const;
+  void drop_oldest_free();
 
  private:
   struct Graph;
   bool write_back_safe(const std::vector<Node*>& ins) const;
+  void drop(const Graph* g);
   // Whether nobody but the graph holds an output it hands out (a replay would overwrite it).
   static bool outputs_free(const Graph& g);
   void make_outputs(const Graph& g, const std::vector<Node*>& ins, std::vector<Tensor>& out) const;

@@ -1,6 +1,7 @@
 #include "jit/compile/program.h"
 
 #include <algorithm>
+#include <climits>
 #include <sstream>
 #include <unordered_map>
 
@@ -113,6 +114,22 @@ void Program::use_graphs(GraphPolicy policy) {
   std::lock_guard<std::mutex> lock(mu_);
   graphs_ = std::make_unique<GraphPolicy>(std::move(policy));
   for (auto& [key, inst] : instances_) graph_instance(*inst);  // (a break's segment ran while traced)
+}
+
+void Program::limit_graphs() {
+  // Past the function's limit, this program's least recently used free graphs go (their
+  // instances record again when next met).
+  while (graphs_->counters->kept > graphs_->counters->limit) {
+    Instance* oldest = nullptr;
+    int64_t stamp = INT64_MAX;
+    for (auto& [key, inst] : instances_)
+      if (inst->graphs && inst->graphs->oldest_free() < stamp) {
+        stamp = inst->graphs->oldest_free();
+        oldest = inst.get();
+      }
+    if (!oldest) return;
+    oldest->graphs->drop_oldest_free();
+  }
 }
 
 void Program::graph_instance(Instance& inst) {
@@ -275,8 +292,10 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   if (record) {
     if (inst.graphs->record(
             ins, [&] { inst.prepared->run(); },
-            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out))
+            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out)) {
+      limit_graphs();
       return out;
+    }
     for (Node* n : inst.seg.nodes) n->storage.reset();  // what the failed recording left
     bind();
   } else if (inst.graphs) {
