@@ -32,13 +32,6 @@ struct GraphReplay::Graph {
 
 namespace {
 
-std::vector<int64_t> strides_of(const Node& n) {
-  std::vector<int64_t> s;
-  s.reserve(n.strides.size());
-  for (const auto& d : n.strides) s.push_back(d.as_int());
-  return s;
-}
-
 // Bytes from the first element to one past the last one `n`'s layout reaches (offset 0).
 size_t span_bytes(const Node& n) {
   int64_t last = 0;
@@ -50,17 +43,11 @@ size_t span_bytes(const Node& n) {
   return static_cast<size_t>(last + 1) * itemsize(n.dtype);
 }
 
-bool dense(const Node& n) {
-  int64_t expect = 1;
-  for (size_t d = n.shape.size(); d-- > 0;) {
-    const int64_t size = n.shape[d].as_int();
-    if (size != 1 && n.strides[d].as_int() != expect) return false;
-    expect *= size;
-  }
-  return n.offset.as_int() == 0;
-}
+// Dense row-major from the storage's start: a write-back copies it as one block.
+bool dense(const Node& n) { return n.offset.as_int() == 0 && is_contiguous_layout(n.shape, n.strides); }
 
-// A fresh leaf with `layout`'s type and layout over `storage`.
+}  // namespace
+
 Tensor leaf_over(const Node& layout, std::shared_ptr<Storage> storage) {
   auto leaf = new_node();
   leaf->op = OpKind::Leaf;
@@ -73,15 +60,18 @@ Tensor leaf_over(const Node& layout, std::shared_ptr<Storage> storage) {
   return Tensor::from_node(std::move(leaf));
 }
 
-}  // namespace
-
 GraphReplay::GraphReplay(GraphPolicy policy, Device device, std::vector<Node*> inputs, std::vector<Node*> outputs)
     : policy_(std::move(policy)),
       device_(device),
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)),
+      writes_(outputs_.size(), false),
+      write_to_(outputs_.size(), 0),
+      written_(inputs_.size(), false),
       last_address_(inputs_.size(), nullptr),
-      moving_(inputs_.size(), false) {}
+      moving_(inputs_.size(), false) {
+  for (const auto& [o, j] : policy_.write_back) writes_[o] = true, write_to_[o] = j, written_[j] = true;
+}
 
 GraphReplay::~GraphReplay() {
   for (const auto& g : graphs_) {
@@ -125,8 +115,7 @@ bool GraphReplay::write_back_safe(const std::vector<Node*>& ins) const {
   // pending consumer or a second tensor over it would see the write).
   for (const auto& [o, j] : policy_.write_back) {
     const Node* n = ins[j];
-    if (!n->storage || n->storage.use_count() != 1) return false;
-    if (const_cast<Node*>(n)->shared_from_this().use_count() > 2) return false;
+    if (!n->storage || n->storage.use_count() != 1 || n->weak_from_this().use_count() > 1) return false;
   }
   return true;
 }
@@ -159,18 +148,21 @@ bool GraphReplay::replay(const std::vector<Node*>& ins, std::vector<Tensor>& out
     }
     if (!fits || !outputs_free(g)) continue;
     if (!write_back_safe(ins)) return false;
-    DeviceRuntime& rt = device_runtime(device_);
-    for (size_t i = 0; i < ins.size(); ++i)
-      if (g.ins[i].buffer && g.ins[i].bytes)
-        rt.copy(g.ins[i].buffer->data, device_, ins[i]->storage->data, device_, g.ins[i].bytes);
-    g.graph->launch();
-    g.used = calls_;
-    g.stamp = ++policy_.counters->clock;
+    launch(g, ins);
     policy_.counters->replays++;
     make_outputs(g, ins, out);
     return true;
   }
   return false;
+}
+
+void GraphReplay::launch(Graph& g, const std::vector<Node*>& ins) {
+  for (size_t i = 0; i < ins.size(); ++i)
+    if (g.ins[i].buffer && g.ins[i].bytes)
+      device_runtime(device_).copy(g.ins[i].buffer->data, device_, ins[i]->storage->data, device_, g.ins[i].bytes);
+  g.graph->launch();
+  g.used = calls_;
+  g.stamp = ++policy_.counters->clock;
 }
 
 bool GraphReplay::wants_record(const std::vector<Node*>& ins) {
@@ -194,11 +186,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
                          std::vector<Tensor>& out) {
   auto g = std::make_unique<Graph>();
   g->ins.resize(ins.size());
-  std::vector<bool> writes(outputs_.size(), false);
-  std::vector<size_t> write_to(outputs_.size(), 0);
-  for (const auto& [o, j] : policy_.write_back) writes[o] = true, write_to[o] = j;
-  std::vector<bool> written(ins.size(), false);
-  for (const auto& [o, j] : policy_.write_back) written[j] = true;
+  std::vector<bool> writes = writes_;  // (a write-back the layouts do not allow is dropped for this graph)
   DeviceRuntime& rt = device_runtime(device_);
   std::string why;
   const auto t0 = std::chrono::steady_clock::now();
@@ -214,9 +202,9 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
         } timed{w0, work_ms};
         for (size_t i = 0; i < ins.size(); ++i) {
           Graph::In& in = g->ins[i];
-          in.strides = strides_of(*ins[i]);
+          in.strides = concrete(ins[i]->strides);
           in.data = ins[i]->storage ? ins[i]->storage->data : nullptr;
-          if (!moving_[i] || written[i]) continue;
+          if (!moving_[i] || written_[i]) continue;
           // An input at a new address each call: read from a buffer of the graph, filled per replay.
           in.bytes = span_bytes(*ins[i]);
           in.buffer = Storage::allocate(std::max<size_t>(in.bytes, 1), device_);
@@ -227,7 +215,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
         for (size_t o = 0; o < outputs_.size(); ++o) {
           if (!writes[o]) continue;
           const Node& src = *outputs_[o];
-          const Node& dst = *inputs_[write_to[o]];
+          const Node& dst = *inputs_[write_to_[o]];
           bool can = src.storage && dst.storage && src.dtype == dst.dtype && dense(src) && dense(dst) &&
                            src.shape.size() == dst.shape.size() && src.storage != dst.storage;
           for (size_t d = 0; can && d < src.shape.size(); ++d) can = src.shape[d].as_int() == dst.shape[d].as_int();
@@ -243,7 +231,6 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
   const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!dg) {
     broken_ = true;
-    policy_.counters->failed++;
     if (log_enabled("graphs"))
       log_line("graphs", "compile(" + policy_.name + "): runs without a CUDA graph: " + why);
     return false;
@@ -256,7 +243,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
     while (j < inputs_.size() && inputs_[j]->storage != s) ++j;
     if (writes[o]) {
       r.src = Graph::Src::WriteBack;
-      r.index = write_to[o];
+      r.index = write_to_[o];
     } else if (j < inputs_.size()) {
       r.src = Graph::Src::Input;
       r.index = j;
@@ -274,20 +261,14 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
   // An input whose storage a write-back target shares would change under the caller: checked
   // by write_back_safe; an output aliasing a written input would read the new value.
   for (size_t o = 0; o < outputs_.size(); ++o)
-    if (g->outs[o].src == Graph::Src::Input && written[g->outs[o].index]) {
+    if (g->outs[o].src == Graph::Src::Input && written_[g->outs[o].index]) {
       broken_ = true;
-      policy_.counters->failed++;
       if (log_enabled("graphs"))
         log_line("graphs", "compile(" + policy_.name + "): runs without a CUDA graph: an output aliases state it updates");
       return false;
     }
   g->graph = std::move(dg);
-  for (size_t i = 0; i < ins.size(); ++i)
-    if (g->ins[i].buffer && g->ins[i].bytes)
-      rt.copy(g->ins[i].buffer->data, device_, ins[i]->storage->data, device_, g->ins[i].bytes);
-  g->graph->launch();
-  g->used = calls_;
-  g->stamp = ++policy_.counters->clock;
+  launch(*g, ins);
   policy_.counters->recorded++;
   policy_.counters->kept++;
   policy_.counters->pool_bytes += static_cast<int64_t>(g->graph->pool_bytes());

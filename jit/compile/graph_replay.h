@@ -35,7 +35,6 @@ struct GraphCounters {
   std::atomic<int64_t> recorded{0};   // graphs recorded
   std::atomic<int64_t> replays{0};    // runs served by a graph
   std::atomic<int64_t> ungraphed{0};  // runs of graphable instances that went without a graph
-  std::atomic<int64_t> failed{0};     // instances whose recording failed (then never graphed)
   std::atomic<int64_t> pool_bytes{0};  // device memory held by the graphs' private pools now
   std::atomic<int64_t> kept{0};        // graphs kept now
   std::atomic<int64_t> clock{0};       // stamps graph uses (least recently used across instances)
@@ -49,6 +48,10 @@ struct GraphPolicy {
   std::vector<std::pair<size_t, size_t>> write_back;
   std::string name;  // for KILN_LOG=graphs
 };
+
+// A fresh leaf with `layout`'s type and layout over `storage` (how a program run hands out its
+// outputs).
+Tensor leaf_over(const Node& layout, std::shared_ptr<Storage> storage);
 
 class GraphReplay {
  public:
@@ -86,6 +89,8 @@ class GraphReplay {
   struct Graph;
   bool write_back_safe(const std::vector<Node*>& ins) const;
   void drop(const Graph* g);
+  // Copies moving inputs into `g`'s buffers, launches it and stamps the use.
+  void launch(Graph& g, const std::vector<Node*>& ins);
   // Whether nobody but the graph holds an output it hands out (a replay would overwrite it).
   static bool outputs_free(const Graph& g);
   void make_outputs(const Graph& g, const std::vector<Node*>& ins, std::vector<Tensor>& out) const;
@@ -95,6 +100,9 @@ class GraphReplay {
   std::vector<Node*> inputs_, outputs_;
   std::vector<std::unique_ptr<Graph>> graphs_;
   std::vector<const void*> last_address_;  // per input, its data address at the last call
+  std::vector<bool> writes_;       // per output: the new value of an input (write_back)
+  std::vector<size_t> write_to_;   // ... of which input
+  std::vector<bool> written_;      // per input: rewritten in place
   std::vector<bool> moving_;                // per input: its address changed between calls
   int64_t calls_ = 0;
   bool broken_ = false;                     // recording failed once: never again

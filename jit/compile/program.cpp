@@ -305,15 +305,7 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   out.reserve(inst.outputs.size());
   for (Node* o : inst.outputs) {
     KILN_CHECK(o->materialized(), "compiled program: output ", op_name(o->op), " was not computed");
-    auto leaf = new_node();
-    leaf->op = OpKind::Leaf;
-    leaf->dtype = o->dtype;
-    leaf->device = o->device;
-    leaf->shape = o->shape;
-    leaf->strides = o->strides;
-    leaf->offset = o->offset;
-    leaf->set_storage(o->storage);
-    out.push_back(Tensor::from_node(std::move(leaf)));
+    out.push_back(leaf_over(*o, o->storage));
   }
   return out;
 }
