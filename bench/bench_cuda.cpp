@@ -10,6 +10,7 @@
 //                                     KILN_CACHE_DIR: cold NVRTC, then warm disk-cache loads)
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -318,6 +319,8 @@ void bench_w5() {
   row("W5", "kiln-compiled", loop_us([&] { f(x); }, 2000));
   row("W5", "kiln-compiled-nographs", loop_us([&] { fp(x); }, 2000));
   row("W5", "kiln-eager", loop_us([&] { body(x).eval(); }, 2000));
+  // (where eager's time goes: recording the three ops alone, without running them)
+  row("W5", "kiln-eager-record-only", loop_us([&] { body(x); }, 2000));
 }
 
 // K structurally different kernels, each called once: with an empty KILN_CACHE_DIR every first
@@ -358,6 +361,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--compile-times") && i + 1 < argc) kernels = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--w2-start")) kernels = -1;
+    else if (!std::strcmp(argv[i], "--w5")) kernels = INT32_MIN;  // W5 alone (for a profiler)
     else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc) kernels = -std::atoi(argv[++i]);
   }
   if (!kiln::cuda::is_available()) {
@@ -367,6 +371,10 @@ int main(int argc, char** argv) {
   try {
     if (kernels == -1) {
       w2_start();
+      return 0;
+    }
+    if (kernels == INT32_MIN) {
+      bench_w5();
       return 0;
     }
     if (kernels < 0) {  // --w2-steps BATCH: 6 compiled steps, for a profiler

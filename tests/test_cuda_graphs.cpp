@@ -240,6 +240,31 @@ TEST(CudaGraphs, GraphLimitDropsTheLeastRecentlyUsed) {
   EXPECT_EQ(f.stats().graphs_kept, 4);
 }
 
+// At the function's graph limit a new size's graph takes the least recently used one's place by
+// updating its executable in place (cuGraphExecUpdate; instantiating stays the fallback when the
+// recorded operations do not line up): counted, and every result equals a run without graphs.
+TEST(CudaGraphs, NewSizesAtTheLimitUpdateGraphsInPlace) {
+  NEED_GPU();
+  auto body = [](const Tensor& x, const Tensor& w) { return (kiln::matmul(x, w) * 2 + 1).tanh().sum({1}); };
+  kiln::CompileOptions o = options("update", true), p = options("update_plain", false);
+  o.dynamic = p.dynamic = kiln::CompileOptions::Dynamic::Always;
+  o.cuda_graph_limit = 2;
+  auto f = kiln::compile(body, o);
+  auto plain = kiln::compile(body, p);
+  kiln::manual_seed(kiln::testing::test_seed(14));
+  Tensor w = kiln::randn({16, 8}).cuda().eval();
+  for (int r = 0; r < 3; ++r)
+    for (int64_t n : {5, 7, 9, 11}) {
+      Tensor x = kiln::randn({n, 16}).cuda().eval();
+      for (int k = 0; k < 2; ++k) expect_same_bits(f(x, w), plain(x, w), "size " + std::to_string(n) + " round " + std::to_string(r));
+      ASSERT_LE(f.stats().graphs_kept, 2);
+    }
+  const auto s = f.stats();
+  EXPECT_GE(s.graphs, 8);
+  EXPECT_GT(s.graph_updates, 0) << s.graphs << " graphs recorded, none by an update";
+  EXPECT_GT(s.graph_replays, 0);
+}
+
 // A graph break (a value read on the host) splits fn: the continuation after it replays its own
 // graph, one per break value met (the segment before the break ends with the copy to the host
 // and runs without one).

@@ -250,6 +250,7 @@ class CompiledCore {
     CompileStats s = stats_;
     s.hits = hits_.load();
     s.graphs = graph_counters_->recorded;
+    s.graph_updates = graph_counters_->updated;
     s.graph_replays = graph_counters_->replays;
     s.ungraphed_runs = graph_counters_->ungraphed;
     s.graph_bytes = graph_counters_->pool_bytes;

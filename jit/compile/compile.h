@@ -64,6 +64,8 @@ struct CompileStats {
                                      // simplification with the facts its guards establish
   int size_relations = 0;      // ... size relations its trace relied on (guards beyond sizes >= 2)
   int64_t graphs = 0;          // CUDA graphs recorded
+  int64_t graph_updates = 0;   // ... of which made by updating a dropped graph's executable in place
+                               // (at cuda_graph_limit, or replacing a graph of the same size)
   int64_t graph_replays = 0;   // runs served by a CUDA graph
   int64_t ungraphed_runs = 0;  // runs on a GPU that went without a graph (outputs of every graph
                                // still held, state shared elsewhere, recording impossible)

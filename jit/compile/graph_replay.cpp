@@ -80,10 +80,13 @@ GraphReplay::~GraphReplay() {
   }
 }
 
-void GraphReplay::drop(const Graph* g) {
+std::unique_ptr<DeviceGraph> GraphReplay::drop(const Graph* g) {
   policy_.counters->pool_bytes -= static_cast<int64_t>(g->graph->pool_bytes());
   policy_.counters->kept--;
-  graphs_.erase(std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& p) { return p.get() == g; }));
+  auto it = std::find_if(graphs_.begin(), graphs_.end(), [&](const auto& p) { return p.get() == g; });
+  std::unique_ptr<DeviceGraph> dg = std::move((*it)->graph);
+  graphs_.erase(it);
+  return dg;
 }
 
 int64_t GraphReplay::oldest_free() const {
@@ -93,10 +96,11 @@ int64_t GraphReplay::oldest_free() const {
   return oldest;
 }
 
-void GraphReplay::drop_oldest_free() {
+std::unique_ptr<DeviceGraph> GraphReplay::take_oldest_free() {
   const int64_t oldest = oldest_free();
   for (const auto& g : graphs_)
     if (g->stamp == oldest && outputs_free(*g)) return drop(g.get());
+  return nullptr;
 }
 
 std::optional<Device> GraphReplay::device_of(const std::vector<Node*>& nodes, const std::vector<Node*>& inputs) {
@@ -177,13 +181,15 @@ bool GraphReplay::wants_record(const std::vector<Node*>& ins) {
     if (free && (!lru || g->used < lru->used)) lru = g.get();
   }
   if (!lru) return false;
-  drop(lru);
+  spare_ = drop(lru);
   return true;
 }
 
 bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void()>& run,
                          const std::function<void(size_t, const std::shared_ptr<Storage>&)>& bind_input,
-                         std::vector<Tensor>& out) {
+                         std::vector<Tensor>& out, std::unique_ptr<DeviceGraph> reuse) {
+  if (!reuse) reuse = std::move(spare_);
+  spare_.reset();
   auto g = std::make_unique<Graph>();
   g->ins.resize(ins.size());
   std::vector<bool> writes = writes_;  // (a write-back the layouts do not allow is dropped for this graph)
@@ -227,7 +233,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
           if (bytes) rt.copy(dst.storage->data, device_, src.storage->data, device_, bytes);
         }
       },
-      why);
+      why, std::move(reuse));
   const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!dg) {
     broken_ = true;
@@ -270,6 +276,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
   g->graph = std::move(dg);
   launch(*g, ins);
   policy_.counters->recorded++;
+  if (g->graph->updated()) policy_.counters->updated++;
   policy_.counters->kept++;
   policy_.counters->pool_bytes += static_cast<int64_t>(g->graph->pool_bytes());
   if (log_enabled("graphs")) {
@@ -280,7 +287,8 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
                            std::to_string(copied) + " of " + std::to_string(ins.size()) + " inputs copied in per replay, " +
                            std::to_string(policy_.write_back.size()) + " tensors updated in place; graph " +
                            std::to_string(graphs_.size() + 1) + " of this size) in " + std::to_string(total_ms) +
-                           " ms (running the work " + std::to_string(work_ms) + " ms, the rest capture and instantiation)");
+                           " ms (running the work " + std::to_string(work_ms) + " ms, the rest capture and " +
+                           (g->graph->updated() ? "updating a dropped graph in place)" : "instantiation)"));
   }
   make_outputs(*g, ins, out);
   graphs_.push_back(std::move(g));

@@ -33,6 +33,7 @@ namespace kiln::jit {
 // Counters shared by the programs of one compiled function (CompileStats reads them).
 struct GraphCounters {
   std::atomic<int64_t> recorded{0};   // graphs recorded
+  std::atomic<int64_t> updated{0};    // ... of which by updating a dropped graph's executable in place
   std::atomic<int64_t> replays{0};    // runs served by a graph
   std::atomic<int64_t> ungraphed{0};  // runs of graphable instances that went without a graph
   std::atomic<int64_t> pool_bytes{0};  // device memory held by the graphs' private pools now
@@ -75,20 +76,23 @@ class GraphReplay {
   // Records `run` (the instance's run, inputs bound to `ins`' storage) into a graph, launches
   // it and sets `out`: true. False when the work cannot be recorded (logged; the instance is
   // then never graphed and the caller runs normally). `bind_input(i, storage)` rebinds the
-  // instance's input i to a graph-owned buffer.
+  // instance's input i to a graph-owned buffer. `reuse`: a graph dropped to make room (this
+  // instance's, or another size's at the function's limit), whose executable is updated in
+  // place when the operations line up.
   bool record(const std::vector<Node*>& ins, const std::function<void()>& run,
-              const std::function<void(size_t, const std::shared_ptr<Storage>&)>& bind_input, std::vector<Tensor>& out);
+              const std::function<void(size_t, const std::shared_ptr<Storage>&)>& bind_input, std::vector<Tensor>& out,
+              std::unique_ptr<DeviceGraph> reuse = nullptr);
   // Counts a run that went without a graph.
   void note_ungraphed();
   // The use stamp of this instance's least recently used graph whose outputs nobody holds
-  // (INT64_MAX: none), and dropping that graph (the function keeps too many).
+  // (INT64_MAX: none), and taking that graph out (the function keeps too many).
   int64_t oldest_free() const;
-  void drop_oldest_free();
+  std::unique_ptr<DeviceGraph> take_oldest_free();
 
  private:
   struct Graph;
   bool write_back_safe(const std::vector<Node*>& ins) const;
-  void drop(const Graph* g);
+  std::unique_ptr<DeviceGraph> drop(const Graph* g);
   // Copies moving inputs into `g`'s buffers, launches it and stamps the use.
   void launch(Graph& g, const std::vector<Node*>& ins);
   // Whether nobody but the graph holds an output it hands out (a replay would overwrite it).
@@ -104,6 +108,7 @@ class GraphReplay {
   std::vector<size_t> write_to_;   // ... of which input
   std::vector<bool> written_;      // per input: rewritten in place
   std::vector<bool> moving_;                // per input: its address changed between calls
+  std::unique_ptr<DeviceGraph> spare_;     // the graph wants_record dropped, for record() to reuse
   int64_t calls_ = 0;
   bool broken_ = false;                     // recording failed once: never again
 };

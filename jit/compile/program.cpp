@@ -128,8 +128,22 @@ void Program::limit_graphs() {
         oldest = inst.get();
       }
     if (!oldest) return;
-    oldest->graphs->drop_oldest_free();
+    oldest->graphs->take_oldest_free();
   }
+}
+
+std::unique_ptr<DeviceGraph> Program::graph_to_reuse() {
+  // At the function's limit, the least recently used free graph of this program makes room
+  // (its executable is updated in place to the new recording when they line up).
+  if (graphs_->counters->kept < graphs_->counters->limit) return nullptr;
+  Instance* oldest = nullptr;
+  int64_t stamp = INT64_MAX;
+  for (auto& [key, inst] : instances_)
+    if (inst->graphs && inst->graphs->oldest_free() < stamp) {
+      stamp = inst->graphs->oldest_free();
+      oldest = inst.get();
+    }
+  return oldest ? oldest->graphs->take_oldest_free() : nullptr;
 }
 
 void Program::graph_instance(Instance& inst) {
@@ -292,7 +306,7 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   if (record) {
     if (inst.graphs->record(
             ins, [&] { inst.prepared->run(); },
-            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out)) {
+            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out, graph_to_reuse())) {
       limit_graphs();
       return out;
     }

@@ -50,8 +50,9 @@ class Program {
     SymInt offset;
   };
   Instance& instance(const std::vector<int64_t>& syms);
-  void graph_instance(Instance& inst);
-  void limit_graphs();  // drops least recently used graphs past the function's limit  // gives `inst` device graphs when the policy and its nodes allow
+  void graph_instance(Instance& inst);  // gives `inst` device graphs when the policy and its nodes allow
+  void limit_graphs();                  // drops least recently used graphs past the function's limit
+  std::unique_ptr<DeviceGraph> graph_to_reuse();  // at the limit: the least recently used free graph, taken out
   std::vector<NodePtr> inputs_, outputs_;
   std::vector<Layout> input_layouts_;
   std::vector<std::string> symbols_;

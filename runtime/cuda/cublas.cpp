@@ -17,6 +17,7 @@ struct Cublas {
   decltype(&::cublasCreate_v2) create = nullptr;
   decltype(&::cublasSetStream_v2) set_stream = nullptr;
   decltype(&::cublasSetMathMode) set_math_mode = nullptr;
+  decltype(&::cublasSetWorkspace_v2) set_workspace = nullptr;
   decltype(&::cublasGetStatusName) status_name = nullptr;
   // (named by its type: C++ builds of cublas_api.h overload this name)
   cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
@@ -35,6 +36,7 @@ const Cublas& lib() {
     l.symbol("cublasCreate_v2", c.create);
     l.symbol("cublasSetStream_v2", c.set_stream);
     l.symbol("cublasSetMathMode", c.set_math_mode);
+    l.symbol("cublasSetWorkspace_v2", c.set_workspace);
     l.symbol("cublasGetStatusName", c.status_name);
     l.symbol("cublasGemmStridedBatchedEx", c.gemm);
     c.reason = l.reason();
@@ -108,6 +110,18 @@ bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
   }
 }
 
+void* blas_workspace(int index) {
+  static std::mutex mu;
+  static std::vector<CUdeviceptr> blocks;
+  std::lock_guard<std::mutex> lock(mu);
+  if (blocks.size() <= static_cast<size_t>(index)) blocks.resize(static_cast<size_t>(index) + 1, 0);
+  if (!blocks[index]) {
+    enter(index);
+    cu::check(api().mem_alloc(&blocks[index], kBlasWorkspace), "cuMemAlloc (cuBLAS workspace)");
+  }
+  return reinterpret_cast<void*>(blocks[index]);
+}
+
 bool have_cublas() { return lib().ok; }
 const std::string& cublas_unavailable_reason() { return lib().reason; }
 
@@ -149,6 +163,8 @@ bool gemm(Node& n) {
       std::lock_guard<std::mutex> lock(mu);
       cublasHandle_t h = handle(n.device.index);
       check(lib().set_stream(h, reinterpret_cast<cudaStream_t>(s)), "cublasSetStream");
+      // (setting the stream resets the workspace to cuBLAS's own, allocated per stream)
+      check(lib().set_workspace(h, blas_workspace(n.device.index), kBlasWorkspace), "cublasSetWorkspace");
       check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb,
                        type, static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
                        static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),

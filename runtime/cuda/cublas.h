@@ -23,6 +23,11 @@ bool gemm(Node& n);
 // [cols, rows] matrix: op N with leading dimension srow, or its transpose (op T, ld scol) when
 // the operand is column-major. False for other layouts (broadcast rows, general strides).
 bool as_column_major(int64_t rows, int64_t cols, int64_t srow, int64_t scol, cublasOperation_t& op, int64_t& ld);
+// Scratch memory cuBLAS and cuBLASLt calls on device `index` work in: one block of
+// kBlasWorkspace bytes per device, kept for the process (calls ordered on one stream take turns;
+// set explicitly so cuBLAS allocates nothing per stream, graph recordings included).
+constexpr size_t kBlasWorkspace = size_t{32} << 20;
+void* blas_workspace(int index);
 // cuBLAS's data and compute types for a floating dtype (TF32 as set_float32_matmul_precision
 // allows); false for other dtypes.
 bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c);

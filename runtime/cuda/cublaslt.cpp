@@ -54,8 +54,6 @@ void check(cublasStatus_t s, const char* what) {
   if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cublasLt: ") + what + ": status " + std::to_string(static_cast<int>(s)));
 }
 
-constexpr size_t kWorkspace = size_t{32} << 20;  // per device, kept for the process
-
 // One GEMM shape and epilogue: its descriptors and the algorithm the heuristic chose (made
 // once; the bias pointer is set per call).
 struct Plan {
@@ -68,7 +66,6 @@ using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, int64_t, int64_
 
 struct DeviceLt {
   cublasLtHandle_t handle = nullptr;
-  CUdeviceptr workspace = 0;
   std::map<Key, Plan> plans;
 };
 
@@ -105,10 +102,7 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
   std::lock_guard<std::mutex> lock(mu);
   CUstream stream = enter(index);
   DeviceLt& dev = devices[index];
-  if (!dev.handle) {
-    check(lib().create(&dev.handle), "cublasLtCreate");
-    cu::check(api().mem_alloc(&dev.workspace, kWorkspace), "cuMemAlloc (cuBLASLt workspace)");
-  }
+  if (!dev.handle) check(lib().create(&dev.handle), "cublasLtCreate");
   // Row-major out = a b is column-major out^T = b^T a^T: cuBLASLt's A is our b (m = N rows of
   // the column-major out), its B our a (n = M); the bias runs along those N rows.
   const Key key{index, M, N, K, static_cast<int>(opa), static_cast<int>(opb), lda, ldb, relu, static_cast<int>(compute)};
@@ -130,7 +124,7 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
     check(l.layout_create(&p.d, type, N, M, N), "cublasLtMatrixLayoutCreate (D)");
     cublasLtMatmulPreference_t pref = nullptr;
     check(l.pref_create(&pref), "cublasLtMatmulPreferenceCreate");
-    const size_t ws = kWorkspace;
+    const size_t ws = kBlasWorkspace;
     check(l.pref_set(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws), "MAX_WORKSPACE_BYTES");
     cublasLtMatmulHeuristicResult_t result{};
     int count = 0;
@@ -149,7 +143,7 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
   const char* pa = static_cast<const char*>(a.storage->data) + a.offset.as_int() * 4;
   const char* pb = static_cast<const char*>(b.storage->data) + b.offset.as_int() * 4;
   check(lib().matmul(dev.handle, p.desc, &one, pb, p.a, pa, p.b, &zero, storage->data, p.d, storage->data, p.d, &p.algo,
-                     reinterpret_cast<void*>(dev.workspace), kWorkspace, reinterpret_cast<cudaStream_t>(stream)),
+                     blas_workspace(index), kBlasWorkspace, reinterpret_cast<cudaStream_t>(stream)),
         "cublasLtMatmul");
   note_launch(index, relu ? "cublasLtMatmul (bias + ReLU epilogue)" : "cublasLtMatmul (bias epilogue)");
   out.set_storage(std::move(storage), false);

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "runtime/core/error.h"
@@ -99,6 +100,8 @@ struct DeviceState {
   CUdeviceptr errors = 0;   // the index-error record (index_error_record)
   std::atomic<int64_t> unchecked{0};  // kernels queued that may have written it since it was read
   std::mutex errors_mu;               // reading and resetting the record
+  std::mutex capture_mu;                       // capture_streams
+  std::vector<CUstream> capture_streams;       // streams free for recording graphs (kept: cuBLAS keys state by stream)
 };
 
 // Per device; created on first use and never destroyed (storages freed at exit still reach it).
@@ -245,7 +248,8 @@ class CudaRuntime final : public DeviceRuntime {
     return cu::gemm_bias(out, a, b, bias, relu);
   }
 
-  std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why) override;
+  std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why,
+                                       std::unique_ptr<DeviceGraph> reuse) override;
 
   MemoryStats memory_stats(int index) override { return ready(index).allocator->stats(); }
   void reset_peak_memory_stats(int index) override { ready(index).allocator->reset_peak_stats(); }
@@ -257,17 +261,19 @@ class CudaRuntime final : public DeviceRuntime {
 // A recorded graph, instantiated, with the private pool its work allocated from.
 class CudaGraph final : public DeviceGraph {
  public:
-  CudaGraph(int index, CUgraph graph, CUgraphExec exec, std::shared_ptr<CachingAllocator> pool, bool reports, size_t size)
+  CudaGraph(int index, CUgraph graph, CUgraphExec exec, std::shared_ptr<CachingAllocator> pool, bool reports, size_t size,
+            bool updated)
       : index_(index),
         graph_(graph),
         exec_(exec),
         pool_(std::move(pool)),
         reports_(reports),
         size_(size),
+        updated_(updated),
         name_("a CUDA graph of " + std::to_string(size) + " operations") {}
   ~CudaGraph() override {
     // (replays still queued finish first: the driver defers the release)
-    api().graph_exec_destroy(exec_);
+    if (exec_) api().graph_exec_destroy(exec_);
     api().graph_destroy(graph_);
   }
   void launch() override {
@@ -277,6 +283,16 @@ class CudaGraph final : public DeviceGraph {
   size_t size() const override { return size_; }
   bool owns(const void* p) const override { return pool_->owns(p); }
   size_t pool_bytes() const override { return static_cast<size_t>(pool_->stats().reserved_bytes); }
+  bool updated() const override { return updated_; }
+
+  // Updates this graph's executable to `graph`'s operations and hands it over (null when the
+  // two differ in shape: the executable stays as it was, and is destroyed with this graph).
+  CUgraphExec take_updated(int index, CUgraph graph) {
+    if (index != index_ || !exec_ || !api().graph_exec_update) return nullptr;
+    CUgraphExecUpdateResultInfo info{};
+    if (api().graph_exec_update(exec_, graph, &info) != CUDA_SUCCESS) return nullptr;
+    return std::exchange(exec_, nullptr);
+  }
 
  private:
   int index_;
@@ -285,22 +301,36 @@ class CudaGraph final : public DeviceGraph {
   std::shared_ptr<CachingAllocator> pool_;
   bool reports_;
   size_t size_;
+  bool updated_;
   std::string name_;  // for errors found at a later sync
 };
 
-std::unique_ptr<DeviceGraph> CudaRuntime::capture(int index, const std::function<void()>& work, std::string& why) {
+std::unique_ptr<DeviceGraph> CudaRuntime::capture(int index, const std::function<void()>& work, std::string& why,
+                                                  std::unique_ptr<DeviceGraph> reuse) {
   KILN_CHECK(!t_capture, "cuda: CUDA graph recordings do not nest");
-  ready(index);
+  DeviceState& ds = ready(index);
   Capture c;
   c.index = index;
-  c.pool = std::make_shared<CachingAllocator>(std::make_unique<BorrowedMemory>(*ready(index).allocator),
+  c.pool = std::make_shared<CachingAllocator>(std::make_unique<BorrowedMemory>(*ds.allocator),
                                               "cuda:" + std::to_string(index) + " (graph memory)");
-  // Recorded on a stream of its own: other threads keep queueing on the device's stream.
-  check(api().stream_create(&c.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-  struct Destroy {
+  // Recorded on a stream of its own (other threads keep queueing on the device's stream), kept
+  // for later recordings: libraries keep per-stream state (cuBLAS its workspace) made once.
+  {
+    std::lock_guard<std::mutex> lock(ds.capture_mu);
+    if (!ds.capture_streams.empty()) {
+      c.stream = ds.capture_streams.back();
+      ds.capture_streams.pop_back();
+    }
+  }
+  if (!c.stream) check(api().stream_create(&c.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+  struct GiveBack {
+    DeviceState& ds;
     CUstream s;
-    ~Destroy() { api().stream_destroy(s); }
-  } destroy{c.stream};
+    ~GiveBack() {
+      std::lock_guard<std::mutex> lock(ds.capture_mu);
+      ds.capture_streams.push_back(s);
+    }
+  } give_back{ds, c.stream};
   // Relaxed: the private pool may take segments from cuMemAlloc while recording.
   check(api().stream_begin_capture(c.stream, CU_STREAM_CAPTURE_MODE_RELAXED), "cuStreamBeginCapture");
   t_capture = &c;
@@ -325,13 +355,20 @@ std::unique_ptr<DeviceGraph> CudaRuntime::capture(int index, const std::function
   }
   size_t size = 0;
   check(api().graph_get_nodes(graph, nullptr, &size), "cuGraphGetNodes");
+  // An executable no longer wanted is updated in place when the operations line up (far cheaper
+  // than instantiating); else a fresh one.
   CUgraphExec exec = nullptr;
-  r = api().graph_instantiate(&exec, graph, 0);
-  if (r != CUDA_SUCCESS) {
-    api().graph_destroy(graph);
-    check(r, "cuGraphInstantiate");
+  if (auto* old = dynamic_cast<CudaGraph*>(reuse.get())) exec = old->take_updated(index, graph);
+  reuse.reset();
+  const bool updated = exec != nullptr;
+  if (!exec) {
+    r = api().graph_instantiate(&exec, graph, 0);
+    if (r != CUDA_SUCCESS) {
+      api().graph_destroy(graph);
+      check(r, "cuGraphInstantiate");
+    }
   }
-  return std::make_unique<CudaGraph>(index, graph, exec, std::move(c.pool), c.reports_index_errors, size);
+  return std::make_unique<CudaGraph>(index, graph, exec, std::move(c.pool), c.reports_index_errors, size, updated);
 }
 
 const bool g_registered = [] {

@@ -112,6 +112,7 @@ Loaded load() {
       {"cuGraphExecDestroy", reinterpret_cast<void**>(&a.graph_exec_destroy)},
       {"cuGraphDestroy", reinterpret_cast<void**>(&a.graph_destroy)},
       {"cuGraphGetNodes", reinterpret_cast<void**>(&a.graph_get_nodes)},
+      {"cuGraphExecUpdate_v2", reinterpret_cast<void**>(&a.graph_exec_update)},
   };
   for (const Need& n : need)
     if (!(*n.slot = dlsym(lib, n.name))) {

@@ -53,6 +53,7 @@ struct Api {
   decltype(&::cuGraphExecDestroy) graph_exec_destroy = nullptr;
   decltype(&::cuGraphDestroy) graph_destroy = nullptr;
   decltype(&::cuGraphGetNodes) graph_get_nodes = nullptr;
+  decltype(&::cuGraphExecUpdate_v2) graph_exec_update = nullptr;
   // NVRTC (libnvrtc.so.13 / .12), loaded with or without a driver; null when not found
   // (compiling is then impossible, loading stored cubins still works).
   decltype(&::nvrtcVersion) nvrtc_version = nullptr;

@@ -25,6 +25,8 @@ class DeviceGraph {
   virtual bool owns(const void* p) const = 0;
   // Bytes of device memory the graph's private pool holds.
   virtual size_t pool_bytes() const = 0;
+  // Whether it was made by updating another graph's executable in place (no instantiation).
+  virtual bool updated() const { return false; }
 };
 
 // One device type's runtime (CUDA). Work is ordered on one stream per device: calls return
@@ -59,7 +61,11 @@ class DeviceRuntime {
   // without running it. Memory `work` allocates on that device comes from a pool private to the
   // graph (kept while the graph or a storage from it lives). Returns null and says why in `why`
   // when the work cannot be recorded (it waits for the device or copies to or from the host).
-  virtual std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why) {
+  // `reuse`, a graph of the same device no longer wanted (same work at other sizes, say), is
+  // taken: its executable is updated in place to the new recording when the two have the same
+  // shape of operations, else dropped.
+  virtual std::unique_ptr<DeviceGraph> capture(int index, const std::function<void()>& work, std::string& why,
+                                               std::unique_ptr<DeviceGraph> reuse = nullptr) {
     why = "this device type records no graphs";
     return nullptr;
   }
