@@ -10,6 +10,7 @@
 #include "guards/guard_set.h"
 #include "runtime/ops/ops.h"
 #include "jit/diag/diagnostics.h"
+#include "jit/exec/code_cache.h"
 #include "jit/compile/break_steps.h"
 #include "jit/compile/partition.h"
 #include "jit/compile/program.h"
@@ -204,9 +205,13 @@ class CompiledCore {
       return run_eager(args, fn, out_spec, true);
     }
     auto t0 = std::chrono::steady_clock::now();
+    const bool timed = jit::log_enabled("recompiles");
+    const jit::CacheStats cache0 = timed ? jit::cache_stats() : jit::CacheStats{};
+    double trace_ms = 0;
     std::unique_ptr<Entry> fresh;
     try {
       fresh = trace(args, spec, fn);
+      trace_ms = ms_since(t0);
     } catch (const jit::GraphBreak& b) {
       eager_ = true;
       std::fprintf(stderr, "[kiln] warning: compile(%s) cannot compile fn: %s; it runs in lazy eager mode\n",
@@ -232,8 +237,19 @@ class CompiledCore {
     bool served = true;
     if (!e->breaks) out = replay(*e, args, syms, out_spec);
     else served = replay_path(*e, args, syms, out, out_spec, &why);
-    stats_.compile_ms += ms_since(t0);
+    const double total_ms = ms_since(t0);
+    stats_.compile_ms += total_ms;
     stats_.entries++;
+    if (timed) {
+      const jit::CacheStats c = jit::cache_stats();
+      jit::log_line("recompiles", "compile(" + opt_.name + "): compile " + std::to_string(stats_.entries) + " took " +
+                                      std::to_string(total_ms) + " ms: tracing and partitioning " + std::to_string(trace_ms) +
+                                      " ms, the first run " + std::to_string(total_ms - trace_ms) + " ms (kernels: " +
+                                      std::to_string(c.disk_hits - cache0.disk_hits) + " loaded from disk in " +
+                                      std::to_string(c.load_ms - cache0.load_ms) + " ms, " +
+                                      std::to_string(c.compiles - cache0.compiles) + " compiled in " +
+                                      std::to_string(c.compile_ms - cache0.compile_ms) + " ms)");
+    }
     last_hit_.store(e, std::memory_order_release);
     if (e == fresh.get()) entries_.push_back(std::move(fresh));
     if (!served) {

@@ -39,11 +39,16 @@ std::shared_ptr<Code> load_stored(Backend& b, const CompiledKernel& ck) {
   auto t0 = std::chrono::steady_clock::now();
   std::string image;
   if (!disk_read(kernel_entry(ck), ck.full_key, image)) return nullptr;
+  const double read_ms = ms_since(t0);
   DiskBlobStore store(b.cache_id());
   auto code = b.load(image, ck.symbol, store);
+  const double ms = ms_since(t0);
+  if (log_enabled("codegen"))
+    log_line("codegen", std::string(b.name()) + " loaded " + ck.symbol + " from disk in " + std::to_string(ms) +
+                            " ms (reading " + std::to_string(read_ms) + " ms, " + std::to_string(image.size()) + " bytes)");
   count([&](CacheStats& s) {
     s.disk_hits++;
-    s.load_ms += ms_since(t0);
+    s.load_ms += ms;
   });
   return code;
 }
