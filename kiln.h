@@ -10,3 +10,4 @@
 #include "runtime/nn/nn.h"
 #include "runtime/optim/optim.h"
 #include "jit/compile/compile.h"
+#include "jit/compile/patterns.h"

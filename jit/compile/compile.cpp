@@ -13,6 +13,7 @@
 #include "jit/exec/code_cache.h"
 #include "jit/compile/break_steps.h"
 #include "jit/compile/partition.h"
+#include "jit/compile/pattern_matcher.h"
 #include "jit/compile/program.h"
 #include "jit/compile/trace_session.h"
 #include "runtime/autograd/autograd.h"
@@ -579,6 +580,10 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         if (g.defined()) grads.push_back(g.node());
       }
     }
+    // Registered rewrites (kiln::patterns) on the joint graph, before it is partitioned (inside
+    // the trace: sizes the replacements rely on are guarded).
+    stats_.pattern_matches =
+        static_cast<int>(jit::apply_patterns({&outputs, &grads}, start_id, "compile(" + opt_.name + ")"));
     undo.done = true;
     ts.stop();
     ts.restore();

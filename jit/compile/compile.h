@@ -60,6 +60,7 @@ struct CompileStats {
   int64_t saved_bytes = 0;     // newest autograd entry: bytes the forward saves for backward
   int64_t save_all_bytes = 0;  // ... and what saving every value backward reads would cost
   int recomputed = 0;          // ... forward ops its backward recomputes
+  int pattern_matches = 0;     // newest compile: instances of registered rewrites it replaced (kiln::patterns)
   std::vector<std::string> symbols;  // newest compile: the size symbols its (final) program uses, after
                                      // simplification with the facts its guards establish
   int size_relations = 0;      // ... size relations its trace relied on (guards beyond sizes >= 2)

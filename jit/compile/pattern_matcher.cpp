@@ -1,0 +1,500 @@
+#include "jit/compile/pattern_matcher.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "jit/compile/patterns.h"
+#include "jit/diag/diagnostics.h"
+#include "runtime/autograd/autograd.h"
+#include "runtime/core/error.h"
+#include "runtime/ir/symint.h"
+#include "runtime/tensor/record.h"
+#include "runtime/tensor/trace.h"
+
+namespace kiln::jit {
+
+void register_builtin_patterns();  // builtin_patterns.cpp
+
+namespace {
+
+// One traced form of a rewrite: the search function's graph over leaves, without gradients or
+// with the gradients of the tensor inputs in `diff` (then the last leaf is the tangent).
+struct Variant {
+  std::vector<NodePtr> leaves;   // tensor inputs, then the tangent (joint variants)
+  std::vector<NodePtr> outputs;  // the result, then the gradients of the inputs in `diff`
+  std::vector<int> diff;
+  std::unordered_map<const Node*, int> leaf_of;    // pattern leaf -> its index
+  std::unordered_map<const Node*, int> scalar_of;  // pattern constant -> the scalar it stands for
+  size_t size = 0;                                 // op nodes
+};
+
+struct Rewrite {
+  std::string name;
+  patterns::PatternFn search, replace;
+  std::vector<Tensor> examples;
+  std::vector<double> scalars;
+  patterns::ExtraCheck check;
+  std::vector<Variant> variants;  // the forward-only form, then the joint ones, most gradients first
+};
+
+struct Registry {
+  std::mutex mu;
+  std::vector<std::shared_ptr<const Rewrite>> rewrites;
+  std::map<std::string, int64_t> counts;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+
+std::atomic<bool>& enabled_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("KILN_PATTERNS");
+    return !(v && (std::string_view(v) == "off" || std::string_view(v) == "0"));
+  }()};
+  return on;
+}
+
+// Tracing a pattern is no part of the user's trace: no observer, no size oracle.
+struct Untraced {
+  detail::TraceObserver* observer = detail::set_trace_observer(nullptr);
+  ShapeOracle* oracle = set_shape_oracle(nullptr);
+  ~Untraced() {
+    detail::set_trace_observer(observer);
+    set_shape_oracle(oracle);
+  }
+};
+
+NodePtr leaf_like(DType dtype, Device device, const Shape& shape) {
+  auto n = new_node();
+  n->op = OpKind::Leaf;
+  n->dtype = dtype;
+  n->device = device;
+  n->shape = shape;
+  n->strides = contiguous_strides(shape);
+  n->offset = 0;
+  return n;
+}
+
+// Nodes behind `roots` (not past leaves or materialized nodes), inputs before consumers.
+std::vector<Node*> nodes_behind(const std::vector<Node*>& roots) {
+  std::vector<Node*> order;
+  std::unordered_set<const Node*> seen;
+  std::vector<std::pair<Node*, size_t>> stack;
+  for (Node* r : roots) {
+    if (!r || !seen.insert(r).second) continue;
+    stack.push_back({r, 0});
+    while (!stack.empty()) {
+      auto& [n, i] = stack.back();
+      if (i < n->inputs.size()) {
+        Node* in = n->inputs[i++].get();
+        if (seen.insert(in).second) stack.push_back({in, 0});
+      } else {
+        order.push_back(n);
+        stack.pop_back();
+      }
+    }
+  }
+  return order;
+}
+
+Variant trace_variant(const Rewrite& r, const std::vector<int>& diff) {
+  Untraced untraced;
+  Variant v;
+  v.diff = diff;
+  std::vector<Tensor> ins;
+  for (const Tensor& e : r.examples) {
+    v.leaves.push_back(leaf_like(e.dtype(), e.device(), e.shape()));
+    ins.push_back(Tensor::from_node(v.leaves.back()));
+  }
+  for (int i : diff) ins[i].requires_grad_(true);
+  Tensor out;
+  if (diff.empty()) {
+    NoGradGuard ng;
+    out = r.search(ins, r.scalars);
+  } else {
+    EnableGradGuard eg;
+    out = r.search(ins, r.scalars);
+  }
+  KILN_CHECK(out.defined(), "patterns: search function of '", r.name, "' returned an undefined tensor");
+  v.outputs.push_back(out.node());
+  if (!diff.empty()) {
+    if (!out.requires_grad()) return {};
+    v.leaves.push_back(leaf_like(out.dtype(), out.device(), out.shape()));
+    std::vector<Tensor> wrt;
+    for (int i : diff) wrt.push_back(ins[i]);
+    std::vector<Tensor> gs = kiln::grad({out}, wrt, {Tensor::from_node(v.leaves.back())}, false, false, true);
+    for (const Tensor& g : gs) {
+      if (!g.defined()) return {};  // (an input the result does not depend on: no such variant)
+      v.outputs.push_back(g.node());
+    }
+  }
+  for (size_t i = 0; i < v.leaves.size(); ++i) v.leaf_of[v.leaves[i].get()] = static_cast<int>(i);
+  std::vector<Node*> roots;
+  for (const auto& o : v.outputs) roots.push_back(o.get());
+  std::vector<bool> found(r.scalars.size(), false);
+  for (Node* n : nodes_behind(roots)) {
+    if (v.leaf_of.count(n)) continue;
+    KILN_CHECK(!n->materialized(), "patterns: search function of '", r.name,
+               "' reads a tensor that is not one of its inputs (pass it as an input)");
+    ++v.size;
+    if (n->op != OpKind::Full || !n->attrs.sizes.empty()) continue;
+    for (size_t k = 0; k < r.scalars.size(); ++k)
+      if (n->attrs.f0 == r.scalars[k]) {
+        v.scalar_of[n] = static_cast<int>(k);
+        found[k] = true;
+        break;
+      }
+  }
+  KILN_CHECK(!v.leaf_of.count(v.outputs[0].get()), "patterns: search function of '", r.name,
+             "' returns one of its inputs (nothing to match)");
+  if (diff.empty())
+    for (size_t k = 0; k < found.size(); ++k)
+      KILN_CHECK(found[k], "patterns: scalar ", k, " (", r.scalars[k], ") of '", r.name,
+                 "' appears as no constant in the search function's graph");
+  return v;
+}
+
+bool commutative(OpKind op) {
+  switch (op) {
+    case OpKind::Add: case OpKind::Mul: case OpKind::Maximum: case OpKind::Minimum: case OpKind::Eq:
+    case OpKind::Ne: case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::LogicalXor:
+    case OpKind::BitwiseAnd: case OpKind::BitwiseOr: case OpKind::BitwiseXor:
+      return true;
+    default: return false;
+  }
+}
+
+// Ops whose attributes hold sizes or random state that a structural match cannot compare.
+bool unmatchable(OpKind op) {
+  switch (op) {
+    case OpKind::RandUniform: case OpKind::RandNormal: case OpKind::RandInt: case OpKind::AsStrided:
+    case OpKind::ViewScatter: case OpKind::Im2Col: case OpKind::Col2Im: case OpKind::ToDevice:
+      return true;
+    default: return false;
+  }
+}
+
+// Ops whose attributes name dims (or whose result is laid out by its shape): matched at the
+// pattern's rank only. Pointwise ops match at any rank.
+bool rank_bound(OpKind op) {
+  switch (op) {
+    case OpKind::Sum: case OpKind::Prod: case OpKind::Amax: case OpKind::Amin: case OpKind::ArgMax:
+    case OpKind::ArgMin: case OpKind::Cumsum: case OpKind::View: case OpKind::Permute: case OpKind::Expand:
+    case OpKind::Slice: case OpKind::Select: case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip:
+    case OpKind::Cat: case OpKind::Gather: case OpKind::Scatter: case OpKind::ScatterAdd: case OpKind::IndexSelect:
+    case OpKind::IndexAdd: case OpKind::Matmul: case OpKind::Contiguous:
+      return true;
+    default: return false;
+  }
+}
+
+// The target graph: its nodes, who reads each, and which are roots.
+struct Target {
+  std::unordered_map<const Node*, std::vector<Node*>> consumers;
+  std::unordered_set<const Node*> roots;
+  std::vector<Node*> order;
+  uint64_t first_id = 0;   // older nodes are never rewritten
+  uint64_t fresh_id = 0;   // nodes made by this pass are not matched again
+};
+
+struct Binding {
+  std::unordered_map<const Node*, Node*> map;  // pattern node -> target node
+  std::vector<Node*> leaves;
+  std::vector<double> scalars;
+  std::vector<bool> scalar_bound;
+};
+
+class Matcher {
+ public:
+  Matcher(const Variant& v, const Target& t) : v_(v), t_(t) {}
+
+  bool match(const Node* p, Node* t, Binding& b) const {
+    if (auto it = b.map.find(p); it != b.map.end()) return it->second == t;
+    if (auto l = v_.leaf_of.find(p); l != v_.leaf_of.end()) {
+      b.leaves[l->second] = t;
+      b.map[p] = t;
+      return true;
+    }
+    if (auto s = v_.scalar_of.find(p); s != v_.scalar_of.end()) {
+      if (t->op != OpKind::Full || !t->attrs.sizes.empty() || !t->shape.empty()) return false;
+      double& value = b.scalars[s->second];
+      if (b.scalar_bound[s->second] && value != t->attrs.f0) return false;
+      value = t->attrs.f0;
+      b.scalar_bound[s->second] = true;
+      b.map[p] = t;
+      return true;
+    }
+    if (t->op != p->op || unmatchable(p->op) || t->materialized() || t->id < t_.first_id || t->id >= t_.fresh_id ||
+        t->inputs.size() != p->inputs.size() || (rank_bound(p->op) && t->shape.size() != p->shape.size()) ||
+        (p->op != OpKind::Full && t->attrs.ints != p->attrs.ints))  // (a constant's value is f0; ints repeat an integer's)
+      return false;
+    if (p->op == OpKind::Cast && p->dtype != t->dtype) return false;
+    if ((p->op == OpKind::Full || p->op == OpKind::Arange) &&
+        (p->attrs.f0 != t->attrs.f0 || p->attrs.f1 != t->attrs.f1 || !p->attrs.sizes.empty() || !t->attrs.sizes.empty()))
+      return false;
+    b.map[p] = t;
+    if (commutative(p->op) && p->inputs.size() == 2) {
+      Binding keep = b;
+      if (match(p->inputs[0].get(), t->inputs[0].get(), b) && match(p->inputs[1].get(), t->inputs[1].get(), b))
+        return true;
+      b = std::move(keep);
+      return match(p->inputs[0].get(), t->inputs[1].get(), b) && match(p->inputs[1].get(), t->inputs[0].get(), b);
+    }
+    for (size_t i = 0; i < p->inputs.size(); ++i)
+      if (!match(p->inputs[i].get(), t->inputs[i].get(), b)) return false;
+    return true;
+  }
+
+  // Matches every output of the variant, the first at `anchor`; the rest anywhere.
+  std::optional<Binding> match_at(Node* anchor) const {
+    Binding b;
+    b.leaves.assign(v_.leaves.size(), nullptr);
+    b.scalars.assign(v_.scalar_of.empty() ? 0 : max_scalar() + 1, 0.0);
+    b.scalar_bound.assign(b.scalars.size(), false);
+    if (!match(v_.outputs[0].get(), anchor, b)) return std::nullopt;
+    if (!match_rest(1, b)) return std::nullopt;
+    if (!exclusive(b)) return std::nullopt;
+    return b;
+  }
+
+ private:
+  int max_scalar() const {
+    int m = 0;
+    for (const auto& [n, k] : v_.scalar_of) m = std::max(m, k);
+    return m;
+  }
+
+  bool match_rest(size_t k, Binding& b) const {
+    if (k == v_.outputs.size()) return true;
+    const Node* p = v_.outputs[k].get();
+    if (auto it = b.map.find(p); it != b.map.end()) return match_rest(k + 1, b);
+    for (Node* t : t_.order) {
+      if (t->op != p->op) continue;
+      Binding keep = b;
+      if (match(p, t, b) && match_rest(k + 1, b)) return true;
+      b = std::move(keep);
+    }
+    return false;
+  }
+
+  // Every node the rewrite removes is read only inside the match.
+  bool exclusive(const Binding& b) const {
+    std::unordered_set<const Node*> matched, outputs;
+    for (const auto& [p, t] : b.map)
+      if (!v_.leaf_of.count(p) && !v_.scalar_of.count(p)) matched.insert(t);
+    for (const auto& o : v_.outputs) outputs.insert(b.map.at(o.get()));
+    for (const Node* t : matched) {
+      if (outputs.count(t)) continue;
+      if (t_.roots.count(t)) return false;
+      auto it = t_.consumers.find(t);
+      if (it == t_.consumers.end()) continue;
+      for (const Node* c : it->second)
+        if (!matched.count(c)) return false;
+    }
+    return true;
+  }
+
+  const Variant& v_;
+  const Target& t_;
+};
+
+Target index(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, uint64_t fresh_id) {
+  Target t;
+  t.first_id = first_id;
+  t.fresh_id = fresh_id;
+  std::vector<Node*> rs;
+  for (const auto* v : roots)
+    for (const auto& n : *v)
+      if (n) {
+        rs.push_back(n.get());
+        t.roots.insert(n.get());
+      }
+  t.order = nodes_behind(rs);
+  for (Node* n : t.order)
+    for (const auto& in : n->inputs) t.consumers[in.get()].push_back(n);
+  return t;
+}
+
+// Builds the replacement on what `b` bound; null when its results do not fit the matched ones.
+std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Variant& v, const Binding& b) {
+  std::vector<Tensor> ins;
+  const size_t ntensors = r.examples.size();
+  for (size_t i = 0; i < ntensors; ++i) ins.push_back(Tensor::from_node(b.leaves[i]->shared_from_this()));
+  if (r.check && !r.check(ins, b.scalars)) return std::nullopt;
+  std::vector<Tensor> outs;
+  if (v.diff.empty()) {
+    NoGradGuard ng;
+    outs.push_back(r.replace(ins, b.scalars));
+  } else {
+    EnableGradGuard eg;
+    std::vector<Tensor> wrt;
+    for (int i : v.diff) {
+      ins[i] = Tensor::from_node(b.leaves[i]->shared_from_this());
+      ins[i].requires_grad_(true);
+      wrt.push_back(ins[i]);
+    }
+    Tensor out = r.replace(ins, b.scalars);
+    if (!out.defined() || !out.requires_grad()) return std::nullopt;
+    outs.push_back(out);
+    Tensor tangent = Tensor::from_node(b.leaves.back()->shared_from_this());
+    for (const Tensor& g : kiln::grad({out}, wrt, {tangent}, false, false, true)) {
+      if (!g.defined()) return std::nullopt;
+      outs.push_back(g);
+    }
+  }
+  std::vector<NodePtr> nodes;
+  for (size_t k = 0; k < outs.size(); ++k) {
+    const Node& want = *b.map.at(v.outputs[k].get());
+    if (!outs[k].defined() || outs[k].dtype() != want.dtype || outs[k].shape().size() != want.shape.size())
+      return std::nullopt;
+    for (size_t d = 0; d < want.shape.size(); ++d)
+      if (!detail::same_size(outs[k].shape()[d], want.shape[d])) return std::nullopt;
+    nodes.push_back(outs[k].node());
+  }
+  return nodes;
+}
+
+void redirect(const Target& t, const std::vector<std::vector<NodePtr>*>& roots, Node* from, const NodePtr& to) {
+  if (auto it = t.consumers.find(from); it != t.consumers.end())
+    for (Node* c : it->second)
+      for (auto& in : c->inputs)
+        if (in.get() == from) in = to;
+  for (auto* v : roots)
+    for (auto& n : *v)
+      if (n.get() == from) n = to;
+}
+
+std::vector<std::shared_ptr<const Rewrite>> snapshot() {
+  static std::once_flag builtins;
+  std::call_once(builtins, [] { register_builtin_patterns(); });
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  return reg.rewrites;
+}
+
+}  // namespace
+
+size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, const std::string& where) {
+  if (!patterns::enabled()) return 0;
+  const auto rewrites = snapshot();
+  if (rewrites.empty()) return 0;
+  const uint64_t fresh_id = new_node()->id;  // nodes made from here on are replacements
+  size_t replaced = 0;
+  Target t = index(roots, first_id, fresh_id);
+  for (const auto& r : rewrites) {
+    // Anchors from the outputs back; at each, the forward-only form first (it leaves the
+    // backward as it is), the joint forms where the backward reads what the forward would drop.
+    for (size_t i = t.order.size(); i-- > 0;) {
+      Node* anchor = t.order[i];
+      if (anchor->op != r->variants.front().outputs[0]->op) continue;
+      for (const Variant& v : r->variants) {
+        std::optional<Binding> b = Matcher(v, t).match_at(anchor);
+        if (!b) continue;
+        std::optional<std::vector<NodePtr>> rep = build_replacement(*r, v, *b);
+        if (!rep) {
+          if (log_enabled("patterns"))
+            log_line("patterns", where + ": " + r->name + " matched at " + op_name(anchor->op) + " #" +
+                                     std::to_string(anchor->id) + " but was refused (its check or the replacement's shapes)");
+          break;
+        }
+        for (size_t k = 0; k < rep->size(); ++k) redirect(t, roots, b->map.at(v.outputs[k].get()), (*rep)[k]);
+        ++replaced;
+        {
+          Registry& reg = registry();
+          std::lock_guard<std::mutex> lock(reg.mu);
+          reg.counts[r->name]++;
+        }
+        if (log_enabled("patterns"))
+          log_line("patterns", where + ": " + r->name + " replaced " + std::to_string(v.size) + " ops at " +
+                                   op_name(anchor->op) + " #" + std::to_string(anchor->id) +
+                                   (v.diff.empty() ? "" : " (with the gradients of " + std::to_string(v.diff.size()) + " inputs)"));
+        t = index(roots, first_id, fresh_id);
+        i = t.order.size();
+        break;
+      }
+    }
+  }
+  return replaced;
+}
+
+}  // namespace kiln::jit
+
+namespace kiln::patterns {
+
+void register_replacement(const std::string& name, PatternFn search, PatternFn replace, std::vector<Tensor> example_tensors,
+                          std::vector<double> example_scalars, ExtraCheck extra_check) {
+  KILN_CHECK(!name.empty(), "patterns: register_replacement needs a name");
+  KILN_CHECK(search && replace, "patterns: register_replacement('", name, "') needs a search and a replace function");
+  KILN_CHECK(!example_tensors.empty(), "patterns: register_replacement('", name, "') needs at least one example tensor");
+  for (size_t i = 0; i < example_tensors.size(); ++i)
+    KILN_CHECK(example_tensors[i].defined(), "patterns: example tensor ", i, " of '", name, "' is undefined");
+  auto r = std::make_shared<jit::Rewrite>();
+  r->name = name;
+  r->search = std::move(search);
+  r->replace = std::move(replace);
+  r->examples = std::move(example_tensors);
+  r->scalars = std::move(example_scalars);
+  r->check = std::move(extra_check);
+  // The forward-only form, then the joint forms, most gradients first: one per non-empty subset
+  // of the floating inputs.
+  std::vector<int> floating;
+  for (size_t i = 0; i < r->examples.size(); ++i)
+    if (is_floating(r->examples[i].dtype())) floating.push_back(static_cast<int>(i));
+  KILN_CHECK(floating.size() <= 6, "patterns: '", name, "' has ", floating.size(),
+             " floating tensor inputs; at most 6 are traced with gradients");
+  std::vector<std::vector<int>> subsets;
+  for (uint32_t mask = (1u << floating.size()) - 1; mask > 0; --mask) {
+    std::vector<int> s;
+    for (size_t j = 0; j < floating.size(); ++j)
+      if (mask & (1u << j)) s.push_back(floating[j]);
+    subsets.push_back(std::move(s));
+  }
+  std::stable_sort(subsets.begin(), subsets.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  subsets.insert(subsets.begin(), std::vector<int>{});
+  for (const auto& s : subsets) {
+    jit::Variant v = jit::trace_variant(*r, s);
+    if (!v.outputs.empty()) r->variants.push_back(std::move(v));
+  }
+  jit::Registry& reg = jit::registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });
+  if (it != reg.rewrites.end()) *it = std::move(r);
+  else reg.rewrites.push_back(std::move(r));
+}
+
+bool unregister_replacement(const std::string& name) {
+  jit::Registry& reg = jit::registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });
+  if (it == reg.rewrites.end()) return false;
+  reg.rewrites.erase(it);
+  return true;
+}
+
+std::vector<std::string> registered() {
+  jit::snapshot();  // (kiln's own are registered on first use)
+  jit::Registry& reg = jit::registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  std::vector<std::string> names;
+  for (const auto& r : reg.rewrites) names.push_back(r->name);
+  return names;
+}
+
+void set_enabled(bool on) { jit::enabled_flag() = on; }
+bool enabled() { return jit::enabled_flag(); }
+
+std::map<std::string, int64_t> match_counts() {
+  jit::Registry& reg = jit::registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  return reg.counts;
+}
+
+}  // namespace kiln::patterns

@@ -1,0 +1,237 @@
+// kiln::patterns: rewrites registered as kiln functions, matched in compile()'s joint graph
+// (forward and backward) and replaced by the replacement traced on the matched inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "kiln.h"
+#include "tests/expect_close.h"
+#include "tests/test_seed.h"
+
+using namespace kiln;
+using patterns::register_replacement;
+
+namespace {
+
+using Ts = std::vector<Tensor>;
+using Ss = std::vector<double>;
+
+// exp(x) - 1 -> expm1(x): in float64 the rewrite is visible in the last digits for tiny x.
+void register_expm1() {
+  register_replacement(
+      "test_expm1", [](const Ts& t, const Ss&) { return exp(t[0]) - 1.0; },
+      [](const Ts& t, const Ss&) { return expm1(t[0]); }, {empty({3, 3}, kFloat64)});
+}
+
+int64_t count(const std::string& name) {
+  auto c = patterns::match_counts();
+  auto it = c.find(name);
+  return it == c.end() ? 0 : it->second;
+}
+
+// Every test starts with patterns on and leaves no user pattern behind.
+class Patterns : public ::testing::Test {
+ protected:
+  void SetUp() override { patterns::set_enabled(true); }
+  void TearDown() override {
+    patterns::set_enabled(true);
+    for (const auto& n : patterns::registered())
+      if (n.rfind("test_", 0) == 0) patterns::unregister_replacement(n);
+  }
+};
+
+}  // namespace
+
+TEST_F(Patterns, UserPatternThroughThePublicApi) {
+  register_expm1();
+  auto names = patterns::registered();
+  EXPECT_NE(std::find(names.begin(), names.end(), "test_expm1"), names.end());
+  auto f = compile([](const Tensor& x) { return (exp(x * 3) - 1.0).sum({1}); });
+  Tensor x = full({4, 5}, 1e-10, kFloat64);
+  Tensor got = f(x);
+  EXPECT_EQ(f.stats().pattern_matches, 1);
+  // expm1(3e-10) summed over 5: exact to the last bits; exp(3e-10) - 1 is off by ~1e-7 relative.
+  const double want = 5 * std::expm1(3e-10);
+  EXPECT_NEAR(got.to_vector<double>()[0], want, 1e-15 * want);
+  EXPECT_GT(std::abs((exp(x * 3) - 1.0).sum({1}).to_vector<double>()[0] - want), 1e-12 * want)
+      << "eager (no rewrite) should show exp(x)-1's cancellation";
+}
+
+TEST_F(Patterns, RewritesTheBackwardToo) {
+  register_expm1();
+  manual_seed(kiln::testing::test_seed(21));
+  auto body = [](const Tensor& x) { return ((exp(x) - 1.0) * x).sum(); };
+  auto f = compile(body);
+  for (int64_t n : {3, 6, 9}) {
+    Tensor x = randn({n, 4}, kFloat64).requires_grad_();
+    Tensor xe = x.detach().requires_grad_();
+    Tensor y = f(x);
+    y.backward();
+    Tensor ye = body(xe);
+    ye.backward();
+    expect_close(y, ye, 1e-13, 1e-13);
+    expect_close(x.grad(), xe.grad(), 1e-13, 1e-13);
+  }
+  EXPECT_GE(f.stats().pattern_matches, 1);
+}
+
+TEST_F(Patterns, ScalarWildcardsBindAnyScaleConsistently) {
+  register_replacement(
+      "test_twice", [](const Ts& t, const Ss& s) { return t[0] * s[0] + t[0] * s[0]; },
+      [](const Ts& t, const Ss& s) { return t[0] * (2 * s[0]); }, {empty({2, 2})}, {0.123});
+  manual_seed(kiln::testing::test_seed(22));
+  Tensor x = randn({6, 3});
+  for (double s : {0.37, 5.0}) {
+    auto f = compile([s](const Tensor& a) { return a * s + a * s; });
+    Tensor got = f(x);
+    EXPECT_EQ(f.stats().pattern_matches, 1) << "scale " << s;
+    // (2(x*s) and x*(2s) are the same float: doubling is exact)
+    EXPECT_EQ(got.to_vector<float>(), (x * s + x * s).to_vector<float>());
+  }
+  auto g = compile([](const Tensor& a) { return a * 0.37 + a * 0.5; });  // two different scales
+  expect_close(g(x), x * 0.37 + x * 0.5, 1e-6, 1e-6);
+  EXPECT_EQ(g.stats().pattern_matches, 0);
+}
+
+TEST_F(Patterns, CommutativeOperandsMatchInEitherOrder) {
+  register_replacement(
+      "test_muladd", [](const Ts& t, const Ss&) { return t[0] * t[1] + t[2]; },
+      [](const Ts& t, const Ss&) { return t[2] + t[1] * t[0]; }, {empty({2, 2}), empty({2, 2}), empty({2, 2})});
+  manual_seed(kiln::testing::test_seed(23));
+  Tensor a = randn({3, 4}), b = randn({3, 4}), c = randn({3, 4});
+  auto f = compile([](const Tensor& x, const Tensor& y, const Tensor& z) {
+    return std::vector<Tensor>{x * y + z, z + x * y, z + y * x, (y * x + z) * 2};
+  });
+  auto out = f(a, b, c);
+  EXPECT_EQ(f.stats().pattern_matches, 4);
+  for (const Tensor& o : std::vector<Tensor>{out[0], out[1], out[2]}) expect_close(o, a * b + c, 1e-6, 1e-6);
+  expect_close(out[3], (a * b + c) * 2, 1e-6, 1e-6);
+}
+
+TEST_F(Patterns, ARepeatedInputMatchesOneNodeOnly) {
+  register_replacement(
+      "test_square", [](const Ts& t, const Ss&) { return t[0] * t[0]; },
+      [](const Ts& t, const Ss&) { return square(t[0]); }, {empty({2, 2})});
+  Tensor x = full({3}, 1.5f), y = full({3}, 2.0f);
+  auto same = compile([](const Tensor& a) { return a * a + 1; });
+  auto different = compile([](const Tensor& a, const Tensor& b) { return a * b + 1; });
+  expect_close(same(x), x * x + 1, 0, 0);
+  expect_close(different(x, y), x * y + 1, 0, 0);
+  EXPECT_EQ(same.stats().pattern_matches, 1);
+  EXPECT_EQ(different.stats().pattern_matches, 0);
+}
+
+TEST_F(Patterns, AnIntermediateUsedElsewhereRefusesTheMatch) {
+  register_expm1();
+  Tensor x = full({4}, 0.25, kFloat64);
+  // exp(x) is also returned: replacing exp(x) - 1 would not remove it (and must not change it).
+  auto f = compile([](const Tensor& a) {
+    Tensor e = exp(a);
+    return std::vector<Tensor>{e - 1.0, e};
+  });
+  auto out = f(x);
+  EXPECT_EQ(f.stats().pattern_matches, 0);
+  expect_close(out[0], exp(x) - 1.0, 0, 0);
+  expect_close(out[1], exp(x), 0, 0);
+}
+
+TEST_F(Patterns, LogOfSoftmaxBecomesLogSoftmaxForwardAndBackward) {
+  manual_seed(kiln::testing::test_seed(24));
+  auto body = [](const Tensor& x, const Tensor& w) { return (log(softmax(x, -1)) * w).sum(); };
+  auto f = compile(body);
+  for (int64_t n : {5, 8, 13}) {
+    Tensor x = randn({n, 7}, kFloat64).requires_grad_(), w = randn({n, 7}, kFloat64);
+    Tensor xe = x.detach().requires_grad_();
+    Tensor y = f(x, w);
+    y.backward();
+    Tensor ye = (log_softmax(xe, -1) * w).sum();
+    ye.backward();
+    expect_close(y, ye, 1e-12, 1e-12);
+    expect_close(x.grad(), xe.grad(), 1e-12, 1e-12);
+  }
+  EXPECT_EQ(f.stats().pattern_matches, 1);
+  EXPECT_GE(count("log_softmax_of_softmax_rank2"), 1);
+  // Where softmax underflows to 0, log(softmax) is -inf; the rewrite gives log_softmax's finite value.
+  auto g = compile([](const Tensor& x) { return log(softmax(x, -1)); });
+  Tensor big = tensor({{0, 200, 400}});
+  auto v = g(big).to_vector<float>();
+  EXPECT_FLOAT_EQ(v[0], -400);
+  EXPECT_FLOAT_EQ(v[2], 0);
+}
+
+TEST_F(Patterns, NearMissesDoNotMatch) {
+  manual_seed(kiln::testing::test_seed(25));
+  Tensor x = randn({4, 6});
+  // softmax over the other dim: the rank-2 pattern reduces over dim 1 only.
+  auto dim0 = compile([](const Tensor& a) { return log(softmax(a, 0)); });
+  expect_close(dim0(x), log(softmax(x, 0)), 1e-6, 1e-6);
+  EXPECT_EQ(dim0.stats().pattern_matches, 0);
+  // The probabilities are also returned: the softmax stays, so does its log.
+  auto shared = compile([](const Tensor& a) {
+    Tensor p = softmax(a, -1);
+    return std::vector<Tensor>{log(p), p};
+  });
+  auto out = shared(x);
+  EXPECT_EQ(shared.stats().pattern_matches, 0);
+  expect_close(out[1], softmax(x, -1), 1e-6, 1e-6);
+}
+
+TEST_F(Patterns, OffLeavesTheGraphAsTraced) {
+  register_expm1();
+  patterns::set_enabled(false);
+  Tensor x = full({2, 2}, 1e-10, kFloat64);
+  auto f = compile([](const Tensor& a) { return exp(a) - 1.0; });
+  expect_close(f(x), exp(x) - 1.0, 0, 0);
+  EXPECT_EQ(f.stats().pattern_matches, 0);
+}
+
+TEST_F(Patterns, RegistrationErrorsAreClear) {
+  EXPECT_THROW(register_replacement(
+                   "test_identity", [](const Ts& t, const Ss&) { return t[0]; },
+                   [](const Ts& t, const Ss&) { return t[0]; }, {empty({2})}),
+               Error);
+  EXPECT_THROW(register_replacement(
+                   "test_unused_scalar", [](const Ts& t, const Ss&) { return t[0] * 2.0; },
+                   [](const Ts& t, const Ss&) { return t[0] * 2.0; }, {empty({2})}, {0.77}),
+               Error);
+  EXPECT_THROW(register_replacement("test_none", nullptr, nullptr, {empty({2})}), Error);
+}
+
+// Random graphs with k injected instances of exp(v) - 1 on random intermediate values: every
+// instance is replaced, and the results stay those of the eager run (no rewrite) to rounding.
+TEST_F(Patterns, RandomGraphsWithInjectedInstancesMatchEveryOne) {
+  register_expm1();
+  const uint64_t seed = kiln::testing::test_seed(26);
+  for (int trial = 0; trial < 12; ++trial) {
+    std::mt19937 rng(static_cast<uint32_t>(seed + static_cast<uint64_t>(trial)));
+    const int steps = 4 + static_cast<int>(rng() % 6);
+    std::vector<int> kinds(static_cast<size_t>(steps));
+    std::vector<bool> inject(static_cast<size_t>(steps));
+    int k = 0;
+    for (int i = 0; i < steps; ++i) {
+      kinds[i] = static_cast<int>(rng() % 4);
+      inject[i] = rng() % 2 == 0;
+      k += inject[i];
+    }
+    auto body = [kinds, inject](const Tensor& x, const Tensor& y) {
+      Tensor v = x;
+      for (size_t i = 0; i < kinds.size(); ++i) {
+        switch (kinds[i]) {
+          case 0: v = tanh(v) * 0.5; break;
+          case 1: v = v + y; break;
+          case 2: v = sin(v) * y; break;
+          default: v = v * 0.75 - 0.1; break;
+        }
+        if (inject[i]) v = exp(v) - 1.0;
+      }
+      return v;
+    };
+    manual_seed(seed + static_cast<uint64_t>(trial));
+    Tensor x = randn({5, 4}, kFloat64) * 0.5, y = randn({5, 4}, kFloat64) * 0.5;
+    auto f = compile(body);
+    expect_close(f(x, y), body(x, y), 1e-12, 1e-12);
+    EXPECT_EQ(f.stats().pattern_matches, k) << "trial " << trial;
+  }
+}
