@@ -95,6 +95,26 @@ TEST_F(Patterns, ScalarWildcardsBindAnyScaleConsistently) {
   EXPECT_EQ(g.stats().pattern_matches, 0);
 }
 
+TEST_F(Patterns, ExtraCheckAndAThrowingReplacementRefuseTheMatch) {
+  register_replacement(
+      "test_big_scale", [](const Ts& t, const Ss& s) { return tanh(t[0] * s[0]); },
+      [](const Ts& t, const Ss& s) { return tanh(t[0] * s[0]); }, {empty({2, 2})}, {0.123},
+      [](const Ts&, const Ss& s) { return s[0] > 1; });
+  register_replacement(
+      "test_throws", [](const Ts& t, const Ss&) { return sigmoid(t[0]) * 3.0; },
+      [](const Ts&, const Ss&) -> Tensor { throw Error("no replacement today"); }, {empty({2})});
+  Tensor x = full({3, 2}, 0.25f);
+  auto small = compile([](const Tensor& a) { return tanh(a * 0.5); });
+  auto big = compile([](const Tensor& a) { return tanh(a * 4.0); });
+  auto throwing = compile([](const Tensor& a) { return sigmoid(a) * 3.0; });
+  expect_close(small(x), tanh(x * 0.5), 0, 0);
+  expect_close(big(x), tanh(x * 4.0), 0, 0);
+  expect_close(throwing(x), sigmoid(x) * 3.0, 0, 0);
+  EXPECT_EQ(small.stats().pattern_matches, 0);
+  EXPECT_EQ(big.stats().pattern_matches, 1);
+  EXPECT_EQ(throwing.stats().pattern_matches, 0);
+}
+
 TEST_F(Patterns, CommutativeOperandsMatchInEitherOrder) {
   register_replacement(
       "test_muladd", [](const Ts& t, const Ss&) { return t[0] * t[1] + t[2]; },

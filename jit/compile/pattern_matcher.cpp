@@ -14,6 +14,7 @@
 #include "jit/diag/diagnostics.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/core/error.h"
+#include "runtime/exec/executor.h"
 #include "runtime/ir/symint.h"
 #include "runtime/tensor/record.h"
 #include "runtime/tensor/trace.h"
@@ -62,15 +63,33 @@ std::atomic<bool>& enabled_flag() {
   return on;
 }
 
-// Tracing a pattern is no part of the user's trace: no observer, no size oracle.
-struct Untraced {
-  detail::TraceObserver* observer = detail::set_trace_observer(nullptr);
-  ShapeOracle* oracle = set_shape_oracle(nullptr);
-  ~Untraced() {
+// Tracing a pattern is no part of the user's trace: an observer that sees nothing (it also
+// keeps the pending limit from computing the pattern graph: it has no data), no size oracle.
+struct Untraced final : detail::TraceObserver {
+  void on_read(TensorImpl&) override {}
+  void on_write(TensorImpl&) override {}
+  void on_grad(TensorImpl&, bool) override {}
+  bool on_materialize(const std::vector<Node*>&, const NodePtr*, size_t) override {
+    throw Error("patterns: a search function needs data while it is traced (item(), printing)");
+  }
+  void on_random(const Node&) override {}
+  Untraced() : observer(detail::set_trace_observer(this)), oracle(set_shape_oracle(nullptr)) {}
+  ~Untraced() override {
     detail::set_trace_observer(observer);
     set_shape_oracle(oracle);
   }
+  detail::TraceObserver* observer;
+  ShapeOracle* oracle;
 };
+
+// A pattern graph never runs: it is not pending eager work.
+void not_pending(const std::vector<Node*>& nodes) {
+  for (Node* n : nodes)
+    if (n->pending) {
+      n->pending = false;
+      detail::pending_add(-1);
+    }
+}
 
 NodePtr leaf_like(DType dtype, Device device, const Shape& shape) {
   auto n = new_node();
@@ -140,7 +159,9 @@ Variant trace_variant(const Rewrite& r, const std::vector<int>& diff) {
   std::vector<Node*> roots;
   for (const auto& o : v.outputs) roots.push_back(o.get());
   std::vector<bool> found(r.scalars.size(), false);
-  for (Node* n : nodes_behind(roots)) {
+  const std::vector<Node*> nodes = nodes_behind(roots);
+  not_pending(nodes);
+  for (Node* n : nodes) {
     if (v.leaf_of.count(n)) continue;
     KILN_CHECK(!n->materialized(), "patterns: search function of '", r.name,
                "' reads a tensor that is not one of its inputs (pass it as an input)");
@@ -276,8 +297,11 @@ class Matcher {
     if (k == v_.outputs.size()) return true;
     const Node* p = v_.outputs[k].get();
     if (auto it = b.map.find(p); it != b.map.end()) return match_rest(k + 1, b);
+    // (a gradient is recorded after the forward result it differentiates; the attempts are
+    // bounded so that generic gradient patterns cannot blow up on large graphs)
+    const uint64_t after = b.map.at(v_.outputs[0].get())->id;
     for (Node* t : t_.order) {
-      if (t->op != p->op) continue;
+      if (t->op != p->op || t->id <= after || ++attempts_ > kMaxAttempts) continue;
       Binding keep = b;
       if (match(p, t, b) && match_rest(k + 1, b)) return true;
       b = std::move(keep);
@@ -302,8 +326,10 @@ class Matcher {
     return true;
   }
 
+  static constexpr int64_t kMaxAttempts = 4096;
   const Variant& v_;
   const Target& t_;
+  mutable int64_t attempts_ = 0;
 };
 
 Target index(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, uint64_t fresh_id) {
@@ -324,11 +350,15 @@ Target index(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id,
 }
 
 // Builds the replacement on what `b` bound; null when its results do not fit the matched ones.
-std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Variant& v, const Binding& b) {
+std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Variant& v, const Binding& b,
+                                                      std::string& why) {
   std::vector<Tensor> ins;
   const size_t ntensors = r.examples.size();
   for (size_t i = 0; i < ntensors; ++i) ins.push_back(Tensor::from_node(b.leaves[i]->shared_from_this()));
-  if (r.check && !r.check(ins, b.scalars)) return std::nullopt;
+  if (r.check && !r.check(ins, b.scalars)) {
+    why = "its extra check said no";
+    return std::nullopt;
+  }
   std::vector<Tensor> outs;
   if (v.diff.empty()) {
     NoGradGuard ng;
@@ -353,10 +383,12 @@ std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Va
   std::vector<NodePtr> nodes;
   for (size_t k = 0; k < outs.size(); ++k) {
     const Node& want = *b.map.at(v.outputs[k].get());
-    if (!outs[k].defined() || outs[k].dtype() != want.dtype || outs[k].shape().size() != want.shape.size())
+    bool fits = outs[k].defined() && outs[k].dtype() == want.dtype && outs[k].shape().size() == want.shape.size();
+    for (size_t d = 0; fits && d < want.shape.size(); ++d) fits = detail::same_size(outs[k].shape()[d], want.shape[d]);
+    if (!fits) {
+      why = "the replacement's result " + std::to_string(k) + " differs in dtype or shape from what it replaces";
       return std::nullopt;
-    for (size_t d = 0; d < want.shape.size(); ++d)
-      if (!detail::same_size(outs[k].shape()[d], want.shape[d])) return std::nullopt;
+    }
     nodes.push_back(outs[k].node());
   }
   return nodes;
@@ -398,11 +430,17 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
       for (const Variant& v : r->variants) {
         std::optional<Binding> b = Matcher(v, t).match_at(anchor);
         if (!b) continue;
-        std::optional<std::vector<NodePtr>> rep = build_replacement(*r, v, *b);
+        std::string why;
+        std::optional<std::vector<NodePtr>> rep;
+        try {
+          rep = build_replacement(*r, v, *b, why);
+        } catch (const std::exception& e) {
+          why = std::string("the replacement threw: ") + e.what();
+        }
         if (!rep) {
           if (log_enabled("patterns"))
             log_line("patterns", where + ": " + r->name + " matched at " + op_name(anchor->op) + " #" +
-                                     std::to_string(anchor->id) + " but was refused (its check or the replacement's shapes)");
+                                     std::to_string(anchor->id) + " but was not replaced: " + why);
           break;
         }
         for (size_t k = 0; k < rep->size(); ++k) redirect(t, roots, b->map.at(v.outputs[k].get()), (*rep)[k]);

@@ -116,17 +116,22 @@ void Program::use_graphs(GraphPolicy policy) {
   for (auto& [key, inst] : instances_) graph_instance(*inst);  // (a break's segment ran while traced)
 }
 
+Program::Instance* Program::oldest_free_graph() {
+  Instance* oldest = nullptr;
+  int64_t stamp = INT64_MAX;
+  for (auto& [key, inst] : instances_)
+    if (inst->graphs && inst->graphs->oldest_free() < stamp) {
+      stamp = inst->graphs->oldest_free();
+      oldest = inst.get();
+    }
+  return oldest;
+}
+
 void Program::limit_graphs() {
   // Past the function's limit, this program's least recently used free graphs go (their
   // instances record again when next met).
   while (graphs_->counters->kept > graphs_->counters->limit) {
-    Instance* oldest = nullptr;
-    int64_t stamp = INT64_MAX;
-    for (auto& [key, inst] : instances_)
-      if (inst->graphs && inst->graphs->oldest_free() < stamp) {
-        stamp = inst->graphs->oldest_free();
-        oldest = inst.get();
-      }
+    Instance* oldest = oldest_free_graph();
     if (!oldest) return;
     oldest->graphs->take_oldest_free();
   }
@@ -136,13 +141,7 @@ std::unique_ptr<DeviceGraph> Program::graph_to_reuse() {
   // At the function's limit, the least recently used free graph of this program makes room
   // (its executable is updated in place to the new recording when they line up).
   if (graphs_->counters->kept < graphs_->counters->limit) return nullptr;
-  Instance* oldest = nullptr;
-  int64_t stamp = INT64_MAX;
-  for (auto& [key, inst] : instances_)
-    if (inst->graphs && inst->graphs->oldest_free() < stamp) {
-      stamp = inst->graphs->oldest_free();
-      oldest = inst.get();
-    }
+  Instance* oldest = oldest_free_graph();
   return oldest ? oldest->graphs->take_oldest_free() : nullptr;
 }
 
