@@ -23,12 +23,9 @@
 namespace kiln::detail {
 namespace {
 
+using jit::ms_since;
 using jit::Program;
 using jit::TraceSession;
-
-double ms_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-}
 
 int64_t node_bytes(const Node& n, const std::map<std::string, int64_t>& hints) {
   return numel(n.shape).evaluate(hints) * static_cast<int64_t>(itemsize(n.dtype));

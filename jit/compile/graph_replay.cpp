@@ -201,11 +201,6 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
       device_.index,
       [&] {
         const auto w0 = std::chrono::steady_clock::now();
-        struct Timed {
-          std::chrono::steady_clock::time_point from;
-          double& ms;
-          ~Timed() { ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - from).count(); }
-        } timed{w0, work_ms};
         for (size_t i = 0; i < ins.size(); ++i) {
           Graph::In& in = g->ins[i];
           in.strides = concrete(ins[i]->strides);
@@ -232,9 +227,10 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
           const size_t bytes = static_cast<size_t>(numel(src.shape).as_int()) * itemsize(src.dtype);
           if (bytes) rt.copy(dst.storage->data, device_, src.storage->data, device_, bytes);
         }
+        work_ms = ms_since(w0);
       },
       why, std::move(reuse));
-  const double total_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double total_ms = ms_since(t0);
   if (!dg) {
     broken_ = true;
     if (log_enabled("graphs"))

@@ -6,11 +6,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "jit/compile/patterns.h"
+#include "jit/compile/program.h"
 #include "jit/diag/diagnostics.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/core/error.h"
@@ -34,6 +36,7 @@ struct Variant {
   std::unordered_map<const Node*, int> leaf_of;    // pattern leaf -> its index
   std::unordered_map<const Node*, int> scalar_of;  // pattern constant -> the scalar it stands for
   size_t size = 0;                                 // op nodes
+  size_t nscalars = 0;                             // scalar wildcards
 };
 
 struct Rewrite {
@@ -102,28 +105,6 @@ NodePtr leaf_like(DType dtype, Device device, const Shape& shape) {
   return n;
 }
 
-// Nodes behind `roots` (not past leaves or materialized nodes), inputs before consumers.
-std::vector<Node*> nodes_behind(const std::vector<Node*>& roots) {
-  std::vector<Node*> order;
-  std::unordered_set<const Node*> seen;
-  std::vector<std::pair<Node*, size_t>> stack;
-  for (Node* r : roots) {
-    if (!r || !seen.insert(r).second) continue;
-    stack.push_back({r, 0});
-    while (!stack.empty()) {
-      auto& [n, i] = stack.back();
-      if (i < n->inputs.size()) {
-        Node* in = n->inputs[i++].get();
-        if (seen.insert(in).second) stack.push_back({in, 0});
-      } else {
-        order.push_back(n);
-        stack.pop_back();
-      }
-    }
-  }
-  return order;
-}
-
 Variant trace_variant(const Rewrite& r, const std::vector<int>& diff) {
   Untraced untraced;
   Variant v;
@@ -155,16 +136,20 @@ Variant trace_variant(const Rewrite& r, const std::vector<int>& diff) {
       v.outputs.push_back(g.node());
     }
   }
-  for (size_t i = 0; i < v.leaves.size(); ++i) v.leaf_of[v.leaves[i].get()] = static_cast<int>(i);
-  std::vector<Node*> roots;
-  for (const auto& o : v.outputs) roots.push_back(o.get());
+  std::set<const Node*> leaves;
+  for (size_t i = 0; i < v.leaves.size(); ++i) {
+    v.leaf_of[v.leaves[i].get()] = static_cast<int>(i);
+    leaves.insert(v.leaves[i].get());
+  }
+  v.nscalars = r.scalars.size();
   std::vector<bool> found(r.scalars.size(), false);
-  const std::vector<Node*> nodes = nodes_behind(roots);
+  const std::vector<Node*> nodes = topo_order(v.outputs, leaves);
   not_pending(nodes);
+  for (const auto& l : v.leaves) not_pending({l.get()});
   for (Node* n : nodes) {
-    if (v.leaf_of.count(n)) continue;
-    KILN_CHECK(!n->materialized(), "patterns: search function of '", r.name,
-               "' reads a tensor that is not one of its inputs (pass it as an input)");
+    for (const auto& in : n->inputs)
+      KILN_CHECK(!in->materialized(), "patterns: search function of '", r.name,
+                 "' reads a tensor that is not one of its inputs (pass it as an input)");
     ++v.size;
     if (n->op != OpKind::Full || !n->attrs.sizes.empty()) continue;
     for (size_t k = 0; k < r.scalars.size(); ++k)
@@ -278,7 +263,7 @@ class Matcher {
   std::optional<Binding> match_at(Node* anchor) const {
     Binding b;
     b.leaves.assign(v_.leaves.size(), nullptr);
-    b.scalars.assign(v_.scalar_of.empty() ? 0 : max_scalar() + 1, 0.0);
+    b.scalars.assign(v_.nscalars, 0.0);
     b.scalar_bound.assign(b.scalars.size(), false);
     if (!match(v_.outputs[0].get(), anchor, b)) return std::nullopt;
     if (!match_rest(1, b)) return std::nullopt;
@@ -287,12 +272,6 @@ class Matcher {
   }
 
  private:
-  int max_scalar() const {
-    int m = 0;
-    for (const auto& [n, k] : v_.scalar_of) m = std::max(m, k);
-    return m;
-  }
-
   bool match_rest(size_t k, Binding& b) const {
     if (k == v_.outputs.size()) return true;
     const Node* p = v_.outputs[k].get();
@@ -336,14 +315,14 @@ Target index(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id,
   Target t;
   t.first_id = first_id;
   t.fresh_id = fresh_id;
-  std::vector<Node*> rs;
+  std::vector<NodePtr> rs;
   for (const auto* v : roots)
     for (const auto& n : *v)
       if (n) {
-        rs.push_back(n.get());
+        rs.push_back(n);
         t.roots.insert(n.get());
       }
-  t.order = nodes_behind(rs);
+  t.order = topo_order(rs, {});
   for (Node* n : t.order)
     for (const auto& in : n->inputs) t.consumers[in.get()].push_back(n);
   return t;
@@ -366,11 +345,7 @@ std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Va
   } else {
     EnableGradGuard eg;
     std::vector<Tensor> wrt;
-    for (int i : v.diff) {
-      ins[i] = Tensor::from_node(b.leaves[i]->shared_from_this());
-      ins[i].requires_grad_(true);
-      wrt.push_back(ins[i]);
-    }
+    for (int i : v.diff) wrt.push_back(ins[i].requires_grad_(true));
     Tensor out = r.replace(ins, b.scalars);
     if (!out.defined() || !out.requires_grad()) return std::nullopt;
     outs.push_back(out);

@@ -127,22 +127,18 @@ Program::Instance* Program::oldest_free_graph() {
   return oldest;
 }
 
-void Program::limit_graphs() {
-  // Past the function's limit, this program's least recently used free graphs go (their
-  // instances record again when next met).
-  while (graphs_->counters->kept > graphs_->counters->limit) {
-    Instance* oldest = oldest_free_graph();
-    if (!oldest) return;
-    oldest->graphs->take_oldest_free();
-  }
-}
-
 std::unique_ptr<DeviceGraph> Program::graph_to_reuse() {
   // At the function's limit, the least recently used free graph of this program makes room
-  // (its executable is updated in place to the new recording when they line up).
-  if (graphs_->counters->kept < graphs_->counters->limit) return nullptr;
-  Instance* oldest = oldest_free_graph();
-  return oldest ? oldest->graphs->take_oldest_free() : nullptr;
+  // (its executable is updated in place to the new recording when they line up; its instance
+  // records again when next met). With none free, the new graph goes past the limit.
+  // Graphs kept past the limit (none was free at an earlier recording) go too.
+  while (graphs_->counters->kept >= graphs_->counters->limit) {
+    Instance* oldest = oldest_free_graph();
+    if (!oldest) return nullptr;
+    std::unique_ptr<DeviceGraph> g = oldest->graphs->take_oldest_free();
+    if (graphs_->counters->kept < graphs_->counters->limit) return g;
+  }
+  return nullptr;
 }
 
 void Program::graph_instance(Instance& inst) {
@@ -305,10 +301,8 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   if (record) {
     if (inst.graphs->record(
             ins, [&] { inst.prepared->run(); },
-            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out, graph_to_reuse())) {
-      limit_graphs();
+            [&](size_t i, const std::shared_ptr<Storage>& s) { inst.inputs[i]->storage = s; }, out, graph_to_reuse()))
       return out;
-    }
     for (Node* n : inst.seg.nodes) n->storage.reset();  // what the failed recording left
     bind();
   } else if (inst.graphs) {

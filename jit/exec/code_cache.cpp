@@ -21,10 +21,6 @@ CacheStats g_stats;
 uint64_t g_rejections_at_reset = 0;
 std::atomic<uint64_t> g_quick_runs{0}, g_optimized_runs{0};
 
-double ms_since(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-}
-
 template <class F>
 void count(F&& f) {
   std::lock_guard<std::mutex> lock(g_mu);

@@ -508,15 +508,21 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     }
     plan->steps.push_back(std::move(ps));
   }
+  // Step i is a 2-D GEMM and step i + 1 a pointwise kernel over exactly its output shape.
+  auto gemm_then_pointwise = [&](size_t i) {
+    if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) return false;
+    const Node* m = steps[i].node;
+    const Group& g = steps[i + 1].group;
+    return m->op == OpKind::Matmul && m->shape.size() == 2 && !g.split && g.reduce_dims.empty() &&
+           same_shape(g.domain, m->shape);
+  };
   // GEMM epilogues: a 2-D GEMM followed by a pointwise kernel over exactly its output that
   // reads it element for element runs as one step (row blocks, epilogue while in cache).
   for (size_t i = 0; device == DeviceType::CPU && i + 1 < steps.size(); ++i) {
-    if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) continue;
+    if (!gemm_then_pointwise(i) || !kernels[i + 1]) continue;
     const Node* m = steps[i].node;
     const Group& g = steps[i + 1].group;
-    if (m->op != OpKind::Matmul || m->shape.size() != 2 || !kernels[i + 1] || g.split || !g.reduce_dims.empty()) continue;
     if (m->dtype != DType::Float32 && m->dtype != DType::Float64) continue;
-    if (!same_shape(g.domain, m->shape)) continue;
     bool ok = std::find(g.nodes.begin(), g.nodes.end(), m) == g.nodes.end();
     for (const Node* n : g.nodes)
       for (const auto& in : n->inputs)
@@ -530,12 +536,10 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
   // a row vector to the product (then applies ReLU) becomes the GEMM's epilogue, when nothing
   // else reads the bare product.
   for (size_t i = 0; device != DeviceType::CPU && tgt && i + 1 < steps.size(); ++i) {
-    if (steps[i].kind != Step::Kind::Opaque || steps[i + 1].kind != Step::Kind::Kernel) continue;
+    if (!gemm_then_pointwise(i)) continue;
     const Node* m = steps[i].node;
     const Group& g = steps[i + 1].group;
-    if (m->op != OpKind::Matmul || m->shape.size() != 2 || m->dtype != DType::Float32 || g.split ||
-        !g.reduce_dims.empty() || g.outputs.size() != 1 || !same_shape(g.domain, m->shape))
-      continue;
+    if (m->dtype != DType::Float32 || g.outputs.size() != 1) continue;
     const Node* add = nullptr;
     const Node* relu = nullptr;
     bool ok = true;

@@ -46,24 +46,31 @@ const Cublas& lib() {
   return c;
 }
 
-void check(cublasStatus_t s, const char* what) {
-  if (s == CUBLAS_STATUS_SUCCESS) return;
-  const char* name = lib().status_name ? lib().status_name(s) : nullptr;
-  throw Error(std::string("cublas: ") + what + ": " + (name ? name : std::to_string(static_cast<int>(s))));
-}
+void check(cublasStatus_t s, const char* what) { check_status(s, "cublas", what); }
 
-// One handle per device, bound to the device's stream (handles are not shared across devices).
-cublasHandle_t handle(int index) {
+// One handle per device (handles are not shared across devices), bound to the stream work goes
+// to now (the device's, or a graph's being recorded) with kiln's workspace. Callers hold
+// handles_mu() while they use the handle.
+std::mutex& handles_mu() {
   static std::mutex mu;
-  static std::vector<cublasHandle_t> handles;
-  std::lock_guard<std::mutex> lock(mu);
-  if (handles.size() <= static_cast<size_t>(index)) handles.resize(static_cast<size_t>(index) + 1, nullptr);
-  if (!handles[index]) {
-    CUstream s = enter(index);
-    check(lib().create(&handles[index]), "cublasCreate");
-    check(lib().set_stream(handles[index], reinterpret_cast<cudaStream_t>(s)), "cublasSetStream");
+  return mu;
+}
+cublasHandle_t bound_handle(int index, CUstream stream) {
+  struct Bound {
+    cublasHandle_t handle = nullptr;
+    CUstream stream = nullptr;
+  };
+  static std::vector<Bound> handles;
+  if (handles.size() <= static_cast<size_t>(index)) handles.resize(static_cast<size_t>(index) + 1);
+  Bound& b = handles[index];
+  if (!b.handle) check(lib().create(&b.handle), "cublasCreate");
+  if (b.stream != stream) {
+    check(lib().set_stream(b.handle, reinterpret_cast<cudaStream_t>(stream)), "cublasSetStream");
+    // (setting the stream resets the workspace to cuBLAS's own, allocated per stream)
+    check(lib().set_workspace(b.handle, blas_workspace(index), kBlasWorkspace), "cublasSetWorkspace");
+    b.stream = stream;
   }
-  return handles[index];
+  return b.handle;
 }
 
 // The one stride between consecutive matrices of the batch dims [0, nb) (0 for a single or
@@ -108,6 +115,12 @@ bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
     case DType::BFloat16: t = CUDA_R_16BF; c = CUBLAS_COMPUTE_32F; return true;
     default: return false;
   }
+}
+
+void check_status(cublasStatus_t s, const char* library, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return;
+  const char* name = lib().status_name ? lib().status_name(s) : nullptr;
+  throw Error(std::string(library) + ": " + what + ": " + (name ? name : "status " + std::to_string(static_cast<int>(s))));
 }
 
 void* blas_workspace(int index) {
@@ -158,13 +171,8 @@ bool gemm(Node& n) {
       const void* beta = f64 ? static_cast<const void*>(&zero64) : &zero32;
       KILN_CHECK(N <= INT32_MAX && M <= INT32_MAX && K <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX && batch <= INT32_MAX,
                  "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K, ")");
-      // The handle follows the stream work goes to now (the device's, or a graph's being recorded).
-      static std::mutex mu;
-      std::lock_guard<std::mutex> lock(mu);
-      cublasHandle_t h = handle(n.device.index);
-      check(lib().set_stream(h, reinterpret_cast<cudaStream_t>(s)), "cublasSetStream");
-      // (setting the stream resets the workspace to cuBLAS's own, allocated per stream)
-      check(lib().set_workspace(h, blas_workspace(n.device.index), kBlasWorkspace), "cublasSetWorkspace");
+      std::lock_guard<std::mutex> lock(handles_mu());
+      cublasHandle_t h = bound_handle(n.device.index, s);
       check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb,
                        type, static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
                        static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),

@@ -23,6 +23,9 @@ bool gemm(Node& n);
 // [cols, rows] matrix: op N with leading dimension srow, or its transpose (op T, ld scol) when
 // the operand is column-major. False for other layouts (broadcast rows, general strides).
 bool as_column_major(int64_t rows, int64_t cols, int64_t srow, int64_t scol, cublasOperation_t& op, int64_t& ld);
+// Throws a kiln::Error naming `library`, the call `what` and status `s` unless it is success
+// (cuBLAS and cuBLASLt share the status codes).
+void check_status(cublasStatus_t s, const char* library, const char* what);
 // Scratch memory cuBLAS and cuBLASLt calls on device `index` work in: one block of
 // kBlasWorkspace bytes per device, kept for the process (calls ordered on one stream take turns;
 // set explicitly so cuBLAS allocates nothing per stream, graph recordings included).

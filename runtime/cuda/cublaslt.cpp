@@ -50,9 +50,7 @@ const Lt& lib() {
   return l;
 }
 
-void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS) throw Error(std::string("cublasLt: ") + what + ": status " + std::to_string(static_cast<int>(s)));
-}
+void check(cublasStatus_t s, const char* what) { check_status(s, "cublasLt", what); }
 
 // One GEMM shape and epilogue: its descriptors and the algorithm the heuristic chose (made
 // once; the bias pointer is set per call).
@@ -66,6 +64,7 @@ using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, int64_t, int64_
 
 struct DeviceLt {
   cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;  // blas_workspace(index)
   std::map<Key, Plan> plans;
 };
 
@@ -102,7 +101,10 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
   std::lock_guard<std::mutex> lock(mu);
   CUstream stream = enter(index);
   DeviceLt& dev = devices[index];
-  if (!dev.handle) check(lib().create(&dev.handle), "cublasLtCreate");
+  if (!dev.handle) {
+    check(lib().create(&dev.handle), "cublasLtCreate");
+    dev.workspace = blas_workspace(index);
+  }
   // Row-major out = a b is column-major out^T = b^T a^T: cuBLASLt's A is our b (m = N rows of
   // the column-major out), its B our a (n = M); the bias runs along those N rows.
   const Key key{index, M, N, K, static_cast<int>(opa), static_cast<int>(opb), lda, ldb, relu, static_cast<int>(compute)};
@@ -143,7 +145,7 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
   const char* pa = static_cast<const char*>(a.storage->data) + a.offset.as_int() * 4;
   const char* pb = static_cast<const char*>(b.storage->data) + b.offset.as_int() * 4;
   check(lib().matmul(dev.handle, p.desc, &one, pb, p.a, pa, p.b, &zero, storage->data, p.d, storage->data, p.d, &p.algo,
-                     blas_workspace(index), kBlasWorkspace, reinterpret_cast<cudaStream_t>(stream)),
+                     dev.workspace, kBlasWorkspace, reinterpret_cast<cudaStream_t>(stream)),
         "cublasLtMatmul");
   note_launch(index, relu ? "cublasLtMatmul (bias + ReLU epilogue)" : "cublasLtMatmul (bias epilogue)");
   out.set_storage(std::move(storage), false);
