@@ -42,13 +42,13 @@ struct CompiledGrad final : GradNode {
   std::vector<DType> out_dtypes;                // per differentiable result
   std::vector<std::vector<int64_t>> out_shapes; // ... its sizes (several results: packed layout)
   std::vector<int64_t> offsets;                 // ... its offset in the packed gradient
-  bool released = false;
+  bool released_ = false;
   std::string fn_name;
 
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
     KILN_CHECK(!create_graph, "compile(", fn_name, "): double backward (create_graph=true) through a compiled ",
                "function is not supported; call the function uncompiled for higher-order gradients");
-    KILN_CHECK(!released, "compile(", fn_name, "): trying to backward through the compiled graph a second time; ",
+    KILN_CHECK(!released_, "compile(", fn_name, "): trying to backward through the compiled graph a second time; ",
                "pass retain_graph=true the first time");
     std::vector<NodePtr> roots;
     for (const auto& s : saved) roots.push_back(s.node());
@@ -73,9 +73,10 @@ struct CompiledGrad final : GradNode {
   }
   void release() override {
     saved.clear();
-    released = true;
+    released_ = true;
   }
   const char* name() const override { return "CompiledFunctionBackward"; }
+  bool released() const override { return released_; }
 };
 
 // The gradient of one of several differentiable results of a compiled function, placed at the
@@ -534,7 +535,11 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     size_t rt = 0;
     for (size_t r = 0; r < results.size(); ++r)
       if (e->out.result_tensor[r] >= 0) {
-        if (result_tensors[rt].requires_grad() && !grads_set && grad_enabled()) diff_results.push_back(static_cast<int>(r));
+        // (a result whose graph a backward in fn already went through, as kiln::grad does without
+        // retain_graph, has no backward left: as in eager mode)
+        const auto& fn_of = result_tensors[rt].impl()->grad_fn;
+        if (result_tensors[rt].requires_grad() && !grads_set && grad_enabled() && !(fn_of && fn_of->released()))
+          diff_results.push_back(static_cast<int>(r));
         ++rt;
       }
     if (!diff_results.empty()) {

@@ -105,6 +105,7 @@ bool is_comparison(OpKind op) {
 bool costly_to_recompute(OpKind op) {
   switch (op) {
     case OpKind::Matmul: case OpKind::Im2Col: case OpKind::Col2Im: case OpKind::Cat: case OpKind::ViewScatter:
+    case OpKind::Attention: case OpKind::AttentionBackward:
     case OpKind::Gather: case OpKind::Scatter: case OpKind::ScatterAdd: case OpKind::IndexSelect:
     case OpKind::IndexAdd: case OpKind::ToDevice: case OpKind::RandUniform: case OpKind::RandNormal: case OpKind::RandInt:
       return true;

@@ -196,7 +196,8 @@ bool rank_bound(OpKind op) {
     case OpKind::ArgMin: case OpKind::Cumsum: case OpKind::View: case OpKind::Permute: case OpKind::Expand:
     case OpKind::Slice: case OpKind::Select: case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip:
     case OpKind::Cat: case OpKind::Gather: case OpKind::Scatter: case OpKind::ScatterAdd: case OpKind::IndexSelect:
-    case OpKind::IndexAdd: case OpKind::Matmul: case OpKind::Contiguous:
+    case OpKind::IndexAdd: case OpKind::Matmul: case OpKind::Contiguous: case OpKind::Attention:
+    case OpKind::AttentionBackward:
       return true;
     default: return false;
   }

@@ -24,7 +24,7 @@ bool cse_candidate(OpKind op) {
   switch (op) {
     case OpKind::Contiguous: case OpKind::Cat: case OpKind::Gather: case OpKind::Scatter:
     case OpKind::ScatterAdd: case OpKind::IndexSelect: case OpKind::IndexAdd: case OpKind::Matmul:
-    case OpKind::Im2Col:
+    case OpKind::Im2Col: case OpKind::Attention: case OpKind::AttentionBackward:
       return true;
     default:
       return false;

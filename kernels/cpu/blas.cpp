@@ -14,6 +14,7 @@
 #include <array>
 #include <vector>
 
+#include "kernels/cpu/gemm_block.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reference.h"
 #include "runtime/core/error.h"
@@ -212,6 +213,22 @@ void matmul_int(const Operand& out, const Operand& a, const Operand& b) {
 }
 
 }  // namespace
+
+template <class T>
+void gemm_block(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+                int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  single_threaded_blas();
+  const auto t = [](bool x) { return x ? CblasTrans : CblasNoTrans; };
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, t(ta), t(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, t(ta), t(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+template void gemm_block<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
+                                int64_t, float, float*, int64_t);
+template void gemm_block<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
+                                 const double*, int64_t, double, double*, int64_t);
 
 bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
                        const std::function<void(int64_t, int64_t)>& epilogue) {

@@ -38,6 +38,16 @@ void matmul(const Operand& out, const Operand& a, const Operand& b);
 // them while they are in cache. Returns false (doing nothing) for shapes or dtypes it does not handle.
 bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
                        const std::function<void(int64_t, int64_t)>& epilogue);
+// Fused attention (OpKind::Attention): out [..., Tq, D + 1] holds softmax(q·kᵀ·scale + mask)·v
+// and each row's log-sum-exp, computed by query blocks with an online softmax over key blocks
+// (no Tq × Tk matrix). `mask` (may be null) is additive, broadcast to [..., Tq, Tk]; causal keeps
+// key j <= query i. float32 / float64.
+void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
+               bool causal, double scale);
+// Its gradient (OpKind::AttentionBackward): out [..., Tq + 2 Tk, D] = dq, dk, dv, from the packed
+// forward result `fwd` and its gradient `gout` (both [..., Tq, D + 1]), by key blocks.
+void attention_backward(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand& fwd,
+                        const Operand& gout, const Operand* mask, bool causal, double scale);
 // im2col / col2im for conv2d (ints = kh, kw, sh, sw, ph, pw, dh, dw).
 void im2col(const Operand& out, const Operand& x, const std::vector<int64_t>& p);
 void col2im(const Operand& out, const Operand& cols, const std::vector<int64_t>& p);

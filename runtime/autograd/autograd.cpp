@@ -45,10 +45,10 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   Shape view_shape;
   std::vector<Tensor> inputs;  // snapshots
   NodePtr out;
-  bool released = false;
+  bool released_ = false;
 
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
-    KILN_CHECK(!released, "backward: trying to backward through the graph a second time (", op_name(op),
+    KILN_CHECK(!released_, "backward: trying to backward through the graph a second time (", op_name(op),
                "); pass retain_graph=true to the first backward");
     auto impl = TensorImpl::make();
     impl->node_ = out;
@@ -62,8 +62,9 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     // intermediate that the pending backward could otherwise recompute or fuse.
     inputs.clear();
     out.reset();
-    released = true;
+    released_ = true;
   }
+  bool released() const override { return released_; }
   const char* name() const override { return op_name(op); }
 };
 }  // namespace

@@ -62,6 +62,8 @@ struct KILN_API GradNode {
   virtual std::vector<Tensor> apply(const Tensor& g, bool create_graph) = 0;
   // Drops saved tensors (after a backward without retain_graph).
   virtual void release() {}
+  // Whether release() ran (a backward without retain_graph went through this node).
+  virtual bool released() const { return false; }
   virtual const char* name() const = 0;
 };
 

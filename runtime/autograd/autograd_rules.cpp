@@ -215,6 +215,25 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     case OpKind::Col2Im: {
       return {record(OpKind::Im2Col, {g}, a, g.dtype(), x.shape())};
     }
+    // ---- fused attention: dq, dk, dv stacked by one node (the mask gets none: masks that need
+    // a gradient are not fused) ----
+    case OpKind::Attention: {
+      const Shape& qs = x.shape();
+      const int64_t r = static_cast<int64_t>(qs.size());
+      const SymInt tq = qs[r - 2], tk = in[1].shape()[r - 2];
+      Shape s = qs;
+      s[r - 2] = tq + tk + tk;
+      std::vector<Tensor> bin = {in[0], in[1], in[2], out, g};
+      if (in.size() > 3) bin.push_back(in[3]);
+      Tensor packed = record(OpKind::AttentionBackward, bin, a, g.dtype(), s);
+      std::vector<Tensor> r3 = {slice_window(packed, r - 2, 0, tq, 1), slice_window(packed, r - 2, tq, tq + tk, 1),
+                                slice_window(packed, r - 2, tq + tk, tq + tk + tk, 1)};
+      if (in.size() > 3) r3.emplace_back();
+      return r3;
+    }
+    case OpKind::AttentionBackward:
+      throw Error("vjp: the fused attention's gradient has no gradient of its own (double backward through "
+                  "scaled_dot_product_attention is not supported)");
     default:
       throw Error(cat("vjp: no gradient rule for ", op_name(op)));
   }

@@ -1,5 +1,6 @@
 // The reference interpreter: runs a segment node by node with the kernels in kernels/.
 // Slow, simple and always right; the oracle for every JIT path.
+#include <bit>
 #include <unordered_map>
 
 #include "kernels/cpu/node_operand.h"
@@ -100,6 +101,18 @@ void compute(Node& n) {
       break;
     case OpKind::Matmul: matmul(out, in(0), in(1)); break;
     case OpKind::Im2Col: im2col(out, in(0), a.ints); break;
+    case OpKind::Attention: {
+      const Operand mask = n.inputs.size() > 3 ? in(3) : Operand();
+      attention(out, in(0), in(1), in(2), n.inputs.size() > 3 ? &mask : nullptr, a.ints[0] != 0,
+                std::bit_cast<double>(a.ints[1]));
+      break;
+    }
+    case OpKind::AttentionBackward: {
+      const Operand mask = n.inputs.size() > 5 ? in(5) : Operand();
+      attention_backward(out, in(0), in(1), in(2), in(3), in(4), n.inputs.size() > 5 ? &mask : nullptr, a.ints[0] != 0,
+                         std::bit_cast<double>(a.ints[1]));
+      break;
+    }
     case OpKind::Col2Im: col2im(out, in(0), a.ints); break;
     default:
       if (n.inputs.size() == 1) unary(n.op, out, in(0));

@@ -24,7 +24,7 @@ const char* op_name(OpKind op) {
       "sum", "prod", "amax", "amin", "argmax", "argmin", "cumsum",
       "view", "permute", "expand", "slice", "select", "squeeze", "unsqueeze", "flip", "as_strided",
       "contiguous", "cat", "view_scatter", "gather", "scatter", "scatter_add", "index_select",
-      "index_add", "matmul", "im2col", "col2im", "to"};
+      "index_add", "matmul", "im2col", "col2im", "attention", "attention_backward", "to"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(OpKind::NumOps));
   return names[static_cast<size_t>(op)];
 }

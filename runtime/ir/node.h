@@ -48,6 +48,13 @@ enum class OpKind : uint16_t {
   // conv2d helpers; ints = {kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w}.
   // Im2Col: [N, C, H, W] -> [N, C*kh*kw, L]. Col2Im: inverse (summing overlaps) to attrs.sizes.
   Im2Col, Col2Im,
+  // Fused scaled dot-product attention over equal batch dims, Dk == Dv = D, float32/float64.
+  // ints = {causal (0/1: key j <= query i), bit pattern of the double scale}.
+  // Attention(q [..., Tq, D], k [..., Tk, D], v [..., Tk, D] [, additive mask broadcast to
+  // [..., Tq, Tk]]) -> [..., Tq, D + 1]: the output rows, then each row's log-sum-exp.
+  // AttentionBackward(q, k, v, out, grad_out [, mask]) -> [..., Tq + 2 Tk, D]: dq, dk, dv
+  // stacked (out and grad_out are Attention's packed output and its gradient).
+  Attention, AttentionBackward,
   // Cross-device copy: a dense copy of a contiguous input onto the node's device.
   ToDevice,
   NumOps

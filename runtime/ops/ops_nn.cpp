@@ -123,34 +123,6 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   return div(mul(x, detail::cast(keep, x.dtype())), 1 - p);
 }
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const std::optional<Tensor>& attn_mask, bool is_causal,
-                                    std::optional<double> scale) {
-  KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
-             "at least 2 dims");
-  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
-  KILN_CHECK(detail::same_size(qs.back(), ks.back()), "scaled_dot_product_attention: q and k must share the last dim, got ",
-             str(qs), " and ", str(ks));
-  KILN_CHECK(detail::same_size(ks[ks.size() - 2], vs[vs.size() - 2]),
-             "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
-  KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
-  Tensor scores = matmul(q, transpose(k, -2, -1));
-  if (scale)
-    scores = mul(scores, *scale);
-  else if (qs.back().is_constant())
-    scores = mul(scores, 1.0 / std::sqrt(static_cast<double>(qs.back().as_int())));
-  else  // a symbolic head size: 1/sqrt(d) computed from it
-    scores = mul(scores, rsqrt(detail::size_value(qs.back(), scores.dtype(), scores.device())));
-  const double ninf = -std::numeric_limits<double>::infinity();
-  if (is_causal) {
-    Tensor keep = tril(full_shape({qs[qs.size() - 2], ks[ks.size() - 2]}, true, kBool, q.device()));
-    scores = where(keep, scores, ninf);
-  } else if (attn_mask) {
-    scores = attn_mask->dtype() == kBool ? where(*attn_mask, scores, ninf) : add(scores, *attn_mask);
-  }
-  return matmul(softmax(scores, -1), v);
-}
-
 Tensor conv2d(const Tensor& xin, const Tensor& w, const std::optional<Tensor>& b, std::vector<int64_t> stride,
               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
   KILN_CHECK(xin.defined() && w.defined(), "conv2d: got an undefined tensor");

@@ -1,0 +1,288 @@
+// Fused scaled dot-product attention on the CPU, forward and backward, FlashAttention-style:
+// q·kᵀ is formed one block of queries × one block of keys at a time with single-threaded BLAS
+// products, the softmax is computed online (running row maximum and sum), and the Tq × Tk matrix
+// never exists. The backward recomputes each block's probabilities from the saved row
+// log-sum-exp. Work is spread over TBB by (batch, query block) forward and by batch backward
+// (the dq of one batch element gathers from every key block).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/gemm_block.h"
+#include "kernels/cpu/parallel.h"
+#include "kernels/cpu/reference.h"
+#include "kernels/cpu/vmath.h"
+#include "runtime/core/error.h"
+
+namespace kiln::kernels {
+namespace {
+
+constexpr int64_t kBlockQ = 64, kBlockK = 128;
+
+// Element offsets of each batch element (the dims before the last two) in an operand whose
+// batch dims are `batch` (right-aligned, broadcast dims stride 0).
+std::vector<int64_t> batch_offsets(const std::vector<int64_t>& batch, const std::vector<int64_t>& strides) {
+  int64_t count = 1;
+  for (int64_t s : batch) count *= s;
+  std::vector<int64_t> offs(static_cast<size_t>(count), 0);
+  const size_t nb = batch.size();
+  for (int64_t b = 0; b < count; ++b) {
+    int64_t rem = b, off = 0;
+    for (size_t d = nb; d-- > 0;) {
+      off += (rem % batch[d]) * strides[d];
+      rem /= batch[d];
+    }
+    offs[static_cast<size_t>(b)] = off;
+  }
+  return offs;
+}
+
+// The geometry shared by forward and backward: batch offsets of every operand, the mask's
+// strides over [batch..., Tq, Tk] (0 where it broadcasts).
+struct Geometry {
+  int64_t tq = 0, tk = 0, d = 0;
+  std::vector<int64_t> batch;
+  std::vector<int64_t> mask_off;  // per batch element (empty without a mask)
+  int64_t mask_si = 0, mask_sj = 0;
+  int64_t count() const {
+    int64_t c = 1;
+    for (int64_t s : batch) c *= s;
+    return c;
+  }
+  std::vector<int64_t> offsets(const Operand& o) const {
+    return batch_offsets(batch, std::vector<int64_t>(o.strides.begin(), o.strides.end() - 2));
+  }
+};
+
+Geometry geometry(const Operand& q, const Operand& k, const Operand* mask) {
+  Geometry g;
+  const size_t r = q.sizes.size();
+  g.tq = q.sizes[r - 2];
+  g.d = q.sizes[r - 1];
+  g.tk = k.sizes[r - 2];
+  g.batch.assign(q.sizes.begin(), q.sizes.end() - 2);
+  if (mask) {
+    std::vector<int64_t> full = g.batch;
+    full.push_back(g.tq);
+    full.push_back(g.tk);
+    const std::vector<int64_t> st = mask->broadcast_strides(full);
+    g.mask_off = batch_offsets(g.batch, std::vector<int64_t>(st.begin(), st.end() - 2));
+    g.mask_si = st[r - 2];
+    g.mask_sj = st[r - 1];
+  }
+  return g;
+}
+
+// rows × cols of a strided matrix copied densely into `dst` (row stride cols).
+template <class T>
+void gather_rows(T* dst, const T* src, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) dst[i * cols + j] = src[i * rs + j * cs];
+}
+
+// x[i] = exp(x[i]) over n elements with kiln's exp (the same bits as every other kernel).
+template <class T>
+void exp_inplace(T* x, int64_t n) {
+  constexpr int64_t lanes = std::is_same_v<T, float> ? 8 : 4;
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    if constexpr (std::is_same_v<T, float>) vmath::apply8f(vmath::Fn::Exp, x + i, nullptr);
+    else vmath::apply4d(vmath::Fn::Exp, x + i, nullptr);
+  }
+  for (; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>) x[i] = vmath::f32(vmath::Fn::Exp, x[i]);
+    else x[i] = vmath::f64(vmath::Fn::Exp, x[i]);
+  }
+}
+
+// A [rows, d] matrix of one batch element for BLAS: in place when its rows are unit-stride,
+// else a dense copy.
+template <class T>
+struct Rows {
+  const T* p = nullptr;
+  int64_t ld = 1;
+  std::vector<T> buf;
+  Rows(const Operand& o, int64_t off, int64_t rows, int64_t d) {
+    const size_t r = o.sizes.size();
+    const int64_t rs = o.strides[r - 2], cs = o.strides[r - 1];
+    if (cs == 1 && (rows <= 1 || rs >= d)) {
+      p = o.ptr<T>() + off;
+      ld = std::max<int64_t>({rs, d, 1});
+      return;
+    }
+    buf.resize(static_cast<size_t>(rows * d));
+    gather_rows(buf.data(), o.ptr<T>() + off, rows, d, rs, cs);
+    p = buf.data();
+    ld = std::max<int64_t>(d, 1);
+  }
+  const T* row(int64_t i) const { return p + i * ld; }
+};
+
+// s[r, c] = scale · s[r, c] + mask(i0 + r, j0 + c), -inf where causal hides the key.
+template <class T>
+void scale_and_mask(T* s, int64_t rows, int64_t cols, int64_t i0, int64_t j0, T scale, const T* mask,
+                    const Geometry& g, bool causal) {
+  const T ninf = -std::numeric_limits<T>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = s + r * cols;
+    const int64_t i = i0 + r;
+    if (mask) {
+      const T* mrow = mask + i * g.mask_si + j0 * g.mask_sj;
+      for (int64_t c = 0; c < cols; ++c) row[c] = row[c] * scale + mrow[c * g.mask_sj];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
+    }
+    if (causal)
+      for (int64_t c = std::max<int64_t>(0, i + 1 - j0); c < cols; ++c) row[c] = ninf;
+  }
+}
+
+template <class T>
+void forward(const Operand& out, const Operand& qo, const Operand& ko, const Operand& vo, const Operand* mask,
+             bool causal, T scale) {
+  const Geometry g = geometry(qo, ko, mask);
+  const int64_t count = g.count(), d = g.d, tq = g.tq, tk = g.tk;
+  const std::vector<int64_t> oq = g.offsets(qo), ok = g.offsets(ko), ov = g.offsets(vo), oo = g.offsets(out);
+  const size_t r = out.sizes.size();
+  const int64_t ors = out.strides[r - 2];
+  const int64_t qblocks = (tq + kBlockQ - 1) / kBlockQ;
+  const T ninf = -std::numeric_limits<T>::infinity();
+  auto run = [&](int64_t b, int64_t qb0, int64_t qb1) {
+    const Rows<T> q(qo, oq[b], tq, d), k(ko, ok[b], tk, d), v(vo, ov[b], tk, d);
+    std::vector<T> s(static_cast<size_t>(kBlockQ * kBlockK)), acc(static_cast<size_t>(kBlockQ * d));
+    std::vector<T> m(kBlockQ), l(kBlockQ);
+    const T* mb = mask ? mask->ptr<T>() + g.mask_off[b] : nullptr;
+    for (int64_t qb = qb0; qb < qb1; ++qb) {
+      const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, tq - i0);
+      std::fill(m.begin(), m.end(), ninf);
+      std::fill(l.begin(), l.end(), T(0));
+      std::fill(acc.begin(), acc.end(), T(0));
+      const int64_t jend = causal ? std::min(tk, i0 + rows) : tk;
+      for (int64_t j0 = 0; j0 < jend; j0 += kBlockK) {
+        const int64_t cols = std::min(kBlockK, jend - j0);
+        gemm_block<T>(false, true, rows, cols, d, T(1), q.row(i0), q.ld, k.row(j0), k.ld, T(0), s.data(), cols);
+        scale_and_mask(s.data(), rows, cols, i0, j0, scale, mb, g, causal);
+        for (int64_t rr = 0; rr < rows; ++rr) {
+          T* row = s.data() + rr * cols;
+          T mx = m[rr];
+          for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, row[c]);
+          if (mx == ninf) {  // nothing visible yet: the block adds nothing
+            std::fill(row, row + cols, T(0));
+            continue;
+          }
+          for (int64_t c = 0; c < cols; ++c) row[c] -= mx;
+          exp_inplace(row, cols);
+          T sum = 0;
+          for (int64_t c = 0; c < cols; ++c) sum += row[c];
+          T alpha = 0;
+          if (m[rr] != ninf) {
+            alpha = m[rr] - mx;
+            exp_inplace(&alpha, 1);
+          }
+          l[rr] = l[rr] * alpha + sum;
+          m[rr] = mx;
+          T* a = acc.data() + rr * d;
+          for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
+        }
+        gemm_block<T>(false, false, rows, d, cols, T(1), s.data(), cols, v.row(j0), v.ld, T(1), acc.data(), d);
+      }
+      for (int64_t rr = 0; rr < rows; ++rr) {
+        T* o = out.ptr<T>() + oo[b] + (i0 + rr) * ors;
+        const T* a = acc.data() + rr * d;
+        // No keys at all: zeros (an empty softmax·v), as the unfused graph gives.
+        for (int64_t c = 0; c < d; ++c) o[c] = tk == 0 ? T(0) : a[c] / l[rr];
+        o[d] = m[rr] + std::log(l[rr]);
+      }
+    }
+  };
+  const int64_t items = count * qblocks;
+  if (items == 0) return;
+  parallel_for(int64_t{0}, items, [&](int64_t it) { run(it / qblocks, it % qblocks, it % qblocks + 1); });
+}
+
+template <class T>
+void backward(const Operand& out, const Operand& qo, const Operand& ko, const Operand& vo, const Operand& fwd,
+              const Operand& gout, const Operand* mask, bool causal, T scale) {
+  const Geometry g = geometry(qo, ko, mask);
+  const int64_t count = g.count(), d = g.d, tq = g.tq, tk = g.tk;
+  const std::vector<int64_t> oq = g.offsets(qo), ok = g.offsets(ko), ov = g.offsets(vo), of = g.offsets(fwd),
+                             og = g.offsets(gout), oo = g.offsets(out);
+  const size_t r = out.sizes.size();
+  const int64_t ors = out.strides[r - 2], frs = fwd.strides[r - 2], fcs = fwd.strides[r - 1],
+                grs = gout.strides[r - 2], gcs = gout.strides[r - 1];
+  auto run = [&](int64_t b) {
+    const Rows<T> q(qo, oq[b], tq, d), k(ko, ok[b], tk, d), v(vo, ov[b], tk, d);
+    // dO, the row log-sum-exp and delta_i = dO_i·O_i - dLSE_i.
+    std::vector<T> go(static_cast<size_t>(tq * d)), lse(static_cast<size_t>(tq)), delta(static_cast<size_t>(tq));
+    const T* fp = fwd.ptr<T>() + of[b];
+    const T* gp = gout.ptr<T>() + og[b];
+    gather_rows(go.data(), gp, tq, d, grs, gcs);
+    for (int64_t i = 0; i < tq; ++i) {
+      T dot = 0;
+      for (int64_t c = 0; c < d; ++c) dot += go[i * d + c] * fp[i * frs + c * fcs];
+      lse[i] = fp[i * frs + d * fcs];
+      delta[i] = dot - gp[i * grs + d * gcs];
+    }
+    std::vector<T> dq(static_cast<size_t>(tq * d), T(0)), dk(static_cast<size_t>(kBlockK * d)),
+        dv(static_cast<size_t>(kBlockK * d));
+    std::vector<T> p(static_cast<size_t>(kBlockQ * kBlockK)), dp(static_cast<size_t>(kBlockQ * kBlockK));
+    const T* mb = mask ? mask->ptr<T>() + g.mask_off[b] : nullptr;
+    T* ob = out.ptr<T>() + oo[b];
+    for (int64_t j0 = 0; j0 < tk; j0 += kBlockK) {
+      const int64_t cols = std::min(kBlockK, tk - j0);
+      std::fill(dk.begin(), dk.end(), T(0));
+      std::fill(dv.begin(), dv.end(), T(0));
+      for (int64_t i0 = causal ? (j0 / kBlockQ) * kBlockQ : 0; i0 < tq; i0 += kBlockQ) {
+        const int64_t rows = std::min(kBlockQ, tq - i0);
+        gemm_block<T>(false, true, rows, cols, d, T(1), q.row(i0), q.ld, k.row(j0), k.ld, T(0), p.data(), cols);
+        scale_and_mask(p.data(), rows, cols, i0, j0, scale, mb, g, causal);
+        for (int64_t rr = 0; rr < rows; ++rr)
+          for (int64_t c = 0; c < cols; ++c) p[rr * cols + c] -= lse[i0 + rr];
+        exp_inplace(p.data(), rows * cols);
+        // dv += pᵀ·dO; dp = dO·vᵀ; ds = p·(dp - delta)·scale; dq += ds·k; dk += dsᵀ·q.
+        gemm_block<T>(true, false, cols, d, rows, T(1), p.data(), cols, go.data() + i0 * d, d, T(1), dv.data(), d);
+        gemm_block<T>(false, true, rows, cols, d, T(1), go.data() + i0 * d, d, v.row(j0), v.ld, T(0), dp.data(),
+                      cols);
+        for (int64_t rr = 0; rr < rows; ++rr)
+          for (int64_t c = 0; c < cols; ++c) {
+            const int64_t e = rr * cols + c;
+            dp[e] = p[e] * (dp[e] - delta[i0 + rr]) * scale;
+          }
+        gemm_block<T>(false, false, rows, d, cols, T(1), dp.data(), cols, k.row(j0), k.ld, T(1),
+                      dq.data() + i0 * d, d);
+        gemm_block<T>(true, false, cols, d, rows, T(1), dp.data(), cols, q.row(i0), q.ld, T(1), dk.data(), d);
+      }
+      for (int64_t c = 0; c < cols; ++c)
+        for (int64_t e = 0; e < d; ++e) {
+          ob[(tq + j0 + c) * ors + e] = dk[c * d + e];
+          ob[(tq + tk + j0 + c) * ors + e] = dv[c * d + e];
+        }
+    }
+    for (int64_t i = 0; i < tq; ++i)
+      for (int64_t e = 0; e < d; ++e) ob[i * ors + e] = dq[i * d + e];
+  };
+  if (count == 0) return;
+  parallel_for(int64_t{0}, count, run);
+}
+
+void check_float(DType t, const char* op) {
+  KILN_CHECK(t == DType::Float32 || t == DType::Float64, op, ": expected float32 or float64, got ", dtype_name(t));
+}
+
+}  // namespace
+
+void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
+               bool causal, double scale) {
+  check_float(out.dtype, "attention");
+  if (out.dtype == DType::Float32) forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale));
+  else forward<double>(out, q, k, v, mask, causal, scale);
+}
+
+void attention_backward(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand& fwd,
+                        const Operand& gout, const Operand* mask, bool causal, double scale) {
+  check_float(out.dtype, "attention_backward");
+  if (out.dtype == DType::Float32) backward<float>(out, q, k, v, fwd, gout, mask, causal, static_cast<float>(scale));
+  else backward<double>(out, q, k, v, fwd, gout, mask, causal, scale);
+}
+
+}  // namespace kiln::kernels

@@ -1,0 +1,129 @@
+// scaled_dot_product_attention: one fused Attention node where its kernels apply (float32 /
+// float64, equal head sizes for keys and values, a constant head size up to 256, a mask that
+// needs no gradient), else the unfused graph softmax(q·kᵀ·scale + mask)·v.
+#include <bit>
+#include <cmath>
+#include <limits>
+
+#include "runtime/ops/ops.h"
+#include "runtime/tensor/record.h"
+
+namespace kiln {
+using detail::record;
+using detail::str;
+
+namespace {
+
+constexpr int64_t kMaxFusedHead = 256;
+
+Tensor unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& attn_mask,
+                         bool is_causal, const Tensor& scaled_scores) {
+  const Shape &qs = q.shape(), &ks = k.shape();
+  Tensor scores = scaled_scores;
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (is_causal) {
+    Tensor keep = tril(full_shape({qs[qs.size() - 2], ks[ks.size() - 2]}, true, kBool, q.device()));
+    scores = where(keep, scores, ninf);
+  } else if (attn_mask) {
+    scores = attn_mask->dtype() == kBool ? where(*attn_mask, scores, ninf) : add(scores, *attn_mask);
+  }
+  return matmul(softmax(scores, -1), v);
+}
+
+// The batch dims of q, k and v broadcast together, or nullopt when they do not.
+std::optional<Shape> common_batch(const Tensor& q, const Tensor& k, const Tensor& v) {
+  auto batch = [](const Tensor& t) { return Shape(t.shape().begin(), t.shape().end() - 2); };
+  try {
+    Shape b = detail::broadcast_shapes(batch(q), batch(k), "scaled_dot_product_attention");
+    return detail::broadcast_shapes(b, batch(v), "scaled_dot_product_attention");
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+// Whether `m` broadcasts to `full` without growing it.
+bool mask_fits(const Shape& m, const Shape& full) {
+  if (m.size() > full.size()) return false;
+  const size_t lead = full.size() - m.size();
+  for (size_t i = 0; i < m.size(); ++i) {
+    auto one = sym_eq(m[i], 1);
+    if (one && *one) continue;
+    auto same = sym_eq(m[i], full[lead + i]);
+    if (!same || !*same) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const std::optional<Tensor>& attn_mask, bool is_causal,
+                                    std::optional<double> scale) {
+  KILN_CHECK(q.defined() && k.defined() && v.defined(), "scaled_dot_product_attention: got an undefined tensor");
+  KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
+             "at least 2 dims, got ", str(q.shape()), ", ", str(k.shape()), ", ", str(v.shape()));
+  const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
+  KILN_CHECK(detail::same_size(qs.back(), ks.back()), "scaled_dot_product_attention: q and k must share the last dim, got ",
+             str(qs), " and ", str(ks));
+  KILN_CHECK(detail::same_size(ks[ks.size() - 2], vs[vs.size() - 2]),
+             "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
+  KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
+  KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
+             "scaled_dot_product_attention: expected q, k, v of one dtype, got ", dtype_name(q.dtype()), ", ",
+             dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
+
+  const SymInt& d = qs.back();
+  const bool fused_dtype = q.dtype() == kFloat32 || q.dtype() == kFloat64;
+  const bool fused_device = q.device().type == DeviceType::CPU || q.device().type == DeviceType::CUDA;
+  const bool fused_head = d.is_constant() && d.as_int() >= 1 && d.as_int() <= kMaxFusedHead &&
+                          vs.back().is_constant() && vs.back().as_int() == d.as_int();
+  const bool mask_grad = attn_mask && attn_mask->requires_grad() && attn_mask->dtype() != kBool;
+  std::optional<Shape> batch = fused_dtype && fused_device && fused_head && !mask_grad && q.dim() == k.dim() &&
+                                       q.dim() == v.dim()
+                                   ? common_batch(q, k, v)
+                                   : std::nullopt;
+  const SymInt &tq = qs[qs.size() - 2], &tk = ks[ks.size() - 2];
+  Shape full;
+  if (batch) {
+    full = *batch;
+    full.push_back(tq);
+    full.push_back(tk);
+  }
+  if (batch && attn_mask && (!mask_fits(attn_mask->shape(), full) ||
+                             (attn_mask->dtype() != kBool && attn_mask->dtype() != q.dtype())))
+    batch = std::nullopt;
+
+  if (!batch) {  // the unfused graph
+    Tensor scores = matmul(q, transpose(k, -2, -1));
+    if (scale)
+      scores = mul(scores, *scale);
+    else if (d.is_constant())
+      scores = mul(scores, 1.0 / std::sqrt(static_cast<double>(d.as_int())));
+    else  // a symbolic head size: 1/sqrt(d) computed from it
+      scores = mul(scores, rsqrt(detail::size_value(d, scores.dtype(), scores.device())));
+    return unfused_attention(q, k, v, attn_mask, is_causal, scores);
+  }
+
+  const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.as_int()));
+  auto to_batch = [&](const Tensor& t, const SymInt& rows) {
+    Shape sh = *batch;
+    sh.push_back(rows);
+    sh.push_back(d);
+    return detail::expand_to(t, sh);
+  };
+  std::vector<Tensor> inputs = {to_batch(q, tq), to_batch(k, tk), to_batch(v, tk)};
+  if (attn_mask)
+    inputs.push_back(attn_mask->dtype() == kBool
+                         ? where(*attn_mask, full_shape({}, 0.0, q.dtype(), q.device()),
+                                 full_shape({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()))
+                         : *attn_mask);
+  Attrs a;
+  a.ints = {is_causal ? 1 : 0, std::bit_cast<int64_t>(s)};
+  Shape os = *batch;
+  os.push_back(tq);
+  os.push_back(d + 1);
+  Tensor packed = record(OpKind::Attention, inputs, a, q.dtype(), os);
+  return detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
+}
+
+}  // namespace kiln

@@ -1,0 +1,192 @@
+// The fused attention primitive (OpKind::Attention / AttentionBackward): scaled_dot_product_attention
+// records it, and its outputs and gradients equal the unfused graph softmax(q·kᵀ·s + mask)·v on
+// random shapes (batch broadcasting, Tq != Tk, sizes across the kernels' block edges, size 0 and
+// 1), causal / additive / boolean masks, float32 and float64, eager and compiled.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "kiln.h"
+#include "tests/expect_close.h"
+#include "tests/gradcheck.h"
+#include "tests/test_seed.h"
+
+using namespace kiln;
+
+namespace {
+
+// What sdpa computes, written out as users write it (never fused).
+Tensor unfused(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& mask, bool causal,
+               double scale) {
+  Tensor s = matmul(q, k.transpose(-2, -1)) * scale;
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (causal) s = where(ones({q.size(-2), k.size(-2)}, kBool).tril(), s, ninf);
+  if (mask) s = mask->dtype() == kBool ? where(*mask, s, ninf) : s + *mask;
+  return matmul(softmax(s, -1), v);
+}
+
+bool fused(const Tensor& y) {
+  const Node& n = *y.node();
+  return n.op == OpKind::Slice && n.inputs.size() == 1 && n.inputs[0]->op == OpKind::Attention;
+}
+
+struct Case {
+  std::vector<int64_t> q, k, v;  // shapes
+  int mask = 0;                  // 0 none, 1 additive [Tq, Tk], 2 boolean [1, Tq, Tk] (rank >= 3)
+  bool causal = false;
+};
+
+// Tolerances against the unfused graph evaluated in float64 on the same values: float64 results
+// differ by rounding only (sums reordered): 1e-10 relative + 1e-11. Float32: each value is a sum
+// of up to ~300 products rounded to float32, so 1e-4 relative plus 2e-5 of the largest magnitude
+// in the result (cancellation leaves small entries with the absolute error of the large ones).
+void expect_match(const Tensor& got, const Tensor& want64) {
+  if (got.dtype() == kFloat64) return expect_close(got, want64, 1e-10, 1e-11);
+  const double scale = std::max(1.0, want64.numel() ? want64.abs().amax().item<double>() : 0.0);
+  expect_close(got.to(kFloat64), want64, 1e-4, 2e-5 * scale);
+}
+
+void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale) {
+  SCOPED_TRACE(::testing::Message() << "q " << ::testing::PrintToString(c.q) << " k " << ::testing::PrintToString(c.k)
+                                    << " v " << ::testing::PrintToString(c.v) << " mask " << c.mask << " causal "
+                                    << c.causal << " " << dtype_name(dt));
+  manual_seed(rng());
+  Tensor q = randn(c.q, dt).requires_grad_(), k = randn(c.k, dt).requires_grad_(), v = randn(c.v, dt).requires_grad_();
+  const int64_t tq = c.q[c.q.size() - 2], tk = c.k[c.k.size() - 2];
+  std::optional<Tensor> mask;
+  if (c.mask == 1) mask = randn({tq, tk}, dt);
+  // Keep column 0 visible so that no row is fully masked (those give NaN both ways, tested apart).
+  if (c.mask == 2) mask = logical_or(rand({1, tq, tk}) < 0.7, arange(tk).reshape({1, 1, tk}) == 0);
+  Tensor y = scaled_dot_product_attention(q, k, v, mask, c.causal, scale);
+  EXPECT_TRUE(fused(y));
+  // The reference: the unfused graph in float64 on the same values.
+  Tensor q64 = q.detach().to(kFloat64).requires_grad_(), k64 = k.detach().to(kFloat64).requires_grad_(),
+         v64 = v.detach().to(kFloat64).requires_grad_();
+  std::optional<Tensor> m64;
+  if (mask) m64 = mask->dtype() == kBool ? *mask : mask->to(kFloat64);
+  Tensor ref = unfused(q64, k64, v64, m64, c.causal, scale);
+  expect_match(y, ref);
+  Tensor w = randn(y.sizes(), dt);
+  auto g = grad({(y * w).sum()}, {q, k, v});
+  auto gr = grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    expect_match(g[i], gr[i]);
+  }
+}
+
+}  // namespace
+
+TEST(Attention, FusedEqualsUnfusedOnRandomShapes) {
+  std::mt19937_64 rng(kiln::testing::test_seed(11));
+  std::uniform_int_distribution<int64_t> seq(1, 300), head(1, 80), small(1, 3);
+  for (int it = 0; it < 24; ++it) {
+    const int64_t b = small(rng), h = small(rng), tq = seq(rng), tk = seq(rng), d = head(rng);
+    Case c;
+    switch (it % 4) {
+      case 0: c = {{tq, d}, {tk, d}, {tk, d}, 1, false}; break;                            // 2-D, additive mask
+      case 1: c = {{b, h, tq, d}, {b, h, tk, d}, {b, h, tk, d}, 0, true}; break;             // causal
+      case 2: c = {{b, h, tq, d}, {b, 1, tk, d}, {1, h, tk, d}, 2, false}; break;           // broadcast k, v; bool mask
+      default: c = {{b, tq, d}, {b, tk, d}, {b, tk, d}, 0, false}; break;
+    }
+    const double scale = it % 3 == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.05 + 0.5 * (it % 5);
+    run_case(c, it % 2 ? kFloat32 : kFloat64, rng, scale);
+  }
+}
+
+TEST(Attention, EdgeSizes) {
+  // No keys: zeros (softmax over nothing, times nothing), gradients zero.
+  Tensor q = randn({2, 3, 4}).requires_grad_(), k = randn({2, 0, 4}), v = randn({2, 0, 4});
+  Tensor y = scaled_dot_product_attention(q, k, v);
+  EXPECT_TRUE(fused(y));
+  expect_close(y, zeros({2, 3, 4}));
+  expect_close(grad({y.sum()}, {q})[0], zeros({2, 3, 4}));
+  // No queries, one key, head size 1.
+  expect_close(scaled_dot_product_attention(randn({2, 0, 4}), randn({2, 5, 4}), randn({2, 5, 4})), zeros({2, 0, 4}));
+  Tensor q1 = randn({1, 1, 1}), k1 = randn({1, 1, 1}), v1 = randn({1, 1, 1});
+  expect_close(scaled_dot_product_attention(q1, k1, v1), v1);
+}
+
+TEST(Attention, FullyMaskedRowIsNaNLikeTheUnfusedGraph) {
+  Tensor q = randn({3, 4}), k = randn({5, 4}), v = randn({5, 4});
+  Tensor keep = (arange(3).reshape({3, 1}) != 1).expand({3, 5});  // row 1 sees no key
+  Tensor y = scaled_dot_product_attention(q, k, v, keep);
+  EXPECT_TRUE(fused(y));
+  expect_close(y, unfused(q, k, v, keep, false, 0.5));
+  auto yv = y.to_vector<float>();
+  for (int c = 0; c < 4; ++c) {
+    EXPECT_TRUE(std::isnan(yv[4 + c]));
+    EXPECT_FALSE(std::isnan(yv[c]));
+  }
+}
+
+TEST(Attention, GradientsMatchFiniteDifferences) {
+  std::mt19937 rng(kiln::testing::test_seed(3));
+  using kiln::testing::random_input;
+  kiln::testing::gradcheck(
+      "attention", [](const std::vector<Tensor>& a) { return scaled_dot_product_attention(a[0], a[1], a[2], a[3]); },
+      {random_input({2, 3, 4}, rng), random_input({2, 5, 4}, rng), random_input({2, 5, 4}, rng),
+       [&] {
+         auto m = random_input({3, 5}, rng);
+         m.differentiable = false;
+         return m;
+       }()});
+  kiln::testing::gradcheck(
+      "attention_causal",
+      [](const std::vector<Tensor>& a) { return scaled_dot_product_attention(a[0], a[1], a[2], std::nullopt, true, 0.7); },
+      {random_input({2, 6, 3}, rng), random_input({2, 6, 3}, rng), random_input({2, 6, 3}, rng)});
+}
+
+TEST(Attention, NotFusedWhereTheKernelsDoNotApply) {
+  // A mask that needs a gradient, different key and value head sizes, half precision.
+  Tensor q = randn({2, 3, 4}), k = randn({2, 5, 4}), v = randn({2, 5, 6});
+  Tensor m = randn({3, 5}).requires_grad_();
+  EXPECT_FALSE(fused(scaled_dot_product_attention(q, k, randn({2, 5, 4}), m)));
+  Tensor y = scaled_dot_product_attention(q, k, v);
+  EXPECT_FALSE(y.node()->op == OpKind::Slice && y.node()->inputs[0]->op == OpKind::Attention);
+  expect_close(y, unfused(q, k, v, std::nullopt, false, 0.5));
+  EXPECT_FALSE(fused(scaled_dot_product_attention(q.to(kFloat16), k.to(kFloat16), randn({2, 5, 4}).to(kFloat16))));
+  // Gradient of the mask flows through the unfused graph.
+  Tensor y2 = scaled_dot_product_attention(q, k, randn({2, 5, 4}), m);
+  EXPECT_TRUE(grad({y2.sum()}, {m})[0].defined());
+}
+
+TEST(Attention, DoubleBackwardIsAClearError) {
+  Tensor q = randn({3, 4}).requires_grad_(), k = randn({5, 4}), v = randn({5, 4});
+  Tensor gq = grad({scaled_dot_product_attention(q, k, v).sum()}, {q}, {}, true, true)[0];
+  try {
+    grad({gq.sum()}, {q});
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("double backward"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Attention, CompiledTrainingStepAtChangingSequenceLengths) {
+  // A step as users write it: projections, attention, loss, backward; T changes every call.
+  manual_seed(kiln::testing::test_seed(7));
+  Tensor wq = (randn({16, 16}) * 0.2).requires_grad_(), wo = (randn({16, 16}) * 0.2).requires_grad_();
+  auto step = [&](const Tensor& x) {
+    Tensor h = matmul(x, wq).reshape({2, -1, 2, 8}).transpose(1, 2);
+    Tensor a = scaled_dot_product_attention(h, h, h, std::nullopt, true).transpose(1, 2).reshape({2, -1, 16});
+    return matmul(a, wo).square().mean();
+  };
+  auto f = compile([&](const Tensor& x) {
+    Tensor loss = step(x);
+    auto g = grad({loss}, {wq, wo});
+    return std::vector<Tensor>{loss, g[0], g[1]};
+  });
+  for (int64_t t : {5, 9, 70, 130}) {
+    SCOPED_TRACE(t);
+    Tensor x = randn({2, t, 16});
+    auto got = f(x);
+    Tensor loss = step(x);
+    auto want = grad({loss}, {wq, wo});
+    expect_close(got[0], loss, 2e-4, 2e-6);
+    expect_close(got[1], want[0], 2e-4, 2e-6);
+    expect_close(got[2], want[1], 2e-4, 2e-6);
+  }
+  EXPECT_LE(f.stats().entries, 2);
+}
