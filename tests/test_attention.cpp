@@ -190,3 +190,119 @@ TEST(Attention, CompiledTrainingStepAtChangingSequenceLengths) {
   }
   EXPECT_LE(f.stats().entries, 2);
 }
+
+// ---- hand-written attention rewritten to the fused primitive (kiln::patterns) ----
+
+namespace {
+
+int64_t sdpa_matches() {
+  int64_t n = 0;
+  for (const auto& [name, c] : patterns::match_counts())
+    if (name.rfind("sdpa_", 0) == 0) n += c;
+  return n;
+}
+
+// One hand-written form: scale written as `form` (0: *s, 1: /s, 2: none), mask as `mask`
+// (0 none, 1 added float, 2 masked_fill(m, -inf), 3 where(keep, ., -inf), 4 causal tril keep,
+// 5 causal masked_fill(tril(ones) == 0)).
+Tensor hand_written(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m, int form, int mask, double s) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  Tensor x = matmul(q, k.transpose(-2, -1));
+  x = form == 0 ? x * s : form == 1 ? x / s : x;
+  const int64_t tq = q.size(-2), tk = k.size(-2);
+  switch (mask) {
+    case 1: x = x + m; break;
+    case 2: x = x.masked_fill(m, ninf); break;
+    case 3: x = where(m, x, ninf); break;
+    case 4: x = where(ones({tq, tk}, kBool).tril(), x, ninf); break;
+    case 5: x = x.masked_fill(ones({tq, tk}, q.dtype()).tril() == 0, ninf); break;
+    default: break;
+  }
+  return matmul(softmax(x, -1), v);
+}
+
+}  // namespace
+
+TEST(AttentionPatterns, HandWrittenFormsBecomeTheFusedKernelForwardAndBackward) {
+  std::mt19937_64 rng(kiln::testing::test_seed(21));
+  std::uniform_int_distribution<int64_t> seq(1, 150), head(1, 40);
+  for (int it = 0; it < 36; ++it) {
+    const int form = it % 3, mask = (it / 3) % 6;
+    const DType dt = it % 2 ? kFloat32 : kFloat64;
+    const bool rank4 = (it / 18) % 2;
+    const int64_t tq = seq(rng), tk = mask >= 4 ? tq : seq(rng), d = head(rng);
+    SCOPED_TRACE(::testing::Message() << "form " << form << " mask " << mask << " tq " << tq << " tk " << tk << " d "
+                                      << d << " " << dtype_name(dt) << (rank4 ? " rank 4" : " rank 3"));
+    manual_seed(rng());
+    auto sh = [&](int64_t t) { return rank4 ? std::vector<int64_t>{2, 3, t, d} : std::vector<int64_t>{2, t, d}; };
+    Tensor q = randn(sh(tq), dt).requires_grad_(), k = randn(sh(tk), dt).requires_grad_(),
+           v = randn(sh(tk), dt).requires_grad_();
+    Tensor m = mask == 1 ? randn({tq, tk}, dt)
+                         : logical_or(rand({tq, tk}) < 0.6, arange(tk).reshape({1, tk}) == 0) ^ (mask == 2);
+    if (mask == 2) m = logical_and(m, arange(tk).reshape({1, tk}) != 0);  // masked_fill: column 0 never hidden
+    const double s = 0.1 + 0.3 * (it % 4);
+    Tensor w = randn(rank4 ? std::vector<int64_t>{2, 3, tq, d} : std::vector<int64_t>{2, tq, d}, dt);
+    auto step = [&](const Tensor& qa, const Tensor& ka, const Tensor& va) {
+      Tensor y = hand_written(qa, ka, va, m, form, mask, s);
+      Tensor loss = (y * w).sum();
+      auto g = grad({loss}, {qa, ka, va});
+      return std::vector<Tensor>{y, g[0], g[1], g[2]};
+    };
+    patterns::set_enabled(true);
+    const int64_t before = sdpa_matches();
+    auto f = compile([&](const Tensor& qa, const Tensor& ka, const Tensor& va) { return step(qa, ka, va); });
+    auto got = f(q, k, v);
+    EXPECT_GE(f.stats().pattern_matches, 1);
+    EXPECT_GT(sdpa_matches(), before);
+    auto want = step(q, k, v);  // eager: never rewritten
+    for (int i = 0; i < 4; ++i) {
+      SCOPED_TRACE(i);
+      if (dt == kFloat64) expect_close(got[i], want[i], 1e-9, 1e-10);
+      else expect_close(got[i], want[i], 2e-4, 2e-5 * std::max(1.0, want[i].abs().amax().item<double>()));
+    }
+  }
+}
+
+TEST(AttentionPatterns, NearMissesAreNotRewritten) {
+  Tensor q = randn({2, 5, 4}), k = randn({2, 6, 4}), v = randn({2, 6, 4});
+  auto matches = [&](auto fn) {
+    auto f = compile([&](const Tensor& a, const Tensor& b, const Tensor& c) { return fn(a, b, c); });
+    Tensor y = f(q, k, v);
+    expect_close(y, fn(q, k, v), 1e-5, 1e-6);
+    return f.stats().pattern_matches;
+  };
+  // Softmax over another dim.
+  EXPECT_EQ(matches([](const Tensor& a, const Tensor& b, const Tensor& c) {
+              return matmul(softmax(matmul(a, b.transpose(-2, -1)) * 0.5, -2).transpose(-2, -1), a);
+            }),
+            0);
+  // The probabilities also used elsewhere.
+  EXPECT_EQ(matches([](const Tensor& a, const Tensor& b, const Tensor& c) {
+              Tensor p = softmax(matmul(a, b.transpose(-2, -1)) * 0.5, -1);
+              return matmul(p, c) + p.sum({-1}, true);
+            }),
+            0);
+  // A mask that would grow the scores (rank 4 over rank-3 attention) is left as written.
+  Tensor big = randn({3, 1, 5, 6});
+  EXPECT_EQ(matches([&](const Tensor& a, const Tensor& b, const Tensor& c) {
+              return matmul(softmax(matmul(a, b.transpose(-2, -1)) * 0.5 + big, -1), c);
+            }),
+            0);
+  // A tril over other sizes than the scores' is a mask, not is_causal (still rewritten, still equal).
+  Tensor tri = ones({1, 6}, kBool).tril();
+  EXPECT_EQ(matches([&](const Tensor& a, const Tensor& b, const Tensor& c) {
+              return matmul(softmax(where(tri, matmul(a, b.transpose(-2, -1)) * 0.5, -INFINITY), -1), c);
+            }),
+            1);
+}
+
+TEST(AttentionPatterns, OffLeavesTheGraphAsWritten) {
+  patterns::set_enabled(false);
+  auto f = compile([](const Tensor& a, const Tensor& b, const Tensor& c) {
+    return matmul(softmax(matmul(a, b.transpose(-2, -1)) * 0.5, -1), c);
+  });
+  Tensor q = randn({2, 5, 4});
+  f(q, q, q);
+  EXPECT_EQ(f.stats().pattern_matches, 0);
+  patterns::set_enabled(true);
+}

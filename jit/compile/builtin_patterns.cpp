@@ -4,6 +4,8 @@
 
 namespace kiln::jit {
 
+void register_attention_patterns();  // attention_patterns.cpp
+
 void register_builtin_patterns() {
   using patterns::register_replacement;
   // log(softmax(x)) -> log_softmax(x): one pass fewer, and finite where softmax underflows to 0
@@ -15,6 +17,7 @@ void register_builtin_patterns() {
         [](const std::vector<Tensor>& t, const std::vector<double>&) { return log_softmax(t[0], -1); },
         {empty(std::vector<int64_t>(static_cast<size_t>(rank), 3))});
   }
+  register_attention_patterns();
 }
 
 }  // namespace kiln::jit

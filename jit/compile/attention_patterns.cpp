@@ -1,0 +1,153 @@
+// Hand-written attention -> scaled_dot_product_attention (the fused Attention primitive), as
+// kiln::patterns rewrites: softmax(q·kᵀ ∘ s [masked]) · v for q/k/v of rank 3 and 4, with the scale
+// as a multiplication, a division or absent, and a mask added, filled in with masked_fill(m, -inf)
+// or kept with where(keep, scores, -inf). A boolean mask built by tril (or its negation) over
+// the scores' own sizes becomes is_causal, so the kernels skip the hidden blocks.
+#include <limits>
+#include <optional>
+
+#include "jit/compile/patterns.h"
+#include "runtime/ops/ops.h"
+
+namespace kiln::jit {
+namespace {
+
+using Ts = std::vector<Tensor>;
+using Ss = std::vector<double>;
+
+bool is_full(const Node* n, double v) { return n->op == OpKind::Full && n->attrs.sizes.empty() && n->attrs.f0 == v; }
+bool is_full_nonzero(const Node* n) { return n->op == OpKind::Full && n->attrs.sizes.empty() && n->attrs.f0 != 0; }
+bool same(const SymInt& a, const SymInt& b) {
+  auto e = sym_eq(a, b);
+  return e && *e;
+}
+
+// 0, 1, ..., n-1 unsqueezed at `dim` (kiln's tril/triu record their index grids so).
+const Node* arange_at(const Node* n, int64_t dim) {
+  if (n->op != OpKind::Unsqueeze || n->attrs.ints.empty() || n->attrs.ints[0] != dim) return nullptr;
+  const Node* a = n->inputs[0].get();
+  return a->op == OpKind::Arange && a->attrs.f0 == 0 && a->attrs.f1 == 1 ? a : nullptr;
+}
+
+// Whether `n` is tril's (k = 0: keep col - row <= 0) or triu's (k = 1: keep col - row >= 1)
+// test over a [tq, tk] grid: true for tril's keep, false for triu(1)'s (its negation).
+std::optional<bool> triangle_test(const Node* n, const SymInt& tq, const SymInt& tk) {
+  bool keep;
+  if (n->op == OpKind::Le && is_full(n->inputs[1].get(), 0)) keep = true;
+  else if (n->op == OpKind::Ge && is_full(n->inputs[1].get(), 1)) keep = false;
+  else return std::nullopt;
+  const Node* diff = n->inputs[0].get();
+  if (diff->op != OpKind::Sub) return std::nullopt;
+  const Node* cols = arange_at(diff->inputs[0].get(), 0);
+  const Node* rows = arange_at(diff->inputs[1].get(), 1);
+  if (!cols || !rows || !same(cols->shape[0], tk) || !same(rows->shape[0], tq)) return std::nullopt;
+  return keep;
+}
+
+// Whether boolean/numeric `n` equals the causal keep-mask over [tq, tk] (true: it keeps key
+// j <= query i; false: it is that mask's negation), built as tril/triu of ones by kiln's ops.
+std::optional<bool> causal(const Node* n, const SymInt& tq, const SymInt& tk) {
+  switch (n->op) {
+    case OpKind::LogicalNot:
+      if (auto c = causal(n->inputs[0].get(), tq, tk)) return !*c;
+      return std::nullopt;
+    case OpKind::Cast:
+      if (n->dtype != DType::Bool) return std::nullopt;
+      return causal(n->inputs[0].get(), tq, tk);
+    case OpKind::Eq:
+    case OpKind::Ne: {
+      const Node* x = n->inputs[0].get();
+      if (!is_full(n->inputs[1].get(), 0)) return std::nullopt;
+      auto c = causal(x, tq, tk);
+      if (!c) return std::nullopt;
+      return n->op == OpKind::Ne ? *c : !*c;
+    }
+    case OpKind::Where: {  // tril/triu of ones: where(test, ones, 0)
+      const Node* ones = n->inputs[1].get();
+      if (!is_full(n->inputs[2].get(), 0) || ones->op != OpKind::Full || ones->attrs.f0 == 0) return std::nullopt;
+      return triangle_test(n->inputs[0].get(), tq, tk);
+    }
+    default:
+      return std::nullopt;
+  }
+}
+
+enum class Scale { Mul, Div, None };
+enum class Mask { None, Add, Fill, Keep };
+
+Tensor scores(const Ts& t, const Ss& s, Scale sc) {
+  Tensor x = matmul(t[0], transpose(t[1], -2, -1));
+  if (sc == Scale::Mul) return mul(x, s[0]);
+  if (sc == Scale::Div) return div(x, s[0]);
+  return x;
+}
+
+double scale_of(const Ss& s, Scale sc) {
+  if (sc == Scale::Mul) return s[0];
+  if (sc == Scale::Div) return 1.0 / s[0];
+  return 1.0;
+}
+
+Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m) {
+  const double ninf = -std::numeric_limits<double>::infinity();
+  Tensor x = scores(t, s, sc);
+  switch (m) {
+    case Mask::Add: x = add(x, t[3]); break;
+    case Mask::Fill: x = masked_fill(x, t[3], ninf); break;
+    case Mask::Keep: x = where(t[3], x, ninf); break;
+    case Mask::None: break;
+  }
+  return matmul(softmax(x, -1), t[2]);
+}
+
+Tensor replace(const Ts& t, const Ss& s, Scale sc, Mask m) {
+  const double scale = scale_of(s, sc);
+  if (m == Mask::None) return scaled_dot_product_attention(t[0], t[1], t[2], std::nullopt, false, scale);
+  if (m == Mask::Add) return scaled_dot_product_attention(t[0], t[1], t[2], t[3], false, scale);
+  const Shape& qs = t[0].shape();
+  const Shape& ks = t[1].shape();
+  auto c = causal(t[3].node().get(), qs[qs.size() - 2], ks[ks.size() - 2]);
+  const bool keep_form = m == Mask::Keep;
+  if (c && *c == keep_form) return scaled_dot_product_attention(t[0], t[1], t[2], std::nullopt, true, scale);
+  return scaled_dot_product_attention(t[0], t[1], t[2], keep_form ? t[3] : logical_not(t[3]), false, scale);
+}
+
+// The mask broadcasts to the scores without growing them, and an additive one has the scores'
+// dtype (sdpa's own rules; anything else stays as written).
+bool mask_ok(const Ts& t, Mask m) {
+  if (m == Mask::None) return true;
+  if (t[3].dim() > t[0].dim()) return false;
+  if (m == Mask::Add) return t[3].dtype() == t[0].dtype();
+  return t[3].dtype() == DType::Bool;
+}
+
+}  // namespace
+
+void register_attention_patterns() {
+  using patterns::register_replacement;
+  const std::pair<Scale, const char*> scales[] = {{Scale::Mul, "mul"}, {Scale::Div, "div"}, {Scale::None, "unscaled"}};
+  const std::pair<Mask, const char*> masks[] = {
+      {Mask::None, ""}, {Mask::Add, "_add_mask"}, {Mask::Fill, "_masked_fill"}, {Mask::Keep, "_where_mask"}};
+  for (int rank = 3; rank <= 4; ++rank)
+    for (auto [sc, sname] : scales)
+      for (auto [m, mname] : masks) {
+        auto shape = [&](int64_t rows, int64_t cols) {
+          std::vector<int64_t> s(static_cast<size_t>(rank - 2), 2);
+          s.push_back(rows);
+          s.push_back(cols);
+          return s;
+        };
+        Ts ex = {empty(shape(3, 4)), empty(shape(5, 4)), empty(shape(5, 4))};
+        if (m == Mask::Add) ex.push_back(empty({3, 5}));
+        if (m == Mask::Fill || m == Mask::Keep) ex.push_back(empty({3, 5}, kBool));
+        // 0.37: a scale no other constant of the graph has (it is a wildcard).
+        Ss scalars = sc == Scale::None ? Ss{} : Ss{0.37};
+        register_replacement(
+            std::string("sdpa_") + sname + mname + "_rank" + std::to_string(rank),
+            [sc, m](const Ts& t, const Ss& s) { return search(t, s, sc, m); },
+            [sc, m](const Ts& t, const Ss& s) { return replace(t, s, sc, m); }, std::move(ex), std::move(scalars),
+            [m](const Ts& t, const Ss&) { return mask_ok(t, m); });
+      }
+}
+
+}  // namespace kiln::jit
