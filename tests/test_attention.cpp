@@ -48,52 +48,72 @@ void expect_match(const Tensor& got, const Tensor& want64) {
   expect_close(got.to(kFloat64), want64, 1e-4, 2e-5 * scale);
 }
 
-void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale) {
+void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Device dev = cpu()) {
   SCOPED_TRACE(::testing::Message() << "q " << ::testing::PrintToString(c.q) << " k " << ::testing::PrintToString(c.k)
                                     << " v " << ::testing::PrintToString(c.v) << " mask " << c.mask << " causal "
-                                    << c.causal << " " << dtype_name(dt));
+                                    << c.causal << " " << dtype_name(dt) << " on " << dev.str());
   manual_seed(rng());
-  Tensor q = randn(c.q, dt).requires_grad_(), k = randn(c.k, dt).requires_grad_(), v = randn(c.v, dt).requires_grad_();
+  Tensor q = randn(c.q, dt), k = randn(c.k, dt), v = randn(c.v, dt);
   const int64_t tq = c.q[c.q.size() - 2], tk = c.k[c.k.size() - 2];
   std::optional<Tensor> mask;
   if (c.mask == 1) mask = randn({tq, tk}, dt);
   // Keep column 0 visible so that no row is fully masked (those give NaN both ways, tested apart).
   if (c.mask == 2) mask = logical_or(rand({1, tq, tk}) < 0.7, arange(tk).reshape({1, 1, tk}) == 0);
-  Tensor y = scaled_dot_product_attention(q, k, v, mask, c.causal, scale);
+  Tensor w = randn(c.q, dt);
+  auto on = [&](const Tensor& t) { return t.to(dev).requires_grad_(); };
+  Tensor qd = on(q), kd = on(k), vd = on(v);
+  std::optional<Tensor> md;
+  if (mask) md = mask->to(dev);
+  Tensor y = scaled_dot_product_attention(qd, kd, vd, md, c.causal, scale);
   EXPECT_TRUE(fused(y));
-  // The reference: the unfused graph in float64 on the same values.
-  Tensor q64 = q.detach().to(kFloat64).requires_grad_(), k64 = k.detach().to(kFloat64).requires_grad_(),
-         v64 = v.detach().to(kFloat64).requires_grad_();
+  // The reference: the unfused graph in float64 on the same values, on the CPU.
+  Tensor q64 = q.to(kFloat64).requires_grad_(), k64 = k.to(kFloat64).requires_grad_(),
+         v64 = v.to(kFloat64).requires_grad_();
   std::optional<Tensor> m64;
   if (mask) m64 = mask->dtype() == kBool ? *mask : mask->to(kFloat64);
   Tensor ref = unfused(q64, k64, v64, m64, c.causal, scale);
-  expect_match(y, ref);
-  Tensor w = randn(y.sizes(), dt);
-  auto g = grad({(y * w).sum()}, {q, k, v});
+  expect_match(y.to(cpu()), ref);
+  auto g = grad({(y * w.to(dev)).sum()}, {qd, kd, vd});
   auto gr = grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
-    expect_match(g[i], gr[i]);
+    expect_match(g[i].to(cpu()), gr[i]);
+  }
+}
+
+// Random cases: 2-D with an additive mask, causal 4-D, broadcast k/v with a boolean mask, 3-D.
+void random_cases(Device dev, int count, int64_t max_seq) {
+  std::mt19937_64 rng(kiln::testing::test_seed(11));
+  std::uniform_int_distribution<int64_t> seq(1, max_seq), head(1, 80), small(1, 3);
+  for (int it = 0; it < count; ++it) {
+    const int64_t b = small(rng), h = small(rng), tq = seq(rng), tk = seq(rng), d = it % 6 == 5 ? 200 : head(rng);
+    Case c;
+    switch (it % 4) {
+      case 0: c = {{tq, d}, {tk, d}, {tk, d}, 1, false}; break;
+      case 1: c = {{b, h, tq, d}, {b, h, tk, d}, {b, h, tk, d}, 0, true}; break;
+      case 2: c = {{b, h, tq, d}, {b, 1, tk, d}, {1, h, tk, d}, 2, false}; break;
+      default: c = {{b, tq, d}, {b, tk, d}, {b, tk, d}, 0, false}; break;
+    }
+    const double scale = it % 3 == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.05 + 0.5 * (it % 5);
+    run_case(c, it % 2 ? kFloat32 : kFloat64, rng, scale, dev);
   }
 }
 
 }  // namespace
 
-TEST(Attention, FusedEqualsUnfusedOnRandomShapes) {
-  std::mt19937_64 rng(kiln::testing::test_seed(11));
-  std::uniform_int_distribution<int64_t> seq(1, 300), head(1, 80), small(1, 3);
-  for (int it = 0; it < 24; ++it) {
-    const int64_t b = small(rng), h = small(rng), tq = seq(rng), tk = seq(rng), d = head(rng);
-    Case c;
-    switch (it % 4) {
-      case 0: c = {{tq, d}, {tk, d}, {tk, d}, 1, false}; break;                            // 2-D, additive mask
-      case 1: c = {{b, h, tq, d}, {b, h, tk, d}, {b, h, tk, d}, 0, true}; break;             // causal
-      case 2: c = {{b, h, tq, d}, {b, 1, tk, d}, {1, h, tk, d}, 2, false}; break;           // broadcast k, v; bool mask
-      default: c = {{b, tq, d}, {b, tk, d}, {b, tk, d}, 0, false}; break;
-    }
-    const double scale = it % 3 == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.05 + 0.5 * (it % 5);
-    run_case(c, it % 2 ? kFloat32 : kFloat64, rng, scale);
-  }
+TEST(Attention, FusedEqualsUnfusedOnRandomShapes) { random_cases(cpu(), 24, 300); }
+
+// The CUDA kernels against the same float64 reference (skipped without a GPU).
+TEST(Attention, CudaKernelsEqualTheUnfusedGraph) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  random_cases(Device{DeviceType::CUDA, 0}, 48, 300);
+  // Edge sizes: no keys, no queries, one of each.
+  const Device g{DeviceType::CUDA, 0};
+  Tensor q = randn({2, 3, 4}).to(g), k = randn({2, 0, 4}).to(g);
+  expect_close(scaled_dot_product_attention(q, k, k).to(cpu()), zeros({2, 3, 4}));
+  expect_close(scaled_dot_product_attention(randn({2, 0, 4}).to(g), q, q).to(cpu()), zeros({2, 0, 4}));
+  Tensor one = randn({1, 1, 1});
+  expect_close(scaled_dot_product_attention(one.to(g), one.to(g), one.to(g)).to(cpu()), one);
 }
 
 TEST(Attention, EdgeSizes) {

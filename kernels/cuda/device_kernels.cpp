@@ -1,5 +1,8 @@
 #include "kernels/cuda/device_kernels.h"
 
+#include "kernels/cuda/attention_kernels.h"
+#include "runtime/core/error.h"
+
 namespace kiln::kernels {
 namespace {
 
@@ -331,8 +334,15 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::Remainder: return "KILN_REMAINDER";
     case DeviceKernel::Fmod: return "KILN_FMOD";
     case DeviceKernel::Pow: return "KILN_POW";
+    case DeviceKernel::AttentionForward:
+    case DeviceKernel::AttentionBackwardQ:
+    case DeviceKernel::AttentionBackwardKV: return "KILN_ATTENTION";
   }
   return "";
+}
+
+const char* attention_template(DeviceKernel k) {
+  return k == DeviceKernel::AttentionForward ? "attn_fwd" : k == DeviceKernel::AttentionBackwardQ ? "attn_bwd_q" : "attn_bwd_kv";
 }
 
 const DType kAll[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
@@ -351,14 +361,32 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::Remainder: return std::string("kiln_remainder_") + dtype_name(k.a);
     case DeviceKernel::Fmod: return std::string("kiln_fmod_") + dtype_name(k.a);
     case DeviceKernel::Pow: return std::string("kiln_pow_") + dtype_name(k.a);
+    case DeviceKernel::AttentionForward:
+    case DeviceKernel::AttentionBackwardQ:
+    case DeviceKernel::AttentionBackwardKV:
+      return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) + "_h" + std::to_string(k.head);
   }
   return "";
 }
 
+bool is_attention_kernel(DeviceKernel k) {
+  return k == DeviceKernel::AttentionForward || k == DeviceKernel::AttentionBackwardQ ||
+         k == DeviceKernel::AttentionBackwardKV;
+}
+
+int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
+
 std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
-  std::string s = kSource;
-  for (const DeviceKernelInstance& k : ks)
-    s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + device_type(k.a) + ", " + device_type(k.b) + ")\n";
+  const bool attention = !ks.empty() && is_attention_kernel(ks[0].kernel);
+  std::string s = attention ? attention_kernel_source() : kSource;
+  for (const DeviceKernelInstance& k : ks) {
+    if (is_attention_kernel(k.kernel) != attention) throw Error("device kernels: attention and other kernels in one program");
+    if (attention)
+      s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
+           device_type(k.a) + ", " + std::to_string(k.head) + ")\n";
+    else
+      s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + device_type(k.a) + ", " + device_type(k.b) + ")\n";
+  }
   return s;
 }
 
@@ -375,6 +403,9 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
     for (DeviceKernel k : {DeviceKernel::Remainder, DeviceKernel::Fmod, DeviceKernel::Pow}) v.push_back({k, i});
   }
   v.push_back({DeviceKernel::Pow, DType::Bool});
+  for (DeviceKernel k : {DeviceKernel::AttentionForward, DeviceKernel::AttentionBackwardQ, DeviceKernel::AttentionBackwardKV})
+    for (DType t : {DType::Float32, DType::Float64})
+      for (int head : {32, 64, 128, 256}) v.push_back({k, t, DType::Int64, head});
   return v;
 }
 

@@ -2,6 +2,7 @@
 // view_scatter, indexing, cumsum, integer remainder / fmod / pow): one CUDA C++ template source without includes, compiled by
 // NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops).
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -22,13 +23,23 @@ enum class DeviceKernel {
   Remainder,     // integer out[i] = a[i] mod b[i], y's sign; reports division by zero (a: dtype)
   Fmod,          // integer out[i] = a[i] % b[i], x's sign; reports division by zero (a: dtype)
   Pow,           // integer / bool out[i] = a[i] ** b[i]; reports negative exponents (a: dtype)
+  // Fused attention (kernels/cuda/attention_kernels.h; a: float32/float64, head: bucket).
+  AttentionForward,     // packed output rows + log-sum-exp
+  AttentionBackwardQ,   // dq rows of the stacked gradient
+  AttentionBackwardKV,  // dk and dv rows of the stacked gradient
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).
 struct DeviceKernelInstance {
   DeviceKernel kernel;
   DType a = DType::Float32, b = DType::Int64;
+  int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256)
 };
+
+// Whether `k` is one of the attention kernels.
+bool is_attention_kernel(DeviceKernel k);
+// The attention kernels' head-size bucket for head size d (1..256): 32, 64, 128 or 256.
+int attention_head_bucket(int64_t d);
 
 // The instance's kernel symbol, e.g. "kiln_gather_float32_int64".
 std::string device_kernel_name(const DeviceKernelInstance& k);

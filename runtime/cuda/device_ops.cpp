@@ -1,6 +1,7 @@
 #include "runtime/cuda/device_ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -124,6 +125,106 @@ void launch(int device, const DeviceKernelInstance& k, int64_t n, bool checks_in
 
 void* ptr(const Operand& o) { return o.data; }
 
+// ---- fused attention ----
+
+// The kernels' AttnArgs (kernels/cuda/attention_kernels.cpp), field for field.
+struct AttnArgs {
+  const void* ptr[7] = {};  // q, k, v, mask, fwd, gout, out
+  int64_t nb = 0;
+  int64_t bsize[6] = {};
+  int64_t bst[7][6] = {};
+  int64_t rs[7] = {}, cs[7] = {};
+  int64_t tq = 0, tk = 0, d = 0, bt = 0;
+  int32_t causal = 0, has_mask = 0;
+  double scale = 0;
+};
+constexpr int kAttnQ = 0, kAttnK = 1, kAttnV = 2, kAttnMask = 3, kAttnFwd = 4, kAttnGout = 5, kAttnOut = 6;
+constexpr int64_t kAttnRows = 64;  // rows per block (the kernels' constant)
+
+// Sets operand `k` of `a` from `o`, whose dims are the batch dims then two more (the mask:
+// broadcast to [batch..., tq, tk] first).
+void attn_operand(AttnArgs& a, int k, const Operand& o, const std::vector<int64_t>& full) {
+  const std::vector<int64_t> st = k == kAttnMask ? o.broadcast_strides(full) : o.strides;
+  const size_t r = st.size();
+  a.ptr[k] = o.data;
+  for (size_t d = 0; d + 2 < r; ++d) a.bst[k][d] = st[d];
+  a.rs[k] = st[r - 2];
+  a.cs[k] = st[r - 1];
+}
+
+// Queues `kernel` over `rows` rows (64 per block) of each batch element.
+void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const AttnArgs& a, int64_t batch, int64_t rows) {
+  if (batch == 0 || rows == 0) return;
+  const DeviceKernelInstance k{kernel, dt, DType::Int64, head};
+  const std::string name = kernels::device_kernel_name(k);
+  CUfunction f = function(device, k, name);
+  AttnArgs args = a;
+  void* params[] = {&args};
+  const int64_t item = static_cast<int64_t>(itemsize(dt));
+  const int64_t shared = 2 * a.bt * head * item + (kernel == DeviceKernel::AttentionBackwardKV ? 2 * a.bt * item : 0);
+  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + kAttnRows - 1) / kAttnRows), 1,
+                            static_cast<unsigned>(kAttnRows * head / 32), 1, 1, static_cast<unsigned>(shared), enter(device),
+                            params, nullptr),
+        "cuLaunchKernel");
+  note_launch(device, name, false);
+}
+
+// Attention (forward) or AttentionBackward (dq, then dk and dv) of node n into `out`.
+void attention(int device, const Node& n, const Operand& out) {
+  const bool fwd = n.op == OpKind::Attention;
+  auto in = [&](size_t i) { return kernels::operand_of(*n.inputs[i]); };
+  const Operand q = in(0), k = in(1);
+  const size_t r = q.sizes.size();
+  AttnArgs a;
+  a.tq = q.sizes[r - 2];
+  a.tk = k.sizes[r - 2];
+  a.d = q.sizes[r - 1];
+  a.nb = static_cast<int64_t>(r - 2);
+  int64_t batch = 1;
+  for (size_t d = 0; d + 2 < r; ++d) batch *= (a.bsize[d] = q.sizes[d]);
+  std::vector<int64_t> full(q.sizes.begin(), q.sizes.end() - 2);
+  full.push_back(a.tq);
+  full.push_back(a.tk);
+  attn_operand(a, kAttnQ, q, full);
+  attn_operand(a, kAttnK, k, full);
+  attn_operand(a, kAttnV, in(2), full);
+  attn_operand(a, kAttnOut, out, full);
+  const size_t mask_at = fwd ? 3 : 5;
+  if (n.inputs.size() > mask_at) {
+    attn_operand(a, kAttnMask, in(mask_at), full);
+    a.has_mask = 1;
+  }
+  if (!fwd) {
+    attn_operand(a, kAttnFwd, in(3), full);
+    attn_operand(a, kAttnGout, in(4), full);
+  }
+  a.causal = n.attrs.ints[0] != 0;
+  a.scale = std::bit_cast<double>(n.attrs.ints[1]);
+  const int head = kernels::attention_head_bucket(a.d);
+  const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
+  a.bt = std::min<int64_t>(64, 40960 / (2 * head * item));
+  if (fwd) {
+    attn_launch(device, DeviceKernel::AttentionForward, n.dtype, head, a, batch, a.tq);
+  } else {
+    attn_launch(device, DeviceKernel::AttentionBackwardQ, n.dtype, head, a, batch, a.tq);
+    attn_launch(device, DeviceKernel::AttentionBackwardKV, n.dtype, head, a, batch, a.tk);
+  }
+}
+
+// Whether the attention kernels take node n: float32/64, head size 1..256, at most 6 batch
+// dims, rows that fit the grid.
+bool attention_handled(const Node& n) {
+  if (n.dtype != DType::Float32 && n.dtype != DType::Float64) return false;
+  const Shape& qs = n.inputs[0]->shape;
+  const Shape& ks = n.inputs[1]->shape;
+  if (qs.size() < 2 || qs.size() > 8) return false;
+  const int64_t d = qs.back().as_int(), tq = qs[qs.size() - 2].as_int(), tk = ks[ks.size() - 2].as_int();
+  int64_t batch = 1;
+  for (size_t i = 0; i + 2 < qs.size(); ++i) batch *= qs[i].as_int();
+  const int64_t max_rows = int64_t{65535} * kAttnRows;
+  return d >= 1 && d <= 256 && tq < max_rows && tk < max_rows && batch < (int64_t{1} << 31);
+}
+
 // out = in converted to out's dtype, `in` broadcast to out's sizes (the CPU's unary Contiguous).
 void copy(int device, const Operand& out, const Operand& in) {
   const Geom g = make_geom(out.sizes, {out.strides, in.broadcast_strides(out.sizes)});
@@ -214,6 +315,9 @@ bool fits(const Shape& shape) {
 
 bool handled(const Node& n) {
   switch (n.op) {
+    case OpKind::Attention:
+    case OpKind::AttentionBackward:
+      return attention_handled(n) && is_contiguous_layout(n.shape, n.strides) && have_nvrtc();
     case OpKind::Contiguous:
     case OpKind::Cast:
     case OpKind::Cat:
@@ -280,6 +384,8 @@ bool run_device_op(Node& n) {
       scatter(device, n.op, out, in(1), in(2), dim);
       break;
     case OpKind::Cumsum: cumsum(device, out, in(0), dim); break;
+    case OpKind::Attention:
+    case OpKind::AttentionBackward: attention(device, n, out); break;
     case OpKind::Remainder:
     case OpKind::Fmod:
     case OpKind::Pow: int_binary(device, n.op, out, in(0), in(1)); break;
