@@ -326,3 +326,34 @@ TEST(AttentionPatterns, OffLeavesTheGraphAsWritten) {
   EXPECT_EQ(f.stats().pattern_matches, 0);
   patterns::set_enabled(true);
 }
+
+// Heads laid out as models lay them out: q, k, v chunks of one projection, reshaped to heads and
+// transposed (the gradients of transposed inputs reach views laid out for the unfused graph's
+// layout; the rewrite must hand them that layout).
+TEST(AttentionPatterns, TransposedHeadLayoutsKeepTheirGradients) {
+  manual_seed(kiln::testing::test_seed(31));
+  const int64_t t = 37, h = 3, d = 16;
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE(variant);
+    auto heads = [&](const Tensor& z, bool transposed) {
+      return transposed ? z.reshape({2, t, h, d}).transpose(1, 2) : z.reshape({2, h, t, d});
+    };
+    auto loss = [&](const Tensor& x) {
+      auto c = chunk(x, 3, -1);
+      Tensor q = heads(c[0], variant != 1), k = heads(c[1], variant != 2), v = heads(c[2], variant != 3);
+      Tensor y = matmul(softmax(matmul(q, k.transpose(-2, -1)) / 4.0, -1), v);
+      return (y.transpose(1, 2).reshape({2, t, h * d}) * arange(h * d).to(kFloat32)).sum();
+    };
+    Tensor x = randn({2, t, 3 * h * d}).requires_grad_();
+    auto f = compile([&](const Tensor& xi) {
+      Tensor l = loss(xi);
+      return std::vector<Tensor>{l, grad({l}, {xi})[0]};
+    });
+    auto got = f(x);
+    EXPECT_EQ(f.stats().pattern_matches, 1);
+    Tensor l = loss(x);
+    Tensor g = grad({l}, {x})[0];
+    expect_close(got[0], l, 1e-5, 1e-3);
+    expect_close(got[1], g, 1e-4, 1e-4 * std::max(1.0, g.abs().amax().item<double>()));
+  }
+}

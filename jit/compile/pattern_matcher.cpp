@@ -330,8 +330,46 @@ Target index(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id,
 }
 
 // Builds the replacement on what `b` bound; null when its results do not fit the matched ones.
+// Whether a view op reads `n`: a view node's strides and offset were laid out for its input's.
+bool has_view_consumer(const Target& t, const Node* n) {
+  auto it = t.consumers.find(n);
+  if (it == t.consumers.end()) return false;
+  for (const Node* c : it->second)
+    if (is_view_op(c->op)) return true;
+  return false;
+}
+
+// Provably equal sizes (no guard recorded).
+bool provably_equal(const SymInt& a, const SymInt& b) {
+  auto e = sym_eq(a, b);
+  return e && *e;
+}
+
+bool same_layout(const Node& a, const Node& b) {
+  if (a.strides.size() != b.strides.size()) return false;
+  for (size_t d = 0; d < a.strides.size(); ++d)
+    if (!provably_equal(a.strides[d], b.strides[d])) return false;
+  return provably_equal(a.offset, b.offset);
+}
+
+// `x`'s values laid out as `want` is: a dense copy permuted as want's dims are in memory (want
+// a permutation of a dense block, as the gradient of a transposed input is), or nullopt.
+std::optional<Tensor> in_layout_of(const Tensor& x, const Node& want) {
+  const size_t r = want.shape.size();
+  std::vector<int64_t> order(r);  // want's dims, outermost in memory first
+  for (size_t d = 0; d < r; ++d) order[d] = static_cast<int64_t>(d);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return detail::size_hint(want.strides[a]) > detail::size_hint(want.strides[b]);
+  });
+  std::vector<int64_t> back(r);
+  for (size_t d = 0; d < r; ++d) back[order[d]] = static_cast<int64_t>(d);
+  Tensor y = x.permute(order).contiguous().permute(back);
+  if (!same_layout(*y.node(), want)) return std::nullopt;
+  return y;
+}
+
 std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Variant& v, const Binding& b,
-                                                      std::string& why) {
+                                                      const Target& t, std::string& why) {
   std::vector<Tensor> ins;
   const size_t ntensors = r.examples.size();
   for (size_t i = 0; i < ntensors; ++i) ins.push_back(Tensor::from_node(b.leaves[i]->shared_from_this()));
@@ -364,6 +402,16 @@ std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Va
     if (!fits) {
       why = "the replacement's result " + std::to_string(k) + " differs in dtype or shape from what it replaces";
       return std::nullopt;
+    }
+    // Views of what it replaces were laid out for its layout: give them that layout (a copy),
+    // or refuse.
+    if (has_view_consumer(t, &want) && !same_layout(*outs[k].node(), want)) {
+      auto laid = in_layout_of(outs[k], want);
+      if (!laid) {
+        why = "the replacement's result " + std::to_string(k) + " has another layout than what views of it expect";
+        return std::nullopt;
+      }
+      outs[k] = *laid;
     }
     nodes.push_back(outs[k].node());
   }
@@ -409,7 +457,7 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
         std::string why;
         std::optional<std::vector<NodePtr>> rep;
         try {
-          rep = build_replacement(*r, v, *b, why);
+          rep = build_replacement(*r, v, *b, t, why);
         } catch (const std::exception& e) {
           why = std::string("the replacement threw: ") + e.what();
         }

@@ -1,0 +1,234 @@
+// The transformer-block benchmark of the pattern-matcher issue: one pre-norm block (layer_norm,
+// qkv projection, causal attention written by hand, output projection, layer_norm, GELU MLP),
+// batch 16, 4 heads of 64, forward + backward of every parameter, compiled by kiln::compile
+// with the registered rewrites on (hand-written attention -> the fused Attention kernels) and
+// off (KILN_PATTERNS=off: the T x T matrices as written), in one process, same inputs.
+// One JSON object per line.
+//
+//   bench_attention [--device cpu|cuda] [--seq T] [--iters N]    both modes, median us per step
+//   bench_attention --memory on|off [--device D] [--seq T]         one mode, one step: peak bytes
+//   bench_attention --sdpa [--device D] [--seq T]                  attention alone (fused, fwd+bwd)
+//
+// Peak memory: on CUDA the caching allocator's peak allocated bytes over the step; on the CPU
+// the process's peak resident set over the step (/proc/self/clear_refs resets it), so --memory
+// runs one mode per process.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+using kiln::Tensor;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr int64_t kBatch = 16, kHeads = 4, kHead = 64, kModel = kHeads * kHead;
+
+struct Block {
+  std::vector<Tensor> params;  // ln1 w/b, w_qkv, b_qkv, w_o, b_o, ln2 w/b, w1, b1, w2, b2
+  explicit Block(kiln::Device dev) {
+    kiln::manual_seed(3);
+    auto p = [&](std::vector<int64_t> shape, double scale, double shift = 0) {
+      Tensor t = (kiln::randn(shape) * scale + shift).to(dev).requires_grad_();
+      params.push_back(t);
+    };
+    p({kModel}, 0.02, 1);
+    p({kModel}, 0.02);
+    p({kModel, 3 * kModel}, 1 / std::sqrt(double(kModel)));
+    p({3 * kModel}, 0.02);
+    p({kModel, kModel}, 1 / std::sqrt(double(kModel)));
+    p({kModel}, 0.02);
+    p({kModel}, 0.02, 1);
+    p({kModel}, 0.02);
+    p({kModel, 4 * kModel}, 1 / std::sqrt(double(kModel)));
+    p({4 * kModel}, 0.02);
+    p({4 * kModel, kModel}, 1 / std::sqrt(4.0 * kModel));
+    p({kModel}, 0.02);
+    kiln::eval(params);
+  }
+
+  // Attention as people write it: scores, a causal mask from tril, softmax, weighted sum.
+  static Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, int64_t t) {
+    Tensor s = kiln::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(double(kHead)));
+    Tensor causal = kiln::ones({t, t}, q.dtype(), q.device()).tril();
+    s = s.masked_fill(causal == 0, -std::numeric_limits<double>::infinity());
+    return kiln::matmul(kiln::softmax(s, -1), v);
+  }
+
+  Tensor loss(const Tensor& x) const {
+    const auto& P = params;
+    const int64_t t = x.size(1);
+    Tensor h = kiln::layer_norm(x, {kModel}, P[0], P[1]);
+    auto qkv = kiln::chunk(kiln::matmul(h, P[2]) + P[3], 3, -1);
+    auto heads = [&](const Tensor& z) { return z.reshape({kBatch, t, kHeads, kHead}).transpose(1, 2); };
+    Tensor a = attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]), t).transpose(1, 2).reshape({kBatch, t, kModel});
+    Tensor x1 = x + kiln::matmul(a, P[4]) + P[5];
+    Tensor h2 = kiln::layer_norm(x1, {kModel}, P[6], P[7]);
+    Tensor out = x1 + kiln::matmul(kiln::gelu(kiln::matmul(h2, P[8]) + P[9]), P[10]) + P[11];
+    return out.square().mean();
+  }
+};
+
+void sync(kiln::Device dev) {
+  if (dev.type == kiln::DeviceType::CUDA) kiln::cuda::synchronize();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Peak resident bytes since the last reset (CPU), or the device's peak allocated bytes.
+struct Peak {
+  kiln::Device dev;
+  int64_t start = 0;
+  static int64_t status_kib(const char* key) {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    while (std::getline(f, line))
+      if (line.rfind(key, 0) == 0) return std::atoll(line.c_str() + std::strlen(key));
+    return 0;
+  }
+  void reset() {
+    if (dev.type == kiln::DeviceType::CUDA) {
+      kiln::cuda::reset_peak_memory_stats();
+      start = kiln::cuda::memory_stats().allocated_bytes;
+    } else {
+      std::ofstream("/proc/self/clear_refs") << "5";
+      start = status_kib("VmRSS:") * 1024;
+    }
+  }
+  int64_t bytes() const {
+    if (dev.type == kiln::DeviceType::CUDA) return kiln::cuda::memory_stats().peak_allocated_bytes - start;
+    return status_kib("VmHWM:") * 1024 - start;
+  }
+};
+
+kiln::Device parse_device(const std::string& s) {
+  if (s == "cuda") return kiln::Device{kiln::DeviceType::CUDA, 0};
+  return kiln::cpu();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device = "cpu", memory;
+  int64_t seq = 256;
+  int iters = 10;
+  bool sdpa = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
+    else if (!std::strcmp(argv[i], "--seq") && i + 1 < argc) seq = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--memory") && i + 1 < argc) memory = argv[++i];
+    else if (!std::strcmp(argv[i], "--sdpa")) sdpa = true;
+    else {
+      std::fprintf(stderr, "bench_attention: unknown option %s\n", argv[i]);
+      return 2;
+    }
+  }
+  const kiln::Device dev = parse_device(device);
+  if (dev.type == kiln::DeviceType::CUDA && !kiln::cuda::is_available()) {
+    std::fprintf(stderr, "bench_attention: no CUDA device\n");
+    return 1;
+  }
+  const std::string w = (sdpa ? "SDPA-T" : "TBLOCK-T") + std::to_string(seq);
+
+  if (sdpa) {  // the fused attention alone, forward + backward, causal
+    kiln::manual_seed(5);
+    auto mk = [&] { return kiln::randn({kBatch, kHeads, seq, kHead}).to(dev).requires_grad_(); };
+    Tensor q = mk(), k = mk(), v = mk(), go = kiln::randn({kBatch, kHeads, seq, kHead}).to(dev);
+    auto step = [&] {
+      Tensor y = kiln::scaled_dot_product_attention(q, k, v, std::nullopt, true);
+      auto g = kiln::grad({(y * go).sum()}, {q, k, v});
+      kiln::eval(g);
+    };
+    for (int i = 0; i < 2; ++i) step();
+    sync(dev);
+    std::vector<double> ts;
+    for (int i = 0; i < iters; ++i) {
+      auto a = Clock::now();
+      step();
+      sync(dev);
+      ts.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+    }
+    std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
+                device.c_str(), median(ts));
+    return 0;
+  }
+
+  Block blk(dev);
+  kiln::manual_seed(9);
+  Tensor x = kiln::randn({kBatch, seq, kModel}).to(dev);
+  kiln::eval({x});
+  auto make = [&](bool patterns_on) {
+    kiln::patterns::set_enabled(patterns_on);
+    return kiln::compile(
+        [&blk](const Tensor& xi) {
+          Tensor l = blk.loss(xi);
+          std::vector<Tensor> out = kiln::grad({l}, blk.params);
+          out.insert(out.begin(), l);
+          return out;
+        },
+        kiln::CompileOptions{patterns_on ? "tblock" : "tblock_nopatterns"});
+  };
+
+  if (!memory.empty()) {  // one mode, one step after warm-up: the step's peak bytes
+    auto f = make(memory == "on");
+    kiln::eval(f(x));  // (traces under the setting)
+    sync(dev);
+    Peak peak{dev};
+    peak.reset();
+    auto r = f(x);
+    kiln::eval(r);
+    sync(dev);
+    std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-%s\", \"device\": \"%s\", \"peak_bytes\": %lld, "
+                "\"pattern_matches\": %d}\n",
+                w.c_str(), memory.c_str(), device.c_str(), static_cast<long long>(peak.bytes()),
+                f.stats().pattern_matches);
+    return 0;
+  }
+
+  // (the setting applies when a call traces: each function traces under its own)
+  auto on = make(true);
+  std::vector<Tensor> ra = on(x);
+  auto off = make(false);
+  std::vector<Tensor> rb = off(x);
+  kiln::patterns::set_enabled(true);
+  kiln::eval(ra);
+  kiln::eval(rb);
+  // The two modes compute the same step (float32 rounding apart).
+  double worst = 0;
+  for (size_t i = 0; i < ra.size(); ++i) {
+    Tensor a = ra[i].to(kiln::cpu()).to(kiln::kFloat64), b = rb[i].to(kiln::cpu()).to(kiln::kFloat64);
+    const double scale = std::max(1e-12, b.abs().amax().item<double>());
+    worst = std::max(worst, (a - b).abs().amax().item<double>() / scale);
+    if (std::getenv("KILN_BENCH_VERBOSE"))
+      std::fprintf(stderr, "output %zu: max |on - off| / max|off| = %.3e\n", i, (a - b).abs().amax().item<double>() / scale);
+  }
+  auto time = [&](auto& f) {
+    for (int i = 0; i < 2; ++i) kiln::eval(f(x));
+    sync(dev);
+    std::vector<double> ts;
+    for (int i = 0; i < iters; ++i) {
+      auto a = Clock::now();
+      kiln::eval(f(x));
+      sync(dev);
+      ts.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
+    }
+    return median(ts);
+  };
+  const double t_off = time(off), t_on = time(on);
+  std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-on\", \"device\": \"%s\", \"us\": %.1f, "
+              "\"pattern_matches\": %d, \"max_rel_diff_vs_off\": %.2e}\n",
+              w.c_str(), device.c_str(), t_on, on.stats().pattern_matches, worst);
+  std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
+              device.c_str(), t_off);
+  return 0;
+}
