@@ -140,15 +140,7 @@ int main(int argc, char** argv) {
   }
   const std::string w = (sdpa ? "SDPA-T" : "TBLOCK-T") + std::to_string(seq);
 
-  if (sdpa) {  // the fused attention alone, forward + backward, causal
-    kiln::manual_seed(5);
-    auto mk = [&] { return kiln::randn({kBatch, kHeads, seq, kHead}).to(dev).requires_grad_(); };
-    Tensor q = mk(), k = mk(), v = mk(), go = kiln::randn({kBatch, kHeads, seq, kHead}).to(dev);
-    auto step = [&] {
-      Tensor y = kiln::scaled_dot_product_attention(q, k, v, std::nullopt, true);
-      auto g = kiln::grad({(y * go).sum()}, {q, k, v});
-      kiln::eval(g);
-    };
+  auto timed = [&](auto&& step) {
     for (int i = 0; i < 2; ++i) step();
     sync(dev);
     std::vector<double> ts;
@@ -158,8 +150,36 @@ int main(int argc, char** argv) {
       sync(dev);
       ts.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
     }
+    return median(ts);
+  };
+
+  if (sdpa) {  // attention alone, forward + backward, causal: fused, and hand-written compiled
+    kiln::manual_seed(5);
+    auto mk = [&] { return kiln::randn({kBatch, kHeads, seq, kHead}).to(dev).requires_grad_(); };
+    Tensor q = mk(), k = mk(), v = mk(), go = kiln::randn({kBatch, kHeads, seq, kHead}).to(dev);
+    const double fused = timed([&] {
+      Tensor y = kiln::scaled_dot_product_attention(q, k, v, std::nullopt, true);
+      kiln::eval(kiln::grad({(y * go).sum()}, {q, k, v}));
+    });
+    auto hand = [&](bool on) {
+      kiln::patterns::set_enabled(on);
+      auto f = kiln::compile(
+          [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+            Tensor y = Block::attention(a, b, c, seq);
+            return kiln::grad({(y * go).sum()}, {a, b, c});
+          },
+          kiln::CompileOptions{on ? "sdpa_hand" : "sdpa_hand_nopatterns"});
+      kiln::eval(f(q, k, v));
+      kiln::patterns::set_enabled(true);
+      return timed([&] { kiln::eval(f(q, k, v)); });
+    };
+    const double off = hand(false), on = hand(true);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
-                device.c_str(), median(ts));
+                device.c_str(), fused);
+    std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",
+                w.c_str(), device.c_str(), on);
+    std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n",
+                w.c_str(), device.c_str(), off);
     return 0;
   }
 
@@ -212,18 +232,7 @@ int main(int argc, char** argv) {
     if (std::getenv("KILN_BENCH_VERBOSE"))
       std::fprintf(stderr, "output %zu: max |on - off| / max|off| = %.3e\n", i, (a - b).abs().amax().item<double>() / scale);
   }
-  auto time = [&](auto& f) {
-    for (int i = 0; i < 2; ++i) kiln::eval(f(x));
-    sync(dev);
-    std::vector<double> ts;
-    for (int i = 0; i < iters; ++i) {
-      auto a = Clock::now();
-      kiln::eval(f(x));
-      sync(dev);
-      ts.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count());
-    }
-    return median(ts);
-  };
+  auto time = [&](auto& f) { return timed([&] { kiln::eval(f(x)); }); };
   const double t_off = time(off), t_on = time(on);
   std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-on\", \"device\": \"%s\", \"us\": %.1f, "
               "\"pattern_matches\": %d, \"max_rel_diff_vs_off\": %.2e}\n",

@@ -357,3 +357,19 @@ TEST(AttentionPatterns, TransposedHeadLayoutsKeepTheirGradients) {
     expect_close(got[1], g, 1e-4, 1e-4 * std::max(1.0, g.abs().amax().item<double>()));
   }
 }
+
+// A loss whose gradient does not need attention's value (sum(y * w)): nothing reads the forward
+// result in the joint graph; the gradient-only form of the pattern still rewrites it.
+TEST(AttentionPatterns, GradientsOnlyWhenNothingReadsTheResult) {
+  manual_seed(kiln::testing::test_seed(41));
+  Tensor q = randn({2, 3, 20, 8}).requires_grad_(), k = randn({2, 3, 20, 8}).requires_grad_(),
+         v = randn({2, 3, 20, 8}).requires_grad_(), w = randn({2, 3, 20, 8});
+  auto loss = [&](const Tensor& a, const Tensor& b, const Tensor& c) {
+    return (matmul(softmax(matmul(a, b.transpose(-2, -1)) * 0.3, -1), c) * w).sum();
+  };
+  auto f = compile([&](const Tensor& a, const Tensor& b, const Tensor& c) { return grad({loss(a, b, c)}, {a, b, c}); });
+  auto got = f(q, k, v);
+  EXPECT_EQ(f.stats().pattern_matches, 1);
+  auto want = grad({loss(q, k, v)}, {q, k, v});
+  for (int i = 0; i < 3; ++i) expect_close(got[i], want[i], 1e-4, 1e-5);
+}

@@ -37,6 +37,9 @@ struct Variant {
   std::unordered_map<const Node*, int> scalar_of;  // pattern constant -> the scalar it stands for
   size_t size = 0;                                 // op nodes
   size_t nscalars = 0;                             // scalar wildcards
+  // A joint form without its result among the outputs: for graphs where nothing reads the
+  // result (a loss whose gradient does not need the value), only the gradients.
+  bool result_dead = false;
 };
 
 struct Rewrite {
@@ -268,6 +271,8 @@ class Matcher {
     b.scalar_bound.assign(b.scalars.size(), false);
     if (!match(v_.outputs[0].get(), anchor, b)) return std::nullopt;
     if (!match_rest(1, b)) return std::nullopt;
+    for (const Node* l : b.leaves)
+      if (!l) return std::nullopt;  // (an input only the result reads, in a form without it)
     if (!exclusive(b)) return std::nullopt;
     return b;
   }
@@ -279,7 +284,7 @@ class Matcher {
     if (auto it = b.map.find(p); it != b.map.end()) return match_rest(k + 1, b);
     // (a gradient is recorded after the forward result it differentiates; the attempts are
     // bounded so that generic gradient patterns cannot blow up on large graphs)
-    const uint64_t after = b.map.at(v_.outputs[0].get())->id;
+    const uint64_t after = v_.result_dead ? 0 : b.map.at(v_.outputs[0].get())->id;
     for (Node* t : t_.order) {
       if (t->op != p->op || t->id <= after || ++attempts_ > kMaxAttempts) continue;
       Binding keep = b;
@@ -394,6 +399,7 @@ std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Va
       outs.push_back(g);
     }
   }
+  if (v.result_dead) outs.erase(outs.begin());
   std::vector<NodePtr> nodes;
   for (size_t k = 0; k < outs.size(); ++k) {
     const Node& want = *b.map.at(v.outputs[k].get());
@@ -450,8 +456,8 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
     // backward as it is), the joint forms where the backward reads what the forward would drop.
     for (size_t i = t.order.size(); i-- > 0;) {
       Node* anchor = t.order[i];
-      if (anchor->op != r->variants.front().outputs[0]->op) continue;
       for (const Variant& v : r->variants) {
+        if (anchor->op != v.outputs[0]->op) continue;
         std::optional<Binding> b = Matcher(v, t).match_at(anchor);
         if (!b) continue;
         std::string why;
@@ -524,6 +530,26 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   for (const auto& s : subsets) {
     jit::Variant v = jit::trace_variant(*r, s);
     if (!v.outputs.empty()) r->variants.push_back(std::move(v));
+  }
+  // Gradient-only forms, for the joint forms whose gradients read what the forward computed
+  // (softmax's probabilities, not just the inputs: else any product would match them).
+  const size_t traced = r->variants.size();
+  for (size_t i = 0; i < traced; ++i) {
+    const jit::Variant& j = r->variants[i];
+    if (j.diff.empty()) continue;
+    std::set<const Node*> leaves;
+    for (const auto& l : j.leaves) leaves.insert(l.get());
+    const std::vector<Node*> fwd = jit::topo_order({j.outputs[0]}, leaves);
+    std::vector<NodePtr> grads(j.outputs.begin() + 1, j.outputs.end());
+    bool reads_forward = false, all_ops = true;
+    for (const NodePtr& g : grads) all_ops &= !j.leaf_of.count(g.get());
+    for (Node* n : jit::topo_order(grads, leaves))
+      reads_forward |= n != j.outputs[0].get() && !leaves.count(n) && std::find(fwd.begin(), fwd.end(), n) != fwd.end();
+    if (!reads_forward || !all_ops) continue;
+    jit::Variant v = j;
+    v.outputs = std::move(grads);
+    v.result_dead = true;
+    r->variants.push_back(std::move(v));
   }
   jit::Registry& reg = jit::registry();
   std::lock_guard<std::mutex> lock(reg.mu);
