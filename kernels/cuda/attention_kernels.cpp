@@ -1,14 +1,15 @@
 // CUDA source of the fused attention kernels (OpKind::Attention / AttentionBackward), compiled by
 // NVRTC per instance (dtype × head-size bucket × kernel) like the other device kernels.
 //
-// Every kernel gives a block 64 rows (query rows forward and for dq, key rows for dk/dv) and each
-// row DM/32 consecutive threads, each holding 32 of the row's head elements in registers (thread p
-// of a row: elements p, p + DM/32, ..., so a warp's shared-memory reads hit distinct banks); the
-// row's dot products are reduced with warp shuffles. The other side's rows stream through shared
-// memory in tiles of `bt` rows. Forward keeps an online softmax (running maximum and sum) and
-// writes the output row and its log-sum-exp; backward recomputes each probability from the saved
-// log-sum-exp: dq per query row over the keys, dk and dv per key row over the queries (no atomics,
-// no Tq × Tk matrix). Causal attention skips the tiles it hides.
+// Every kernel gives a block ROWS rows (query rows forward and for dq, key rows for dk/dv; 64 for
+// head sizes up to 64, fewer above) and each row DM/16 consecutive threads, each holding 16 of the
+// row's head elements in registers (thread p of a row: elements p, p + DM/16, ..., so a warp's
+// shared-memory reads hit distinct banks); the row's dot products are reduced with warp shuffles.
+// The other side's rows stream through shared memory in tiles of `bt` rows (a multiple of 4),
+// taken 4 at a time (4 independent dot products in flight). Forward keeps an online softmax
+// (running maximum and sum) and writes the output row and its log-sum-exp; backward recomputes
+// each probability from the saved log-sum-exp: dq per query row over the keys, dk and dv per key
+// row over the queries (no atomics, no Tq × Tk matrix). Causal attention skips the tiles it hides.
 #include "kernels/cuda/attention_kernels.h"
 
 namespace kiln::kernels {
@@ -57,6 +58,12 @@ __device__ void batch_offsets(const AttnArgs& a, i64 b, i64* off) {
 
 template <class T> __device__ const T* in(const AttnArgs& a, int k) { return (const T*)a.ptr[k]; }
 
+// Threads per row and rows per block of the head-size bucket DM (mirrored by the host).
+template <int DM> struct Shape {
+  static const int split = DM / 16;
+  static const int rows = 4096 / (DM < 64 ? 64 : DM);
+};
+
 // The sum of v over the row's SPLIT consecutive lanes.
 template <int SPLIT, class T> __device__ T row_sum(T v) {
   for (int o = SPLIT / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -66,103 +73,132 @@ template <int SPLIT, class T> __device__ T row_sum(T v) {
 // scale * dot + mask, -inf where causal hides key j from query i.
 template <class T> __device__ T score(const AttnArgs& a, const i64* off, T dot, i64 i, i64 j) {
   T s = dot * (T)a.scale;
-  if (a.has_mask && i < a.tq) s += in<T>(a, M)[off[M] + i * a.rs[M] + j * a.cs[M]];
+  if (a.has_mask && i < a.tq && j < a.tk) s += in<T>(a, M)[off[M] + i * a.rs[M] + j * a.cs[M]];
   if (a.causal && j > i) s = ninf<T>();
   return s;
 }
 
-// Rows [r0, r0 + cnt) of operand k (columns < d, zeros up to DM) into shared `dst` (row stride DM).
+// Rows [r0, r0 + cnt) of operand k (columns < d) into shared `dst` (row stride DM), zeros in the
+// other columns and in the rows up to the next multiple of 4.
 template <class T, int DM> __device__ void load_tile(const AttnArgs& a, const i64* off, int k, i64 r0, i64 cnt, T* dst) {
   const T* src = in<T>(a, k) + off[k];
-  for (i64 x = threadIdx.x; x < cnt * DM; x += blockDim.x) {
+  const i64 padded = (cnt + 3) / 4 * 4;
+  for (i64 x = threadIdx.x; x < padded * DM; x += blockDim.x) {
     const i64 r = x / DM, c = x % DM;
-    dst[x] = c < a.d ? src[(r0 + r) * a.rs[k] + c * a.cs[k]] : (T)0;
+    dst[x] = (r < cnt && c < a.d) ? src[(r0 + r) * a.rs[k] + c * a.cs[k]] : (T)0;
   }
 }
 
-// This thread's 32 head elements of row i of operand k (zeros past d or past the rows).
+// This thread's 16 head elements of row i of operand k (zeros past d or past the rows).
 template <class T, int DM> __device__ void load_row(const AttnArgs& a, const i64* off, int k, i64 i, i64 rows, int part, T* r) {
   const T* src = in<T>(a, k) + off[k];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const i64 c = e * (DM / 32) + part;
+  for (int e = 0; e < 16; ++e) {
+    const i64 c = e * (DM / 16) + part;
     r[e] = (i < rows && c < a.d) ? src[i * a.rs[k] + c * a.cs[k]] : (T)0;
   }
 }
 
+// x[u] = row . tile row (jj + u), u < 4, reduced over the row's lanes.
+template <class T, int DM> __device__ void dot4(const T* x, const T* tile, i64 jj, int part, T* out) {
+  constexpr int SPLIT = DM / 16;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) out[u] = 0;
+#pragma unroll
+  for (int e = 0; e < 16; ++e)
+#pragma unroll
+    for (int u = 0; u < 4; ++u) out[u] += x[e] * tile[(jj + u) * DM + e * SPLIT + part];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) out[u] = row_sum<SPLIT>(out[u]);
+}
+
+// acc[e] += sum_u w[u] * tile row (jj + u).
+template <class T, int DM> __device__ void axpy4(T* acc, const T* w, const T* tile, i64 jj, int part) {
+  constexpr int SPLIT = DM / 16;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    const T* t = tile + jj * DM + e * SPLIT + part;
+    acc[e] += w[0] * t[0] + w[1] * t[DM] + w[2] * t[2 * DM] + w[3] * t[3 * DM];
+  }
+}
+
 template <class T, int DM> __device__ void attn_fwd(const AttnArgs& a) {
-  constexpr int SPLIT = DM / 32;
+  constexpr int SPLIT = Shape<DM>::split, ROWS = Shape<DM>::rows;
   extern __shared__ __align__(16) unsigned char smem[];
   T* ks = (T*)smem;
   T* vs = ks + a.bt * DM;
   const int row = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
-  const i64 i0 = (i64)blockIdx.y * 64, i = i0 + row;
-  T q[32], acc[32];
+  const i64 i0 = (i64)blockIdx.y * ROWS, i = i0 + row;
+  T q[16], acc[16];
   load_row<T, DM>(a, off, Q, i, a.tq, part, q);
 #pragma unroll
-  for (int e = 0; e < 32; ++e) acc[e] = 0;
+  for (int e = 0; e < 16; ++e) acc[e] = 0;
   T m = ninf<T>(), l = 0;
-  const i64 jend = a.causal ? min(a.tk, i0 + 64) : a.tk;
+  const i64 jend = a.causal ? min(a.tk, i0 + ROWS) : a.tk;
   for (i64 j0 = 0; j0 < jend; j0 += a.bt) {
     const i64 cnt = min(a.bt, jend - j0);
     __syncthreads();
     load_tile<T, DM>(a, off, K, j0, cnt, ks);
     load_tile<T, DM>(a, off, V, j0, cnt, vs);
     __syncthreads();
-    for (i64 jj = 0; jj < cnt; ++jj) {
-      const T* kr = ks + jj * DM + part;
-      T dot = 0;
+    for (i64 jj = 0; jj < cnt; jj += 4) {
+      T s[4];
+      dot4<T, DM>(q, ks, jj, part, s);
+      T mx = m;
 #pragma unroll
-      for (int e = 0; e < 32; ++e) dot += q[e] * kr[e * SPLIT];
-      const T s = score<T>(a, off, row_sum<SPLIT>(dot), i, j0 + jj);
-      if (s == ninf<T>()) continue;
-      if (s > m) {
-        const T alpha = kexp(m - s);
+      for (int u = 0; u < 4; ++u) {
+        s[u] = jj + u < cnt ? score<T>(a, off, s[u], i, j0 + jj + u) : ninf<T>();
+        mx = max(mx, s[u]);
+      }
+      if (mx == ninf<T>()) continue;  // nothing visible yet
+      if (mx > m) {
+        const T alpha = kexp(m - mx);
         l *= alpha;
 #pragma unroll
-        for (int e = 0; e < 32; ++e) acc[e] *= alpha;
-        m = s;
+        for (int e = 0; e < 16; ++e) acc[e] *= alpha;
+        m = mx;
       }
-      const T p = kexp(s - m);
-      l += p;
-      const T* vr = vs + jj * DM + part;
 #pragma unroll
-      for (int e = 0; e < 32; ++e) acc[e] += p * vr[e * SPLIT];
+      for (int u = 0; u < 4; ++u) {
+        s[u] = s[u] == ninf<T>() ? (T)0 : kexp(s[u] - m);
+        l += s[u];
+      }
+      axpy4<T, DM>(acc, s, vs, jj, part);
     }
   }
   if (i >= a.tq) return;
   T* out = (T*)a.ptr[O] + off[O] + i * a.rs[O];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const i64 c = e * (DM / 32) + part;
+  for (int e = 0; e < 16; ++e) {
+    const i64 c = e * SPLIT + part;
     if (c < a.d) out[c * a.cs[O]] = a.tk == 0 ? (T)0 : acc[e] / l;
   }
   if (part == 0) out[a.d * a.cs[O]] = m + klog(l);
 }
 
-// dq for 64 query rows: dq_i = scale * sum_j p_ij (dp_ij - delta_i) k_j.
+// dq for ROWS query rows: dq_i = scale * sum_j p_ij (dp_ij - delta_i) k_j.
 template <class T, int DM> __device__ void attn_bwd_q(const AttnArgs& a) {
-  constexpr int SPLIT = DM / 32;
+  constexpr int SPLIT = Shape<DM>::split, ROWS = Shape<DM>::rows;
   extern __shared__ __align__(16) unsigned char smem[];
   T* ks = (T*)smem;
   T* vs = ks + a.bt * DM;
   const int row = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
-  const i64 i0 = (i64)blockIdx.y * 64, i = i0 + row;
-  T q[32], go[32], dq[32];
+  const i64 i0 = (i64)blockIdx.y * ROWS, i = i0 + row;
+  T q[16], go[16], dq[16];
   load_row<T, DM>(a, off, Q, i, a.tq, part, q);
   load_row<T, DM>(a, off, G, i, a.tq, part, go);
   // delta_i = dO_i . O_i - dLSE_i and the row's log-sum-exp (rows past tq: never written).
   T delta = 0, lse = 0;
   {
-    T o[32];
+    T o[16];
     load_row<T, DM>(a, off, F, i, a.tq, part, o);
     T dot = 0;
 #pragma unroll
-    for (int e = 0; e < 32; ++e) {
+    for (int e = 0; e < 16; ++e) {
       dot += go[e] * o[e];
       dq[e] = 0;
     }
@@ -172,45 +208,38 @@ template <class T, int DM> __device__ void attn_bwd_q(const AttnArgs& a) {
       lse = in<T>(a, F)[off[F] + i * a.rs[F] + a.d * a.cs[F]];
     }
   }
-  {
-    const i64 jend = a.causal ? min(a.tk, i0 + 64) : a.tk;
-    for (i64 j0 = 0; j0 < jend; j0 += a.bt) {
-      const i64 cnt = min(a.bt, jend - j0);
-      __syncthreads();
-      load_tile<T, DM>(a, off, K, j0, cnt, ks);
-      load_tile<T, DM>(a, off, V, j0, cnt, vs);
-      __syncthreads();
-      for (i64 jj = 0; jj < cnt; ++jj) {
-        const T* kr = ks + jj * DM + part;
-        const T* vr = vs + jj * DM + part;
-        T sd = 0, pd = 0;
+  const i64 jend = a.causal ? min(a.tk, i0 + ROWS) : a.tk;
+  for (i64 j0 = 0; j0 < jend; j0 += a.bt) {
+    const i64 cnt = min(a.bt, jend - j0);
+    __syncthreads();
+    load_tile<T, DM>(a, off, K, j0, cnt, ks);
+    load_tile<T, DM>(a, off, V, j0, cnt, vs);
+    __syncthreads();
+    for (i64 jj = 0; jj < cnt; jj += 4) {
+      T sd[4], pd[4];
+      dot4<T, DM>(q, ks, jj, part, sd);
+      dot4<T, DM>(go, vs, jj, part, pd);
 #pragma unroll
-        for (int e = 0; e < 32; ++e) {
-          sd += q[e] * kr[e * SPLIT];
-          pd += go[e] * vr[e * SPLIT];
-        }
-        sd = row_sum<SPLIT>(sd);
-        pd = row_sum<SPLIT>(pd);
-        const T s = score<T>(a, off, sd, i, j0 + jj);
-        const T p = (a.causal && j0 + jj > i) ? (T)0 : kexp(s - lse);
-        const T ds = p * (pd - delta) * (T)a.scale;
-#pragma unroll
-        for (int e = 0; e < 32; ++e) dq[e] += ds * kr[e * SPLIT];
+      for (int u = 0; u < 4; ++u) {
+        const i64 j = j0 + jj + u;
+        const T p = (jj + u >= cnt || (a.causal && j > i)) ? (T)0 : kexp(score<T>(a, off, sd[u], i, j) - lse);
+        sd[u] = p * (pd[u] - delta) * (T)a.scale;
       }
+      axpy4<T, DM>(dq, sd, ks, jj, part);
     }
   }
   if (i >= a.tq) return;
   T* out = (T*)a.ptr[O] + off[O] + i * a.rs[O];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const i64 c = e * (DM / 32) + part;
+  for (int e = 0; e < 16; ++e) {
+    const i64 c = e * SPLIT + part;
     if (c < a.d) out[c * a.cs[O]] = dq[e];
   }
 }
 
-// dk, dv for 64 key rows: dv_j = sum_i p_ij dO_i, dk_j = scale * sum_i p_ij (dp_ij - delta_i) q_i.
+// dk, dv for ROWS key rows: dv_j = sum_i p_ij dO_i, dk_j = scale * sum_i p_ij (dp_ij - delta_i) q_i.
 template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
-  constexpr int SPLIT = DM / 32;
+  constexpr int SPLIT = Shape<DM>::split, ROWS = Shape<DM>::rows;
   extern __shared__ __align__(16) unsigned char smem[];
   T* qs = (T*)smem;
   T* gs = qs + a.bt * DM;
@@ -219,12 +248,12 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
   const int row = threadIdx.x / SPLIT, part = threadIdx.x % SPLIT;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
-  const i64 j0 = (i64)blockIdx.y * 64, j = j0 + row;
-  T k[32], v[32], dk[32], dv[32];
+  const i64 j0 = (i64)blockIdx.y * ROWS, j = j0 + row;
+  T k[16], v[16], dk[16], dv[16];
   load_row<T, DM>(a, off, K, j, a.tk, part, k);
   load_row<T, DM>(a, off, V, j, a.tk, part, v);
 #pragma unroll
-  for (int e = 0; e < 32; ++e) dk[e] = dv[e] = 0;
+  for (int e = 0; e < 16; ++e) dk[e] = dv[e] = 0;
   const T* fp = in<T>(a, F) + off[F];
   const T* gp = in<T>(a, G) + off[G];
   for (i64 i0 = a.causal ? j0 : 0; i0 < a.tq; i0 += a.bt) {
@@ -240,33 +269,27 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
       lse[r] = fp[i * a.rs[F] + a.d * a.cs[F]];
     }
     __syncthreads();
-    for (i64 ii = 0; ii < cnt; ++ii) {
-      const i64 i = i0 + ii;
-      const T* qr = qs + ii * DM + part;
-      const T* gr = gs + ii * DM + part;
-      T sd = 0, pd = 0;
+    for (i64 ii = 0; ii < cnt; ii += 4) {
+      T sd[4], pd[4];
+      dot4<T, DM>(k, qs, ii, part, sd);
+      dot4<T, DM>(v, gs, ii, part, pd);
 #pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        sd += qr[e * SPLIT] * k[e];
-        pd += gr[e * SPLIT] * v[e];
+      for (int u = 0; u < 4; ++u) {
+        const i64 i = i0 + ii + u;
+        const bool live = ii + u < cnt && j < a.tk && !(a.causal && j > i);
+        const T p = live ? kexp(score<T>(a, off, sd[u], i, j) - lse[ii + u]) : (T)0;
+        sd[u] = p * (pd[u] - (live ? delta[ii + u] : (T)0)) * (T)a.scale;
+        pd[u] = p;
       }
-      sd = row_sum<SPLIT>(sd);
-      pd = row_sum<SPLIT>(pd);
-      const T s = score<T>(a, off, sd, i, j < a.tk ? j : 0);
-      const T p = (a.causal && j > i) ? (T)0 : kexp(s - lse[ii]);
-      const T ds = p * (pd - delta[ii]) * (T)a.scale;
-#pragma unroll
-      for (int e = 0; e < 32; ++e) {
-        dv[e] += p * gr[e * SPLIT];
-        dk[e] += ds * qr[e * SPLIT];
-      }
+      axpy4<T, DM>(dv, pd, gs, ii, part);
+      axpy4<T, DM>(dk, sd, qs, ii, part);
     }
   }
   if (j >= a.tk) return;
   T* out = (T*)a.ptr[O] + off[O];
 #pragma unroll
-  for (int e = 0; e < 32; ++e) {
-    const i64 c = e * (DM / 32) + part;
+  for (int e = 0; e < 16; ++e) {
+    const i64 c = e * SPLIT + part;
     if (c < a.d) {
       out[(a.tq + j) * a.rs[O] + c * a.cs[O]] = dk[e];
       out[(a.tq + a.tk + j) * a.rs[O] + c * a.cs[O]] = dv[e];
@@ -274,8 +297,15 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
   }
 }
 
-#define KILN_ATTENTION(NAME, KIND, T, DM) \
-  extern "C" __global__ void NAME(AttnArgs a) { KIND<T, DM>(a); }
+// Forward uses few registers (two blocks per SM); the backward kernels keep four rows of values
+// per thread and get the registers they need (no spills).
+#define KILN_ATTENTION_attn_fwd(NAME, T, DM) \
+  extern "C" __global__ void __launch_bounds__(256, 2) NAME(AttnArgs a) { attn_fwd<T, DM>(a); }
+#define KILN_ATTENTION_attn_bwd_q(NAME, T, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { attn_bwd_q<T, DM>(a); }
+#define KILN_ATTENTION_attn_bwd_kv(NAME, T, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { attn_bwd_kv<T, DM>(a); }
+#define KILN_ATTENTION(NAME, KIND, T, DM) KILN_ATTENTION_##KIND(NAME, T, DM)
 )CUDA";
 
 }  // namespace

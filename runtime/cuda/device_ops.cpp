@@ -139,7 +139,9 @@ struct AttnArgs {
   double scale = 0;
 };
 constexpr int kAttnQ = 0, kAttnK = 1, kAttnV = 2, kAttnMask = 3, kAttnFwd = 4, kAttnGout = 5, kAttnOut = 6;
-constexpr int64_t kAttnRows = 64;  // rows per block (the kernels' constant)
+// Rows per block and threads per row of a head-size bucket (the kernels' Shape<DM>).
+int64_t attn_rows(int head) { return 4096 / std::max(head, 64); }
+int64_t attn_split(int head) { return head / 16; }
 
 // Sets operand `k` of `a` from `o`, whose dims are the batch dims then two more (the mask:
 // broadcast to [batch..., tq, tk] first).
@@ -162,9 +164,10 @@ void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const Attn
   void* params[] = {&args};
   const int64_t item = static_cast<int64_t>(itemsize(dt));
   const int64_t shared = 2 * a.bt * head * item + (kernel == DeviceKernel::AttentionBackwardKV ? 2 * a.bt * item : 0);
-  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + kAttnRows - 1) / kAttnRows), 1,
-                            static_cast<unsigned>(kAttnRows * head / 32), 1, 1, static_cast<unsigned>(shared), enter(device),
-                            params, nullptr),
+  const int64_t per = attn_rows(head);
+  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per), 1,
+                            static_cast<unsigned>(per * attn_split(head)), 1, 1, static_cast<unsigned>(shared),
+                            enter(device), params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, false);
 }
@@ -202,7 +205,7 @@ void attention(int device, const Node& n, const Operand& out) {
   a.scale = std::bit_cast<double>(n.attrs.ints[1]);
   const int head = kernels::attention_head_bucket(a.d);
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
-  a.bt = std::min<int64_t>(64, 40960 / (2 * head * item));
+  a.bt = std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)
   if (fwd) {
     attn_launch(device, DeviceKernel::AttentionForward, n.dtype, head, a, batch, a.tq);
   } else {
@@ -221,7 +224,7 @@ bool attention_handled(const Node& n) {
   const int64_t d = qs.back().as_int(), tq = qs[qs.size() - 2].as_int(), tk = ks[ks.size() - 2].as_int();
   int64_t batch = 1;
   for (size_t i = 0; i + 2 < qs.size(); ++i) batch *= qs[i].as_int();
-  const int64_t max_rows = int64_t{65535} * kAttnRows;
+  const int64_t max_rows = int64_t{65535} * attn_rows(256);
   return d >= 1 && d <= 256 && tq < max_rows && tk < max_rows && batch < (int64_t{1} << 31);
 }
 
