@@ -225,6 +225,15 @@ TEST(CudaDevice, MatmulOnCublasMatchesTheCpu) {
                      std::to_string(K) + " N=" + std::to_string(N) + (ta ? " A^T" : "") + (tb ? " B^T" : ""));
     if (HasFailure()) return;
   }
+  // Heads transposed out of a projection ([B, T, H, D] -> [B, H, T, D]: batch dims that do not
+  // collapse to one stride) and matrices without a unit stride: copied densely, still on the GPU.
+  for (int c = 0; c < 6; ++c) {
+    kiln::DType dt = c % 2 ? kiln::kFloat64 : kiln::kFloat32;
+    Tensor x = kiln::randn({2, 7, 3, 5}, dt).transpose(1, 2), y = kiln::randn({2, 9, 3, 5}, dt).transpose(1, 2);
+    Tensor yt = c < 4 ? y.transpose(-2, -1) : kiln::randn({2, 3, 5, 9}, dt).flip({3});
+    expect_close(kiln::matmul(x.cuda(), c < 4 ? y.cuda().transpose(-2, -1) : yt.cuda()), kiln::matmul(x, yt),
+                 rtol_of(dt, true), atol_of(dt) * 60, "transposed heads " + std::to_string(c));
+  }
   Tensor i = kiln::randint(-5, 5, {4, 6}), j = kiln::randint(-5, 5, {6, 3});  // integers: exact
   EXPECT_EQ(kiln::matmul(i.cuda(), j.cuda()).cpu().to_vector<int64_t>(), kiln::matmul(i, j).to_vector<int64_t>());
 }

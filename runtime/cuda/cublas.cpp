@@ -7,6 +7,7 @@
 
 #include "runtime/core/error.h"
 #include "runtime/cuda/cuda_runtime.h"
+#include "runtime/cuda/device_ops.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/exec/device_runtime.h"
 
@@ -139,12 +140,24 @@ bool have_cublas() { return lib().ok; }
 const std::string& cublas_unavailable_reason() { return lib().reason; }
 
 bool gemm(Node& n) {
-  const Node& a = *n.inputs[0];
-  const Node& b = *n.inputs[1];
   cudaDataType_t type;
   cublasComputeType_t compute;
   if (!have_cublas() || !cuda_type(n.dtype, type, compute)) return false;
+  // Operands whose batch dims do not collapse to one stride (heads transposed out of a
+  // projection) or whose matrices have no unit stride are copied densely first.
+  NodePtr dense_a, dense_b;
   const size_t r = n.shape.size(), nb = r - 2;
+  auto usable = [&](const Node& x) {
+    cublasOperation_t op;
+    int64_t ld = 0, st = 0;
+    const int64_t rows = x.shape[r - 2].as_int(), cols = x.shape[r - 1].as_int();
+    return as_column_major(rows, cols, x.strides[r - 2].as_int(), x.strides[r - 1].as_int(), op, ld) &&
+           batch_stride(x, nb, st);
+  };
+  if (!usable(*n.inputs[0]) && !(dense_a = dense_copy(*n.inputs[0]))) return false;
+  if (!usable(*n.inputs[1]) && !(dense_b = dense_copy(*n.inputs[1]))) return false;
+  const Node& a = dense_a ? *dense_a : *n.inputs[0];
+  const Node& b = dense_b ? *dense_b : *n.inputs[1];
   const int64_t M = n.shape[r - 2].as_int(), N = n.shape[r - 1].as_int(), K = a.shape[r - 1].as_int();
   int64_t batch = 1;
   for (size_t d = 0; d < nb; ++d) batch *= n.shape[d].as_int();

@@ -14,4 +14,9 @@ namespace kiln::cu {
 // (cuda_runtime.h).
 bool run_device_op(Node& n);
 
+// A dense row-major copy of materialized node `n`'s elements on its device (queued on the
+// device's stream), as a node of its own; null where the copy kernel does not take it (more than
+// 8 dims of size > 1, no NVRTC). For library calls that need a layout `n` does not have.
+NodePtr dense_copy(const Node& n);
+
 }  // namespace kiln::cu
