@@ -297,6 +297,312 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
   }
 }
 
+// ---- tiled kernels: float32, head sizes up to 64 ----
+// A block takes 64 rows and 256 threads; the 64 x 64 score tile is computed as 4 x 4 micro-tiles
+// per thread (rows ty + 16a, columns tx + 16b) from operands in shared memory (row pitch DM + 1:
+// conflict-free strided reads), so each shared load feeds two multiply-adds. The row softmax of a
+// tile runs on 4 threads per row. Shared memory beyond 48 KiB is opted into by the host.
+
+template <int DM> struct Tiled {
+  static const int P = DM + 1;   // row pitch of the operand tiles
+  static const int NB = DM / 16; // output columns per thread
+};
+
+// Rows [r0, r0 + cnt) of operand k into dst (pitch P), zeros elsewhere in the 64-row tile.
+template <int DM> __device__ void tile64(const AttnArgs& a, const i64* off, int k, i64 r0, i64 cnt, float* dst) {
+  const float* src = in<float>(a, k) + off[k];
+  for (int x = threadIdx.x; x < 64 * DM; x += 256) {
+    const int r = x / DM, c = x % DM;
+    dst[r * Tiled<DM>::P + c] = (r < cnt && c < a.d) ? src[(r0 + r) * a.rs[k] + c * a.cs[k]] : 0.f;
+  }
+}
+
+// delta_i = dO_i . O_i - dLSE_i and lse_i for the 64 query rows at i0 (4 threads per row);
+// rows past tq get lse = +inf (probability 0) and delta = 0.
+template <int DM> __device__ void row_stats(const AttnArgs& a, const i64* off, i64 i0, const float* gs, float* lse, float* delta) {
+  const int row = threadIdx.x >> 2, part = threadIdx.x & 3;
+  const i64 i = i0 + row;
+  float dot = 0.f;
+  if (i < a.tq) {
+    const float* f = in<float>(a, F) + off[F] + i * a.rs[F];
+    for (int c = part; c < a.d; c += 4) dot += gs[row * Tiled<DM>::P + c] * f[c * a.cs[F]];
+  }
+  dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+  dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+  if (part == 0) {
+    if (i < a.tq) {
+      delta[row] = dot - in<float>(a, G)[off[G] + i * a.rs[G] + a.d * a.cs[G]];
+      lse[row] = in<float>(a, F)[off[F] + i * a.rs[F] + a.d * a.cs[F]];
+    } else {
+      delta[row] = 0.f;
+      lse[row] = __int_as_float(0x7f800000);
+    }
+  }
+}
+
+// s[a][b] = sum_d x[(ty + 16a)][d] * y[(tx + 16b)][d] over two pitch-P tiles.
+template <int DM> __device__ void mm_nt(const float* x, const float* y, int ty, int tx, float s[4][4]) {
+  constexpr int P = Tiled<DM>::P;
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int w = 0; w < 4; ++w) s[u][w] = 0.f;
+#pragma unroll 8
+  for (int d = 0; d < DM; ++d) {
+    float xa[4], yb[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      xa[u] = x[(ty + 16 * u) * P + d];
+      yb[u] = y[(tx + 16 * u) * P + d];
+    }
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) s[u][w] += xa[u] * yb[w];
+  }
+}
+
+// acc[a][b] += sum_{k < n} w[(ty + 16a) * 65 + k] * t[k * pitch + tx + 16b].
+template <int DM> __device__ void mm_acc(const float* w, const float* t, int pitch, int n, int ty, int tx, float acc[4][DM / 16]) {
+  constexpr int NB = Tiled<DM>::NB;
+#pragma unroll 4
+  for (int k = 0; k < n; ++k) {
+    float wa[4], tb[NB];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) wa[u] = w[(ty + 16 * u) * 65 + k];
+#pragma unroll
+    for (int v = 0; v < NB; ++v) tb[v] = t[k * pitch + tx + 16 * v];
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int v = 0; v < NB; ++v) acc[u][v] += wa[u] * tb[v];
+  }
+}
+
+template <int DM> __device__ void attn_fwd_tiled(const AttnArgs& a) {
+  constexpr int P = Tiled<DM>::P, NB = Tiled<DM>::NB;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qs = (float*)smem;
+  float* ks = qs + 64 * P;
+  float* vs = ks + 64 * P;
+  float* ss = vs + 64 * P;
+  float* rm = ss + 64 * 65;
+  float* rl = rm + 64;
+  float* ra = rl + 64;
+  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 i0 = (i64)blockIdx.y * 64;
+  tile64<DM>(a, off, Q, i0, min((i64)64, a.tq - i0), qs);
+  if (tid < 64) {
+    rm[tid] = ninf<float>();
+    rl[tid] = 0.f;
+  }
+  float acc[4][NB];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < NB; ++v) acc[u][v] = 0.f;
+  const i64 jend = a.causal ? min(a.tk, i0 + 64) : a.tk;
+  for (i64 j0 = 0; j0 < jend; j0 += 64) {
+    const i64 cnt = min((i64)64, jend - j0);
+    __syncthreads();
+    tile64<DM>(a, off, K, j0, cnt, ks);
+    tile64<DM>(a, off, V, j0, cnt, vs);
+    __syncthreads();
+    float s[4][4];
+    mm_nt<DM>(qs, ks, ty, tx, s);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int c = tx + 16 * w;
+        ss[(ty + 16 * u) * 65 + c] = c < cnt ? score<float>(a, off, s[u][w], i0 + ty + 16 * u, j0 + c) : ninf<float>();
+      }
+    __syncthreads();
+    {  // online softmax of the tile, 4 threads per row
+      const int row = tid >> 2, part = tid & 3;
+      float* sr = ss + row * 65 + part * 16;
+      float mx = ninf<float>();
+      for (int c = 0; c < 16; ++c) mx = fmaxf(mx, sr[c]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_old = rm[row], m_new = fmaxf(m_old, mx);
+      float sum = 0.f;
+      for (int c = 0; c < 16; ++c) {
+        const float p = sr[c] == ninf<float>() ? 0.f : expf(sr[c] - m_new);
+        sr[c] = p;
+        sum += p;
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      __syncwarp();
+      if (part == 0) {
+        const float alpha = m_old == ninf<float>() ? 0.f : expf(m_old - m_new);
+        rl[row] = rl[row] * alpha + sum;
+        rm[row] = m_new;
+        ra[row] = alpha;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const float al = ra[ty + 16 * u];
+#pragma unroll
+      for (int v = 0; v < NB; ++v) acc[u][v] *= al;
+    }
+    mm_acc<DM>(ss, vs, P, (int)cnt, ty, tx, acc);
+  }
+  __syncthreads();
+  float* out = (float*)a.ptr[O] + off[O];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const int row = ty + 16 * u;
+    const i64 i = i0 + row;
+    if (i >= a.tq) continue;
+#pragma unroll
+    for (int v = 0; v < NB; ++v) {
+      const int c = tx + 16 * v;
+      if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = a.tk == 0 ? 0.f : acc[u][v] / rl[row];
+    }
+  }
+  if (tid < 64 && i0 + tid < a.tq) out[(i0 + tid) * a.rs[O] + a.d * a.cs[O]] = rm[tid] + logf(rl[tid]);
+}
+
+// dq for 64 query rows, over 64-key tiles.
+template <int DM> __device__ void attn_bwd_q_tiled(const AttnArgs& a) {
+  constexpr int P = Tiled<DM>::P, NB = Tiled<DM>::NB;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* qs = (float*)smem;
+  float* gs = qs + 64 * P;
+  float* ks = gs + 64 * P;
+  float* vs = ks + 64 * P;
+  float* ds = vs + 64 * P;
+  float* lse = ds + 64 * 65;
+  float* delta = lse + 64;
+  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 i0 = (i64)blockIdx.y * 64;
+  const i64 rows = min((i64)64, a.tq - i0);
+  tile64<DM>(a, off, Q, i0, rows, qs);
+  tile64<DM>(a, off, G, i0, rows, gs);
+  __syncthreads();
+  row_stats<DM>(a, off, i0, gs, lse, delta);
+  float acc[4][NB];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < NB; ++v) acc[u][v] = 0.f;
+  const i64 jend = a.causal ? min(a.tk, i0 + 64) : a.tk;
+  for (i64 j0 = 0; j0 < jend; j0 += 64) {
+    const i64 cnt = min((i64)64, jend - j0);
+    __syncthreads();
+    tile64<DM>(a, off, K, j0, cnt, ks);
+    tile64<DM>(a, off, V, j0, cnt, vs);
+    __syncthreads();
+    float s[4][4], dp[4][4];
+    mm_nt<DM>(qs, ks, ty, tx, s);
+    mm_nt<DM>(gs, vs, ty, tx, dp);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int r = ty + 16 * u, c = tx + 16 * w;
+        const i64 i = i0 + r, j = j0 + c;
+        const bool live = c < cnt && i < a.tq && !(a.causal && j > i);
+        const float p = live ? expf(score<float>(a, off, s[u][w], i, j) - lse[r]) : 0.f;
+        ds[r * 65 + c] = p * (dp[u][w] - delta[r]) * (float)a.scale;
+      }
+    __syncthreads();
+    mm_acc<DM>(ds, ks, P, (int)cnt, ty, tx, acc);
+  }
+  float* out = (float*)a.ptr[O] + off[O];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const i64 i = i0 + ty + 16 * u;
+    if (i >= a.tq) continue;
+#pragma unroll
+    for (int v = 0; v < NB; ++v) {
+      const int c = tx + 16 * v;
+      if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = acc[u][v];
+    }
+  }
+}
+
+// dk, dv for 64 key rows, over 64-query tiles.
+template <int DM> __device__ void attn_bwd_kv_tiled(const AttnArgs& a) {
+  constexpr int P = Tiled<DM>::P, NB = Tiled<DM>::NB;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float* ks = (float*)smem;
+  float* vs = ks + 64 * P;
+  float* qs = vs + 64 * P;
+  float* gs = qs + 64 * P;
+  float* ps = gs + 64 * P;
+  float* ds = ps + 64 * 65;
+  float* lse = ds + 64 * 65;
+  float* delta = lse + 64;
+  const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 j0 = (i64)blockIdx.y * 64;
+  const i64 keys = min((i64)64, a.tk - j0);
+  tile64<DM>(a, off, K, j0, keys, ks);
+  tile64<DM>(a, off, V, j0, keys, vs);
+  float dk[4][NB], dv[4][NB];
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < NB; ++v) dk[u][v] = dv[u][v] = 0.f;
+  for (i64 i0 = a.causal ? j0 : 0; i0 < a.tq; i0 += 64) {
+    const i64 cnt = min((i64)64, a.tq - i0);
+    __syncthreads();
+    tile64<DM>(a, off, Q, i0, cnt, qs);
+    tile64<DM>(a, off, G, i0, cnt, gs);
+    __syncthreads();
+    row_stats<DM>(a, off, i0, gs, lse, delta);
+    __syncthreads();
+    float s[4][4], dp[4][4];
+    mm_nt<DM>(ks, qs, ty, tx, s);   // [key][query]
+    mm_nt<DM>(vs, gs, ty, tx, dp);
+#pragma unroll
+    for (int u = 0; u < 4; ++u)
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const int r = ty + 16 * u, c = tx + 16 * w;  // key r, query c
+        const i64 j = j0 + r, i = i0 + c;
+        const bool live = c < cnt && r < keys && !(a.causal && j > i);
+        const float p = live ? expf(score<float>(a, off, s[u][w], i, j) - lse[c]) : 0.f;
+        ps[r * 65 + c] = p;
+        ds[r * 65 + c] = p * (dp[u][w] - delta[c]) * (float)a.scale;
+      }
+    __syncthreads();
+    mm_acc<DM>(ps, gs, P, (int)cnt, ty, tx, dv);
+    mm_acc<DM>(ds, qs, P, (int)cnt, ty, tx, dk);
+  }
+  float* out = (float*)a.ptr[O] + off[O];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const i64 j = j0 + ty + 16 * u;
+    if (j >= a.tk) continue;
+#pragma unroll
+    for (int v = 0; v < NB; ++v) {
+      const int c = tx + 16 * v;
+      if (c < a.d) {
+        out[(a.tq + j) * a.rs[O] + c * a.cs[O]] = dk[u][v];
+        out[(a.tq + a.tk + j) * a.rs[O] + c * a.cs[O]] = dv[u][v];
+      }
+    }
+  }
+}
+
+#define KILN_ATTENTION_attn_fwd_tiled(NAME, T, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { attn_fwd_tiled<DM>(a); }
+#define KILN_ATTENTION_attn_bwd_q_tiled(NAME, T, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { attn_bwd_q_tiled<DM>(a); }
+#define KILN_ATTENTION_attn_bwd_kv_tiled(NAME, T, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { attn_bwd_kv_tiled<DM>(a); }
+
 // Forward uses few registers (two blocks per SM); the backward kernels keep four rows of values
 // per thread and get the registers they need (no spills).
 #define KILN_ATTENTION_attn_fwd(NAME, T, DM) \

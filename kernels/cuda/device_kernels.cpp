@@ -336,13 +336,23 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::Pow: return "KILN_POW";
     case DeviceKernel::AttentionForward:
     case DeviceKernel::AttentionBackwardQ:
-    case DeviceKernel::AttentionBackwardKV: return "KILN_ATTENTION";
+    case DeviceKernel::AttentionBackwardKV:
+    case DeviceKernel::AttentionForwardTiled:
+    case DeviceKernel::AttentionBackwardQTiled:
+    case DeviceKernel::AttentionBackwardKVTiled: return "KILN_ATTENTION";
   }
   return "";
 }
 
 const char* attention_template(DeviceKernel k) {
-  return k == DeviceKernel::AttentionForward ? "attn_fwd" : k == DeviceKernel::AttentionBackwardQ ? "attn_bwd_q" : "attn_bwd_kv";
+  switch (k) {
+    case DeviceKernel::AttentionForward: return "attn_fwd";
+    case DeviceKernel::AttentionBackwardQ: return "attn_bwd_q";
+    case DeviceKernel::AttentionBackwardKV: return "attn_bwd_kv";
+    case DeviceKernel::AttentionForwardTiled: return "attn_fwd_tiled";
+    case DeviceKernel::AttentionBackwardQTiled: return "attn_bwd_q_tiled";
+    default: return "attn_bwd_kv_tiled";
+  }
 }
 
 const DType kAll[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
@@ -364,15 +374,15 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::AttentionForward:
     case DeviceKernel::AttentionBackwardQ:
     case DeviceKernel::AttentionBackwardKV:
+    case DeviceKernel::AttentionForwardTiled:
+    case DeviceKernel::AttentionBackwardQTiled:
+    case DeviceKernel::AttentionBackwardKVTiled:
       return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) + "_h" + std::to_string(k.head);
   }
   return "";
 }
 
-bool is_attention_kernel(DeviceKernel k) {
-  return k == DeviceKernel::AttentionForward || k == DeviceKernel::AttentionBackwardQ ||
-         k == DeviceKernel::AttentionBackwardKV;
-}
+bool is_attention_kernel(DeviceKernel k) { return k >= DeviceKernel::AttentionForward; }
 
 int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
@@ -406,6 +416,9 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
   for (DeviceKernel k : {DeviceKernel::AttentionForward, DeviceKernel::AttentionBackwardQ, DeviceKernel::AttentionBackwardKV})
     for (DType t : {DType::Float32, DType::Float64})
       for (int head : {32, 64, 128, 256}) v.push_back({k, t, DType::Int64, head});
+  for (DeviceKernel k :
+       {DeviceKernel::AttentionForwardTiled, DeviceKernel::AttentionBackwardQTiled, DeviceKernel::AttentionBackwardKVTiled})
+    for (int head : {32, 64}) v.push_back({k, DType::Float32, DType::Int64, head});
   return v;
 }
 

@@ -27,6 +27,10 @@ enum class DeviceKernel {
   AttentionForward,     // packed output rows + log-sum-exp
   AttentionBackwardQ,   // dq rows of the stacked gradient
   AttentionBackwardKV,  // dk and dv rows of the stacked gradient
+  // The same three as 64 x 64 tiles (float32, head sizes up to 64; opt into > 48 KiB of shared memory).
+  AttentionForwardTiled,
+  AttentionBackwardQTiled,
+  AttentionBackwardKVTiled,
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).

@@ -154,7 +154,21 @@ void attn_operand(AttnArgs& a, int k, const Operand& o, const std::vector<int64_
   a.cs[k] = st[r - 1];
 }
 
-// Queues `kernel` over `rows` rows (64 per block) of each batch element.
+bool tiled(DeviceKernel k) { return k >= DeviceKernel::AttentionForwardTiled; }
+
+// Shared memory of a launch (the kernels' layouts).
+int64_t attn_shared(DeviceKernel k, int head, int64_t item, int64_t bt) {
+  const int64_t tile = 64 * (head + 1), scores = 64 * 65;
+  switch (k) {
+    case DeviceKernel::AttentionForwardTiled: return (3 * tile + scores + 3 * 64) * 4;
+    case DeviceKernel::AttentionBackwardQTiled: return (4 * tile + scores + 2 * 64) * 4;
+    case DeviceKernel::AttentionBackwardKVTiled: return (4 * tile + 2 * scores + 2 * 64) * 4;
+    case DeviceKernel::AttentionBackwardKV: return 2 * bt * head * item + 2 * bt * item;
+    default: return 2 * bt * head * item;
+  }
+}
+
+// Queues `kernel` over `rows` rows (per block: 64 tiled, else attn_rows) of each batch element.
 void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const AttnArgs& a, int64_t batch, int64_t rows) {
   if (batch == 0 || rows == 0) return;
   const DeviceKernelInstance k{kernel, dt, DType::Int64, head};
@@ -162,11 +176,14 @@ void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const Attn
   CUfunction f = function(device, k, name);
   AttnArgs args = a;
   void* params[] = {&args};
-  const int64_t item = static_cast<int64_t>(itemsize(dt));
-  const int64_t shared = 2 * a.bt * head * item + (kernel == DeviceKernel::AttentionBackwardKV ? 2 * a.bt * item : 0);
-  const int64_t per = attn_rows(head);
+  const int64_t shared = attn_shared(kernel, head, static_cast<int64_t>(itemsize(dt)), a.bt);
+  if (shared > 48 * 1024)  // (opting in is per function; repeating it costs a driver call)
+    check(api().func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared)),
+          "cuFuncSetAttribute");
+  const int64_t per = tiled(kernel) ? 64 : attn_rows(head);
   check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per), 1,
-                            static_cast<unsigned>(per * attn_split(head)), 1, 1, static_cast<unsigned>(shared),
+                            static_cast<unsigned>(tiled(kernel) ? 256 : per * attn_split(head)), 1, 1,
+                            static_cast<unsigned>(shared),
                             enter(device), params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, false);
@@ -206,11 +223,16 @@ void attention(int device, const Node& n, const Operand& out) {
   const int head = kernels::attention_head_bucket(a.d);
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
   a.bt = std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)
+  // float32 with heads up to 64: the tiled kernels; else the row kernels.
+  const bool tile = n.dtype == DType::Float32 && head <= 64;
   if (fwd) {
-    attn_launch(device, DeviceKernel::AttentionForward, n.dtype, head, a, batch, a.tq);
+    attn_launch(device, tile ? DeviceKernel::AttentionForwardTiled : DeviceKernel::AttentionForward, n.dtype, head, a, batch,
+                a.tq);
   } else {
-    attn_launch(device, DeviceKernel::AttentionBackwardQ, n.dtype, head, a, batch, a.tq);
-    attn_launch(device, DeviceKernel::AttentionBackwardKV, n.dtype, head, a, batch, a.tk);
+    attn_launch(device, tile ? DeviceKernel::AttentionBackwardQTiled : DeviceKernel::AttentionBackwardQ, n.dtype, head, a,
+                batch, a.tq);
+    attn_launch(device, tile ? DeviceKernel::AttentionBackwardKVTiled : DeviceKernel::AttentionBackwardKV, n.dtype, head,
+                a, batch, a.tk);
   }
 }
 
