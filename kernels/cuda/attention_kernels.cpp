@@ -298,15 +298,17 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
 }
 
 // ---- tiled kernels: float32, head sizes up to 64 ----
-// A block takes 64 rows and 256 threads; the 64 x 64 score tile is computed as 4 x 4 micro-tiles
-// per thread (rows ty + 16a, columns tx + 16b) from operands in shared memory (row pitch DM + 1:
-// conflict-free strided reads), so each shared load feeds two multiply-adds. The row softmax of a
-// tile runs on 4 threads per row. Shared memory beyond 48 KiB is opted into by the host.
+// A block takes 64 rows and 256 threads; a 64 x 64 product tile is computed as 4 x 4 micro-tiles
+// per thread (rows ty + 16a, columns tx + 16b) from operands in shared memory, read as float4
+// along the reduced dim (row pitch DM + 4 and score pitch 68: 16-byte aligned rows whose
+// quarter-warp reads fall in distinct banks). The row softmax of a tile runs on 4 threads per
+// row. Shared memory beyond 48 KiB is opted into by the host.
 
 template <int DM> struct Tiled {
-  static const int P = DM + 1;   // row pitch of the operand tiles
+  static const int P = DM + 4;   // row pitch of the operand tiles
   static const int NB = DM / 16; // output columns per thread
 };
+#define SP 68  // row pitch of the score tiles
 
 // Rows [r0, r0 + cnt) of operand k into dst (pitch P), zeros elsewhere in the 64-row tile.
 template <int DM> __device__ void tile64(const AttnArgs& a, const i64* off, int k, i64 r0, i64 cnt, float* dst) {
@@ -347,35 +349,42 @@ template <int DM> __device__ void mm_nt(const float* x, const float* y, int ty, 
   for (int u = 0; u < 4; ++u)
 #pragma unroll
     for (int w = 0; w < 4; ++w) s[u][w] = 0.f;
-#pragma unroll 8
-  for (int d = 0; d < DM; ++d) {
-    float xa[4], yb[4];
+#pragma unroll 2
+  for (int d = 0; d < DM; d += 4) {
+    float4 xa[4], yb[4];
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
-      xa[u] = x[(ty + 16 * u) * P + d];
-      yb[u] = y[(tx + 16 * u) * P + d];
+      xa[u] = *reinterpret_cast<const float4*>(x + (ty + 16 * u) * P + d);
+      yb[u] = *reinterpret_cast<const float4*>(y + (tx + 16 * u) * P + d);
     }
 #pragma unroll
     for (int u = 0; u < 4; ++u)
 #pragma unroll
-      for (int w = 0; w < 4; ++w) s[u][w] += xa[u] * yb[w];
+      for (int w = 0; w < 4; ++w)
+        s[u][w] += xa[u].x * yb[w].x + xa[u].y * yb[w].y + xa[u].z * yb[w].z + xa[u].w * yb[w].w;
   }
 }
 
-// acc[a][b] += sum_{k < n} w[(ty + 16a) * 65 + k] * t[k * pitch + tx + 16b].
-template <int DM> __device__ void mm_acc(const float* w, const float* t, int pitch, int n, int ty, int tx, float acc[4][DM / 16]) {
-  constexpr int NB = Tiled<DM>::NB;
-#pragma unroll 4
-  for (int k = 0; k < n; ++k) {
-    float wa[4], tb[NB];
+// acc[a][b] += sum_{k < n} w[(ty + 16a) * SP + k] * t[k * P + tx + 16b]; w is zero for k >= n up
+// to the next multiple of 4 and t's rows there are zero.
+template <int DM> __device__ void mm_acc(const float* w, const float* t, int n, int ty, int tx, float acc[4][DM / 16]) {
+  constexpr int P = Tiled<DM>::P, NB = Tiled<DM>::NB;
+  for (int k = 0; k < n; k += 4) {
+    float4 wa[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) wa[u] = w[(ty + 16 * u) * 65 + k];
+    for (int u = 0; u < 4; ++u) wa[u] = *reinterpret_cast<const float4*>(w + (ty + 16 * u) * SP + k);
 #pragma unroll
-    for (int v = 0; v < NB; ++v) tb[v] = t[k * pitch + tx + 16 * v];
+    for (int kk = 0; kk < 4; ++kk) {
+      float tb[NB];
 #pragma unroll
-    for (int u = 0; u < 4; ++u)
+      for (int v = 0; v < NB; ++v) tb[v] = t[(k + kk) * P + tx + 16 * v];
 #pragma unroll
-      for (int v = 0; v < NB; ++v) acc[u][v] += wa[u] * tb[v];
+      for (int u = 0; u < 4; ++u) {
+        const float wv = kk == 0 ? wa[u].x : kk == 1 ? wa[u].y : kk == 2 ? wa[u].z : wa[u].w;
+#pragma unroll
+        for (int v = 0; v < NB; ++v) acc[u][v] += wv * tb[v];
+      }
+    }
   }
 }
 
@@ -386,7 +395,7 @@ template <int DM> __device__ void attn_fwd_tiled(const AttnArgs& a) {
   float* ks = qs + 64 * P;
   float* vs = ks + 64 * P;
   float* ss = vs + 64 * P;
-  float* rm = ss + 64 * 65;
+  float* rm = ss + 64 * SP;
   float* rl = rm + 64;
   float* ra = rl + 64;
   const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
@@ -417,12 +426,12 @@ template <int DM> __device__ void attn_fwd_tiled(const AttnArgs& a) {
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const int c = tx + 16 * w;
-        ss[(ty + 16 * u) * 65 + c] = c < cnt ? score<float>(a, off, s[u][w], i0 + ty + 16 * u, j0 + c) : ninf<float>();
+        ss[(ty + 16 * u) * SP + c] = c < cnt ? score<float>(a, off, s[u][w], i0 + ty + 16 * u, j0 + c) : ninf<float>();
       }
     __syncthreads();
     {  // online softmax of the tile, 4 threads per row
       const int row = tid >> 2, part = tid & 3;
-      float* sr = ss + row * 65 + part * 16;
+      float* sr = ss + row * SP + part * 16;
       float mx = ninf<float>();
       for (int c = 0; c < 16; ++c) mx = fmaxf(mx, sr[c]);
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -451,7 +460,7 @@ template <int DM> __device__ void attn_fwd_tiled(const AttnArgs& a) {
 #pragma unroll
       for (int v = 0; v < NB; ++v) acc[u][v] *= al;
     }
-    mm_acc<DM>(ss, vs, P, (int)cnt, ty, tx, acc);
+    mm_acc<DM>(ss, vs, (int)cnt, ty, tx, acc);
   }
   __syncthreads();
   float* out = (float*)a.ptr[O] + off[O];
@@ -478,7 +487,7 @@ template <int DM> __device__ void attn_bwd_q_tiled(const AttnArgs& a) {
   float* ks = gs + 64 * P;
   float* vs = ks + 64 * P;
   float* ds = vs + 64 * P;
-  float* lse = ds + 64 * 65;
+  float* lse = ds + 64 * SP;
   float* delta = lse + 64;
   const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
   i64 off[7];
@@ -512,10 +521,10 @@ template <int DM> __device__ void attn_bwd_q_tiled(const AttnArgs& a) {
         const i64 i = i0 + r, j = j0 + c;
         const bool live = c < cnt && i < a.tq && !(a.causal && j > i);
         const float p = live ? expf(score<float>(a, off, s[u][w], i, j) - lse[r]) : 0.f;
-        ds[r * 65 + c] = p * (dp[u][w] - delta[r]) * (float)a.scale;
+        ds[r * SP + c] = p * (dp[u][w] - delta[r]) * (float)a.scale;
       }
     __syncthreads();
-    mm_acc<DM>(ds, ks, P, (int)cnt, ty, tx, acc);
+    mm_acc<DM>(ds, ks, (int)cnt, ty, tx, acc);
   }
   float* out = (float*)a.ptr[O] + off[O];
 #pragma unroll
@@ -539,8 +548,8 @@ template <int DM> __device__ void attn_bwd_kv_tiled(const AttnArgs& a) {
   float* qs = vs + 64 * P;
   float* gs = qs + 64 * P;
   float* ps = gs + 64 * P;
-  float* ds = ps + 64 * 65;
-  float* lse = ds + 64 * 65;
+  float* ds = ps + 64 * SP;
+  float* lse = ds + 64 * SP;
   float* delta = lse + 64;
   const int tid = threadIdx.x, ty = tid >> 4, tx = tid & 15;
   i64 off[7];
@@ -573,12 +582,12 @@ template <int DM> __device__ void attn_bwd_kv_tiled(const AttnArgs& a) {
         const i64 j = j0 + r, i = i0 + c;
         const bool live = c < cnt && r < keys && !(a.causal && j > i);
         const float p = live ? expf(score<float>(a, off, s[u][w], i, j) - lse[c]) : 0.f;
-        ps[r * 65 + c] = p;
-        ds[r * 65 + c] = p * (dp[u][w] - delta[c]) * (float)a.scale;
+        ps[r * SP + c] = p;
+        ds[r * SP + c] = p * (dp[u][w] - delta[c]) * (float)a.scale;
       }
     __syncthreads();
-    mm_acc<DM>(ps, gs, P, (int)cnt, ty, tx, dv);
-    mm_acc<DM>(ds, qs, P, (int)cnt, ty, tx, dk);
+    mm_acc<DM>(ps, gs, (int)cnt, ty, tx, dv);
+    mm_acc<DM>(ds, qs, (int)cnt, ty, tx, dk);
   }
   float* out = (float*)a.ptr[O] + off[O];
 #pragma unroll

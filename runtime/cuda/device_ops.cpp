@@ -158,7 +158,7 @@ bool tiled(DeviceKernel k) { return k >= DeviceKernel::AttentionForwardTiled; }
 
 // Shared memory of a launch (the kernels' layouts).
 int64_t attn_shared(DeviceKernel k, int head, int64_t item, int64_t bt) {
-  const int64_t tile = 64 * (head + 1), scores = 64 * 65;
+  const int64_t tile = 64 * (head + 4), scores = 64 * 68;
   switch (k) {
     case DeviceKernel::AttentionForwardTiled: return (3 * tile + scores + 3 * 64) * 4;
     case DeviceKernel::AttentionBackwardQTiled: return (4 * tile + scores + 2 * 64) * 4;
