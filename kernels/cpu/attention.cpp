@@ -118,23 +118,100 @@ struct Rows {
   const T* row(int64_t i) const { return p + i * ld; }
 };
 
-// s[r, c] = scale · s[r, c] + mask(i0 + r, j0 + c), -inf where causal hides the key.
+// Keys of row i visible in the key block [j0, j0 + cols): all, or under causal those <= i.
+inline int64_t visible(bool causal, int64_t i, int64_t j0, int64_t cols) {
+  return causal ? std::clamp<int64_t>(i + 1 - j0, 0, cols) : cols;
+}
+
+// The row loops below are compiled twice, for AVX2 and for the baseline, and the CPU picks one
+// when the library loads (GCC's target_clones).
+#define KILN_ROW_CLONES __attribute__((target_clones("avx2", "default")))
+
+// Online softmax step of one query row over a block of scaled scores `row` (valid entries first,
+// the rest zeroed): adds the mask row, updates the running maximum m and sum l, rescales the
+// row's accumulator and leaves the block's unnormalized probabilities in `row`.
 template <class T>
-void scale_and_mask(T* s, int64_t rows, int64_t cols, int64_t i0, int64_t j0, T scale, const T* mask,
-                    const Geometry& g, bool causal) {
+inline void forward_row(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T& m, T& l, T* acc,
+                        int64_t d) {
   const T ninf = -std::numeric_limits<T>::infinity();
-  for (int64_t r = 0; r < rows; ++r) {
-    T* row = s + r * cols;
-    const int64_t i = i0 + r;
-    if (mask) {
-      const T* mrow = mask + i * g.mask_si + j0 * g.mask_sj;
-      for (int64_t c = 0; c < cols; ++c) row[c] = row[c] * scale + mrow[c * g.mask_sj];
-    } else {
-      for (int64_t c = 0; c < cols; ++c) row[c] *= scale;
-    }
-    if (causal)
-      for (int64_t c = std::max<int64_t>(0, i + 1 - j0); c < cols; ++c) row[c] = ninf;
+  if (mrow)
+    for (int64_t c = 0; c < valid; ++c) row[c] += mrow[c * msj];
+  for (int64_t c = valid; c < cols; ++c) row[c] = T(0);
+  T mx = m;
+  for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, row[c]);
+  if (mx == ninf) {  // nothing visible yet: the block adds nothing
+    for (int64_t c = 0; c < valid; ++c) row[c] = T(0);
+    return;
   }
+  for (int64_t c = 0; c < valid; ++c) row[c] -= mx;
+  exp_inplace(row, valid);
+  T sum = 0;
+  for (int64_t c = 0; c < valid; ++c) sum += row[c];
+  T alpha = 0;
+  if (m != ninf) {
+    alpha = m - mx;
+    exp_inplace(&alpha, 1);
+  }
+  l = l * alpha + sum;
+  m = mx;
+  for (int64_t c = 0; c < d; ++c) acc[c] *= alpha;
+}
+KILN_ROW_CLONES void forward_row_f(float* row, int64_t valid, int64_t cols, const float* mrow, int64_t msj, float& m,
+                                   float& l, float* acc, int64_t d) {
+  forward_row(row, valid, cols, mrow, msj, m, l, acc, d);
+}
+KILN_ROW_CLONES void forward_row_d(double* row, int64_t valid, int64_t cols, const double* mrow, int64_t msj, double& m,
+                                   double& l, double* acc, int64_t d) {
+  forward_row(row, valid, cols, mrow, msj, m, l, acc, d);
+}
+inline void forward_row_any(float* r, int64_t v, int64_t c, const float* mr, int64_t ms, float& m, float& l, float* a,
+                            int64_t d) {
+  forward_row_f(r, v, c, mr, ms, m, l, a, d);
+}
+inline void forward_row_any(double* r, int64_t v, int64_t c, const double* mr, int64_t ms, double& m, double& l,
+                            double* a, int64_t d) {
+  forward_row_d(r, v, c, mr, ms, m, l, a, d);
+}
+
+// Backward, one query row of a block: probabilities p = exp(score + mask - lse) from the scaled
+// scores in `row` (valid entries; the rest zeroed).
+template <class T>
+inline void probabilities_row(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T lse) {
+  if (mrow)
+    for (int64_t c = 0; c < valid; ++c) row[c] += mrow[c * msj];
+  for (int64_t c = 0; c < valid; ++c) row[c] -= lse;
+  exp_inplace(row, valid);
+  for (int64_t c = valid; c < cols; ++c) row[c] = T(0);
+}
+// ds = p · (dp - delta) · scale, in place of dp.
+template <class T>
+inline void score_grad_row(T* dp, const T* p, int64_t cols, T delta, T scale) {
+  for (int64_t c = 0; c < cols; ++c) dp[c] = p[c] * (dp[c] - delta) * scale;
+}
+KILN_ROW_CLONES void probabilities_row_f(float* row, int64_t valid, int64_t cols, const float* mrow, int64_t msj, float lse) {
+  probabilities_row(row, valid, cols, mrow, msj, lse);
+}
+KILN_ROW_CLONES void probabilities_row_d(double* row, int64_t valid, int64_t cols, const double* mrow, int64_t msj,
+                                         double lse) {
+  probabilities_row(row, valid, cols, mrow, msj, lse);
+}
+KILN_ROW_CLONES void score_grad_row_f(float* dp, const float* p, int64_t cols, float delta, float scale) {
+  score_grad_row(dp, p, cols, delta, scale);
+}
+KILN_ROW_CLONES void score_grad_row_d(double* dp, const double* p, int64_t cols, double delta, double scale) {
+  score_grad_row(dp, p, cols, delta, scale);
+}
+inline void probabilities_row_any(float* r, int64_t v, int64_t c, const float* mr, int64_t ms, float lse) {
+  probabilities_row_f(r, v, c, mr, ms, lse);
+}
+inline void probabilities_row_any(double* r, int64_t v, int64_t c, const double* mr, int64_t ms, double lse) {
+  probabilities_row_d(r, v, c, mr, ms, lse);
+}
+inline void score_grad_row_any(float* dp, const float* p, int64_t c, float delta, float scale) {
+  score_grad_row_f(dp, p, c, delta, scale);
+}
+inline void score_grad_row_any(double* dp, const double* p, int64_t c, double delta, double scale) {
+  score_grad_row_d(dp, p, c, delta, scale);
 }
 
 template <class T>
@@ -160,29 +237,12 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
       const int64_t jend = causal ? std::min(tk, i0 + rows) : tk;
       for (int64_t j0 = 0; j0 < jend; j0 += kBlockK) {
         const int64_t cols = std::min(kBlockK, jend - j0);
-        gemm_block<T>(false, true, rows, cols, d, T(1), q.row(i0), q.ld, k.row(j0), k.ld, T(0), s.data(), cols);
-        scale_and_mask(s.data(), rows, cols, i0, j0, scale, mb, g, causal);
+        gemm_block<T>(false, true, rows, cols, d, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), s.data(), cols);
         for (int64_t rr = 0; rr < rows; ++rr) {
-          T* row = s.data() + rr * cols;
-          T mx = m[rr];
-          for (int64_t c = 0; c < cols; ++c) mx = std::max(mx, row[c]);
-          if (mx == ninf) {  // nothing visible yet: the block adds nothing
-            std::fill(row, row + cols, T(0));
-            continue;
-          }
-          for (int64_t c = 0; c < cols; ++c) row[c] -= mx;
-          exp_inplace(row, cols);
-          T sum = 0;
-          for (int64_t c = 0; c < cols; ++c) sum += row[c];
-          T alpha = 0;
-          if (m[rr] != ninf) {
-            alpha = m[rr] - mx;
-            exp_inplace(&alpha, 1);
-          }
-          l[rr] = l[rr] * alpha + sum;
-          m[rr] = mx;
-          T* a = acc.data() + rr * d;
-          for (int64_t c = 0; c < d; ++c) a[c] *= alpha;
+          const int64_t i = i0 + rr;
+          forward_row_any(s.data() + rr * cols, visible(causal, i, j0, cols), cols,
+                          mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, m[rr], l[rr],
+                          acc.data() + rr * d, d);
         }
         gemm_block<T>(false, false, rows, d, cols, T(1), s.data(), cols, v.row(j0), v.ld, T(1), acc.data(), d);
       }
@@ -234,20 +294,18 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
       std::fill(dv.begin(), dv.end(), T(0));
       for (int64_t i0 = causal ? (j0 / kBlockQ) * kBlockQ : 0; i0 < tq; i0 += kBlockQ) {
         const int64_t rows = std::min(kBlockQ, tq - i0);
-        gemm_block<T>(false, true, rows, cols, d, T(1), q.row(i0), q.ld, k.row(j0), k.ld, T(0), p.data(), cols);
-        scale_and_mask(p.data(), rows, cols, i0, j0, scale, mb, g, causal);
-        for (int64_t rr = 0; rr < rows; ++rr)
-          for (int64_t c = 0; c < cols; ++c) p[rr * cols + c] -= lse[i0 + rr];
-        exp_inplace(p.data(), rows * cols);
+        gemm_block<T>(false, true, rows, cols, d, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), p.data(), cols);
+        for (int64_t rr = 0; rr < rows; ++rr) {
+          const int64_t i = i0 + rr;
+          probabilities_row_any(p.data() + rr * cols, visible(causal, i, j0, cols), cols,
+                                mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, lse[i]);
+        }
         // dv += pᵀ·dO; dp = dO·vᵀ; ds = p·(dp - delta)·scale; dq += ds·k; dk += dsᵀ·q.
         gemm_block<T>(true, false, cols, d, rows, T(1), p.data(), cols, go.data() + i0 * d, d, T(1), dv.data(), d);
         gemm_block<T>(false, true, rows, cols, d, T(1), go.data() + i0 * d, d, v.row(j0), v.ld, T(0), dp.data(),
                       cols);
         for (int64_t rr = 0; rr < rows; ++rr)
-          for (int64_t c = 0; c < cols; ++c) {
-            const int64_t e = rr * cols + c;
-            dp[e] = p[e] * (dp[e] - delta[i0 + rr]) * scale;
-          }
+          score_grad_row_any(dp.data() + rr * cols, p.data() + rr * cols, cols, delta[i0 + rr], scale);
         gemm_block<T>(false, false, rows, d, cols, T(1), dp.data(), cols, k.row(j0), k.ld, T(1),
                       dq.data() + i0 * d, d);
         gemm_block<T>(true, false, cols, d, rows, T(1), dp.data(), cols, q.row(i0), q.ld, T(1), dk.data(), d);
