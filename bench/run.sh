@@ -41,7 +41,7 @@ locked() { if command -v flock >/dev/null; then flock "$LOCK" "$@"; else "$@"; f
 if [ "$DEVICE" = cuda ]; then
   if [ "$DO_BUILD" = 1 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2
-    locked cmake --build "$BUILD" --target bench_cuda -j2 >&2
+    locked cmake --build "$BUILD" --target bench_cuda bench_attention -j2 >&2
   fi
   exec bash "$ROOT/bench/run_cuda.sh" "$BUILD/bench/bench_cuda" ${QUICK:+--quick}
 elif [ "$DEVICE" != cpu ]; then
@@ -56,7 +56,7 @@ if [ "$DO_BUILD" = 1 ]; then
     locked cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release >&2
   fi
   echo "[run.sh] building bench_workloads ..." >&2
-  locked cmake --build "$BUILD" --target bench_workloads -j2 >&2
+  locked cmake --build "$BUILD" --target bench_workloads bench_compile bench_attention -j2 >&2
 fi
 BIN="$BUILD/bench/bench_workloads"
 [ -x "$BIN" ] || { echo "run.sh: $BIN not built" >&2; exit 1; }
@@ -88,7 +88,7 @@ hz = os.sysconf("SC_CLK_TCK")
 def foreign(interval=1.0):
     a = snap(); time.sleep(interval); b = snap()
     return [(c, p, 100.0 * (t - a[p][1]) / hz / interval) for p, (c, t) in b.items()
-            if p in a and p != me and c not in ("bench_workloads", "bench_compile") and (t - a[p][1]) / hz / interval > 0.10]
+            if p in a and p != me and c not in ("bench_workloads", "bench_compile", "bench_attention") and (t - a[p][1]) / hz / interval > 0.10]
 if mode == "wait":
     deadline = time.time() + float(sys.argv[3]); told = False
     while time.time() < deadline:
@@ -131,6 +131,24 @@ CDIR=$(mktemp -d "${TMPDIR:-/tmp}/kiln-compile.XXXXXX")
 KILN_CACHE_DIR="$CDIR" "$BUILD/bench/bench_compile" $QUICK > "$OUT/compile.jsonl" 2> "$OUT/compile.log" || {
   echo "run.sh: bench_compile failed; see $OUT/compile.log" >&2; tail -20 "$OUT/compile.log" >&2; exit 1; }
 rm -rf "$CDIR"
+# ---- the transformer block (pattern-matcher issue): hand-written causal attention, patterns on
+# and off in one process; peak resident bytes of one step per mode in fresh processes ----
+echo "[run.sh] transformer block (patterns on / off) ..." >&2
+ABIN="$BUILD/bench/bench_attention"
+: > "$OUT/attention.jsonl"
+if [ -x "$ABIN" ]; then
+  CDIR=$(mktemp -d "${TMPDIR:-/tmp}/kiln-attn.XXXXXX")
+  ITERS=5; [ -n "$QUICK" ] && ITERS=2
+  KILN_CACHE_DIR="$CDIR" "$ABIN" --seq 256 --iters "$ITERS" >> "$OUT/attention.jsonl" 2> "$OUT/attention.log"
+  KILN_CACHE_DIR="$CDIR" "$ABIN" --sdpa --seq 256 --iters "$ITERS" >> "$OUT/attention.jsonl" 2>> "$OUT/attention.log"
+  # (patterns off at T = 4096 would hold several 4 GiB score matrices: not on a 24 GiB machine)
+  for M in "on 256" "off 256" "on 1024" "off 1024" "on 4096"; do
+    set -- $M
+    [ -n "$QUICK" ] && [ "$2" = 4096 ] && continue
+    KILN_CACHE_DIR="$CDIR" "$ABIN" --memory "$1" --seq "$2" >> "$OUT/attention.jsonl" 2>> "$OUT/attention.log"
+  done
+  rm -rf "$CDIR"
+fi
 cleanup
 
 # ---- one table ----
@@ -138,7 +156,7 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, re, statistics, sys
 
 out = sys.argv[1]
-rows = [json.loads(l) for f in ("main.jsonl", "w6.jsonl", "compile.jsonl") if os.path.exists(os.path.join(out, f))
+rows = [json.loads(l) for f in ("main.jsonl", "w6.jsonl", "compile.jsonl", "attention.jsonl") if os.path.exists(os.path.join(out, f))
         for l in open(os.path.join(out, f)) if l.strip().startswith("{")]
 info = next((r for r in rows if r["workload"] == "INFO"), {})
 by = {}
@@ -277,6 +295,30 @@ if "compiled" in w5c:
     table.append(("W5 tiny call compiled", "compiled", T, fmt_ms(r["ms"]), f"{r['ms'] / e['ms']:.2f}" if e else "",
                   "<= 0.5 us/call", check(f"W5 compiled {r['us']:.2f} us/call (<= 0.5 us)", r["us"] <= 0.5),
                   f"{r['max_abs_diff']:.1e}", f"lazy eager {fmt_ms(e['ms']) if e else '-'}"))
+tb = {r["impl"]: r for r in by.get("TBLOCK-T256", []) if "us" in r}
+if "kiln-patterns-on" in tb and "kiln-patterns-off" in tb:
+    on, off = tb["kiln-patterns-on"], tb["kiln-patterns-off"]
+    table.append(("Transformer block T=256 fwd+bwd", "patterns on", T, fmt_ms(on["us"] / 1e3), f"{on['us'] / off['us']:.2f}",
+                  "<= 0.5 (2x faster than off)", check(f"transformer block: patterns {off['us'] / on['us']:.2f}x faster than off (>= 2)",
+                                                      off["us"] / on["us"] >= 2),
+                  f"{on['max_rel_diff_vs_off']:.1e} rel", f"{on['pattern_matches']} attention rewrite(s)"))
+    table.append(("", "patterns off", T, fmt_ms(off["us"] / 1e3), "", "", "", "", "softmax(q.kT) materialized"))
+sd = {r["impl"]: r for r in by.get("SDPA-T256", [])}
+if "kiln-sdpa" in sd:
+    for impl in ("kiln-sdpa", "kiln-hand-patterns-on", "kiln-hand-patterns-off"):
+        if impl in sd:
+            table.append(("Attention alone T=256 fwd+bwd" if impl == "kiln-sdpa" else "", impl, T, fmt_ms(sd[impl]["us"] / 1e3),
+                          f"{sd['kiln-sdpa']['us'] / sd[impl]['us']:.2f}", "", "", "", "16 x 4 heads x 64, causal"))
+peaks = [r for w, rs in by.items() if w.startswith("TBLOCK-T") for r in rs if "peak_bytes" in r]
+if peaks:
+    note = "; ".join(f"T={r['workload'][8:]} {r['impl'][5:]} {r['peak_bytes'] / 2**20:.0f} MiB" for r in peaks)
+    on = sorted((int(r["workload"][8:]), r["peak_bytes"]) for r in peaks if r["impl"] == "kiln-patterns-on")
+    if len(on) >= 2:
+        (t0, b0), (t1, b1) = on[0], on[-1]
+        growth = (b1 / max(b0, 1)) / (t1 / t0)  # 1: linear in T; T1/T0: quadratic
+        table.append(("Transformer block peak memory", "patterns on", T, "", "", "grows ~linearly in T",
+                      check(f"transformer block peak memory growth {growth:.2f}x linear from T={t0} to T={t1} (< 2)", growth < 2),
+                      "", note))
 for r in by.get("GUARD", []):
     table.append(("Guard hit, 4 tensor inputs", r["impl"], 1, f"{r['ns']:.0f} ns", "", "<= 100 ns",
                   check(f"guard hit {r['ns']:.0f} ns (<= 100 ns)", r["ns"] <= 100), "", "flatten args + guards, no run"))

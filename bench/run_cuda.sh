@@ -17,6 +17,17 @@ KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-co
 KILN_CACHE_DIR=$CACHE/c "$BIN" --compile-times 40 | sed 's/"compile"/"compile-warm"/' > "$OUT/warm.jsonl"
 KILN_CACHE_DIR=$CACHE/s "$BIN" --w2-start | sed 's/"w2-start"/"w2-start-cold"/' > "$OUT/start-cold.jsonl"
 KILN_CACHE_DIR=$CACHE/s "$BIN" --w2-start | sed 's/"w2-start"/"w2-start-warm"/' > "$OUT/start-warm.jsonl"
+# The transformer block with hand-written attention (patterns on / off) beside PyTorch's block with
+# F.scaled_dot_product_attention; peak bytes of one step at T = 256, 1024, 4096.
+ABIN="$(dirname "$BIN")/bench_attention"
+if [ -x "$ABIN" ]; then
+  KILN_CACHE_DIR=$CACHE/a "$ABIN" --device cuda --seq 256 --iters "$ITERS" > "$OUT/attn.jsonl"
+  KILN_CACHE_DIR=$CACHE/a "$ABIN" --device cuda --sdpa --seq 256 --iters "$ITERS" >> "$OUT/attn.jsonl"
+  for T in 256 1024 4096; do
+    for M in on off; do KILN_CACHE_DIR=$CACHE/a "$ABIN" --device cuda --memory $M --seq $T >> "$OUT/attn.jsonl"; done
+  done
+  for T in 256 1024 4096; do python3 "$HERE/torch_attention.py" cuda $T "$ITERS" >> "$OUT/attn.jsonl"; done
+fi
 cat "$OUT"/*.jsonl > "$OUT/all.jsonl"
 python3 - "$OUT/all.jsonl" <<'PY'
 import json, sys
@@ -81,11 +92,25 @@ w3m = {r["impl"]: r for r in rows if r["workload"] == "W3B-budget"}
 if len(w3m) == 2:
     a, b = w3m["kiln-compiled-1.0"], w3m["kiln-compiled-0.5"]
     check("W3B peak MiB at memory_budget 0.5 vs 1.0", b["peak_over_start_mib"] / a["peak_over_start_mib"], "< 1", b["peak_over_start_mib"] < a["peak_over_start_mib"])
+tb = {r["impl"]: r for r in rows if r["workload"] == "TBLOCK-T256" and "us" in r}
+if "kiln-patterns-on" in tb and "kiln-patterns-off" in tb:
+    r = tb["kiln-patterns-off"]["us"] / tb["kiln-patterns-on"]["us"]
+    check("Block T=256: patterns on vs off speedup", r, ">= 2x", r >= 2)
+    if "torch-eager-sdpa" in tb:
+        r = tb["kiln-patterns-on"]["us"] / tb["torch-eager-sdpa"]["us"]
+        check("Block T=256: kiln (patterns) / torch F.sdpa", r, "<= 1.3x", r <= 1.3)
+peaks = sorted((int(r["workload"][8:]), r["peak_bytes"]) for r in rows
+               if r["workload"].startswith("TBLOCK-T") and r.get("impl") == "kiln-patterns-on" and "peak_bytes" in r)
+if len(peaks) >= 2:
+    g = (peaks[-1][1] / peaks[0][1]) / (peaks[-1][0] / peaks[0][0])
+    check(f"Block peak bytes growth T={peaks[0][0]}..{peaks[-1][0]} (1 = linear)", g, "< 2", g < 2)
 print()
 for name, v, target, ok in checks:
     print(f"{name:45} {v:10.3f}  target {target:9} {'PASS' if ok else 'FAIL'}")
 for r in rows:
     if r["workload"] in ("memory", "w2-start-cold", "w2-start-warm"):
         print("memory:", {k: v for k, v in r.items() if k != "workload"})
+    if r["workload"].startswith("TBLOCK-T") and "peak_bytes" in r:
+        print(f"peak: {r['workload']} {r['impl']}: {r['peak_bytes'] / 2**20:.0f} MiB")
 PY
 rm -rf "$OUT" "$CACHE"
