@@ -388,6 +388,30 @@ template <int DM> __device__ void mm_acc(const float* w, const float* t, int n, 
   }
 }
 
+// Zeroes a thread's 4 x NB accumulator.
+template <int NB> __device__ void zero_acc(float acc[4][NB]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u)
+#pragma unroll
+    for (int v = 0; v < NB; ++v) acc[u][v] = 0.f;
+}
+
+// Writes a thread's accumulator rows r0 + ty + 16a (those below `limit`) to out's rows
+// `at` + that, columns tx + 16b below d.
+template <int DM> __device__ void store_acc(const AttnArgs& a, float* out, i64 r0, i64 limit, i64 at, int ty, int tx,
+                                            const float acc[4][DM / 16]) {
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const i64 r = r0 + ty + 16 * u;
+    if (r >= limit) continue;
+#pragma unroll
+    for (int v = 0; v < DM / 16; ++v) {
+      const int c = tx + 16 * v;
+      if (c < a.d) out[(at + r) * a.rs[O] + c * a.cs[O]] = acc[u][v];
+    }
+  }
+}
+
 template <int DM> __device__ void attn_fwd_tiled(const AttnArgs& a) {
   constexpr int P = Tiled<DM>::P, NB = Tiled<DM>::NB;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -408,10 +432,7 @@ template <int DM> __device__ void attn_fwd_tiled(const AttnArgs& a) {
     rl[tid] = 0.f;
   }
   float acc[4][NB];
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-#pragma unroll
-    for (int v = 0; v < NB; ++v) acc[u][v] = 0.f;
+  zero_acc<NB>(acc);
   const i64 jend = a.causal ? min(a.tk, i0 + 64) : a.tk;
   for (i64 j0 = 0; j0 < jend; j0 += 64) {
     const i64 cnt = min((i64)64, jend - j0);
@@ -499,10 +520,7 @@ template <int DM> __device__ void attn_bwd_q_tiled(const AttnArgs& a) {
   __syncthreads();
   row_stats<DM>(a, off, i0, gs, lse, delta);
   float acc[4][NB];
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-#pragma unroll
-    for (int v = 0; v < NB; ++v) acc[u][v] = 0.f;
+  zero_acc<NB>(acc);
   const i64 jend = a.causal ? min(a.tk, i0 + 64) : a.tk;
   for (i64 j0 = 0; j0 < jend; j0 += 64) {
     const i64 cnt = min((i64)64, jend - j0);
@@ -526,17 +544,7 @@ template <int DM> __device__ void attn_bwd_q_tiled(const AttnArgs& a) {
     __syncthreads();
     mm_acc<DM>(ds, ks, (int)cnt, ty, tx, acc);
   }
-  float* out = (float*)a.ptr[O] + off[O];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const i64 i = i0 + ty + 16 * u;
-    if (i >= a.tq) continue;
-#pragma unroll
-    for (int v = 0; v < NB; ++v) {
-      const int c = tx + 16 * v;
-      if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = acc[u][v];
-    }
-  }
+  store_acc<DM>(a, (float*)a.ptr[O] + off[O], i0, a.tq, 0, ty, tx, acc);
 }
 
 // dk, dv for 64 key rows, over 64-query tiles.
@@ -559,10 +567,8 @@ template <int DM> __device__ void attn_bwd_kv_tiled(const AttnArgs& a) {
   tile64<DM>(a, off, K, j0, keys, ks);
   tile64<DM>(a, off, V, j0, keys, vs);
   float dk[4][NB], dv[4][NB];
-#pragma unroll
-  for (int u = 0; u < 4; ++u)
-#pragma unroll
-    for (int v = 0; v < NB; ++v) dk[u][v] = dv[u][v] = 0.f;
+  zero_acc<NB>(dk);
+  zero_acc<NB>(dv);
   for (i64 i0 = a.causal ? j0 : 0; i0 < a.tq; i0 += 64) {
     const i64 cnt = min((i64)64, a.tq - i0);
     __syncthreads();
@@ -590,19 +596,8 @@ template <int DM> __device__ void attn_bwd_kv_tiled(const AttnArgs& a) {
     mm_acc<DM>(ds, qs, (int)cnt, ty, tx, dk);
   }
   float* out = (float*)a.ptr[O] + off[O];
-#pragma unroll
-  for (int u = 0; u < 4; ++u) {
-    const i64 j = j0 + ty + 16 * u;
-    if (j >= a.tk) continue;
-#pragma unroll
-    for (int v = 0; v < NB; ++v) {
-      const int c = tx + 16 * v;
-      if (c < a.d) {
-        out[(a.tq + j) * a.rs[O] + c * a.cs[O]] = dk[u][v];
-        out[(a.tq + a.tk + j) * a.rs[O] + c * a.cs[O]] = dv[u][v];
-      }
-    }
-  }
+  store_acc<DM>(a, out, j0, a.tk, a.tq, ty, tx, dk);
+  store_acc<DM>(a, out, j0, a.tk, a.tq + a.tk, ty, tx, dv);
 }
 
 #define KILN_ATTENTION_attn_fwd_tiled(NAME, T, DM) \
