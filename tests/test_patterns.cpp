@@ -255,3 +255,52 @@ TEST_F(Patterns, RandomGraphsWithInjectedInstancesMatchEveryOne) {
     EXPECT_EQ(f.stats().pattern_matches, k) << "trial " << trial;
   }
 }
+
+// Cross-entropy with a one-hot target (as written by hand) becomes the gather form, forward and
+// backward, with log(softmax(x)) first turned into log_softmax; a one-hot with other class
+// counts than x's last dim (broadcast) is left alone.
+TEST_F(Patterns, OneHotCrossEntropyBecomesTheGatherForm) {
+  manual_seed(kiln::testing::test_seed(51));
+  std::mt19937_64 rng(kiln::testing::test_seed(51));
+  for (int it = 0; it < 8; ++it) {
+    const int64_t n = 2 + static_cast<int64_t>(rng() % 9), c = 2 + static_cast<int64_t>(rng() % 7);
+    const DType dt = it % 2 ? kFloat64 : kFloat32;
+    const bool rank3 = it % 4 >= 2;
+    std::vector<int64_t> xs = rank3 ? std::vector<int64_t>{2, n, c} : std::vector<int64_t>{n, c};
+    std::vector<int64_t> ts(xs.begin(), xs.end() - 1);
+    Tensor x = (randn(xs, dt) * 3).requires_grad_();
+    Tensor t = randint(0, c, ts);
+    auto loss = [&](const Tensor& xi, const Tensor& ti) {
+      Tensor lp = it % 3 == 0 ? log(softmax(xi, -1)) : log_softmax(xi, -1);
+      return -(one_hot(ti, c).to(dt) * lp).sum({-1}).mean();
+    };
+    auto f = compile([&](const Tensor& xi, const Tensor& ti) {
+      Tensor l = loss(xi, ti);
+      return std::vector<Tensor>{l, grad({l}, {xi})[0]};
+    });
+    auto got = f(x, t);
+    EXPECT_GE(f.stats().pattern_matches, 1) << "it " << it;
+    Tensor l = loss(x, t);
+    Tensor g = grad({l}, {x})[0];
+    const double tol = dt == kFloat64 ? 1e-12 : 1e-5;
+    expect_close(got[0], l, tol, tol);
+    expect_close(got[1], g, tol, tol);
+  }
+  // One class in the one-hot (broadcast over x's classes): not the cross-entropy, not rewritten.
+  Tensor x = randn({4, 3}), t = zeros({4}, kInt64);
+  auto f = compile([](const Tensor& xi, const Tensor& ti) { return (one_hot(ti, 1).to(kFloat32) * log_softmax(xi, -1)).sum({-1}); });
+  expect_close(f(x, t), (one_hot(t, 1).to(kFloat32) * log_softmax(x, -1)).sum({-1}), 1e-6, 1e-6);
+  auto c = patterns::match_counts();
+  EXPECT_EQ(f.stats().pattern_matches, 0);
+}
+
+// Registered rewrites keep no pending eager work alive (examples made with empty() are pending
+// lazy leaves; only their dtypes and shapes are kept).
+TEST_F(Patterns, RegistrationLeavesNoPendingWork) {
+  patterns::registered();  // (kiln's own are registered on first use)
+  const uint64_t before = stats().pending;
+  register_replacement(
+      "test_pending", [](const Ts& t, const Ss&) { return t[0] * 2.0 + t[1]; },
+      [](const Ts& t, const Ss&) { return t[1] + t[0] * 2.0; }, {empty({3, 3}), empty({3, 3})});
+  EXPECT_EQ(stats().pending, before);
+}

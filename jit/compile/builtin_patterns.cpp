@@ -5,6 +5,7 @@
 namespace kiln::jit {
 
 void register_attention_patterns();  // attention_patterns.cpp
+void register_loss_patterns();       // loss_patterns.cpp
 
 void register_builtin_patterns() {
   using patterns::register_replacement;
@@ -18,6 +19,7 @@ void register_builtin_patterns() {
         {empty(std::vector<int64_t>(static_cast<size_t>(rank), 3))});
   }
   register_attention_patterns();
+  register_loss_patterns();
 }
 
 }  // namespace kiln::jit

@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -48,7 +49,11 @@ struct Rewrite {
   std::vector<Tensor> examples;
   std::vector<double> scalars;
   patterns::ExtraCheck check;
-  std::vector<Variant> variants;  // the forward-only form, then the joint ones, most gradients first
+  // The forward-only form, then (once a graph holds every op of it: traced on first need) the
+  // joint ones, most gradients first, then the gradient-only ones.
+  mutable std::vector<Variant> variants;
+  std::set<OpKind> ops;  // the ops of the forward-only form but its result's: every form needs them
+  mutable std::once_flag joint_once;
 };
 
 struct Registry {
@@ -211,6 +216,7 @@ struct Target {
   std::unordered_map<const Node*, std::vector<Node*>> consumers;
   std::unordered_set<const Node*> roots;
   std::vector<Node*> order;
+  std::set<OpKind> ops;    // every op the graph holds
   uint64_t first_id = 0;   // older nodes are never rewritten
   uint64_t fresh_id = 0;   // nodes made by this pass are not matched again
 };
@@ -329,8 +335,10 @@ Target index(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id,
         t.roots.insert(n.get());
       }
   t.order = topo_order(rs, {});
-  for (Node* n : t.order)
+  for (Node* n : t.order) {
+    t.ops.insert(n->op);
     for (const auto& in : n->inputs) t.consumers[in.get()].push_back(n);
+  }
   return t;
 }
 
@@ -434,6 +442,67 @@ void redirect(const Target& t, const std::vector<std::vector<NodePtr>*>& roots, 
       if (n.get() == from) n = to;
 }
 
+void trace_joint(const Rewrite& r);
+
+// Traces a rewrite's joint forms once, on first need (see Rewrite::variants). The caller is
+// inside a compile() trace: the forms are traced on a thread of their own, outside that trace's
+// thread-local state (its observer, shape oracle and recorded nodes).
+void ensure_joint(const Rewrite& r) {
+  std::call_once(r.joint_once, [&r] {
+    std::exception_ptr error;
+    std::thread t([&] {
+      try {
+        trace_joint(r);
+      } catch (...) {
+        error = std::current_exception();
+      }
+    });
+    t.join();
+    if (error) std::rethrow_exception(error);
+  });
+}
+
+void trace_joint(const Rewrite& r) {
+  {
+    // The joint forms, most gradients first: one per non-empty subset of the floating inputs.
+    std::vector<int> floating;
+    for (size_t i = 0; i < r.examples.size(); ++i)
+      if (is_floating(r.examples[i].dtype())) floating.push_back(static_cast<int>(i));
+    std::vector<std::vector<int>> subsets;
+    for (uint32_t mask = (1u << floating.size()) - 1; mask > 0; --mask) {
+      std::vector<int> s;
+      for (size_t j = 0; j < floating.size(); ++j)
+        if (mask & (1u << j)) s.push_back(floating[j]);
+      subsets.push_back(std::move(s));
+    }
+    std::stable_sort(subsets.begin(), subsets.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+    for (const auto& s : subsets) {
+      jit::Variant v = jit::trace_variant(r, s);
+      if (!v.outputs.empty()) r.variants.push_back(std::move(v));
+    }
+    // Gradient-only forms, for the joint forms whose gradients read what the forward computed
+    // (softmax's probabilities, not just the inputs: else any product would match them).
+    const size_t traced = r.variants.size();
+    for (size_t i = 0; i < traced; ++i) {
+      const jit::Variant& j = r.variants[i];
+      if (j.diff.empty()) continue;
+      std::set<const Node*> leaves;
+      for (const auto& l : j.leaves) leaves.insert(l.get());
+      const std::vector<Node*> fwd = jit::topo_order({j.outputs[0]}, leaves);
+      std::vector<NodePtr> grads(j.outputs.begin() + 1, j.outputs.end());
+      bool reads_forward = false, all_ops = true;
+      for (const NodePtr& g : grads) all_ops &= !j.leaf_of.count(g.get());
+      for (Node* n : jit::topo_order(grads, leaves))
+        reads_forward |= n != j.outputs[0].get() && !leaves.count(n) && std::find(fwd.begin(), fwd.end(), n) != fwd.end();
+      if (!reads_forward || !all_ops) continue;
+      jit::Variant v = j;
+      v.outputs = std::move(grads);
+      v.result_dead = true;
+      r.variants.push_back(std::move(v));
+    }
+  }
+}
+
 std::vector<std::shared_ptr<const Rewrite>> snapshot() {
   static std::once_flag builtins;
   std::call_once(builtins, [] { register_builtin_patterns(); });
@@ -452,6 +521,9 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
   size_t replaced = 0;
   Target t = index(roots, first_id, fresh_id);
   for (const auto& r : rewrites) {
+    // (a graph without every op of the forward form holds no instance of any form)
+    if (!std::includes(t.ops.begin(), t.ops.end(), r->ops.begin(), r->ops.end())) continue;
+    ensure_joint(*r);
     // Anchors from the outputs back; at each, the forward-only form first (it leaves the
     // backward as it is), the joint forms where the backward reads what the forward would drop.
     for (size_t i = t.order.size(); i-- > 0;) {
@@ -508,49 +580,31 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   r->name = name;
   r->search = std::move(search);
   r->replace = std::move(replace);
-  r->examples = std::move(example_tensors);
+  // Only the examples' dtypes, devices and shapes are kept: as bare leaves that are no pending
+  // eager work (an example from empty() would be, for as long as the rewrite is registered).
+  for (const Tensor& e : example_tensors) {
+    NodePtr l = jit::leaf_like(e.dtype(), e.device(), e.shape());
+    jit::not_pending({l.get()});
+    r->examples.push_back(Tensor::from_node(l));
+  }
   r->scalars = std::move(example_scalars);
   r->check = std::move(extra_check);
-  // The forward-only form, then the joint forms, most gradients first: one per non-empty subset
-  // of the floating inputs.
-  std::vector<int> floating;
-  for (size_t i = 0; i < r->examples.size(); ++i)
-    if (is_floating(r->examples[i].dtype())) floating.push_back(static_cast<int>(i));
-  KILN_CHECK(floating.size() <= 6, "patterns: '", name, "' has ", floating.size(),
+  size_t floating = 0;
+  for (const Tensor& e : r->examples) floating += is_floating(e.dtype());
+  KILN_CHECK(floating <= 6, "patterns: '", name, "' has ", floating,
              " floating tensor inputs; at most 6 are traced with gradients");
-  std::vector<std::vector<int>> subsets;
-  for (uint32_t mask = (1u << floating.size()) - 1; mask > 0; --mask) {
-    std::vector<int> s;
-    for (size_t j = 0; j < floating.size(); ++j)
-      if (mask & (1u << j)) s.push_back(floating[j]);
-    subsets.push_back(std::move(s));
-  }
-  std::stable_sort(subsets.begin(), subsets.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
-  subsets.insert(subsets.begin(), std::vector<int>{});
-  for (const auto& s : subsets) {
-    jit::Variant v = jit::trace_variant(*r, s);
-    if (!v.outputs.empty()) r->variants.push_back(std::move(v));
-  }
-  // Gradient-only forms, for the joint forms whose gradients read what the forward computed
-  // (softmax's probabilities, not just the inputs: else any product would match them).
-  const size_t traced = r->variants.size();
-  for (size_t i = 0; i < traced; ++i) {
-    const jit::Variant& j = r->variants[i];
-    if (j.diff.empty()) continue;
+  // The forward-only form now (it validates the search function); the joint forms when a graph
+  // first holds every op of it (most graphs hold none of most patterns' ops).
+  jit::Variant fwd = jit::trace_variant(*r, {});
+  KILN_CHECK(!fwd.outputs.empty(), "patterns: search function of '", name, "' builds no graph");
+  {
     std::set<const Node*> leaves;
-    for (const auto& l : j.leaves) leaves.insert(l.get());
-    const std::vector<Node*> fwd = jit::topo_order({j.outputs[0]}, leaves);
-    std::vector<NodePtr> grads(j.outputs.begin() + 1, j.outputs.end());
-    bool reads_forward = false, all_ops = true;
-    for (const NodePtr& g : grads) all_ops &= !j.leaf_of.count(g.get());
-    for (Node* n : jit::topo_order(grads, leaves))
-      reads_forward |= n != j.outputs[0].get() && !leaves.count(n) && std::find(fwd.begin(), fwd.end(), n) != fwd.end();
-    if (!reads_forward || !all_ops) continue;
-    jit::Variant v = j;
-    v.outputs = std::move(grads);
-    v.result_dead = true;
-    r->variants.push_back(std::move(v));
+    for (const auto& l : fwd.leaves) leaves.insert(l.get());
+    // (the result itself excluded: gradient-only forms match graphs that never compute it)
+    for (const Node* n : jit::topo_order(fwd.outputs, leaves))
+      if (!leaves.count(n) && n != fwd.outputs[0].get()) r->ops.insert(n->op);
   }
+  r->variants.push_back(std::move(fwd));
   jit::Registry& reg = jit::registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });

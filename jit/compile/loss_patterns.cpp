@@ -1,0 +1,56 @@
+// Cross-entropy written with a one-hot target -> its compact form, as kiln::patterns rewrites:
+// sum(one_hot(t, C) * log_softmax(x, -1), -1) -> log_softmax(x, -1).gather(-1, t) (no float
+// one-hot matrix forward, a scatter of the incoming gradient backward), for x of rank 2 and 3.
+// (log(softmax(x)) is rewritten to log_softmax first: builtin_patterns.cpp.)
+#include "jit/compile/patterns.h"
+#include "runtime/ops/ops.h"
+
+namespace kiln::jit {
+namespace {
+
+using Ts = std::vector<Tensor>;
+using Ss = std::vector<double>;
+
+bool provably(const SymInt& a, const SymInt& b) {
+  auto e = sym_eq(a, b);
+  return e && *e;
+}
+
+// The scatter inside kiln's one_hot(t, C) when `oh` is one_hot(t, C) cast to a float type and
+// shaped like x (C classes, the last dim): scatter(zeros, -1, t.unsqueeze(-1), ones). Else null.
+const Node* one_hot_scatter(const Tensor& oh, const Tensor& x) {
+  const Node* c = oh.node().get();
+  if (c->op != OpKind::Cast) return nullptr;
+  const Node* s = c->inputs[0].get();
+  const int64_t last = static_cast<int64_t>(x.dim()) - 1;
+  if (s->op != OpKind::Scatter || s->attrs.ints.empty() || s->attrs.ints[0] != last || s->shape.size() != x.shape().size())
+    return nullptr;
+  const Node* zeros = s->inputs[0].get();
+  const Node* ones = s->inputs[2].get();
+  if (zeros->op != OpKind::Full || zeros->attrs.f0 != 0 || ones->op != OpKind::Full || ones->attrs.f0 != 1) return nullptr;
+  if (s->inputs[1]->op != OpKind::Unsqueeze) return nullptr;
+  for (size_t d = 0; d < s->shape.size(); ++d)
+    if (!provably(s->shape[d], x.shape()[d])) return nullptr;
+  return s;
+}
+
+}  // namespace
+
+void register_loss_patterns() {
+  using patterns::register_replacement;
+  for (int rank = 2; rank <= 3; ++rank) {
+      std::vector<int64_t> shape(static_cast<size_t>(rank - 1), 2);
+      shape.push_back(5);
+      register_replacement(
+          std::string("cross_entropy_one_hot_rank") + std::to_string(rank),
+          [](const Ts& t, const Ss&) { return sum(mul(t[0], log_softmax(t[1], -1)), {-1}); },
+          [](const Ts& t, const Ss&) {
+            const Node* s = one_hot_scatter(t[0], t[1]);
+            Tensor idx = Tensor::from_node(s->inputs[1]);  // t.unsqueeze(-1)
+            return squeeze(gather(log_softmax(t[1], -1), -1, idx), -1);
+          },
+          {empty(shape), empty(shape)}, {}, [](const Ts& t, const Ss&) { return one_hot_scatter(t[0], t[1]) != nullptr; });
+  }
+}
+
+}  // namespace kiln::jit
