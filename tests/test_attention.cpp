@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "kiln.h"
 #include "tests/expect_close.h"
@@ -390,4 +391,41 @@ TEST(AttentionPatterns, SizeOneSequencesStayCorrect) {
       auto want = fn(q, k, v);
       for (int i = 0; i < 3; ++i) expect_close(got[i], want[i], 1e-5, 1e-5);
     }
+}
+
+// Threads compiling hand-written attention at once: the first match of a process traces the
+// rewrite's joint forms (once, on first need) while the others wait for it; every result equals
+// the unfused eager graph.
+TEST(AttentionPatterns, ThreadsCompilingAtOnceShareTheRewrites) {
+  constexpr int kThreads = 4;
+  std::vector<std::thread> ts;
+  std::vector<double> worst(kThreads, 0);
+  std::vector<int> matches(kThreads, 0);
+  std::vector<std::string> errors(kThreads);
+  for (int k = 0; k < kThreads; ++k)
+    ts.emplace_back([&, k] {
+      try {
+        Tensor q = randn({2, 3, 9 + k, 8}).requires_grad_(), kk = randn({2, 3, 9 + k, 8}),
+               v = randn({2, 3, 9 + k, 8});
+        auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
+          Tensor y = matmul(softmax(matmul(a, b.transpose(-2, -1)) / 2.5, -1), c);
+          return std::vector<Tensor>{y, grad({y.square().sum()}, {a})[0]};
+        };
+        auto f = compile(fn);
+        auto got = f(q, kk, v);
+        auto want = fn(q, kk, v);
+        matches[k] = f.stats().pattern_matches;
+        for (int i = 0; i < 2; ++i)
+          worst[k] = std::max(worst[k], (got[i] - want[i]).abs().amax().item<double>() /
+                                            std::max(1.0, want[i].abs().amax().item<double>()));
+      } catch (const std::exception& e) {
+        errors[k] = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  for (int k = 0; k < kThreads; ++k) {
+    EXPECT_EQ(errors[k], "") << "thread " << k;
+    EXPECT_EQ(matches[k], 1) << "thread " << k;
+    EXPECT_LT(worst[k], 1e-5) << "thread " << k;
+  }
 }
