@@ -8,6 +8,8 @@
 //   bench_attention [--device cpu|cuda] [--seq T] [--iters N]    both modes, median us per step
 //   bench_attention --memory on|off [--device D] [--seq T]         one mode, one step: peak bytes
 //   bench_attention --sdpa [--device D] [--seq T]                  attention alone (fused, fwd+bwd)
+//   bench_attention --pad-mm --device cuda                         compiled unaligned float16 GEMMs,
+//                                                                  GEMM padding (pad_mm) on and off
 //
 // Peak memory: on CUDA the caching allocator's peak allocated bytes over a step; on the CPU the
 // process's peak resident set over the first step, compile included (/proc/self/clear_refs
@@ -121,13 +123,14 @@ int main(int argc, char** argv) {
   std::string device = "cpu", memory;
   int64_t seq = 256;
   int iters = 10;
-  bool sdpa = false;
+  bool sdpa = false, pad_mm = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
     else if (!std::strcmp(argv[i], "--seq") && i + 1 < argc) seq = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--memory") && i + 1 < argc) memory = argv[++i];
     else if (!std::strcmp(argv[i], "--sdpa")) sdpa = true;
+    else if (!std::strcmp(argv[i], "--pad-mm")) pad_mm = true;
     else {
       std::fprintf(stderr, "bench_attention: unknown option %s\n", argv[i]);
       return 2;
@@ -152,6 +155,29 @@ int main(int argc, char** argv) {
     }
     return median(ts);
   };
+
+  if (pad_mm) {  // unaligned half-precision GEMMs compiled with the rewrites on and off
+    const int64_t shapes[][3] = {{4096, 4095, 4096}, {4096, 1001, 4096}, {8192, 2047, 8192}, {1024, 1023, 1024}};
+    for (const auto& s : shapes) {
+      Tensor a = kiln::randn({s[0], s[1]}).to(dev).to(kiln::kFloat16), b = kiln::randn({s[1], s[2]}).to(dev).to(kiln::kFloat16);
+      double us[2];
+      int matches = 0;
+      for (int on = 0; on < 2; ++on) {
+        kiln::patterns::set_enabled(on == 1);
+        auto f = kiln::compile([](const Tensor& x, const Tensor& y) { return kiln::matmul(x, y); },
+                               kiln::CompileOptions{on ? "pad_mm_on" : "pad_mm_off"});
+        kiln::eval({f(a, b)});
+        kiln::patterns::set_enabled(true);
+        us[on] = timed([&] { kiln::eval({f(a, b)}); });
+        if (on) matches = f.stats().pattern_matches;
+      }
+      std::printf("{\"workload\": \"PADMM-%lldx%lldx%lld\", \"impl\": \"kiln-float16\", \"device\": \"%s\", \"us\": %.1f, "
+                  "\"us_unpadded\": %.1f, \"speedup\": %.2f, \"pattern_matches\": %d}\n",
+                  static_cast<long long>(s[0]), static_cast<long long>(s[1]), static_cast<long long>(s[2]), device.c_str(),
+                  us[1], us[0], us[0] / us[1], matches);
+    }
+    return 0;
+  }
 
   if (sdpa) {  // attention alone, forward + backward, causal: fused, and hand-written compiled
     kiln::manual_seed(5);

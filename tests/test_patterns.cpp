@@ -304,3 +304,35 @@ TEST_F(Patterns, RegistrationLeavesNoPendingWork) {
       [](const Ts& t, const Ss&) { return t[1] + t[0] * 2.0; }, {empty({3, 3}), empty({3, 3})});
   EXPECT_EQ(stats().pending, before);
 }
+
+// GEMM padding (pad_mm): large unaligned float16 GEMMs on CUDA run padded to multiples of 8,
+// forward and backward, with the eager results; on the CPU, or small, or aligned, nothing changes.
+TEST_F(Patterns, PadMmOnlyWhereMeasuredFaster) {
+  auto count = [](const Tensor& a, const Tensor& b) {
+    auto f = compile([](const Tensor& x, const Tensor& y) { return matmul(x, y); });
+    f(a, b);
+    return f.stats().pattern_matches;
+  };
+  EXPECT_EQ(count(randn({64, 33}), randn({33, 64})), 0);  // the CPU: never
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  const Device g = cuda();
+  EXPECT_EQ(count(randn({64, 33}).to(g).to(kFloat16), randn({33, 64}).to(g).to(kFloat16)), 0);         // small
+  EXPECT_EQ(count(randn({2048, 1024}).to(g).to(kFloat16), randn({1024, 2048}).to(g).to(kFloat16)), 0);  // aligned
+  EXPECT_EQ(count(randn({2048, 1001}).to(g), randn({1001, 2048}).to(g)), 0);  // float32 without TF32
+  manual_seed(kiln::testing::test_seed(61));
+  Tensor a = (randn({2048, 1001}) * 0.1).to(g).to(kFloat16).requires_grad_();
+  Tensor b = (randn({1001, 2047}) * 0.1).to(g).to(kFloat16).requires_grad_();
+  auto fn = [](const Tensor& x, const Tensor& y) {
+    Tensor c = matmul(x, y);
+    auto gr = grad({c.to(kFloat32).square().sum()}, {x, y});
+    return std::vector<Tensor>{c, gr[0], gr[1]};
+  };
+  auto f = compile(fn);
+  auto got = f(a, b);
+  EXPECT_GE(f.stats().pattern_matches, 1);
+  auto want = fn(a, b);
+  for (int i = 0; i < 3; ++i) {
+    Tensor w = want[i].to(kFloat32).cpu();
+    expect_close(got[i].to(kFloat32).cpu(), w, 2e-2, 2e-2 * std::max(1.0, w.abs().amax().item<double>()));
+  }
+}
