@@ -211,6 +211,9 @@ KILN_API Tensor mse_loss(const Tensor& x, const Tensor& y, const std::string& re
 KILN_API Tensor smooth_l1_loss(const Tensor& x, const Tensor& y, const std::string& reduction = "mean",
                       double beta = 1.0);
 KILN_API Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
+// softmax(q·kᵀ·scale + mask)·v (scale defaults to 1/sqrt(head size); a bool mask keeps the
+// true entries; is_causal keeps key j <= query i). float32/float64 with equal key and value head
+// sizes up to 256 run as one fused node (forward and backward never hold the Tq x Tk matrix).
 KILN_API Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const std::optional<Tensor>& attn_mask = std::nullopt,
                                     bool is_causal = false, std::optional<double> scale = std::nullopt);
