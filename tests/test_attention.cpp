@@ -429,3 +429,33 @@ TEST(AttentionPatterns, ThreadsCompilingAtOnceShareTheRewrites) {
     EXPECT_LT(worst[k], 1e-5) << "thread " << k;
   }
 }
+
+// Non-finite inputs give what the unfused graph gives, element for element (NaN where it has NaN),
+// on the CPU and (when there is one) the GPU, in float64 and float32.
+TEST(Attention, NonFiniteInputsMatchTheUnfusedGraph) {
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<Device> devices = {cpu()};
+  if (cuda::is_available()) devices.push_back(Device{DeviceType::CUDA, 0});
+  for (double bad : {inf, -inf, nan}) {
+    Tensor q = randn({2, 5, 4}, kFloat64), k = randn({2, 6, 4}, kFloat64), v = randn({2, 6, 4}, kFloat64);
+    // one bad value in a query row, one in a key row, one in a value row
+    q.index_put_({0, 1, 2}, bad);
+    k.index_put_({1, 3, 0}, bad);
+    v.index_put_({1, 4, 1}, bad);
+    Tensor want = unfused(q, k, v, std::nullopt, false, 0.5);
+    for (const Device& dev : devices)
+      for (DType dt : {kFloat64, kFloat32}) {
+        SCOPED_TRACE(::testing::Message() << bad << " " << dev.str() << " " << dtype_name(dt));
+        Tensor y = scaled_dot_product_attention(q.to(dt).to(dev), k.to(dt).to(dev), v.to(dt).to(dev));
+        EXPECT_TRUE(fused(y));
+        auto a = y.to(cpu()).to_vector<double>(), b = want.to(dt).to_vector<double>();
+        const double tol = dt == kFloat64 ? 1e-10 : 1e-4;
+        ASSERT_EQ(a.size(), b.size());
+        for (size_t i = 0; i < a.size(); ++i) {
+          EXPECT_EQ(std::isnan(a[i]), std::isnan(b[i])) << "element " << i << ": " << a[i] << " vs " << b[i];
+          if (std::isnan(a[i]) || std::isnan(b[i]) || a[i] == b[i]) continue;  // (infinities: equal)
+          EXPECT_NEAR(a[i], b[i], tol * (1 + std::abs(b[i]))) << "element " << i;
+        }
+      }
+  }
+}
