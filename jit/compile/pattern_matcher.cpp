@@ -54,7 +54,10 @@ struct Rewrite {
   mutable std::vector<Variant> variants;
   std::set<OpKind> ops;  // the ops of the forward-only form but its result's: every form needs them
   mutable std::once_flag joint_once;
+  mutable std::atomic<bool> check_refusal_logged{false};
 };
+
+const char* const kCheckSaidNo = "its extra check said no";
 
 struct Registry {
   std::mutex mu;
@@ -387,7 +390,7 @@ std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Va
   const size_t ntensors = r.examples.size();
   for (size_t i = 0; i < ntensors; ++i) ins.push_back(Tensor::from_node(b.leaves[i]->shared_from_this()));
   if (r.check && !r.check(ins, b.scalars)) {
-    why = "its extra check said no";
+    why = kCheckSaidNo;
     return std::nullopt;
   }
   std::vector<Tensor> outs;
@@ -540,9 +543,13 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
           why = std::string("the replacement threw: ") + e.what();
         }
         if (!rep) {
-          if (log_enabled("patterns"))
+          // (a check saying no is the common case of broad rewrites such as pad_mm on every
+          // GEMM: said once per rewrite and process)
+          const bool checked = why == kCheckSaidNo;
+          if (log_enabled("patterns") && (!checked || !r->check_refusal_logged.exchange(true)))
             log_line("patterns", where + ": " + r->name + " matched at " + op_name(anchor->op) + " #" +
-                                     std::to_string(anchor->id) + " but was not replaced: " + why);
+                                     std::to_string(anchor->id) + " but was not replaced: " + why +
+                                     (checked ? " (further refusals of its check are not logged)" : ""));
           break;
         }
         for (size_t k = 0; k < rep->size(); ++k) redirect(t, roots, b->map.at(v.outputs[k].get()), (*rep)[k]);
