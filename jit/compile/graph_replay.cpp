@@ -65,10 +65,10 @@ GraphReplay::GraphReplay(GraphPolicy policy, Device device, std::vector<Node*> i
       device_(device),
       inputs_(std::move(inputs)),
       outputs_(std::move(outputs)),
+      last_address_(inputs_.size(), nullptr),
       writes_(outputs_.size(), false),
       write_to_(outputs_.size(), 0),
       written_(inputs_.size(), false),
-      last_address_(inputs_.size(), nullptr),
       moving_(inputs_.size(), false) {
   for (const auto& [o, j] : policy_.write_back) writes_[o] = true, write_to_[o] = j, written_[j] = true;
 }

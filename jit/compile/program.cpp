@@ -333,7 +333,7 @@ std::string graph_dot(const std::vector<NodePtr>& inputs, const std::vector<Node
     bool is_input = stop.count(n) > 0;
     os << "  " << nm << " [label=\"" << (is_input ? "input" : n->materialized() ? "constant" : op_name(n->op)) << " "
        << dtype_name(n->dtype) << " " << shape_str(n->shape)
-       << ((n->op == OpKind::Attention || n->op == OpKind::AttentionBackward) && n->attrs.ints[0] ? " causal" : "")
+       << ((n->op == OpKind::Attention || n->op == OpKind::AttentionBackward) && attention_causal(n->attrs) ? " causal" : "")
        << (n->op == OpKind::Attention && n->inputs.size() > 3 ? " masked" : "") << "\"";
     if (highlight.count(n)) os << ", style=filled, fillcolor=orange";
     else if (is_input) os << ", style=filled, fillcolor=lightblue";

@@ -131,7 +131,7 @@ inline int64_t visible(bool causal, int64_t i, int64_t j0, int64_t cols) {
 // the rest zeroed): adds the mask row, updates the running maximum m and sum l, rescales the
 // row's accumulator and leaves the block's unnormalized probabilities in `row`.
 template <class T>
-inline void forward_row(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T& m, T& l, T* acc,
+inline void forward_row_impl(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T& m, T& l, T* acc,
                         int64_t d) {
   const T ninf = -std::numeric_limits<T>::infinity();
   if (mrow)
@@ -156,27 +156,19 @@ inline void forward_row(T* row, int64_t valid, int64_t cols, const T* mrow, int6
   m = mx;
   for (int64_t c = 0; c < d; ++c) acc[c] *= alpha;
 }
-KILN_ROW_CLONES void forward_row_f(float* row, int64_t valid, int64_t cols, const float* mrow, int64_t msj, float& m,
-                                   float& l, float* acc, int64_t d) {
-  forward_row(row, valid, cols, mrow, msj, m, l, acc, d);
+KILN_ROW_CLONES void forward_row(float* row, int64_t valid, int64_t cols, const float* mrow, int64_t msj, float& m,
+                                 float& l, float* acc, int64_t d) {
+  forward_row_impl(row, valid, cols, mrow, msj, m, l, acc, d);
 }
-KILN_ROW_CLONES void forward_row_d(double* row, int64_t valid, int64_t cols, const double* mrow, int64_t msj, double& m,
-                                   double& l, double* acc, int64_t d) {
-  forward_row(row, valid, cols, mrow, msj, m, l, acc, d);
-}
-inline void forward_row_any(float* r, int64_t v, int64_t c, const float* mr, int64_t ms, float& m, float& l, float* a,
-                            int64_t d) {
-  forward_row_f(r, v, c, mr, ms, m, l, a, d);
-}
-inline void forward_row_any(double* r, int64_t v, int64_t c, const double* mr, int64_t ms, double& m, double& l,
-                            double* a, int64_t d) {
-  forward_row_d(r, v, c, mr, ms, m, l, a, d);
+KILN_ROW_CLONES void forward_row(double* row, int64_t valid, int64_t cols, const double* mrow, int64_t msj, double& m,
+                                 double& l, double* acc, int64_t d) {
+  forward_row_impl(row, valid, cols, mrow, msj, m, l, acc, d);
 }
 
 // Backward, one query row of a block: probabilities p = exp(score + mask - lse) from the scaled
 // scores in `row` (valid entries; the rest zeroed).
 template <class T>
-inline void probabilities_row(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T lse) {
+inline void probabilities_row_impl(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T lse) {
   if (mrow)
     for (int64_t c = 0; c < valid; ++c) row[c] += mrow[c * msj];
   for (int64_t c = 0; c < valid; ++c) row[c] -= lse;
@@ -185,33 +177,22 @@ inline void probabilities_row(T* row, int64_t valid, int64_t cols, const T* mrow
 }
 // ds = p · (dp - delta) · scale, in place of dp.
 template <class T>
-inline void score_grad_row(T* dp, const T* p, int64_t cols, T delta, T scale) {
+inline void score_grad_row_impl(T* dp, const T* p, int64_t cols, T delta, T scale) {
   for (int64_t c = 0; c < cols; ++c) dp[c] = p[c] * (dp[c] - delta) * scale;
 }
-KILN_ROW_CLONES void probabilities_row_f(float* row, int64_t valid, int64_t cols, const float* mrow, int64_t msj, float lse) {
-  probabilities_row(row, valid, cols, mrow, msj, lse);
+KILN_ROW_CLONES void probabilities_row(float* row, int64_t valid, int64_t cols, const float* mrow, int64_t msj,
+                                       float lse) {
+  probabilities_row_impl(row, valid, cols, mrow, msj, lse);
 }
-KILN_ROW_CLONES void probabilities_row_d(double* row, int64_t valid, int64_t cols, const double* mrow, int64_t msj,
-                                         double lse) {
-  probabilities_row(row, valid, cols, mrow, msj, lse);
+KILN_ROW_CLONES void probabilities_row(double* row, int64_t valid, int64_t cols, const double* mrow, int64_t msj,
+                                       double lse) {
+  probabilities_row_impl(row, valid, cols, mrow, msj, lse);
 }
-KILN_ROW_CLONES void score_grad_row_f(float* dp, const float* p, int64_t cols, float delta, float scale) {
-  score_grad_row(dp, p, cols, delta, scale);
+KILN_ROW_CLONES void score_grad_row(float* dp, const float* p, int64_t cols, float delta, float scale) {
+  score_grad_row_impl(dp, p, cols, delta, scale);
 }
-KILN_ROW_CLONES void score_grad_row_d(double* dp, const double* p, int64_t cols, double delta, double scale) {
-  score_grad_row(dp, p, cols, delta, scale);
-}
-inline void probabilities_row_any(float* r, int64_t v, int64_t c, const float* mr, int64_t ms, float lse) {
-  probabilities_row_f(r, v, c, mr, ms, lse);
-}
-inline void probabilities_row_any(double* r, int64_t v, int64_t c, const double* mr, int64_t ms, double lse) {
-  probabilities_row_d(r, v, c, mr, ms, lse);
-}
-inline void score_grad_row_any(float* dp, const float* p, int64_t c, float delta, float scale) {
-  score_grad_row_f(dp, p, c, delta, scale);
-}
-inline void score_grad_row_any(double* dp, const double* p, int64_t c, double delta, double scale) {
-  score_grad_row_d(dp, p, c, delta, scale);
+KILN_ROW_CLONES void score_grad_row(double* dp, const double* p, int64_t cols, double delta, double scale) {
+  score_grad_row_impl(dp, p, cols, delta, scale);
 }
 
 template <class T>
@@ -224,12 +205,12 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
   const int64_t ors = out.strides[r - 2];
   const int64_t qblocks = (tq + kBlockQ - 1) / kBlockQ;
   const T ninf = -std::numeric_limits<T>::infinity();
-  auto run = [&](int64_t b, int64_t qb0, int64_t qb1) {
+  auto run = [&](int64_t b, int64_t qb) {
     const Rows<T> q(qo, oq[b], tq, d), k(ko, ok[b], tk, d), v(vo, ov[b], tk, d);
     std::vector<T> s(static_cast<size_t>(kBlockQ * kBlockK)), acc(static_cast<size_t>(kBlockQ * d));
     std::vector<T> m(kBlockQ), l(kBlockQ);
     const T* mb = mask ? mask->ptr<T>() + g.mask_off[b] : nullptr;
-    for (int64_t qb = qb0; qb < qb1; ++qb) {
+    {
       const int64_t i0 = qb * kBlockQ, rows = std::min(kBlockQ, tq - i0);
       std::fill(m.begin(), m.end(), ninf);
       std::fill(l.begin(), l.end(), T(0));
@@ -240,7 +221,7 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
         gemm_block<T>(false, true, rows, cols, d, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), s.data(), cols);
         for (int64_t rr = 0; rr < rows; ++rr) {
           const int64_t i = i0 + rr;
-          forward_row_any(s.data() + rr * cols, visible(causal, i, j0, cols), cols,
+          forward_row(s.data() + rr * cols, visible(causal, i, j0, cols), cols,
                           mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, m[rr], l[rr],
                           acc.data() + rr * d, d);
         }
@@ -257,7 +238,7 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
   };
   const int64_t items = count * qblocks;
   if (items == 0) return;
-  parallel_for(int64_t{0}, items, [&](int64_t it) { run(it / qblocks, it % qblocks, it % qblocks + 1); });
+  parallel_for(int64_t{0}, items, [&](int64_t it) { run(it / qblocks, it % qblocks); });
 }
 
 template <class T>
@@ -297,7 +278,7 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
         gemm_block<T>(false, true, rows, cols, d, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), p.data(), cols);
         for (int64_t rr = 0; rr < rows; ++rr) {
           const int64_t i = i0 + rr;
-          probabilities_row_any(p.data() + rr * cols, visible(causal, i, j0, cols), cols,
+          probabilities_row(p.data() + rr * cols, visible(causal, i, j0, cols), cols,
                                 mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, lse[i]);
         }
         // dv += pᵀ·dO; dp = dO·vᵀ; ds = p·(dp - delta)·scale; dq += ds·k; dk += dsᵀ·q.
@@ -305,7 +286,7 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
         gemm_block<T>(false, true, rows, cols, d, T(1), go.data() + i0 * d, d, v.row(j0), v.ld, T(0), dp.data(),
                       cols);
         for (int64_t rr = 0; rr < rows; ++rr)
-          score_grad_row_any(dp.data() + rr * cols, p.data() + rr * cols, cols, delta[i0 + rr], scale);
+          score_grad_row(dp.data() + rr * cols, p.data() + rr * cols, cols, delta[i0 + rr], scale);
         gemm_block<T>(false, false, rows, d, cols, T(1), dp.data(), cols, k.row(j0), k.ld, T(1),
                       dq.data() + i0 * d, d);
         gemm_block<T>(true, false, cols, d, rows, T(1), dp.data(), cols, q.row(i0), q.ld, T(1), dk.data(), d);

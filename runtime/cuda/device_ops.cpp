@@ -1,7 +1,6 @@
 #include "runtime/cuda/device_ops.h"
 
 #include <algorithm>
-#include <bit>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -218,8 +217,8 @@ void attention(int device, const Node& n, const Operand& out) {
     attn_operand(a, kAttnFwd, in(3), full);
     attn_operand(a, kAttnGout, in(4), full);
   }
-  a.causal = n.attrs.ints[0] != 0;
-  a.scale = std::bit_cast<double>(n.attrs.ints[1]);
+  a.causal = attention_causal(n.attrs);
+  a.scale = attention_scale(n.attrs);
   const int head = kernels::attention_head_bucket(a.d);
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
   a.bt = std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)

@@ -1,6 +1,5 @@
 // The reference interpreter: runs a segment node by node with the kernels in kernels/.
 // Slow, simple and always right; the oracle for every JIT path.
-#include <bit>
 #include <unordered_map>
 
 #include "kernels/cpu/node_operand.h"
@@ -103,14 +102,14 @@ void compute(Node& n) {
     case OpKind::Im2Col: im2col(out, in(0), a.ints); break;
     case OpKind::Attention: {
       const Operand mask = n.inputs.size() > 3 ? in(3) : Operand();
-      attention(out, in(0), in(1), in(2), n.inputs.size() > 3 ? &mask : nullptr, a.ints[0] != 0,
-                std::bit_cast<double>(a.ints[1]));
+      attention(out, in(0), in(1), in(2), n.inputs.size() > 3 ? &mask : nullptr, attention_causal(a),
+                attention_scale(a));
       break;
     }
     case OpKind::AttentionBackward: {
       const Operand mask = n.inputs.size() > 5 ? in(5) : Operand();
-      attention_backward(out, in(0), in(1), in(2), in(3), in(4), n.inputs.size() > 5 ? &mask : nullptr, a.ints[0] != 0,
-                         std::bit_cast<double>(a.ints[1]));
+      attention_backward(out, in(0), in(1), in(2), in(3), in(4), n.inputs.size() > 5 ? &mask : nullptr,
+                         attention_causal(a), attention_scale(a));
       break;
     }
     case OpKind::Col2Im: col2im(out, in(0), a.ints); break;

@@ -1,6 +1,7 @@
 // The graph IR: a Node is one recorded op (or a leaf buffer). Tensors are handles to nodes.
 #pragma once
 #include <atomic>
+#include <bit>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -153,6 +154,15 @@ void for_each_size(N& n, F&& f) {
 // into them (compiled programs call it when they instantiate a trace for concrete sizes).
 // Internal to kiln::compile: not exported.
 void bind_size_attrs(Node& n);
+
+// Attention / AttentionBackward attributes: ints = {causal, bit pattern of the double scale}.
+inline Attrs attention_attrs(bool causal, double scale) {
+  Attrs a;
+  a.ints = {causal ? 1 : 0, std::bit_cast<int64_t>(scale)};
+  return a;
+}
+inline bool attention_causal(const Attrs& a) { return a.ints[0] != 0; }
+inline double attention_scale(const Attrs& a) { return std::bit_cast<double>(a.ints[1]); }
 
 // A fresh node (from the per-thread node pool).
 KILN_API NodePtr new_node();

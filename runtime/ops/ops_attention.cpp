@@ -1,7 +1,6 @@
 // scaled_dot_product_attention: one fused Attention node where its kernels apply (float32 /
 // float64, equal head sizes for keys and values, a constant head size up to 256, a mask that
 // needs no gradient), else the unfused graph softmax(q·kᵀ·scale + mask)·v.
-#include <bit>
 #include <cmath>
 #include <limits>
 
@@ -16,10 +15,19 @@ namespace {
 
 constexpr int64_t kMaxFusedHead = 256;
 
+// softmax(q·kᵀ·scale + mask)·v as written (scale: 1/sqrt(head size) when not given, computed from
+// the size where it is symbolic).
 Tensor unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& attn_mask,
-                         bool is_causal, const Tensor& scaled_scores) {
+                         bool is_causal, std::optional<double> scale) {
   const Shape &qs = q.shape(), &ks = k.shape();
-  Tensor scores = scaled_scores;
+  const SymInt& d = qs.back();
+  Tensor scores = matmul(q, transpose(k, -2, -1));
+  if (scale)
+    scores = mul(scores, *scale);
+  else if (d.is_constant())
+    scores = mul(scores, 1.0 / std::sqrt(static_cast<double>(d.as_int())));
+  else
+    scores = mul(scores, rsqrt(detail::size_value(d, scores.dtype(), scores.device())));
   const double ninf = -std::numeric_limits<double>::infinity();
   if (is_causal) {
     Tensor keep = tril(full_shape({qs[qs.size() - 2], ks[ks.size() - 2]}, true, kBool, q.device()));
@@ -93,16 +101,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                              (attn_mask->dtype() != kBool && attn_mask->dtype() != q.dtype())))
     batch = std::nullopt;
 
-  if (!batch) {  // the unfused graph
-    Tensor scores = matmul(q, transpose(k, -2, -1));
-    if (scale)
-      scores = mul(scores, *scale);
-    else if (d.is_constant())
-      scores = mul(scores, 1.0 / std::sqrt(static_cast<double>(d.as_int())));
-    else  // a symbolic head size: 1/sqrt(d) computed from it
-      scores = mul(scores, rsqrt(detail::size_value(d, scores.dtype(), scores.device())));
-    return unfused_attention(q, k, v, attn_mask, is_causal, scores);
-  }
+  if (!batch) return unfused_attention(q, k, v, attn_mask, is_causal, scale);
 
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.as_int()));
   auto to_batch = [&](const Tensor& t, const SymInt& rows) {
@@ -117,12 +116,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                          ? where(*attn_mask, full_shape({}, 0.0, q.dtype(), q.device()),
                                  full_shape({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()))
                          : *attn_mask);
-  Attrs a;
-  a.ints = {is_causal ? 1 : 0, std::bit_cast<int64_t>(s)};
   Shape os = *batch;
   os.push_back(tq);
   os.push_back(d + 1);
-  Tensor packed = record(OpKind::Attention, inputs, a, q.dtype(), os);
+  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s), q.dtype(), os);
   return detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
 }
 
