@@ -17,10 +17,6 @@ using Ss = std::vector<double>;
 
 bool is_full(const Node* n, double v) { return n->op == OpKind::Full && n->attrs.sizes.empty() && n->attrs.f0 == v; }
 bool is_full_nonzero(const Node* n) { return n->op == OpKind::Full && n->attrs.sizes.empty() && n->attrs.f0 != 0; }
-bool same(const SymInt& a, const SymInt& b) {
-  auto e = sym_eq(a, b);
-  return e && *e;
-}
 
 // 0, 1, ..., n-1 unsqueezed at `dim` (kiln's tril/triu record their index grids so).
 const Node* arange_at(const Node* n, int64_t dim) {
@@ -40,7 +36,7 @@ std::optional<bool> triangle_test(const Node* n, const SymInt& tq, const SymInt&
   if (diff->op != OpKind::Sub) return std::nullopt;
   const Node* cols = arange_at(diff->inputs[0].get(), 0);
   const Node* rows = arange_at(diff->inputs[1].get(), 1);
-  if (!cols || !rows || !same(cols->shape[0], tk) || !same(rows->shape[0], tq)) return std::nullopt;
+  if (!cols || !rows || !provably_equal(cols->shape[0], tk) || !provably_equal(rows->shape[0], tq)) return std::nullopt;
   return keep;
 }
 

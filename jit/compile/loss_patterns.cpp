@@ -11,11 +11,6 @@ namespace {
 using Ts = std::vector<Tensor>;
 using Ss = std::vector<double>;
 
-bool provably(const SymInt& a, const SymInt& b) {
-  auto e = sym_eq(a, b);
-  return e && *e;
-}
-
 // The scatter inside kiln's one_hot(t, C) when `oh` is one_hot(t, C) cast to a float type and
 // shaped like x (C classes, the last dim): scatter(zeros, -1, t.unsqueeze(-1), ones). Else null.
 const Node* one_hot_scatter(const Tensor& oh, const Tensor& x) {
@@ -30,7 +25,7 @@ const Node* one_hot_scatter(const Tensor& oh, const Tensor& x) {
   if (zeros->op != OpKind::Full || zeros->attrs.f0 != 0 || ones->op != OpKind::Full || ones->attrs.f0 != 1) return nullptr;
   if (s->inputs[1]->op != OpKind::Unsqueeze) return nullptr;
   for (size_t d = 0; d < s->shape.size(); ++d)
-    if (!provably(s->shape[d], x.shape()[d])) return nullptr;
+    if (!provably_equal(s->shape[d], x.shape()[d])) return nullptr;
   return s;
 }
 

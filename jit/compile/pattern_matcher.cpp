@@ -355,12 +355,6 @@ bool has_view_consumer(const Target& t, const Node* n) {
   return false;
 }
 
-// Provably equal sizes (no guard recorded).
-bool provably_equal(const SymInt& a, const SymInt& b) {
-  auto e = sym_eq(a, b);
-  return e && *e;
-}
-
 bool same_layout(const Node& a, const Node& b) {
   if (a.strides.size() != b.strides.size()) return false;
   for (size_t d = 0; d < a.strides.size(); ++d)
@@ -466,43 +460,41 @@ void ensure_joint(const Rewrite& r) {
 }
 
 void trace_joint(const Rewrite& r) {
-  {
-    // The joint forms, most gradients first: one per non-empty subset of the floating inputs.
-    std::vector<int> floating;
-    for (size_t i = 0; i < r.examples.size(); ++i)
-      if (is_floating(r.examples[i].dtype())) floating.push_back(static_cast<int>(i));
-    std::vector<std::vector<int>> subsets;
-    for (uint32_t mask = (1u << floating.size()) - 1; mask > 0; --mask) {
-      std::vector<int> s;
-      for (size_t j = 0; j < floating.size(); ++j)
-        if (mask & (1u << j)) s.push_back(floating[j]);
-      subsets.push_back(std::move(s));
-    }
-    std::stable_sort(subsets.begin(), subsets.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
-    for (const auto& s : subsets) {
-      jit::Variant v = jit::trace_variant(r, s);
-      if (!v.outputs.empty()) r.variants.push_back(std::move(v));
-    }
-    // Gradient-only forms, for the joint forms whose gradients read what the forward computed
-    // (softmax's probabilities, not just the inputs: else any product would match them).
-    const size_t traced = r.variants.size();
-    for (size_t i = 0; i < traced; ++i) {
-      const jit::Variant& j = r.variants[i];
-      if (j.diff.empty()) continue;
-      std::set<const Node*> leaves;
-      for (const auto& l : j.leaves) leaves.insert(l.get());
-      const std::vector<Node*> fwd = jit::topo_order({j.outputs[0]}, leaves);
-      std::vector<NodePtr> grads(j.outputs.begin() + 1, j.outputs.end());
-      bool reads_forward = false, all_ops = true;
-      for (const NodePtr& g : grads) all_ops &= !j.leaf_of.count(g.get());
-      for (Node* n : jit::topo_order(grads, leaves))
-        reads_forward |= n != j.outputs[0].get() && !leaves.count(n) && std::find(fwd.begin(), fwd.end(), n) != fwd.end();
-      if (!reads_forward || !all_ops) continue;
-      jit::Variant v = j;
-      v.outputs = std::move(grads);
-      v.result_dead = true;
-      r.variants.push_back(std::move(v));
-    }
+  // The joint forms, most gradients first: one per non-empty subset of the floating inputs.
+  std::vector<int> floating;
+  for (size_t i = 0; i < r.examples.size(); ++i)
+    if (is_floating(r.examples[i].dtype())) floating.push_back(static_cast<int>(i));
+  std::vector<std::vector<int>> subsets;
+  for (uint32_t mask = (1u << floating.size()) - 1; mask > 0; --mask) {
+    std::vector<int> s;
+    for (size_t j = 0; j < floating.size(); ++j)
+      if (mask & (1u << j)) s.push_back(floating[j]);
+    subsets.push_back(std::move(s));
+  }
+  std::stable_sort(subsets.begin(), subsets.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  for (const auto& s : subsets) {
+    jit::Variant v = jit::trace_variant(r, s);
+    if (!v.outputs.empty()) r.variants.push_back(std::move(v));
+  }
+  // Gradient-only forms, for the joint forms whose gradients read what the forward computed
+  // (softmax's probabilities, not just the inputs: else any product would match them).
+  const size_t traced = r.variants.size();
+  for (size_t i = 0; i < traced; ++i) {
+    const jit::Variant& j = r.variants[i];
+    if (j.diff.empty()) continue;
+    std::set<const Node*> leaves;
+    for (const auto& l : j.leaves) leaves.insert(l.get());
+    const std::vector<Node*> fwd = jit::topo_order({j.outputs[0]}, leaves);
+    std::vector<NodePtr> grads(j.outputs.begin() + 1, j.outputs.end());
+    bool reads_forward = false, all_ops = true;
+    for (const NodePtr& g : grads) all_ops &= !j.leaf_of.count(g.get());
+    for (Node* n : jit::topo_order(grads, leaves))
+      reads_forward |= n != j.outputs[0].get() && !leaves.count(n) && std::find(fwd.begin(), fwd.end(), n) != fwd.end();
+    if (!reads_forward || !all_ops) continue;
+    jit::Variant v = j;
+    v.outputs = std::move(grads);
+    v.result_dead = true;
+    r.variants.push_back(std::move(v));
   }
 }
 

@@ -84,7 +84,9 @@ V& slot(std::map<K, std::unique_ptr<V>>& m, const K& key) {
   return *p;
 }
 
-CUfunction function(int device, const DeviceKernelInstance& k, const std::string& name) {
+// `shared`: dynamic shared memory the instance's launches use (above 48 KiB it is opted into
+// once, when the function is loaded).
+CUfunction function(int device, const DeviceKernelInstance& k, const std::string& name, int64_t shared = 0) {
   static std::map<std::pair<int, std::string>, std::unique_ptr<Loaded>> loaded;
   static std::map<std::pair<int, std::string>, std::unique_ptr<Compiled>> compiled;
   Loaded& l = slot(loaded, std::make_pair(device, name));
@@ -105,6 +107,9 @@ CUfunction function(int device, const DeviceKernelInstance& k, const std::string
     CUmodule mod = nullptr;  // kept for the life of the process
     check(api().module_load_data(&mod, c.image.data()), "cuModuleLoadData");
     check(api().module_get_function(&l.fn, mod, name.c_str()), "cuModuleGetFunction");
+    if (shared > 48 * 1024)
+      check(api().func_set_attribute(l.fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared)),
+            "cuFuncSetAttribute");
   });
   return l.fn;
 }
@@ -172,13 +177,11 @@ void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const Attn
   if (batch == 0 || rows == 0) return;
   const DeviceKernelInstance k{kernel, dt, DType::Int64, head};
   const std::string name = kernels::device_kernel_name(k);
-  CUfunction f = function(device, k, name);
+  // (an instance's shared memory depends only on the instance: opted into once, at load)
+  const int64_t shared = attn_shared(kernel, head, static_cast<int64_t>(itemsize(dt)), a.bt);
+  CUfunction f = function(device, k, name, shared);
   AttnArgs args = a;
   void* params[] = {&args};
-  const int64_t shared = attn_shared(kernel, head, static_cast<int64_t>(itemsize(dt)), a.bt);
-  if (shared > 48 * 1024)  // (opting in is per function; repeating it costs a driver call)
-    check(api().func_set_attribute(f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, static_cast<int>(shared)),
-          "cuFuncSetAttribute");
   const int64_t per = tiled(kernel) ? 64 : attn_rows(head);
   check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per), 1,
                             static_cast<unsigned>(tiled(kernel) ? 256 : per * attn_split(head)), 1, 1,

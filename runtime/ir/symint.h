@@ -71,6 +71,11 @@ KILN_API std::optional<bool> sym_lt(const SymInt& a, const SymInt& b);
 KILN_API std::optional<bool> sym_le(const SymInt& a, const SymInt& b);
 KILN_API std::optional<bool> sym_gt(const SymInt& a, const SymInt& b);
 KILN_API std::optional<bool> sym_ge(const SymInt& a, const SymInt& b);
+// Whether a == b is known for every value of the symbols (records no guard).
+inline bool provably_equal(const SymInt& a, const SymInt& b) {
+  auto e = sym_eq(a, b);
+  return e && *e;
+}
 
 // How a traced size expression compares with zero (see ShapeOracle).
 enum class SymRel { Eq, Ne, Lt, Le, Gt, Ge };

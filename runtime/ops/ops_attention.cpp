@@ -54,10 +54,7 @@ bool mask_fits(const Shape& m, const Shape& full) {
   if (m.size() > full.size()) return false;
   const size_t lead = full.size() - m.size();
   for (size_t i = 0; i < m.size(); ++i) {
-    auto one = sym_eq(m[i], 1);
-    if (one && *one) continue;
-    auto same = sym_eq(m[i], full[lead + i]);
-    if (!same || !*same) return false;
+    if (!provably_equal(m[i], 1) && !provably_equal(m[i], full[lead + i])) return false;
   }
   return true;
 }
