@@ -38,6 +38,7 @@
 #include "jit/cuda/emit_cuda.h"
 #include "kernels/cuda/device_kernels.h"
 #include "jit/exec/executor.h"
+#include "jit/loop/compose.h"
 #include "expect_close.h"
 
 namespace {

@@ -104,15 +104,9 @@ void upgrade_in_background(Backend& b, std::shared_ptr<CompiledKernel> ck) {
   });
 }
 
-// A miss: lower for the device's target, then the tiering policy.
-std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g, DeviceType device) {
-  const Tiering t = tiering_for(device);
-  auto ck = std::make_shared<CompiledKernel>();
-  ck->lowered = lower(g, t.optimizing->target());
-  // The disk key also covers the generated loop IR and the emitter version, so a kiln build
-  // that lowers or emits differently never loads another build's objects.
-  ck->full_key = std::string(kKilnVersion) + ";" + t.optimizing->cache_id() + "|" + kCodegenVersion + "|" +
-                 hash_hex(ck->lowered->kernel.str()) + "|" + key;
+// Serves a miss of `ck` (its loop IR lowered, its disk key set) by the tiering policy: a stored
+// optimizing image, else quick-tier code (upgraded in the background), else optimizing code.
+std::shared_ptr<CompiledKernel> serve(std::shared_ptr<CompiledKernel> ck, const Tiering& t, const std::string& key) {
   ck->symbol = "kiln_" + hash_hex(ck->full_key);
   ck->lowered->kernel.name = ck->symbol;
   if (!dump_dir().empty()) dump_file(ck->symbol + ".loop.txt", "// key: " + key + "\n" + ck->lowered->kernel.str());
@@ -135,6 +129,18 @@ std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g, De
   ck->optimized = compile_optimized(*t.optimizing, *ck);
   ck->code = ck->optimized.get();
   return ck;
+}
+
+// A miss: lower for the device's target, then the tiering policy.
+std::shared_ptr<CompiledKernel> build(const std::string& key, const Group& g, DeviceType device) {
+  const Tiering t = tiering_for(device);
+  auto ck = std::make_shared<CompiledKernel>();
+  ck->lowered = lower(g, t.optimizing->target());
+  // The disk key also covers the generated loop IR and the emitter version, so a kiln build
+  // that lowers or emits differently never loads another build's objects.
+  ck->full_key = std::string(kKilnVersion) + ";" + t.optimizing->cache_id() + "|" + kCodegenVersion + "|" +
+                 hash_hex(ck->lowered->kernel.str()) + "|" + key;
+  return serve(std::move(ck), t, key);
 }
 
 }  // namespace
@@ -209,15 +215,7 @@ std::shared_ptr<CompiledKernel> get_built_kernel(const Kernel& k, DeviceType dev
     ck->lowered = std::make_shared<Lowered>();
     ck->lowered->kernel = k;
     ck->full_key = std::string(kKilnVersion) + ";" + t.optimizing->cache_id() + "|" + kCodegenVersion + "|built|" + ir;
-    ck->symbol = "kiln_" + hash_hex(ck->full_key);
-    ck->lowered->kernel.name = ck->symbol;
-    if (auto code = load_stored(*t.optimizing, *ck)) {
-      ck->optimized = code;
-    } else {
-      ck->optimized = compile_optimized(*t.optimizing, *ck);
-    }
-    ck->code = ck->optimized.get();
-    return ck;
+    return serve(std::move(ck), t, "built");
   });
 }
 

@@ -49,7 +49,8 @@ void clear_memory_cache();
 // policy on a miss).
 std::shared_ptr<CompiledKernel> get_kernel(const std::string& key, const Group& g, DeviceType device = DeviceType::CPU);
 // The compiled kernel for a kernel built from others' loop IR (a split reduction's combine with
-// its epilogue), by its optimizing backend: kept in process and on disk, keyed by its IR.
+// its epilogue, a horizontal kernel) by the tiering policy: kept in process and on disk, keyed
+// by its IR.
 std::shared_ptr<CompiledKernel> get_built_kernel(const Kernel& k, DeviceType device);
 // The code to launch for `ck` now (counts the launch by tier in CacheStats).
 const Code& launch_code(const CompiledKernel& ck);

@@ -23,6 +23,7 @@
 #include "jit/exec/executor.h"
 #include "jit/exec/tiering.h"
 #include "jit/graph/passes.h"
+#include "jit/loop/compose.h"
 #include "jit/graph/scheduler.h"
 #include "runtime/core/error.h"
 #include "runtime/exec/device_runtime.h"
@@ -152,15 +153,15 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
 // parameters, since it is looked up at every launch.
 const Code& combine_code(DeviceType device, OpKind op, DType pdt, DType dtype, bool columns) {
   static std::mutex mu;
-  static std::map<std::tuple<DeviceType, OpKind, DType, DType, bool>, std::shared_ptr<Code>> codes;
+  static std::map<std::tuple<DeviceType, OpKind, DType, DType, bool>, std::shared_ptr<CompiledKernel>> codes;
   {
     std::lock_guard<std::mutex> lock(mu);
     auto it = codes.find({device, op, pdt, dtype, columns});
-    if (it != codes.end()) return *it->second;
+    if (it != codes.end()) return launch_code(*it->second);
   }
-  std::shared_ptr<Code> c = get_built_kernel(combine_kernel(op, pdt, dtype, columns), device)->optimized;
+  std::shared_ptr<CompiledKernel> c = get_built_kernel(combine_kernel(op, pdt, dtype, columns), device);
   std::lock_guard<std::mutex> lock(mu);
-  return *codes.emplace(std::make_tuple(device, op, pdt, dtype, columns), std::move(c)).first->second;
+  return launch_code(*codes.emplace(std::make_tuple(device, op, pdt, dtype, columns), std::move(c)).first->second);
 }
 
 // The combine kernels `ck`'s partials need on `device`, compiled now (while the plan is made).
@@ -279,7 +280,12 @@ struct PlanStep {
   bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks;
                           // device split Kernel: the next (0-d) step runs in its combine kernel
   bool fused = false;     // Kernel: run as the previous step's epilogue
-  std::shared_ptr<Code> combine_code;  // device split Kernel: combine + the next step's kernel
+  std::shared_ptr<CompiledKernel> combine;  // device split Kernel: combine + the next step's kernel
+  // Kernel: the later kernel steps that run with this one as one horizontal kernel (`batch_ck`;
+  // none: it runs alone); `batched`: this step ran in an earlier step's horizontal kernel.
+  std::vector<int> batch;
+  std::shared_ptr<CompiledKernel> batch_ck;
+  bool batched = false;
   // Opaque GEMM on a device: the next step (+ a row vector, then ReLU if `relu`) runs as the
   // GEMM's epilogue (DeviceRuntime::gemm_bias) producing position `bias_out` from `bias`.
   bool gemm_bias = false, relu = false;
@@ -300,6 +306,12 @@ struct RunScratch {
   std::unordered_map<const Node*, int> extern_ids;  // only for segments with many external inputs
   Group group;
   Binding binding;
+  // Horizontal kernels: each member's binding, and the arguments of the one launch.
+  std::vector<Binding> members;
+  std::vector<char*> batch_buffers;
+  std::vector<int64_t> batch_ip;
+  std::vector<double> batch_fp;
+  std::vector<Node*> batch_outputs;
   bool busy = false;
 };
 
@@ -393,6 +405,78 @@ double kernel_traffic(const std::vector<Step>& steps) {
     for (const Node* n : st.group.outputs) total += bytes(n);
   }
   return total;
+}
+
+// Most kernels in one horizontal kernel, and most arguments (buffers and params: a CUDA
+// kernel's parameters must fit in 4 KiB).
+constexpr size_t kMaxBatch = 32;
+constexpr int kMaxBatchArgs = 448;
+
+// Horizontal kernels: independent pointwise kernel steps of different domains (an optimizer's
+// update of each parameter) run as one launch at the first of them, when everything each one
+// reads is produced before that step.
+void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vector<std::shared_ptr<CompiledKernel>>& kernels,
+                      DeviceType device) {
+  auto args = [](const Kernel& k) { return static_cast<int>(k.buffers.size()) + k.num_params + k.num_fparams; };
+  std::unordered_map<const Node*, size_t> producer;  // node -> the step that computes it (as batched)
+  struct Open {
+    size_t leader;
+    int args;
+  };
+  std::vector<Open> open;
+  std::vector<std::vector<size_t>> batches(steps.size());
+  for (size_t j = 0; j < steps.size(); ++j) {
+    const Step& st = steps[j];
+    PlanStep& ps = plan.steps[j];
+    size_t at = j;
+    if (st.kind == Step::Kind::Kernel && kernels[j] && !ps.fused && !ps.epilogue && horizontal_member(*kernels[j]->lowered)) {
+      size_t first = 0;  // the first step at which everything it reads is there
+      for (const Node* in : canonical_inputs(st.group))
+        for (const Node* v = in;; v = v->inputs[0].get()) {
+          auto it = producer.find(v);
+          if (it != producer.end()) first = std::max(first, it->second + 1);
+          if (!is_view_op(v->op) || v->inputs.empty()) break;
+        }
+      const int a = args(kernels[j]->lowered->kernel);
+      Open* join = nullptr;
+      for (Open& o : open)
+        if (o.leader >= first && batches[o.leader].size() + 1 < kMaxBatch && o.args + a <= kMaxBatchArgs) {
+          join = &o;
+          break;
+        }
+      if (join) {
+        at = join->leader;
+        join->args += a;
+        batches[at].push_back(j);
+      } else {
+        open.push_back({j, a});
+      }
+    }
+    if (st.kind == Step::Kind::Kernel) {
+      for (const Node* o : st.group.outputs) producer[o] = at;
+    } else {
+      producer[st.node] = j;
+    }
+  }
+  for (size_t a = 0; a < steps.size(); ++a) {
+    if (batches[a].empty()) continue;
+    std::vector<const Kernel*> members{&kernels[a]->lowered->kernel};
+    for (size_t j : batches[a]) members.push_back(&kernels[j]->lowered->kernel);
+    try {
+      plan.steps[a].batch_ck = get_built_kernel(horizontal_kernel(members), device);
+    } catch (const std::exception& ex) {
+      log_line("jit", std::string("horizontal kernel not built (") + ex.what() + "); running its kernels apart");
+      continue;
+    }
+    std::string list = std::to_string(a);
+    for (size_t j : batches[a]) {
+      plan.steps[a].batch.push_back(static_cast<int>(j));
+      plan.steps[j].batched = true;
+      list += ", " + std::to_string(j);
+    }
+    if (log_enabled("fusion"))
+      log_line("fusion", "steps " + list + " (independent pointwise kernels) run as one horizontal kernel at step " + std::to_string(a));
+  }
 }
 
 // Runs the graph passes on `seg` (applying their rewrite: `sc.ext` then names every extended
@@ -603,7 +687,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     try {
       if (!find_backend(device, Tier::Optimizing)) continue;
       Kernel k = combine_with_epilogue(combine_kernel(op, pdt, red->dtype), kernels[i + 1]->lowered->kernel, epi_in);
-      plan->steps[i].combine_code = get_built_kernel(k, device)->optimized;
+      plan->steps[i].combine = get_built_kernel(k, device);
     } catch (const std::exception& ex) {
       log_line("jit", std::string("combine with epilogue not built (") + ex.what() + "); running them apart");
       continue;
@@ -612,6 +696,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     plan->steps[i + 1].fused = true;
     if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs in the combine kernel of split step " + std::to_string(i));
   }
+  if (tgt) batch_horizontal(*plan, steps, kernels, device);
   return plan;
 }
 
@@ -692,7 +777,8 @@ bool run_split_with_epilogue(const PlanStep& s, const PlanStep& e, const std::ve
   c.buffers = bufs.data();
   c.iparams = ip.data();
   c.fparams = bd.args.fp.data();
-  s.combine_code->backend->launch(*s.combine_code, c);
+  const Code& code_c = launch_code(*s.combine);
+  code_c.backend->launch(code_c, c);
   for (size_t i = 0; i < tg.outputs.size(); ++i) tg.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
   return true;
 }
@@ -711,6 +797,48 @@ bool run_gemm_bias(const PlanStep& s, const std::vector<Node*>& ext, RunScratch&
   return true;
 }
 
+// A horizontal kernel step: each member bound as its own kernel, their arguments concatenated
+// in member order, one launch over the sum of their parallel extents.
+void run_horizontal(const Plan& plan, const PlanStep& s, const std::vector<Node*>& ext, RunScratch& sc) {
+  const size_t n = s.batch.size() + 1;
+  if (sc.members.size() < n) sc.members.resize(n);
+  std::vector<char*>& bufs = sc.batch_buffers;
+  std::vector<int64_t>& ip = sc.batch_ip;
+  std::vector<double>& fp = sc.batch_fp;
+  std::vector<Node*>& outs = sc.batch_outputs;
+  bufs.clear();
+  ip.clear();
+  fp.clear();
+  outs.clear();
+  int64_t work = 0;
+  for (size_t m = 0; m < n; ++m) {
+    const PlanStep& ms = m == 0 ? s : plan.steps[static_cast<size_t>(s.batch[m - 1])];
+    const Group& g = load_group(ms, ext, sc);
+    Binding& bd = sc.members[m];
+    bind_kernel(bd, g, *ms.ck->lowered, sc.ins);
+    bufs.insert(bufs.end(), bd.buffers.begin(), bd.buffers.end());
+    ip.insert(ip.end(), bd.args.ip.begin(), bd.args.ip.end());
+    fp.insert(fp.end(), bd.args.fp.begin(), bd.args.fp.end());
+    outs.insert(outs.end(), g.outputs.begin(), g.outputs.end());
+    work += ms.work;
+  }
+  const Kernel& k = s.batch_ck->lowered->kernel;
+  const int64_t extent = eval_index(k, k.parallel_extent, ip);
+  if (extent > 0) {
+    const Code& code = launch_code(*s.batch_ck);
+    Launch l;
+    l.extent = extent;
+    l.work = work;
+    l.buffers = bufs.data();
+    l.iparams = ip.data();
+    l.fparams = fp.data();
+    code.backend->launch(code, l);
+  }
+  size_t o = 0;
+  for (size_t m = 0; m < n; ++m)
+    for (auto& st : sc.members[m].out_storage) outs[o++]->set_storage(std::move(st), false);
+}
+
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
   bool epilogue_done = false;
@@ -722,7 +850,12 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
           epilogue_done = false;
           break;
         }
-        if (s.epilogue && s.combine_code && run_split_with_epilogue(s, plan.steps[si + 1], ext, sc)) {
+        if (s.batched) break;  // ran in an earlier step's horizontal kernel
+        if (s.batch_ck) {
+          run_horizontal(plan, s, ext, sc);
+          break;
+        }
+        if (s.epilogue && s.combine && run_split_with_epilogue(s, plan.steps[si + 1], ext, sc)) {
           epilogue_done = true;
           break;
         }

@@ -927,48 +927,4 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
   }
 }
 
-Kernel combine_with_epilogue(const Kernel& c, const Kernel& epi, int epi_in) {
-  KILN_CHECK(c.buffers.size() == 2 && epi.accs.empty() && epi_in >= 0 && epi_in < static_cast<int>(epi.buffers.size()),
-             "jit: combine_with_epilogue takes a value combine and an epilogue without reductions");
-  Kernel K = c;
-  const int nb = static_cast<int>(c.buffers.size()), out = nb - 1, np = c.num_params, nf = c.num_fparams, nv = c.num_vars;
-  // Epilogue buffers follow the combine's; its input `epi_in` reads the combine's output itself
-  // (one pointer: the store and the load stay in order).
-  auto buffer = [&](int64_t b) { return b == epi_in ? out : static_cast<int>(b) + nb; };
-  auto var = [&](int64_t v) { return v == 0 ? 0 : v + nv - 1; };  // one parallel index (extent 1)
-  std::vector<ExprId> map(epi.exprs.size(), -1);
-  for (size_t i = 0; i < epi.exprs.size(); ++i) {
-    Expr e = epi.exprs[i];
-    for (ExprId* x : {&e.a, &e.b, &e.c})
-      if (*x >= 0) *x = map[static_cast<size_t>(*x)];
-    switch (e.kind) {
-      case Expr::Kind::Load: e.i = buffer(e.i); break;
-      case Expr::Kind::Param: e.i += np; break;
-      case Expr::Kind::FParam: e.i += nf; break;
-      case Expr::Kind::Var: e.i = var(e.i); break;
-      case Expr::Kind::Acc: case Expr::Kind::AccIndex: throw Error("jit: an epilogue with accumulators");
-      default: break;
-    }
-    map[i] = K.add(e);
-  }
-  std::function<Stmt(const Stmt&)> copy = [&](const Stmt& s) {
-    Stmt t = s;
-    for (ExprId* x : {&t.lo, &t.hi, &t.index, &t.value})
-      if (*x >= 0) *x = map[static_cast<size_t>(*x)];
-    if (t.kind == Stmt::Kind::Loop) t.var = static_cast<int>(var(t.var));
-    if (t.kind == Stmt::Kind::Store) t.buffer = buffer(t.buffer);
-    KILN_CHECK(t.kind == Stmt::Kind::Loop || t.kind == Stmt::Kind::Store, "jit: an epilogue with accumulators");
-    t.body.clear();
-    for (const Stmt& b : s.body) t.body.push_back(copy(b));
-    return t;
-  };
-  for (const BufferSpec& b : epi.buffers) K.buffers.push_back(b);
-  K.num_params = np + epi.num_params;
-  K.num_fparams = nf + epi.num_fparams;
-  K.num_vars = nv + std::max(epi.num_vars - 1, 0);
-  for (const Stmt& s : epi.body) K.body.push_back(copy(s));
-  K.name = c.name + "_then_" + epi.name;
-  return K;
-}
-
 }  // namespace kiln::jit

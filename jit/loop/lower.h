@@ -59,11 +59,6 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
 // combine would.
 Kernel combine_kernel(OpKind op, DType acc, DType out, bool columns = false);
 
-// `c` (a combine_kernel of one value) followed in the same kernel by `epi`, a pointwise kernel
-// of one parallel index (the 0-d tail of a full reduction: `sum() * 0.5`) whose buffer `epi_in`
-// is the reduction's output. Buffers: c's, then epi's; params likewise.
-Kernel combine_with_epilogue(const Kernel& c, const Kernel& epi, int epi_in);
-
 // Thrown when a group cannot be expressed (the executor then runs it on the interpreter).
 struct LowerError : std::runtime_error {
   using std::runtime_error::runtime_error;
