@@ -75,6 +75,7 @@ std::vector<Tensor> tiered_graph() {
   Tensor d = make_input({kF64, {5, 7}, 0, 0, false, false, 23});
   Tensor y = kiln::tanh(kiln::add(kiln::mul(x, 0.5), b));
   Tensor z = kiln::where(kiln::gt(y, 0.0), y, kiln::mul(y, 0.1));
+  z.eval();  // two segments: two kernels (in one they would run as one horizontal kernel)
   Tensor w = kiln::sqrt(kiln::abs(kiln::sub(kiln::mul(d, d), 0.25)));
   return {z, w};
 }

@@ -285,6 +285,7 @@ struct PlanStep {
   // none: it runs alone); `batched`: this step ran in an earlier step's horizontal kernel.
   std::vector<int> batch;
   std::shared_ptr<CompiledKernel> batch_ck;
+  std::shared_ptr<Lowered> lowered;  // a member of a horizontal kernel: its own lowering (binding)
   bool batched = false;
   // Opaque GEMM on a device: the next step (+ a row vector, then ReLU if `relu`) runs as the
   // GEMM's epilogue (DeviceRuntime::gemm_bias) producing position `bias_out` from `bias`.
@@ -412,12 +413,33 @@ double kernel_traffic(const std::vector<Step>& steps) {
 constexpr size_t kMaxBatch = 32;
 constexpr int kMaxBatchArgs = 448;
 
+// Pointwise kernel steps that may run in a horizontal kernel: compiled last (alone, or only as
+// part of one), when the segment has two or more. Steps that a GEMM or a split reduction may
+// take as its epilogue are compiled with the others.
+std::vector<bool> horizontal_candidates(const std::vector<Step>& steps) {
+  std::vector<bool> d(steps.size(), false);
+  size_t n = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& st = steps[i];
+    if (st.kind != Step::Kind::Kernel || !st.group.reduce_dims.empty() || st.group.split) continue;
+    if (i > 0 && ((steps[i - 1].kind == Step::Kind::Opaque && steps[i - 1].node->op == OpKind::Matmul) ||
+                  (steps[i - 1].kind == Step::Kind::Kernel && steps[i - 1].group.split)))
+      continue;
+    d[i] = true;
+    ++n;
+  }
+  if (n < 2) d.assign(steps.size(), false);
+  return d;
+}
+
 // Horizontal kernels: independent pointwise kernel steps of different domains (an optimizer's
 // update of each parameter) run as one launch at the first of them, when everything each one
-// reads is produced before that step.
-void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vector<std::shared_ptr<CompiledKernel>>& kernels,
+// reads is produced before that step. The candidates (`deferred`) that join no other are
+// compiled alone.
+void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vector<bool>& deferred, const Target& tgt,
                       DeviceType device) {
   auto args = [](const Kernel& k) { return static_cast<int>(k.buffers.size()) + k.num_params + k.num_fparams; };
+  std::vector<std::shared_ptr<Lowered>> lowered(steps.size());
   std::unordered_map<const Node*, size_t> producer;  // node -> the step that computes it (as batched)
   struct Open {
     size_t leader;
@@ -427,9 +449,14 @@ void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vec
   std::vector<std::vector<size_t>> batches(steps.size());
   for (size_t j = 0; j < steps.size(); ++j) {
     const Step& st = steps[j];
-    PlanStep& ps = plan.steps[j];
     size_t at = j;
-    if (st.kind == Step::Kind::Kernel && kernels[j] && !ps.fused && !ps.epilogue && horizontal_member(*kernels[j]->lowered)) {
+    if (deferred[j]) {
+      try {
+        lowered[j] = lower(st.group, tgt);
+      } catch (const std::exception&) {
+      }  // (compiled alone below, where the error is handled)
+    }
+    if (lowered[j] && horizontal_member(*lowered[j])) {
       size_t first = 0;  // the first step at which everything it reads is there
       for (const Node* in : canonical_inputs(st.group))
         for (const Node* v = in;; v = v->inputs[0].get()) {
@@ -437,7 +464,7 @@ void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vec
           if (it != producer.end()) first = std::max(first, it->second + 1);
           if (!is_view_op(v->op) || v->inputs.empty()) break;
         }
-      const int a = args(kernels[j]->lowered->kernel);
+      const int a = args(lowered[j]->kernel);
       Open* join = nullptr;
       for (Open& o : open)
         if (o.leader >= first && batches[o.leader].size() + 1 < kMaxBatch && o.args + a <= kMaxBatchArgs) {
@@ -458,10 +485,11 @@ void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vec
       producer[st.node] = j;
     }
   }
+  std::vector<bool> alone = deferred;
   for (size_t a = 0; a < steps.size(); ++a) {
     if (batches[a].empty()) continue;
-    std::vector<const Kernel*> members{&kernels[a]->lowered->kernel};
-    for (size_t j : batches[a]) members.push_back(&kernels[j]->lowered->kernel);
+    std::vector<const Kernel*> members{&lowered[a]->kernel};
+    for (size_t j : batches[a]) members.push_back(&lowered[j]->kernel);
     try {
       plan.steps[a].batch_ck = get_built_kernel(horizontal_kernel(members), device);
     } catch (const std::exception& ex) {
@@ -469,13 +497,22 @@ void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vec
       continue;
     }
     std::string list = std::to_string(a);
+    alone[a] = false;
+    plan.steps[a].lowered = lowered[a];
     for (size_t j : batches[a]) {
       plan.steps[a].batch.push_back(static_cast<int>(j));
       plan.steps[j].batched = true;
+      plan.steps[j].lowered = lowered[j];
+      alone[j] = false;
       list += ", " + std::to_string(j);
     }
     if (log_enabled("fusion"))
       log_line("fusion", "steps " + list + " (independent pointwise kernels) run as one horizontal kernel at step " + std::to_string(a));
+  }
+  for (size_t j = 0; j < steps.size(); ++j) {
+    if (!alone[j]) continue;
+    const std::string key = group_key(steps[j].group, tgt);
+    plan.steps[j].ck = kernel_or_null(steps[j].group, key, device);
   }
 }
 
@@ -504,6 +541,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
   std::vector<const Node*> stored;
   std::vector<Step> steps;
   std::vector<std::shared_ptr<CompiledKernel>> kernels;
+  std::vector<bool> deferred;  // pointwise kernel steps compiled last, alone or as horizontal kernels
   const Target* tgt = nullptr;  // null: no JIT backend for the device (its kernels run on the interpreter)
   try {
     tgt = &target_for(device);
@@ -533,12 +571,13 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
       if (kernel_traffic(alt) < kernel_traffic(steps)) steps = std::move(alt);
     }
     kernels.assign(steps.size(), nullptr);
+    deferred = horizontal_candidates(steps);
     // Device kernels compile in parallel (NVRTC takes 40-150 ms a kernel): the code cache is
     // filled for every kernel step at once, and the loop below finds them (and their errors).
     if (tgt && device != DeviceType::CPU) {
       std::vector<size_t> ks;
       for (size_t i = 0; i < steps.size(); ++i)
-        if (steps[i].kind == Step::Kind::Kernel) ks.push_back(i);
+        if (steps[i].kind == Step::Kind::Kernel && !deferred[i]) ks.push_back(i);
       if (ks.size() > 1)
         kernels::parallel_for(0, static_cast<int64_t>(ks.size()), [&](int64_t j) {
           const Group& g = steps[ks[static_cast<size_t>(j)]].group;
@@ -550,7 +589,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     }
     bool again = false;
     for (size_t i = 0; tgt && i < steps.size(); ++i) {
-      if (steps[i].kind != Step::Kind::Kernel) continue;
+      if (steps[i].kind != Step::Kind::Kernel || deferred[i]) continue;
       std::string key = group_key(steps[i].group, *tgt);
       try {
         kernels[i] = get_kernel(key, steps[i].group, device);
@@ -696,7 +735,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     plan->steps[i + 1].fused = true;
     if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs in the combine kernel of split step " + std::to_string(i));
   }
-  if (tgt) batch_horizontal(*plan, steps, kernels, device);
+  if (tgt) batch_horizontal(*plan, steps, deferred, *tgt, device);
   return plan;
 }
 
@@ -815,7 +854,7 @@ void run_horizontal(const Plan& plan, const PlanStep& s, const std::vector<Node*
     const PlanStep& ms = m == 0 ? s : plan.steps[static_cast<size_t>(s.batch[m - 1])];
     const Group& g = load_group(ms, ext, sc);
     Binding& bd = sc.members[m];
-    bind_kernel(bd, g, *ms.ck->lowered, sc.ins);
+    bind_kernel(bd, g, *ms.lowered, sc.ins);
     bufs.insert(bufs.end(), bd.buffers.begin(), bd.buffers.end());
     ip.insert(ip.end(), bd.args.ip.begin(), bd.args.ip.end());
     fp.insert(fp.end(), bd.args.fp.begin(), bd.args.fp.end());
