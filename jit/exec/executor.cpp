@@ -281,19 +281,22 @@ struct PlanStep {
                           // device split Kernel: the next (0-d) step runs in its combine kernel
   bool fused = false;     // Kernel: run as the previous step's epilogue
   std::shared_ptr<CompiledKernel> combine;  // device split Kernel: combine + the next step's kernel
-  // Kernel: the later kernel steps that run with this one as one horizontal kernel (`batch_ck`;
-  // none: it runs alone); `batched`: this step ran in an earlier step's horizontal kernel.
-  std::vector<int> batch;
-  std::shared_ptr<CompiledKernel> batch_ck;
-  std::shared_ptr<Lowered> lowered;  // a member of a horizontal kernel: its own lowering (binding)
-  bool batched = false;
+  std::vector<int> batches_after;     // horizontal kernels (Plan::batches) run right after this step
+  bool batched = false;               // Kernel: runs in a horizontal kernel, not in its own slot
+  std::shared_ptr<Lowered> lowered;   // batched: its own lowering (binds its arguments)
   // Opaque GEMM on a device: the next step (+ a row vector, then ReLU if `relu`) runs as the
   // GEMM's epilogue (DeviceRuntime::gemm_bias) producing position `bias_out` from `bias`.
   bool gemm_bias = false, relu = false;
   int bias = 0, bias_out = 0;
 };
+// Independent pointwise kernel steps run as one launch.
+struct Batch {
+  std::vector<int> members;  // kernel steps, in step order
+  std::shared_ptr<CompiledKernel> ck;
+};
 struct Plan {
   std::vector<int64_t> sig;
+  std::vector<Batch> batches;
   Rewrite rw;  // graph passes, re-applied on every run
   std::vector<PlanStep> steps;
 };
@@ -433,83 +436,101 @@ std::vector<bool> horizontal_candidates(const std::vector<Step>& steps) {
 }
 
 // Horizontal kernels: independent pointwise kernel steps of different domains (an optimizer's
-// update of each parameter) run as one launch at the first of them, when everything each one
-// reads is produced before that step. The candidates (`deferred`) that join no other are
-// compiled alone.
+// update of each parameter) run as one launch. Each candidate (`deferred`) may run anywhere
+// after the steps producing what it reads and before the first step reading what it writes;
+// a candidate whose output another candidate reads stays in place. Each batch runs at the
+// latest point its members allow (fewest batches: greedy by deadline). Candidates that join
+// no batch are compiled alone.
 void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vector<bool>& deferred, const Target& tgt,
                       DeviceType device) {
+  const int N = static_cast<int>(steps.size());
   auto args = [](const Kernel& k) { return static_cast<int>(k.buffers.size()) + k.num_params + k.num_fparams; };
-  std::vector<std::shared_ptr<Lowered>> lowered(steps.size());
-  std::unordered_map<const Node*, size_t> producer;  // node -> the step that computes it (as batched)
-  struct Open {
-    size_t leader;
-    int args;
-  };
-  std::vector<Open> open;
-  std::vector<std::vector<size_t>> batches(steps.size());
-  for (size_t j = 0; j < steps.size(); ++j) {
-    const Step& st = steps[j];
-    size_t at = j;
-    if (deferred[j]) {
-      try {
-        lowered[j] = lower(st.group, tgt);
-      } catch (const std::exception&) {
-      }  // (compiled alone below, where the error is handled)
-    }
-    if (lowered[j] && horizontal_member(*lowered[j])) {
-      size_t first = 0;  // the first step at which everything it reads is there
-      for (const Node* in : canonical_inputs(st.group))
-        for (const Node* v = in;; v = v->inputs[0].get()) {
-          auto it = producer.find(v);
-          if (it != producer.end()) first = std::max(first, it->second + 1);
-          if (!is_view_op(v->op) || v->inputs.empty()) break;
-        }
-      const int a = args(lowered[j]->kernel);
-      Open* join = nullptr;
-      for (Open& o : open)
-        if (o.leader >= first && batches[o.leader].size() + 1 < kMaxBatch && o.args + a <= kMaxBatchArgs) {
-          join = &o;
-          break;
-        }
-      if (join) {
-        at = join->leader;
-        join->args += a;
-        batches[at].push_back(j);
-      } else {
-        open.push_back({j, a});
-      }
-    }
-    if (st.kind == Step::Kind::Kernel) {
-      for (const Node* o : st.group.outputs) producer[o] = at;
-    } else {
-      producer[st.node] = j;
-    }
+  // Where each stored value is computed, and what each step reads (view chains walked to their
+  // stored roots). A step run as the previous one's epilogue reads at that step.
+  std::unordered_map<const Node*, int> producer;
+  for (int i = 0; i < N; ++i) {
+    if (steps[i].kind == Step::Kind::Kernel)
+      for (const Node* o : steps[i].group.outputs) producer[o] = i;
+    else
+      producer[steps[i].node] = i;
   }
-  std::vector<bool> alone = deferred;
-  for (size_t a = 0; a < steps.size(); ++a) {
-    if (batches[a].empty()) continue;
-    std::vector<const Kernel*> members{&lowered[a]->kernel};
-    for (size_t j : batches[a]) members.push_back(&lowered[j]->kernel);
+  auto for_each_read = [&](int i, const auto& f) {
+    std::vector<Node*> ins;
+    if (steps[i].kind == Step::Kind::Kernel) ins = canonical_inputs(steps[i].group);
+    else for (const auto& in : steps[i].node->inputs) ins.push_back(in.get());
+    for (const Node* in : ins)
+      for (const Node* v = in;; v = v->inputs[0].get()) {
+        auto it = producer.find(v);
+        if (it != producer.end() && it->second != i) f(it->second);
+        if (!is_view_op(v->op) || v->inputs.empty()) break;
+      }
+  };
+  std::vector<std::shared_ptr<Lowered>> lowered(steps.size());
+  std::vector<bool> cand(steps.size(), false);
+  for (int j = 0; j < N; ++j) {
+    if (!deferred[j]) continue;
     try {
-      plan.steps[a].batch_ck = get_built_kernel(horizontal_kernel(members), device);
+      lowered[j] = lower(steps[j].group, tgt);
+    } catch (const std::exception&) {
+    }  // (compiled alone below, where the error is handled)
+    cand[j] = lowered[j] && horizontal_member(*lowered[j]);
+  }
+  for (int j = 0; j < N; ++j)  // a candidate another candidate reads stays in place
+    if (deferred[j]) for_each_read(j, [&](int p) { cand[p] = false; });
+  // Window of each candidate: it may run right after step t for lo <= t <= hi.
+  std::vector<int> lo(steps.size(), -1), hi(steps.size(), N - 1);
+  for (int i = 0; i < N; ++i) {
+    const int at = plan.steps[i].fused ? i - 1 : i;
+    for_each_read(i, [&](int p) {
+      if (cand[i]) lo[i] = std::max(lo[i], p);
+      if (cand[p]) hi[p] = std::min(hi[p], at - 1);
+    });
+  }
+  std::vector<int> order;
+  for (int j = 0; j < N; ++j)
+    if (cand[j]) order.push_back(j);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return hi[a] < hi[b]; });
+  std::vector<bool> taken(steps.size(), false), alone = deferred;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int first = order[k];
+    if (taken[first]) continue;
+    const int t = hi[first];
+    std::vector<int> members{first};
+    int a = args(lowered[first]->kernel);
+    taken[first] = true;
+    for (size_t m = k + 1; m < order.size() && members.size() < kMaxBatch; ++m) {
+      const int j = order[m];
+      const int aj = args(lowered[j]->kernel);
+      if (taken[j] || lo[j] > t || a + aj > kMaxBatchArgs) continue;
+      members.push_back(j);
+      a += aj;
+      taken[j] = true;
+    }
+    if (members.size() < 2) continue;
+    std::sort(members.begin(), members.end());
+    std::vector<const Kernel*> ks;
+    for (int j : members) ks.push_back(&lowered[j]->kernel);
+    Batch b;
+    try {
+      b.ck = get_built_kernel(horizontal_kernel(ks), device);
     } catch (const std::exception& ex) {
       log_line("jit", std::string("horizontal kernel not built (") + ex.what() + "); running its kernels apart");
       continue;
     }
-    std::string list = std::to_string(a);
-    alone[a] = false;
-    plan.steps[a].lowered = lowered[a];
-    for (size_t j : batches[a]) {
-      plan.steps[a].batch.push_back(static_cast<int>(j));
+    std::string list;
+    for (int j : members) {
       plan.steps[j].batched = true;
       plan.steps[j].lowered = lowered[j];
       alone[j] = false;
-      list += ", " + std::to_string(j);
+      list += (list.empty() ? "" : ", ") + std::to_string(j);
     }
+    b.members = std::move(members);
+    plan.steps[t].batches_after.push_back(static_cast<int>(plan.batches.size()));
+    plan.batches.push_back(std::move(b));
     if (log_enabled("fusion"))
-      log_line("fusion", "steps " + list + " (independent pointwise kernels) run as one horizontal kernel at step " + std::to_string(a));
+      log_line("fusion", "steps " + list + " (independent pointwise kernels) run as one horizontal kernel after step " + std::to_string(t));
   }
-  for (size_t j = 0; j < steps.size(); ++j) {
+  for (int j = 0; j < N; ++j) {
     if (!alone[j]) continue;
     const std::string key = group_key(steps[j].group, tgt);
     plan.steps[j].ck = kernel_or_null(steps[j].group, key, device);
@@ -836,10 +857,10 @@ bool run_gemm_bias(const PlanStep& s, const std::vector<Node*>& ext, RunScratch&
   return true;
 }
 
-// A horizontal kernel step: each member bound as its own kernel, their arguments concatenated
-// in member order, one launch over the sum of their parallel extents.
-void run_horizontal(const Plan& plan, const PlanStep& s, const std::vector<Node*>& ext, RunScratch& sc) {
-  const size_t n = s.batch.size() + 1;
+// A horizontal kernel: each member bound as its own kernel, their arguments concatenated in
+// member order, one launch over the sum of their parallel extents.
+void run_horizontal(const Plan& plan, const Batch& b, const std::vector<Node*>& ext, RunScratch& sc) {
+  const size_t n = b.members.size();
   if (sc.members.size() < n) sc.members.resize(n);
   std::vector<char*>& bufs = sc.batch_buffers;
   std::vector<int64_t>& ip = sc.batch_ip;
@@ -851,7 +872,7 @@ void run_horizontal(const Plan& plan, const PlanStep& s, const std::vector<Node*
   outs.clear();
   int64_t work = 0;
   for (size_t m = 0; m < n; ++m) {
-    const PlanStep& ms = m == 0 ? s : plan.steps[static_cast<size_t>(s.batch[m - 1])];
+    const PlanStep& ms = plan.steps[static_cast<size_t>(b.members[m])];
     const Group& g = load_group(ms, ext, sc);
     Binding& bd = sc.members[m];
     bind_kernel(bd, g, *ms.lowered, sc.ins);
@@ -861,10 +882,10 @@ void run_horizontal(const Plan& plan, const PlanStep& s, const std::vector<Node*
     outs.insert(outs.end(), g.outputs.begin(), g.outputs.end());
     work += ms.work;
   }
-  const Kernel& k = s.batch_ck->lowered->kernel;
+  const Kernel& k = b.ck->lowered->kernel;
   const int64_t extent = eval_index(k, k.parallel_extent, ip);
   if (extent > 0) {
-    const Code& code = launch_code(*s.batch_ck);
+    const Code& code = launch_code(*b.ck);
     Launch l;
     l.extent = extent;
     l.work = work;
@@ -889,11 +910,7 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
           epilogue_done = false;
           break;
         }
-        if (s.batched) break;  // ran in an earlier step's horizontal kernel
-        if (s.batch_ck) {
-          run_horizontal(plan, s, ext, sc);
-          break;
-        }
+        if (s.batched) break;  // runs in a horizontal kernel
         if (s.epilogue && s.combine && run_split_with_epilogue(s, plan.steps[si + 1], ext, sc)) {
           epilogue_done = true;
           break;
@@ -920,6 +937,7 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
         materialize_view(ext[s.node]);
         break;
     }
+    for (int b : s.batches_after) run_horizontal(plan, plan.batches[static_cast<size_t>(b)], ext, sc);
   }
   if (!plan.rw.identity) finish_rewrite(plan.rw, ext);
   for (size_t i = 0; i < seg.nodes.size(); ++i)
