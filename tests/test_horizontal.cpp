@@ -4,6 +4,8 @@
 //   Horizontal.AdamSgdAdamWUpdatesAreTwoKernels  an optimizer step over an MLP's parameters
 //       (the W2 shapes and odd ones) materializes in <= 2 launches (the 0-d bias-correction
 //       kernel and one horizontal kernel), equal to the interpreter's step, float32 and float64
+//   Horizontal.OptimizerUpdatesOnTheGpu  the same on CUDA (skipped without a device): <= 2
+//       launches, equal to the CPU's step
 //   Horizontal.RandomIndependentKernels  random sets of independent pointwise chains over random
 //       shapes (size-0 and size-1 dims, transposed and broadcast inputs, non-finite values),
 //       with dependent chains mixed in; equal to the interpreter at any seed, fewer launches
@@ -68,14 +70,14 @@ class Horizontal : public ::testing::Test {
 // receives the launches that materialized the second step's updates.
 template <class MakeOpt>
 std::vector<Tensor> optimizer_steps(DType dt, const std::vector<Sizes>& shapes, uint64_t seed, MakeOpt make_opt,
-                                    uint64_t* launched) {
+                                    uint64_t* launched, Device dev = cpu()) {
   manual_seed(seed);
   std::vector<Tensor> params, grads;
   for (const Sizes& s : shapes) {
-    Tensor p = randn(s, dt);
+    Tensor p = randn(s, dt).to(dev);
     p.eval();
     params.push_back(p.requires_grad_(true));
-    grads.push_back(randn(s, dt).eval());
+    grads.push_back(randn(s, dt).to(dev).eval());
   }
   auto opt = make_opt(params);
   for (int step = 0; step < 2; ++step) {
@@ -89,17 +91,16 @@ std::vector<Tensor> optimizer_steps(DType dt, const std::vector<Sizes>& shapes, 
     if (launched) *launched = launches() - before;
   }
   std::vector<Tensor> out;
-  for (auto& p : params) out.push_back(p.detach());
+  for (auto& p : params) out.push_back(p.detach().to(cpu()));
   return out;
 }
 
-TEST_F(Horizontal, AdamSgdAdamWUpdatesAreTwoKernels) {
-  const uint64_t seed = kiln::testing::test_seed(5);
-  // W2's MLP (64-256-256-8) and an odd one (sizes 1, 3, 7: short and tail-only rows).
-  const std::vector<std::vector<Sizes>> nets = {{{256, 64}, {256}, {256, 256}, {256}, {8, 256}, {8}},
-                                                {{7, 3}, {7}, {1, 7}, {1}, {5, 1}, {5}, {}}};
-  using Make = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>&)>;
-  const std::vector<std::pair<const char*, Make>> opts = {
+// W2's MLP (64-256-256-8) and an odd one (sizes 1, 3, 7: short and tail-only rows).
+const std::vector<std::vector<Sizes>> kNets = {{{256, 64}, {256}, {256, 256}, {256}, {8, 256}, {8}},
+                                               {{7, 3}, {7}, {1, 7}, {1}, {5, 1}, {5}, {}}};
+using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>&)>;
+std::vector<std::pair<const char*, MakeOpt>> optimizers() {
+  return {
       {"Adam", [](std::vector<Tensor>& p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{1e-3}); }},
       {"AdamW", [](std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamOptions{1e-3}); }},
       {"SGD", [](std::vector<Tensor>& p) {
@@ -109,15 +110,37 @@ TEST_F(Horizontal, AdamSgdAdamWUpdatesAreTwoKernels) {
          o.weight_decay = 1e-4;
          return std::make_unique<optim::SGD>(p, o);
        }}};
+}
+
+TEST_F(Horizontal, AdamSgdAdamWUpdatesAreTwoKernels) {
+  const uint64_t seed = kiln::testing::test_seed(5);
   for (DType dt : {kFloat32, kFloat64})
-    for (const auto& shapes : nets)
-      for (const auto& [name, make] : opts) {
+    for (const auto& shapes : kNets)
+      for (const auto& [name, make] : optimizers()) {
         SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " " + std::to_string(shapes.size()) + " params");
         uint64_t launched = 0;
         auto [ref, got] = both([&] { return optimizer_steps(dt, shapes, seed, make, nullptr); });
         got = optimizer_steps(dt, shapes, seed, make, &launched);
         expect_all_close(got, ref, dt);
         EXPECT_LE(launched, 2u) << "an optimizer step's updates should be the 0-d scalars kernel and one horizontal kernel";
+      }
+}
+
+// On the GPU: the same steps in <= 2 launches, equal to the CPU's JIT step (float32: CUDA's
+// sqrt and division are correctly rounded, as the CPU's; rtol 1e-6; float64 1e-12).
+TEST_F(Horizontal, OptimizerUpdatesOnTheGpu) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  const uint64_t seed = kiln::testing::test_seed(5);
+  const Device gpu{DeviceType::CUDA, 0};
+  for (DType dt : {kFloat32, kFloat64})
+    for (const auto& shapes : kNets)
+      for (const auto& [name, make] : optimizers()) {
+        SCOPED_TRACE(std::string(name) + " " + dtype_name(dt) + " " + std::to_string(shapes.size()) + " params");
+        uint64_t launched = 0;
+        std::vector<Tensor> ref = optimizer_steps(dt, shapes, seed, make, nullptr);
+        std::vector<Tensor> got = optimizer_steps(dt, shapes, seed, make, &launched, gpu);
+        for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], ref[i], dt == kFloat64 ? 1e-12 : 1e-6, dt == kFloat64 ? 1e-14 : 1e-7);
+        EXPECT_LE(launched, 2u);
       }
 }
 
@@ -136,8 +159,9 @@ Tensor chain(const Tensor& x, const Tensor& y, std::mt19937_64& rng) {
   return t;
 }
 
-TEST_F(Horizontal, RandomIndependentKernels) {
-  const uint64_t seed = kiln::testing::test_seed(5);
+// Random independent (and some dependent) chains on `dev`, against the CPU interpreter.
+void random_independent_kernels(Device dev, uint64_t seed) {
+  SCOPED_TRACE("on " + dev.str());
   std::mt19937_64 rng(seed);
   int batched_cases = 0;
   for (int c = 0; c < 24; ++c) {
@@ -156,7 +180,7 @@ TEST_F(Horizontal, RandomIndependentKernels) {
     }
     const uint64_t data_seed = rng();
     const bool nonfinite = c % 5 == 0;
-    auto run = [&] {
+    auto run = [&](Device on) {
       manual_seed(data_seed);
       std::vector<Tensor> xs, ys;
       for (const Case& k : cases) {
@@ -165,8 +189,8 @@ TEST_F(Horizontal, RandomIndependentKernels) {
         x = x.eval();
         if (k.transposed) x = randn({k.shape[1], k.shape[0]}, dt).eval().t();
         Tensor y = k.broadcast_row && !k.shape.empty() ? randn({k.shape.back()}, dt).eval() : randn(k.shape, dt).eval();
-        xs.push_back(x);
-        ys.push_back(y);
+        xs.push_back(x.to(on).eval());
+        ys.push_back(y.to(on).eval());
       }
       std::mt19937_64 r(data_seed);
       std::vector<Tensor> outs;
@@ -178,18 +202,33 @@ TEST_F(Horizontal, RandomIndependentKernels) {
       }
       return outs;
     };
-    auto [ref, got] = both(run);
+    set_executor(interpreter());
+    std::vector<Tensor> ref = run(cpu());
+    eval(ref);
+    set_executor(jit::jit_executor());
+    std::vector<Tensor> got = run(dev);
     const uint64_t before = launches();
     eval(got);
     const uint64_t launched = launches() - before;
     SCOPED_TRACE("case " + std::to_string(c) + " seed " + std::to_string(seed));
-    expect_all_close(got, ref, dt);
+    if (dev == cpu()) {
+      expect_all_close(got, ref, dt);
+    } else {  // CUDA's exp/tanh within 2 ulp of the CPU's, compounded over up to 4 ops
+      for (size_t i = 0; i < got.size(); ++i)
+        expect_close(got[i].to(cpu()), ref[i], dt == kFloat64 ? 1e-12 : 2e-5, dt == kFloat64 ? 1e-14 : 1e-6);
+    }
     int nonempty = 0;
     for (const Tensor& t : got) nonempty += t.numel() > 0;
     EXPECT_LE(launched, static_cast<uint64_t>(nonempty));
     batched_cases += launched < static_cast<uint64_t>(nonempty);
   }
   EXPECT_GT(batched_cases, 0) << "no case ran fewer launches than it has non-empty kernels";
+}
+
+TEST_F(Horizontal, RandomIndependentKernels) {
+  const uint64_t seed = kiln::testing::test_seed(5);
+  random_independent_kernels(cpu(), seed);
+  if (cuda::is_available()) random_independent_kernels(Device{DeviceType::CUDA, 0}, seed);
 }
 
 TEST_F(Horizontal, DependentKernelsStayApart) {
