@@ -67,6 +67,24 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   bool released() const override { return released_; }
   const char* name() const override { return op_name(op); }
 };
+// The backward node of a composite with its own gradient (detail::attach_custom_grad).
+struct CustomGradNode final : GradNode {
+  const char* label = "custom";
+  detail::CustomVjp vjp;
+  bool released_ = false;
+
+  std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
+    KILN_CHECK(!released_, "backward: trying to backward through the graph a second time (", label,
+               "); pass retain_graph=true to the first backward");
+    return vjp(g, create_graph);
+  }
+  void release() override {
+    vjp = nullptr;
+    released_ = true;
+  }
+  bool released() const override { return released_; }
+  const char* name() const override { return label; }
+};
 }  // namespace
 
 bool grad_enabled() { return g_grad_enabled; }
@@ -120,6 +138,20 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
     node->inputs.push_back(snapshot(t));
     node->next.push_back(t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
   }
+  out.impl()->requires_grad = true;
+  out.impl()->grad_fn = std::move(node);
+}
+
+void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjp vjp) {
+  if (!g_grad_enabled || !is_floating(out.dtype())) return;
+  bool any = false;
+  for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return;
+  auto node = std::make_shared<CustomGradNode>();
+  node->label = name;
+  node->vjp = std::move(vjp);
+  for (const auto& t : inputs)
+    node->next.push_back(t.defined() && t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
   out.impl()->requires_grad = true;
   out.impl()->grad_fn = std::move(node);
 }

@@ -2,6 +2,7 @@
 // records gradient nodes through per-op VJP rules, so gradients are lazy tensors like any other
 // and forward + backward form one joint graph.
 #pragma once
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -78,6 +79,13 @@ Edge grad_edge(const Tensor& t);
 Tensor snapshot(const Tensor& t);
 // Copies t's autograd identity (requires_grad, grad_fn) onto `dst`.
 void copy_autograd(TensorImpl& dst, const Tensor& src);
+// A composite's own gradient: given the output gradient (and whether the gradient graph is
+// itself to be differentiated), one gradient per input (undefined: none).
+using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad, bool create_graph)>;
+// Makes `vjp` the backward of `out` (computed from `inputs` without recording gradients) if
+// grad mode is on and an input requires grad. `vjp` is dropped after a backward without
+// retain_graph (with the tensors it holds).
+void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjp vjp);
 }  // namespace detail
 
 }  // namespace kiln

@@ -2,6 +2,8 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/autograd/autograd.h"
+#include "runtime/autograd/autograd_rules.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
@@ -56,6 +58,16 @@ bool same_sizes(const Shape& a, const Shape& b) {
 }
 }  // namespace
 
+namespace {
+// (x - mean) * rsqrt(var + eps) over `dims` (biased variance), and that rsqrt.
+std::pair<Tensor, Tensor> normalized(const Tensor& x, const std::vector<int64_t>& dims, double eps) {
+  Tensor m = mean(x, dims, true);
+  Tensor c = sub(x, m);
+  Tensor r = rsqrt(add(mean(mul(c, c), dims, true), eps));
+  return {mul(c, r), r};
+}
+}  // namespace
+
 Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::optional<Tensor>& w,
                   const std::optional<Tensor>& b, double eps) {
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "layer_norm: expected a floating point input");
@@ -74,12 +86,36 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::op
   };
   check_param(w, "weight");
   check_param(b, "bias");
-  Tensor m = mean(x, dims, true);
-  Tensor c = sub(x, m);
-  Tensor v = mean(mul(c, c), dims, true);
-  Tensor y = mul(c, rsqrt(add(v, eps)));
-  if (w) y = mul(y, *w);
-  if (b) y = add(y, *b);
+  const Tensor wt = w ? *w : Tensor(), bt = b ? *b : Tensor();
+  auto affine = [&](Tensor y) {
+    if (w) y = mul(y, *w);
+    if (b) y = add(y, *b);
+    return y;
+  };
+  if (!grad_enabled() || !(x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad())))
+    return affine(normalized(x, dims, eps).first);
+  // With gradients: the compact backward (as PyTorch's), not the decomposition's. With g = dy * w
+  // and x^ = (x - mean) * r, r = rsqrt(var + eps), over the normalized dims:
+  //   dx = r * (g - mean(g) - x^ * mean(g * x^)),  dw = sum(dy * x^),  db = sum(dy)
+  // (the leading dims summed). One stage of row reductions, where the decomposition's chain
+  // rule needs two (the mean of a gradient that depends on the variance's gradient).
+  Tensor xhat, r, y;
+  {
+    NoGradGuard ng;
+    std::tie(xhat, r) = normalized(x, dims, eps);
+    y = affine(xhat);
+  }
+  const Tensor xs = detail::snapshot(x), ws = w ? detail::snapshot(*w) : Tensor(), bs = b ? detail::snapshot(*b) : Tensor();
+  detail::attach_custom_grad(y, "layer_norm", {x, wt, bt}, [xs, ws, bs, xhat, r, dims, eps](const Tensor& g, bool create_graph) {
+    Tensor xh = xhat, rr = r;
+    if (create_graph) std::tie(xh, rr) = normalized(xs, dims, eps);  // differentiable in x
+    Tensor gw = ws.defined() ? mul(g, ws) : g;
+    Tensor dx = mul(rr, sub(sub(gw, mean(gw, dims, true)), mul(xh, mean(mul(gw, xh), dims, true))));
+    std::vector<Tensor> grads = {detail::cast(dx, xs.dtype()), Tensor(), Tensor()};
+    if (ws.defined() && ws.requires_grad()) grads[1] = detail::cast(detail::sum_to(mul(g, xh), ws.shape()), ws.dtype());
+    if (bs.defined() && bs.requires_grad()) grads[2] = detail::cast(detail::sum_to(g, bs.shape()), bs.dtype());
+    return grads;
+  });
   return y;
 }
 
