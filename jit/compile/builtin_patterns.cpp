@@ -7,6 +7,7 @@ namespace kiln::jit {
 void register_attention_patterns();  // attention_patterns.cpp
 void register_loss_patterns();       // loss_patterns.cpp
 void register_gemm_patterns();       // gemm_patterns.cpp
+void register_norm_patterns();       // norm_patterns.cpp
 
 void register_builtin_patterns() {
   using patterns::register_replacement;
@@ -22,6 +23,7 @@ void register_builtin_patterns() {
   register_attention_patterns();
   register_loss_patterns();
   register_gemm_patterns();
+  register_norm_patterns();
 }
 
 }  // namespace kiln::jit

@@ -55,6 +55,9 @@ struct Rewrite {
   std::set<OpKind> ops;  // the ops of the forward-only form but its result's: every form needs them
   mutable std::once_flag joint_once;
   mutable std::atomic<bool> check_refusal_logged{false};
+  // Only the forms with gradients are matched (set_gradient_forms_only: a rewrite whose point
+  // is the backward, with a forward that is the replacement's own).
+  mutable std::atomic<bool> gradient_forms_only{false};
 };
 
 const char* const kCheckSaidNo = "its extra check said no";
@@ -524,7 +527,7 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
     for (size_t i = t.order.size(); i-- > 0;) {
       Node* anchor = t.order[i];
       for (const Variant& v : r->variants) {
-        if (anchor->op != v.outputs[0]->op) continue;
+        if (anchor->op != v.outputs[0]->op || (v.diff.empty() && r->gradient_forms_only)) continue;
         std::optional<Binding> b = Matcher(v, t).match_at(anchor);
         if (!b) continue;
         std::string why;
@@ -562,6 +565,13 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
     }
   }
   return replaced;
+}
+
+void set_gradient_forms_only(const std::string& name) {
+  Registry& reg = registry();
+  std::lock_guard<std::mutex> lock(reg.mu);
+  for (const auto& r : reg.rewrites)
+    if (r->name == name) r->gradient_forms_only = true;
 }
 
 }  // namespace kiln::jit

@@ -16,4 +16,8 @@ namespace kiln::jit {
 // graph in KILN_LOG=patterns. Returns the number of instances replaced (0 when disabled).
 size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, const std::string& where);
 
+// Makes the registered rewrite `name` match only its forms with gradients (for kiln's own
+// rewrites whose point is the backward: the forward alone would be replaced by itself).
+void set_gradient_forms_only(const std::string& name);
+
 }  // namespace kiln::jit
