@@ -275,6 +275,29 @@ class Matcher {
     return true;
   }
 
+  // Whether the pattern subgraph at `p` matches somewhere in the graph (inputs and scalars bound
+  // freely, other consumers allowed); with `depth` > 0, else whether its operands that are ops
+  // (at least one) each do, at depth - 1. Inputs and constants occur anywhere.
+  bool occurs(const Node* p, int depth) const {
+    if (v_.leaf_of.count(p) || v_.scalar_of.count(p) || p->op == OpKind::Full) return true;
+    for (Node* t : t_.order) {
+      if (t->op != p->op) continue;
+      Binding b;
+      b.leaves.assign(v_.leaves.size(), nullptr);
+      b.scalars.assign(v_.nscalars, 0.0);
+      b.scalar_bound.assign(b.scalars.size(), false);
+      if (match(p, t, b)) return true;
+    }
+    if (depth == 0) return false;
+    int ops = 0;
+    for (const auto& in : p->inputs) {
+      if (v_.leaf_of.count(in.get()) || v_.scalar_of.count(in.get()) || in->op == OpKind::Full) continue;
+      ++ops;
+      if (!occurs(in.get(), depth - 1)) return false;
+    }
+    return ops > 0;
+  }
+
   // Matches every output of the variant, the first at `anchor`; the rest anywhere.
   std::optional<Binding> match_at(Node* anchor) const {
     Binding b;
@@ -521,6 +544,15 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
   for (const auto& r : rewrites) {
     // (a graph without every op of the forward form holds no instance of any form)
     if (!std::includes(t.ops.begin(), t.ops.end(), r->ops.begin(), r->ops.end())) continue;
+    // Nor does a graph where an operand of the forward form's result occurs nowhere, not even as
+    // its own operands (the joint forms hold the forward; the gradient-only forms read those
+    // operands or theirs): the joint forms are traced only for graphs that pass.
+    {
+      const Matcher m(r->variants[0], t);
+      bool present = true;
+      for (const auto& in : r->variants[0].outputs[0]->inputs) present = present && m.occurs(in.get(), 1);
+      if (!present) continue;
+    }
     ensure_joint(*r);
     // Anchors from the outputs back; at each, the forward-only form first (it leaves the
     // backward as it is), the joint forms where the backward reads what the forward would drop.
