@@ -7,7 +7,13 @@
 #   bench/run.sh --device cuda   the GPU table: kiln (lazy eager, compiled) beside PyTorch eager
 #                                and torch.compile (python3 with torch, same call), copy bandwidth,
 #                                NVRTC cold compile and disk-cache warm load per kernel
-#   options: --threads N (default 2), --no-build, --build-dir DIR, --keep (keep W6 cache dirs)
+#   options: --threads N (default 2), --pin CORES (every process under taskset -c CORES, e.g.
+#            0,1: kiln and PyTorch on the same cores), --no-build, --build-dir DIR, --keep (keep
+#            W6 cache dirs), --no-torch-compile (PyTorch eager rows only)
+#
+# Where python3 can import torch (2.x), the CPU run adds PyTorch eager and torch.compile rows for
+# W1, W2, W3F, W3B and W5 (bench/torch_cpu.py, same threads and cores) and checks kiln against
+# the faster of the two.
 #
 # Raw results (one JSON object per row) are kept in <build>/bench-results/.
 # Environment: KILN_BENCH_WAIT_S (default 600): how long to wait for other CPU users (builds,
@@ -21,15 +27,19 @@ THREADS=2
 DO_BUILD=1
 KEEP=0
 DEVICE=cpu
+PIN=()
+TORCH_COMPILE=1
 while [ $# -gt 0 ]; do
   case "$1" in
+    --pin) PIN=(taskset -c "$2"); shift ;;
+    --no-torch-compile) TORCH_COMPILE=0 ;;
     --device) DEVICE="$2"; shift ;;
     --quick) QUICK="--quick" ;;
     --threads) THREADS="$2"; shift ;;
     --no-build) DO_BUILD=0 ;;
     --build-dir) BUILD="$2"; shift ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -88,7 +98,7 @@ hz = os.sysconf("SC_CLK_TCK")
 def foreign(interval=1.0):
     a = snap(); time.sleep(interval); b = snap()
     return [(c, p, 100.0 * (t - a[p][1]) / hz / interval) for p, (c, t) in b.items()
-            if p in a and p != me and c not in ("bench_workloads", "bench_compile", "bench_attention") and (t - a[p][1]) / hz / interval > 0.10]
+            if p in a and p != me and c not in ("bench_workloads", "bench_compile", "bench_attention", "python3") and (t - a[p][1]) / hz / interval > 0.10]
 if mode == "wait":
     deadline = time.time() + float(sys.argv[3]); told = False
     while time.time() < deadline:
@@ -111,8 +121,16 @@ trap cleanup EXIT
 
 # ---- main run: every workload with its baselines, in one process ----
 echo "[run.sh] running workloads${QUICK:+ (quick)} ..." >&2
-KILN_CACHE_DIR="$BUILD/bench-cache" "$BIN" $QUICK --threads "$THREADS" > "$OUT/main.jsonl" 2> "$OUT/main.log" || {
+KILN_CACHE_DIR="$BUILD/bench-cache" "${PIN[@]}" "$BIN" $QUICK --threads "$THREADS" > "$OUT/main.jsonl" 2> "$OUT/main.log" || {
   echo "run.sh: bench_workloads failed; see $OUT/main.log" >&2; tail -20 "$OUT/main.log" >&2; exit 1; }
+# ---- PyTorch 2.x (python3), same threads and cores ----
+: > "$OUT/torch2.jsonl"
+if python3 -c "import torch" 2>/dev/null; then
+  echo "[run.sh] PyTorch $(python3 -c 'import torch; print(torch.__version__)') eager and torch.compile ..." >&2
+  TC=(); [ "$TORCH_COMPILE" = 1 ] || TC=(--no-compile)
+  "${PIN[@]}" python3 "$ROOT/bench/torch_cpu.py" --threads "$THREADS" $QUICK "${TC[@]}" > "$OUT/torch2.jsonl" 2> "$OUT/torch2.log" ||
+    echo "run.sh: torch_cpu.py failed; see $OUT/torch2.log" >&2
+fi
 
 # ---- W6: first call in a fresh process, cold cache then warm (same directory) ----
 echo "[run.sh] W6 compile latency (fresh processes) ..." >&2
@@ -120,7 +138,7 @@ echo "[run.sh] W6 compile latency (fresh processes) ..." >&2
 for CASE in W1 W2 W3F W3B W5; do
   CDIR=$(mktemp -d "${TMPDIR:-/tmp}/kiln-w6-$CASE.XXXXXX")
   for LABEL in cold warm; do
-    KILN_CACHE_DIR="$CDIR" KILN_LOG=codegen "$BIN" --first-call "$CASE" --label "$LABEL" --threads "$THREADS" \
+    KILN_CACHE_DIR="$CDIR" KILN_LOG=codegen "${PIN[@]}" "$BIN" --first-call "$CASE" --label "$LABEL" --threads "$THREADS" \
       >> "$OUT/w6.jsonl" 2> "$OUT/w6-$CASE-$LABEL.log" || {
       echo "run.sh: --first-call $CASE ($LABEL) failed; see $OUT/w6-$CASE-$LABEL.log" >&2; exit 1; }
   done
@@ -128,7 +146,7 @@ for CASE in W1 W2 W3F W3B W5; do
 done
 echo "[run.sh] kiln::compile (W4, compiled W2/W5, guards) ..." >&2
 CDIR=$(mktemp -d "${TMPDIR:-/tmp}/kiln-compile.XXXXXX")
-KILN_CACHE_DIR="$CDIR" "$BUILD/bench/bench_compile" $QUICK > "$OUT/compile.jsonl" 2> "$OUT/compile.log" || {
+KILN_CACHE_DIR="$CDIR" "${PIN[@]}" "$BUILD/bench/bench_compile" $QUICK > "$OUT/compile.jsonl" 2> "$OUT/compile.log" || {
   echo "run.sh: bench_compile failed; see $OUT/compile.log" >&2; tail -20 "$OUT/compile.log" >&2; exit 1; }
 rm -rf "$CDIR"
 # ---- the transformer block (pattern-matcher issue): hand-written causal attention, patterns on
@@ -139,13 +157,13 @@ ABIN="$BUILD/bench/bench_attention"
 if [ -x "$ABIN" ]; then
   CDIR=$(mktemp -d "${TMPDIR:-/tmp}/kiln-attn.XXXXXX")
   ITERS=5; [ -n "$QUICK" ] && ITERS=2
-  KILN_CACHE_DIR="$CDIR" "$ABIN" --seq 256 --iters "$ITERS" >> "$OUT/attention.jsonl" 2> "$OUT/attention.log"
-  KILN_CACHE_DIR="$CDIR" "$ABIN" --sdpa --seq 256 --iters "$ITERS" >> "$OUT/attention.jsonl" 2>> "$OUT/attention.log"
+  KILN_CACHE_DIR="$CDIR" "${PIN[@]}" "$ABIN" --seq 256 --iters "$ITERS" >> "$OUT/attention.jsonl" 2> "$OUT/attention.log"
+  KILN_CACHE_DIR="$CDIR" "${PIN[@]}" "$ABIN" --sdpa --seq 256 --iters "$ITERS" >> "$OUT/attention.jsonl" 2>> "$OUT/attention.log"
   # (patterns off at T = 4096 would hold several 4 GiB score matrices: not on a 24 GiB machine)
   for M in "on 256" "off 256" "on 1024" "off 1024" "on 4096"; do
     set -- $M
     [ -n "$QUICK" ] && [ "$2" = 4096 ] && continue
-    KILN_CACHE_DIR="$CDIR" "$ABIN" --memory "$1" --seq "$2" >> "$OUT/attention.jsonl" 2>> "$OUT/attention.log"
+    KILN_CACHE_DIR="$CDIR" "${PIN[@]}" "$ABIN" --memory "$1" --seq "$2" >> "$OUT/attention.jsonl" 2>> "$OUT/attention.log"
   done
   rm -rf "$CDIR"
 fi
@@ -156,7 +174,7 @@ python3 - "$OUT" <<'PY'
 import glob, json, os, re, statistics, sys
 
 out = sys.argv[1]
-rows = [json.loads(l) for f in ("main.jsonl", "w6.jsonl", "compile.jsonl", "attention.jsonl") if os.path.exists(os.path.join(out, f))
+rows = [json.loads(l) for f in ("main.jsonl", "torch2.jsonl", "w6.jsonl", "compile.jsonl", "attention.jsonl") if os.path.exists(os.path.join(out, f))
         for l in open(os.path.join(out, f)) if l.strip().startswith("{")]
 info = next((r for r in rows if r["workload"] == "INFO"), {})
 by = {}
@@ -199,6 +217,22 @@ targets = {  # (workload, impl) -> max allowed kiln_time / impl_time, text
     ("W3F", "torch"): (0.5, "<= 0.5 (2x faster)"),
     ("W2", "torch"): (1 / 1.3, "<= 0.769 (1.3x faster)"),
 }
+# PyTorch 2.x rows (bench/torch_cpu.py): kiln against the faster of eager and torch.compile.
+torch2_limit = {"W1": (1 / 3, "<= 0.333 (3x faster)"), "W5": (1 / 3, "<= 0.333 (3x faster)")}
+for w in ("W1", "W3F", "W3B", "W2", "W5"):
+    rs = by.get(w, [])
+    errs = [r for r in rs if "error" in r]
+    for r in errs:
+        print(f"note: {w} {r['impl']} failed: {r['error']}", file=sys.stderr)
+    rs = [r for r in rs if "error" not in r]
+    by[w] = rs
+    kiln = next((r for r in rs if r["impl"] == "kiln-jit"), None)
+    t2 = [r for r in rs if r["impl"].startswith("torch2") or re.match(r"torch\d+\.\d+", r["impl"])]
+    if kiln and t2:
+        best = min(t2, key=lambda r: r["ms"])
+        lim, text = torch2_limit.get(w, (1.0, "<= 1.0"))
+        ratio = kiln["ms"] / best["ms"]
+        check(f"{w} kiln vs fastest PyTorch {best['impl']} ({ratio:.2f} {text})", ratio <= lim)
 for w in ("W1", "W3F", "W3B", "W2", "W5"):
     rs = by.get(w, [])
     if not rs: continue
@@ -214,7 +248,7 @@ for w in ("W1", "W3F", "W3B", "W2", "W5"):
             tgt = "<= 1 us/call"
             chk = check(f"W5 kiln {r['ms'] * 1e3:.2f} us/call (<= 1 us)", r["ms"] * 1e3 <= 1.0)
         note = ""
-        if w == "W1":
+        if w == "W1" and "gbs" in r:
             note = f"{r['gbs']:.1f} GB/s"
             if triad_n: note += f" = {100 * r['gbs'] / triad_n:.0f}% of triad-{T}T"
             if triad_w1: note += f", {100 * r['gbs'] / triad_w1:.0f}% of triad-{T}T@W1"
@@ -223,6 +257,8 @@ for w in ("W1", "W3F", "W3B", "W2", "W5"):
             note = "glibc libmvec erf/exp (the vector math kiln's JIT calls), AVX-512 intrinsics" \
                    if r["impl"].endswith("mvec") else "SLEEF erf/exp (slower than libmvec here)"
         if w in ("W1", "W3F") and r["impl"] == "xtensor": note = (note + "; " if note else "") + "expressions, 1 thread"
+        if r.get("compile_s") is not None:
+            note = f"torch.compile first call {r['compile_s']:.1f} s"
         if w == "W2" and r.get("loss_diff") is not None:
             note = f"after 3 steps: loss diff {r['loss_diff']:.1e}"
         diff = "" if r.get("max_abs_diff") is None else f"{r['max_abs_diff']:.1e}"
