@@ -1,7 +1,8 @@
-// Cross-entropy written with a one-hot target -> its compact form, as kiln::patterns rewrites:
+// Cross-entropy written by hand -> its compact forms, as kiln::patterns rewrites. With a one-hot target:
 // sum(one_hot(t, C) * log_softmax(x, -1), -1) -> log_softmax(x, -1).gather(-1, t) (no float
 // one-hot matrix forward, a scatter of the incoming gradient backward), for x of rank 2 and 3.
 // (log(softmax(x)) is rewritten to log_softmax first: builtin_patterns.cpp.)
+#include "jit/compile/pattern_matcher.h"
 #include "jit/compile/patterns.h"
 #include "runtime/ops/ops.h"
 
@@ -33,6 +34,19 @@ const Node* one_hot_scatter(const Tensor& oh, const Tensor& x) {
 
 void register_loss_patterns() {
   using patterns::register_replacement;
+  // Cross-entropy written by hand, -log_softmax(x, 1).gather(1, t.unsqueeze(1)).squeeze(1) (the
+  // per-sample loss, any reduction after it), -> cross_entropy(x, t, "none"), whose backward is
+  // the compact (softmax(x) - onehot(t)) * g: in training graphs only (the forward is the same).
+  for (int rank = 1; rank <= 2; ++rank) {
+    const std::string name = "cross_entropy_log_softmax_gather_rank" + std::to_string(rank + 1);
+    std::vector<int64_t> xs = {3, 5}, ts = {3};
+    if (rank == 2) xs.push_back(4), ts.push_back(4);
+    register_replacement(
+        name,
+        [](const Ts& t, const Ss&) { return neg(squeeze(gather(log_softmax(t[0], 1), 1, unsqueeze(t[1], 1)), 1)); },
+        [](const Ts& t, const Ss&) { return cross_entropy(t[0], t[1], "none"); }, {empty(xs), empty(ts, kInt64)});
+    set_gradient_forms_only(name);
+  }
   for (int rank = 2; rank <= 3; ++rank) {
       std::vector<int64_t> shape(static_cast<size_t>(rank - 1), 2);
       shape.push_back(5);

@@ -123,8 +123,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   KILN_CHECK(logits.defined() && target.defined(), "cross_entropy: got an undefined tensor");
   KILN_CHECK(logits.dim() >= 1, "cross_entropy: expected logits with at least 1 dim");
   int64_t cdim = logits.dim() == 1 ? 0 : 1;
-  Tensor lsm = log_softmax(logits, cdim);
   if (is_floating(target.dtype())) {  // class probabilities
+    Tensor lsm = log_softmax(logits, cdim);
     KILN_CHECK(same_sizes(target.shape(), logits.shape()), "cross_entropy: probability targets must match logits shape ",
                str(logits.shape()), ", got ", str(target.shape()));
     Tensor l = neg(sum(mul(lsm, target), {cdim}));
@@ -135,8 +135,28 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   want.erase(want.begin() + cdim);
   KILN_CHECK(same_sizes(target.shape(), want), "cross_entropy: expected target of shape ", str(want), " for logits of shape ",
              str(logits.shape()), ", got ", str(target.shape()));
-  Tensor picked = squeeze(gather(lsm, cdim, unsqueeze(target, cdim)), cdim);
-  return reduce_loss(neg(picked), reduction, "cross_entropy");
+  if (!grad_enabled() || !logits.requires_grad())
+    return reduce_loss(neg(squeeze(gather(log_softmax(logits, cdim), cdim, unsqueeze(target, cdim)), cdim)), reduction,
+                       "cross_entropy");
+  // With a gradient: the compact backward (as PyTorch's), d(-log_softmax(x)[t]) = (softmax(x) -
+  // onehot(t)) * g, one pointwise kernel (the class index compared with an iota), not a scatter
+  // of g then log_softmax's backward with its row sum.
+  Tensor l, lsm0;
+  {
+    NoGradGuard ng;
+    lsm0 = log_softmax(logits, cdim);
+    l = neg(squeeze(gather(lsm0, cdim, unsqueeze(target, cdim)), cdim));
+  }
+  const Tensor xs = detail::snapshot(logits), ts = target.detach();
+  detail::attach_custom_grad(l, "cross_entropy", {logits}, [xs, ts, lsm0, cdim](const Tensor& g, bool create_graph) {
+    Tensor p = create_graph ? softmax(xs, cdim) : exp(lsm0);
+    Tensor classes = arange_symint(xs.shape()[static_cast<size_t>(cdim)], xs.device());  // [C] at dim cdim
+    for (int64_t d = 0; d < cdim; ++d) classes = unsqueeze(classes, 0);
+    for (int64_t d = cdim + 1; d < xs.dim(); ++d) classes = unsqueeze(classes, -1);
+    Tensor onehot = detail::cast(eq(classes, unsqueeze(ts, cdim)), p.dtype());
+    return std::vector<Tensor>{detail::cast(mul(sub(p, onehot), unsqueeze(g, cdim)), xs.dtype())};
+  });
+  return reduce_loss(l, reduction, "cross_entropy");
 }
 
 Tensor mse_loss(const Tensor& x, const Tensor& y, const std::string& reduction) {
