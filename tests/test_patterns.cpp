@@ -31,6 +31,14 @@ int64_t count(const std::string& name) {
   return it == c.end() ? 0 : it->second;
 }
 
+// Instances replaced so far by the rewrites whose names start with `prefix`.
+int64_t count_prefix(const std::string& prefix) {
+  int64_t n = 0;
+  for (const auto& [name, k] : patterns::match_counts())
+    if (name.rfind(prefix, 0) == 0) n += k;
+  return n;
+}
+
 // Every test starts with patterns on and leaves no user pattern behind.
 class Patterns : public ::testing::Test {
  protected:
@@ -303,12 +311,7 @@ TEST_F(Patterns, OneHotCrossEntropyBecomesTheGatherForm) {
 TEST_F(Patterns, HandWrittenLayerNormGetsTheCompactBackward) {
   std::mt19937_64 rng(kiln::testing::test_seed(71));
   manual_seed(rng());
-  auto count = [] {
-    int64_t n = 0;
-    for (const auto& [name, k] : patterns::match_counts())
-      if (name.rfind("layer_norm_", 0) == 0) n += k;
-    return n;
-  };
+  auto count = [] { return count_prefix("layer_norm_"); };
   for (int it = 0; it < 16; ++it) {
     const int form = it % 4;
     const bool rs = it / 4 % 2, affine = it / 8 % 2, rank3 = it % 3 == 0;
@@ -376,12 +379,7 @@ TEST_F(Patterns, HandWrittenLayerNormGetsTheCompactBackward) {
 TEST_F(Patterns, HandWrittenCrossEntropyGetsTheCompactBackward) {
   std::mt19937_64 rng(kiln::testing::test_seed(73));
   manual_seed(rng());
-  auto count = [] {
-    int64_t n = 0;
-    for (const auto& [name, k] : patterns::match_counts())
-      if (name.rfind("cross_entropy_log_softmax_gather", 0) == 0) n += k;
-    return n;
-  };
+  auto count = [] { return count_prefix("cross_entropy_log_softmax_gather"); };
   for (int it = 0; it < 6; ++it) {
     const bool rank3 = it % 2, f64 = it % 3 == 0;
     const std::string red = it % 3 == 0 ? "mean" : it % 3 == 1 ? "sum" : "none";

@@ -279,19 +279,16 @@ class Matcher {
   // freely, other consumers allowed); with `depth` > 0, else whether its operands that are ops
   // (at least one) each do, at depth - 1. Inputs and constants occur anywhere.
   bool occurs(const Node* p, int depth) const {
-    if (v_.leaf_of.count(p) || v_.scalar_of.count(p) || p->op == OpKind::Full) return true;
+    if (free_node(p)) return true;
     for (Node* t : t_.order) {
       if (t->op != p->op) continue;
-      Binding b;
-      b.leaves.assign(v_.leaves.size(), nullptr);
-      b.scalars.assign(v_.nscalars, 0.0);
-      b.scalar_bound.assign(b.scalars.size(), false);
+      Binding b = empty_binding();
       if (match(p, t, b)) return true;
     }
     if (depth == 0) return false;
     int ops = 0;
     for (const auto& in : p->inputs) {
-      if (v_.leaf_of.count(in.get()) || v_.scalar_of.count(in.get()) || in->op == OpKind::Full) continue;
+      if (free_node(in.get())) continue;
       ++ops;
       if (!occurs(in.get(), depth - 1)) return false;
     }
@@ -300,10 +297,7 @@ class Matcher {
 
   // Matches every output of the variant, the first at `anchor`; the rest anywhere.
   std::optional<Binding> match_at(Node* anchor) const {
-    Binding b;
-    b.leaves.assign(v_.leaves.size(), nullptr);
-    b.scalars.assign(v_.nscalars, 0.0);
-    b.scalar_bound.assign(b.scalars.size(), false);
+    Binding b = empty_binding();
     if (!match(v_.outputs[0].get(), anchor, b)) return std::nullopt;
     if (!match_rest(1, b)) return std::nullopt;
     for (const Node* l : b.leaves)
@@ -313,6 +307,17 @@ class Matcher {
   }
 
  private:
+  // A binding of nothing yet, sized for the variant.
+  Binding empty_binding() const {
+    Binding b;
+    b.leaves.assign(v_.leaves.size(), nullptr);
+    b.scalars.assign(v_.nscalars, 0.0);
+    b.scalar_bound.assign(b.scalars.size(), false);
+    return b;
+  }
+  // A pattern input, scalar wildcard or constant: it binds (nearly) anything.
+  bool free_node(const Node* p) const { return v_.leaf_of.count(p) || v_.scalar_of.count(p) || p->op == OpKind::Full; }
+
   bool match_rest(size_t k, Binding& b) const {
     if (k == v_.outputs.size()) return true;
     const Node* p = v_.outputs[k].get();

@@ -135,9 +135,9 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   want.erase(want.begin() + cdim);
   KILN_CHECK(same_sizes(target.shape(), want), "cross_entropy: expected target of shape ", str(want), " for logits of shape ",
              str(logits.shape()), ", got ", str(target.shape()));
+  auto picked = [&](const Tensor& lsm) { return neg(squeeze(gather(lsm, cdim, unsqueeze(target, cdim)), cdim)); };
   if (!grad_enabled() || !logits.requires_grad())
-    return reduce_loss(neg(squeeze(gather(log_softmax(logits, cdim), cdim, unsqueeze(target, cdim)), cdim)), reduction,
-                       "cross_entropy");
+    return reduce_loss(picked(log_softmax(logits, cdim)), reduction, "cross_entropy");
   // With a gradient: the compact backward (as PyTorch's), d(-log_softmax(x)[t]) = (softmax(x) -
   // onehot(t)) * g, one pointwise kernel (the class index compared with an iota), not a scatter
   // of g then log_softmax's backward with its row sum.
@@ -145,7 +145,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   {
     NoGradGuard ng;
     lsm0 = log_softmax(logits, cdim);
-    l = neg(squeeze(gather(lsm0, cdim, unsqueeze(target, cdim)), cdim));
+    l = picked(lsm0);
   }
   const Tensor xs = detail::snapshot(logits), ts = target.detach();
   detail::attach_custom_grad(l, "cross_entropy", {logits}, [xs, ts, lsm0, cdim](const Tensor& g, bool create_graph) {
