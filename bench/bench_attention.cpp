@@ -7,7 +7,8 @@
 //
 //   bench_attention [--device cpu|cuda] [--seq T] [--iters N]    both modes, median us per step
 //   bench_attention --memory on|off [--device D] [--seq T]         one mode, one step: peak bytes
-//   bench_attention --sdpa [--device D] [--seq T]                  attention alone (fused, fwd+bwd)
+//   bench_attention --sdpa [--device D] [--seq T]                  attention alone (fused, fwd+bwd; and
+//                                                                   hand-written in lazy eager, forward)
 //   bench_attention --pad-mm --device cuda                         compiled unaligned float16 GEMMs,
 //                                                                  GEMM padding (pad_mm) on and off
 //
@@ -200,6 +201,19 @@ int main(int argc, char** argv) {
       return timed([&] { kiln::eval(f(q, k, v)); });
     };
     const double off = hand(false), on = hand(true);
+    // Unchanged eager code (no compile), inference: the rewrite runs on the lazy segment's plan.
+    auto eager = [&](bool on) {
+      kiln::patterns::set_enabled(on);
+      const Tensor a = q.detach(), b = k.detach(), c = v.detach();
+      const double us = timed([&] { Block::attention(a, b, c, seq).eval(); });
+      kiln::patterns::set_enabled(true);
+      return us;
+    };
+    const double eager_off = eager(false), eager_on = eager(true);
+    std::printf("{\"workload\": \"%s-forward\", \"impl\": \"kiln-eager-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",
+                w.c_str(), device.c_str(), eager_on);
+    std::printf("{\"workload\": \"%s-forward\", \"impl\": \"kiln-eager-hand-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n",
+                w.c_str(), device.c_str(), eager_off);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
                 device.c_str(), fused);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <thread>
+#include <type_traits>
 
 #include "kiln.h"
 #include "tests/expect_close.h"
@@ -26,6 +28,17 @@ Tensor unfused(const Tensor& q, const Tensor& k, const Tensor& v, const std::opt
   if (causal) s = where(ones({q.size(-2), k.size(-2)}, kBool).tril(), s, ninf);
   if (mask) s = mask->dtype() == kBool ? where(*mask, s, ninf) : s + *mask;
   return matmul(softmax(s, -1), v);
+}
+
+// `fn()` evaluated with the rewrites off (lazy eager would fuse a hand-written reference too).
+template <class F>
+auto unrewritten(F fn) {
+  patterns::set_enabled(false);
+  auto r = fn();
+  if constexpr (std::is_same_v<decltype(r), Tensor>) r.eval();
+  else eval(r);
+  patterns::set_enabled(true);
+  return r;
 }
 
 bool fused(const Tensor& y) {
@@ -72,10 +85,14 @@ void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Devic
          v64 = v.to(kFloat64).requires_grad_();
   std::optional<Tensor> m64;
   if (mask) m64 = mask->dtype() == kBool ? *mask : mask->to(kFloat64);
-  Tensor ref = unfused(q64, k64, v64, m64, c.causal, scale);
+  Tensor ref;
+  auto gr = unrewritten([&] {
+    ref = unfused(q64, k64, v64, m64, c.causal, scale);
+    ref.eval();
+    return grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
+  });
   expect_match(y.to(cpu()), ref);
   auto g = grad({(y * w.to(dev)).sum()}, {qd, kd, vd});
-  auto gr = grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
     expect_match(g[i].to(cpu()), gr[i]);
@@ -135,7 +152,7 @@ TEST(Attention, FullyMaskedRowIsNaNLikeTheUnfusedGraph) {
   Tensor keep = (arange(3).reshape({3, 1}) != 1).expand({3, 5});  // row 1 sees no key
   Tensor y = scaled_dot_product_attention(q, k, v, keep);
   EXPECT_TRUE(fused(y));
-  expect_close(y, unfused(q, k, v, keep, false, 0.5));
+  expect_close(y, unrewritten([&] { return unfused(q, k, v, keep, false, 0.5); }));
   auto yv = y.to_vector<float>();
   for (int c = 0; c < 4; ++c) {
     EXPECT_TRUE(std::isnan(yv[4 + c]));
@@ -212,6 +229,136 @@ TEST(Attention, CompiledTrainingStepAtChangingSequenceLengths) {
   EXPECT_LE(f.stats().entries, 2);
 }
 
+// ---- dropout inside the fused kernels ----
+
+namespace {
+
+// Lazy-eager rewrites are the JIT executor's: the reference interpreter (KILN_JIT=interp, the
+// oracle) runs segments as recorded.
+bool interpreted() {
+  const char* v = std::getenv("KILN_JIT");
+  return v && std::string(v) == "interp";
+}
+
+// The dropout mask a fused sdpa call with generator seed `seed` draws for probabilities of shape
+// [batch..., tq, tk] (true: kept), read back through the kernel itself: with q = k = 0 every
+// probability is 1 / tk, and v = the identity puts probability (i, j) in output column j.
+Tensor drawn_mask(uint64_t seed, const std::vector<int64_t>& batch, int64_t tq, int64_t tk, double p, Device dev) {
+  std::vector<int64_t> qs = batch, vs = batch;
+  qs.insert(qs.end(), {tq, tk});
+  vs.insert(vs.end(), {tk, tk});
+  manual_seed(seed);
+  Tensor y = scaled_dot_product_attention(zeros(qs, kFloat64, dev), zeros(vs, kFloat64, dev),
+                                          eye(tk, std::nullopt, kFloat64).expand(vs).to(dev), std::nullopt, false, 1.0, p);
+  return y.to(cpu()) > 0;
+}
+
+bool same(const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes() && a.to_vector<double>() == b.to_vector<double>(); }
+
+// Fused dropout equals the unfused graph dropout(softmax(.))·v with the same mask, forward and
+// backward (float64: 1e-10; float32: expect_match), on random shapes with masks, causal and
+// broadcast batch dims; the same seed draws the same mask, another seed another one.
+void dropout_cases(Device dev) {
+  std::mt19937_64 rng(kiln::testing::test_seed(61));
+  std::uniform_int_distribution<int64_t> seq(1, 100), head(1, 40), small(1, 3);
+  for (int it = 0; it < 12; ++it) {
+    const DType dt = it % 2 ? kFloat32 : kFloat64;
+    const int64_t b = small(rng), h = small(rng), tq = seq(rng), tk = seq(rng), d = head(rng);
+    const bool causal = it % 3 == 1, masked = it % 3 == 2;
+    const double p = it % 4 == 3 ? 0.9 : 0.1 + 0.1 * (it % 4), scale = 0.3;
+    SCOPED_TRACE(::testing::Message() << "b " << b << " h " << h << " tq " << tq << " tk " << tk << " d " << d << " p "
+                                      << p << (causal ? " causal" : "") << (masked ? " masked" : "") << " "
+                                      << dtype_name(dt) << " on " << dev.str());
+    const uint64_t seed = rng();
+    manual_seed(rng());
+    Tensor q = randn({b, h, tq, d}, dt), k = randn({b, h, tk, d}, dt), v = randn({b, h, tk, d}, dt),
+           w = randn({b, h, tq, d}, dt), am = randn({tq, tk}, dt);
+    std::optional<Tensor> mask;
+    if (masked) mask = am.to(dev);
+    Tensor qd = q.to(dev).requires_grad_(), kd = k.to(dev).requires_grad_(), vd = v.to(dev).requires_grad_();
+    manual_seed(seed);
+    Tensor y = scaled_dot_product_attention(qd, kd, vd, mask, causal, scale, p);
+    EXPECT_TRUE(fused(y));
+    auto g = grad({(y * w.to(dev)).sum()}, {qd, kd, vd});
+    const Tensor keep = drawn_mask(seed, {b, h}, tq, tk, p, dev);
+    // The reference: the unfused graph in float64 with that mask.
+    Tensor q64 = q.to(kFloat64).requires_grad_(), k64 = k.to(kFloat64).requires_grad_(),
+           v64 = v.to(kFloat64).requires_grad_(), ref;
+    auto gr = unrewritten([&] {
+      Tensor s = matmul(q64, k64.transpose(-2, -1)) * scale;
+      if (causal) s = where(ones({tq, tk}, kBool).tril(), s, -INFINITY);
+      if (masked) s = s + am.to(kFloat64);
+      ref = matmul(softmax(s, -1) * keep.to(kFloat64) / (1 - p), v64);
+      ref.eval();
+      return grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
+    });
+    expect_match(y.to(cpu()), ref);
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      expect_match(g[i].to(cpu()), gr[i]);
+    }
+    EXPECT_TRUE(same(drawn_mask(seed, {b, h}, tq, tk, p, dev), keep)) << "the same seed draws the same mask";
+    if (tq * tk >= 64)
+      EXPECT_FALSE(same(drawn_mask(seed + 1, {b, h}, tq, tk, p, dev), keep)) << "another seed, another mask";
+  }
+}
+
+}  // namespace
+
+TEST(Attention, DropoutEqualsTheUnfusedGraphWithTheSameMask) { dropout_cases(cpu()); }
+
+TEST(Attention, CudaDropoutEqualsTheUnfusedGraphAndTheCpuMask) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  const Device g{DeviceType::CUDA, 0};
+  dropout_cases(g);
+  // The GPU draws the CPU's mask for the same seed (one definition, kernels/cpu/attention_dropout.h).
+  EXPECT_TRUE(same(drawn_mask(77, {2, 3}, 45, 70, 0.3, g), drawn_mask(77, {2, 3}, 45, 70, 0.3, cpu())));
+}
+
+// The share of kept probabilities is 1 - p within 6 standard deviations (n = 2·3·200·250 draws:
+// the bound holds by construction for any seed but a 1e-9 fraction).
+TEST(Attention, DropoutKeepsTheRightShare) {
+  for (double p : {0.1, 0.5, 0.85}) {
+    const Tensor keep = drawn_mask(kiln::testing::test_seed(62), {2, 3}, 200, 250, p, cpu());
+    const double n = static_cast<double>(keep.numel());
+    const double kept = keep.to(kFloat64).sum().item<double>() / n;
+    EXPECT_NEAR(kept, 1 - p, 6 * std::sqrt(p * (1 - p) / n)) << "p " << p;
+  }
+}
+
+TEST(Attention, DropoutEdgesAndErrors) {
+  Tensor q = randn({2, 5, 4}), k = randn({2, 6, 4}), v = randn({2, 6, 4});
+  // p = 0: no dropout (the same node as without it); p = 1: everything dropped (zeros, as dropout gives).
+  expect_close(scaled_dot_product_attention(q, k, v, std::nullopt, false, 0.5, 0.0),
+               scaled_dot_product_attention(q, k, v, std::nullopt, false, 0.5), 0, 0);
+  expect_close(scaled_dot_product_attention(q, k, v, std::nullopt, false, 0.5, 1.0), zeros({2, 5, 4}), 0, 0);
+  for (double bad : {-0.1, 1.5, std::nan("")})
+    EXPECT_THROW(scaled_dot_product_attention(q, k, v, std::nullopt, false, 0.5, bad), Error) << bad;
+  // Fresh numbers per call.
+  Tensor a = scaled_dot_product_attention(q, k, v, std::nullopt, false, 0.5, 0.5),
+         b = scaled_dot_product_attention(q, k, v, std::nullopt, false, 0.5, 0.5);
+  EXPECT_FALSE(same(a, b));
+}
+
+// A compiled training step with dropout: the same numbers as eager for the same seed, fresh ones
+// on the next call, and gradients that match eager's.
+TEST(Attention, CompiledDropoutDrawsLikeEager) {
+  manual_seed(kiln::testing::test_seed(63));
+  Tensor q = randn({2, 2, 24, 8}).requires_grad_(), k = randn({2, 2, 24, 8}), v = randn({2, 2, 24, 8});
+  auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
+    Tensor y = scaled_dot_product_attention(a, b, c, std::nullopt, true, std::nullopt, 0.25);
+    return std::vector<Tensor>{y, grad({y.square().sum()}, {a})[0]};
+  };
+  auto f = compile(fn);
+  manual_seed(5);
+  auto got = f(q, k, v);
+  manual_seed(5);
+  auto want = fn(q, k, v);
+  for (int i = 0; i < 2; ++i) expect_close(got[i], want[i], 1e-5, 1e-5);
+  auto again = f(q, k, v);
+  EXPECT_FALSE(same(again[0], got[0]));
+}
+
 // ---- hand-written attention rewritten to the fused primitive (kiln::patterns) ----
 
 namespace {
@@ -235,8 +382,8 @@ Tensor hand_written(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     case 1: x = x + m; break;
     case 2: x = x.masked_fill(m, ninf); break;
     case 3: x = where(m, x, ninf); break;
-    case 4: x = where(ones({tq, tk}, kBool).tril(), x, ninf); break;
-    case 5: x = x.masked_fill(ones({tq, tk}, q.dtype()).tril() == 0, ninf); break;
+    case 4: x = where(ones({tq, tk}, kBool, q.device()).tril(), x, ninf); break;
+    case 5: x = x.masked_fill(ones({tq, tk}, q.dtype(), q.device()).tril() == 0, ninf); break;
     default: break;
   }
   return matmul(softmax(x, -1), v);
@@ -278,7 +425,7 @@ TEST(AttentionPatterns, HandWrittenFormsBecomeTheFusedKernelForwardAndBackward) 
     auto got = f(q, k, v);
     EXPECT_GE(f.stats().pattern_matches, 1);
     EXPECT_GT(sdpa_matches(), before);
-    auto want = step(q, k, v);  // eager: never rewritten
+    auto want = unrewritten([&] { return step(q, k, v); });
     for (int i = 0; i < 4; ++i) {
       SCOPED_TRACE(i);
       if (dt == kFloat64) expect_close(got[i], want[i], 1e-9, 1e-10);
@@ -378,6 +525,146 @@ TEST(AttentionPatterns, GradientsOnlyWhenNothingReadsTheResult) {
   for (int i = 0; i < 3; ++i) expect_close(got[i], want[i], 1e-4, 1e-5);
 }
 
+// Hand-written attention in plain eager code (no compile()): the rewrite runs on the lazy segment
+// when its plan is made, forward-only for inference, with the gradients for a training step whose
+// gradients are read together; a second call of the same structure reuses the plan (no new
+// match) and gives the same bits. Keys stored before the call (their transpose is stored data, not
+// a recorded op) match too.
+void lazy_eager_cases(Device dev) {
+  std::mt19937_64 rng(kiln::testing::test_seed(51));
+  std::uniform_int_distribution<int64_t> seq(2, 90), head(1, 24);
+  for (int it = 0; it < 12; ++it) {
+    const int form = it % 3, mask = (it / 2) % 6;
+    const DType dt = it % 2 ? kFloat32 : kFloat64;
+    const int64_t tq = seq(rng), tk = mask >= 4 ? tq : seq(rng), d = head(rng);
+    SCOPED_TRACE(::testing::Message() << "form " << form << " mask " << mask << " tq " << tq << " tk " << tk << " d "
+                                      << d << " " << dtype_name(dt) << " on " << dev.str());
+    manual_seed(rng());
+    Tensor q = randn({2, 3, tq, d}, dt).to(dev), k = randn({2, 3, tk, d}, dt).to(dev), v = randn({2, 3, tk, d}, dt).to(dev);
+    Tensor m = mask == 1 ? randn({tq, tk}, dt)
+                         : logical_or(rand({tq, tk}) < 0.6, arange(tk).reshape({1, tk}) == 0) ^ (mask == 2);
+    if (mask == 2) m = logical_and(m, arange(tk).reshape({1, tk}) != 0);
+    m = m.to(dev);
+    Tensor w = randn({2, 3, tq, d}, dt).to(dev);
+    eval({q, k, v, m, w});
+    const double s = 0.1 + 0.3 * (it % 4);
+    auto close = [&](const Tensor& got_on, const Tensor& want_on) {
+      const Tensor got = got_on.to(cpu()), want = want_on.to(cpu());
+      if (dt == kFloat64) expect_close(got, want, 1e-9, 1e-10);
+      else expect_close(got, want, 2e-4, 2e-5 * std::max(1.0, want.abs().amax().item<double>()));
+    };
+    // Inference.
+    auto infer = [&] { return hand_written(q, k, v, m, form, mask, s); };
+    int64_t before = sdpa_matches();
+    Tensor y = infer();
+    y.eval();
+    const int64_t after = sdpa_matches();
+    EXPECT_GT(after, before);
+    Tensor y2 = infer();
+    y2.eval();
+    EXPECT_EQ(sdpa_matches(), after) << "the second call reuses the plan";
+    EXPECT_EQ(y2.to_vector<double>(), y.to_vector<double>());
+    close(y, unrewritten(infer));
+    // A training step: backward, then every gradient read at once.
+    auto train = [&] {
+      Tensor qg = q.detach().requires_grad_(), kg = k.detach().requires_grad_(), vg = v.detach().requires_grad_();
+      (hand_written(qg, kg, vg, m, form, mask, s) * w).sum().backward();
+      std::vector<Tensor> g = {qg.grad(), kg.grad(), vg.grad()};
+      eval(g);
+      return g;
+    };
+    before = sdpa_matches();
+    auto g = train();
+    EXPECT_GT(sdpa_matches(), before) << "the gradients' segment";
+    auto gw = unrewritten(train);
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      close(g[i], gw[i]);
+    }
+  }
+}
+
+TEST(AttentionPatterns, LazyEagerHandWrittenAttentionIsFused) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  lazy_eager_cases(cpu());
+}
+
+TEST(AttentionPatterns, CudaLazyEagerHandWrittenAttentionIsFused) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  lazy_eager_cases(Device{DeviceType::CUDA, 0});
+}
+
+// Hand-written attention with dropout on the probabilities becomes the fused kernel with dropout,
+// compiled and in lazy eager. The kernel draws its own mask (another sample of the same
+// distribution), so the check is statistical: over K calls, the mean of the output and of the
+// gradients equals the expectation, softmax(q·kᵀ·s)·v without dropout and its gradients (dropout
+// is unbiased and the loss is linear in the output), within 6 standard errors of the K samples.
+TEST(AttentionPatterns, HandWrittenDropoutBecomesTheFusedKernelWithDropout) {
+  manual_seed(kiln::testing::test_seed(71));
+  Tensor q = randn({2, 6, 4}, kFloat64), k = randn({2, 7, 4}, kFloat64), v = randn({2, 7, 4}, kFloat64),
+         w = randn({2, 6, 4}, kFloat64);
+  eval({q, k, v, w});
+  const double p = 0.3;
+  auto step = [&](const Tensor& a, const Tensor& b, const Tensor& c, double drop) {
+    Tensor pr = softmax(matmul(a, b.transpose(-2, -1)) * 0.5, -1);
+    if (drop > 0) pr = dropout(pr, drop);
+    Tensor x = matmul(pr, c);
+    auto g = grad({(x * w).sum()}, {a, b, c});
+    return std::vector<Tensor>{x, g[0], g[1], g[2]};
+  };
+  auto leaves = [&] {
+    return std::vector<Tensor>{q.detach().requires_grad_(), k.detach().requires_grad_(), v.detach().requires_grad_()};
+  };
+  auto want = unrewritten([&] {
+    auto l = leaves();
+    return step(l[0], l[1], l[2], 0);
+  });
+  auto expect_mean = [&](const std::function<std::vector<Tensor>()>& draw, const char* how) {
+    SCOPED_TRACE(how);
+    constexpr int K = 300;
+    std::vector<Tensor> sum(4), sq(4);
+    for (int n = 0; n < K; ++n) {
+      auto r = draw();
+      for (int i = 0; i < 4; ++i) {
+        sum[i] = n ? sum[i] + r[i] : r[i];
+        sq[i] = n ? sq[i] + r[i] * r[i] : r[i] * r[i];
+      }
+      eval(sum);
+      eval(sq);
+    }
+    for (int i = 0; i < 4; ++i) {
+      SCOPED_TRACE(i);
+      Tensor mean = sum[i] / K, var = (sq[i] / K - mean * mean).clamp_min(0) * (K / (K - 1.0));
+      auto m = mean.to_vector<double>(), sd = var.sqrt().to_vector<double>(), ref = want[i].to_vector<double>();
+      for (size_t e = 0; e < m.size(); ++e)
+        EXPECT_NEAR(m[e], ref[e], 6 * sd[e] / std::sqrt(double(K)) + 1e-12) << "element " << e;
+    }
+  };
+  int64_t before = patterns::match_counts()["sdpa_mul_dropout_rank3"];
+  auto f = compile([&](const Tensor& a, const Tensor& b, const Tensor& c) { return step(a, b, c, p); });
+  expect_mean([&] { auto l = leaves(); return f(l[0], l[1], l[2]); }, "compiled");
+  EXPECT_EQ(f.stats().pattern_matches, 1);
+  EXPECT_GT(patterns::match_counts()["sdpa_mul_dropout_rank3"], before);
+  if (interpreted()) return;  // (the interpreter runs lazy segments as recorded)
+  before = patterns::match_counts()["sdpa_mul_dropout_rank3"];
+  // Lazy eager, as a training loop writes it: backward() accumulates into .grad, then the output
+  // and the gradients are read together (the forward and backward are one segment).
+  expect_mean([&] {
+    auto l = leaves();
+    Tensor y;
+    {
+      Tensor pr = dropout(softmax(matmul(l[0], l[1].transpose(-2, -1)) * 0.5, -1), p);
+      y = matmul(pr, l[2]);
+    }
+    (y * w).sum().backward();
+    std::vector<Tensor> r = {y, l[0].grad(), l[1].grad(), l[2].grad()};
+    eval(r);
+    return r;
+  }, "lazy eager");
+  EXPECT_GT(patterns::match_counts()["sdpa_mul_dropout_rank3"], before);
+}
+
 TEST(AttentionPatterns, SizeOneSequencesStayCorrect) {
   for (int64_t tq : {1, 4})
     for (int64_t tk : {1, 3}) {
@@ -442,7 +729,7 @@ TEST(Attention, NonFiniteInputsMatchTheUnfusedGraph) {
     q.index_put_({0, 1, 2}, bad);
     k.index_put_({1, 3, 0}, bad);
     v.index_put_({1, 4, 1}, bad);
-    Tensor want = unfused(q, k, v, std::nullopt, false, 0.5);
+    Tensor want = unrewritten([&] { return unfused(q, k, v, std::nullopt, false, 0.5); });
     for (const Device& dev : devices)
       for (DType dt : {kFloat64, kFloat32}) {
         SCOPED_TRACE(::testing::Message() << bad << " " << dev.str() << " " << dtype_name(dt));

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 
@@ -451,4 +452,105 @@ TEST_F(Patterns, PadMmOnlyWhereMeasuredFaster) {
     Tensor w = want[i].to(kFloat32).cpu();
     expect_close(got[i].to(kFloat32).cpu(), w, 2e-2, 2e-2 * std::max(1.0, w.abs().amax().item<double>()));
   }
+}
+
+// ---- lazy eager: the rewrites run on a segment when its plan is made ----
+
+namespace {
+
+// Lazy-eager rewrites are the JIT executor's: the reference interpreter (KILN_JIT=interp, the
+// oracle) runs segments as recorded.
+bool interpreted() {
+  const char* v = std::getenv("KILN_JIT");
+  return v && std::string(v) == "interp";
+}
+
+// `fn()` evaluated with the rewrites off: what the graph as written computes.
+Tensor unrewritten(const std::function<Tensor()>& fn) {
+  patterns::set_enabled(false);
+  Tensor r = fn();
+  r.eval();
+  patterns::set_enabled(true);
+  return r;
+}
+
+Tensor stored(Tensor t) {
+  t.eval();
+  return t;
+}
+
+}  // namespace
+
+TEST_F(Patterns, EagerSegmentsAreRewrittenWhenTheirPlanIsMade) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  register_expm1();
+  auto fn = [](const Tensor& x) { return (exp(x * 3) - 1.0).sum({1}); };  // (its temporaries die in it)
+  const double want = 5 * std::expm1(3e-10);
+  const int64_t before = count("test_expm1");
+  for (int call = 0; call < 3; ++call) {
+    Tensor y = fn(stored(full({4, 5}, 1e-10, kFloat64)));
+    EXPECT_NEAR(y.to_vector<double>()[0], want, 1e-15 * want) << "call " << call;
+  }
+  // Matched when the plan was made; the later calls replay the rewrite from the plan.
+  EXPECT_EQ(count("test_expm1"), before + 1);
+  Tensor x = stored(full({4, 5}, 1e-10, kFloat64));
+  EXPECT_GT(std::abs(unrewritten([&] { return fn(x); }).to_vector<double>()[0] - want), 1e-12 * want)
+      << "with the rewrites off, exp(x)-1's cancellation shows";
+  // A pattern registered after a plan was made applies to the segments that plan served.
+  patterns::unregister_replacement("test_expm1");
+  EXPECT_GT(std::abs(fn(x).to_vector<double>()[0] - want), 1e-12 * want);
+  register_expm1();
+  EXPECT_NEAR(fn(x).to_vector<double>()[0], want, 1e-15 * want);
+}
+
+// A scale bound by a wildcard is a constant of the segment, not part of its structure: a
+// segment of the same structure with another scale must not reuse the rewrite made for the first.
+TEST_F(Patterns, EagerRewritesGuardTheConstantsTheyBound) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  register_replacement(
+      "test_twice", [](const Ts& t, const Ss& s) { return t[0] * s[0] + t[0] * s[0]; },
+      [](const Ts& t, const Ss& s) { return t[0] * (2 * s[0]); }, {empty({2, 2})}, {0.123});
+  manual_seed(kiln::testing::test_seed(27));
+  Tensor x = stored(randn({6, 3}));
+  const int64_t before = count("test_twice");
+  const std::vector<double> scales = {0.37, 5.0, 0.37, -2.0};
+  std::vector<Tensor> got;
+  auto twice = [&](double s) { return x * s + x * s; };  // (its temporaries die in it)
+  for (double s : scales) got.push_back(stored(twice(s)));
+  EXPECT_EQ(count("test_twice"), before + 3) << "one plan per scale; 0.37's reused";
+  for (size_t i = 0; i < scales.size(); ++i)  // (2(x*s) and x*(2s) are the same float: doubling is exact)
+    EXPECT_EQ(got[i].to_vector<float>(), unrewritten([&] { return twice(scales[i]); }).to_vector<float>())
+        << "scale " << scales[i];
+}
+
+// An intermediate the user still holds is computed as written; the match is refused.
+TEST_F(Patterns, EagerIntermediatesTheUserHoldsAreNotReplaced) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  register_expm1();
+  Tensor x = stored(full({4}, 1e-10, kFloat64));
+  const double want = std::expm1(3e-10);
+  const int64_t before = count("test_expm1");
+  Tensor e = exp(x * 3);
+  Tensor y = e - 1.0;
+  y.eval();
+  EXPECT_EQ(count("test_expm1"), before);
+  EXPECT_GT(std::abs(y.to_vector<double>()[0] - want), 1e-12 * want);
+  EXPECT_EQ(e.to_vector<double>(), unrewritten([&] { return exp(x * 3); }).to_vector<double>());
+  e = Tensor();
+  Tensor z = exp(x * 3) - 1.0;  // nothing else holds exp(x * 3) now
+  EXPECT_NEAR(z.to_vector<double>()[0], want, 1e-15 * want);
+  EXPECT_EQ(count("test_expm1"), before + 1);
+}
+
+// Tracing a pattern graph (a search function that draws random numbers) leaves the user's
+// generator where it is: the numbers a program draws after it are those it draws without it.
+TEST_F(Patterns, TracingPatternsLeavesTheGeneratorAlone) {
+  manual_seed(kiln::testing::test_seed(28));
+  const std::vector<float> want = randn({6}).to_vector<float>();
+  manual_seed(kiln::testing::test_seed(28));
+  register_replacement(
+      "test_noisy", [](const Ts& t, const Ss&) { return t[0] * rand_like(t[0]) * 3.0; },
+      [](const Ts& t, const Ss&) { return t[0] * rand_like(t[0]) * 3.0; }, {empty({2, 2})});
+  patterns::registered();  // (kiln's own, among them the dropout forms, are registered on first use)
+  EXPECT_EQ(randn({6}).to_vector<float>(), want);
 }

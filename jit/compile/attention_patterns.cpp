@@ -1,8 +1,10 @@
 // Hand-written attention -> scaled_dot_product_attention (the fused Attention primitive), as
 // kiln::patterns rewrites: softmax(q·kᵀ ∘ s [masked]) · v for q/k/v of rank 3 and 4, with the scale
 // as a multiplication, a division or absent, and a mask added, filled in with masked_fill(m, -inf)
-// or kept with where(keep, scores, -inf). A boolean mask built by tril (or its negation) over
-// the scores' own sizes becomes is_causal, so the kernels skip the hidden blocks.
+// or kept with where(keep, scores, -inf), and with or without dropout on the probabilities (the
+// fused kernels draw their own mask: another sample of the same distribution). A boolean mask
+// built by tril (or its negation) over the scores' own sizes becomes is_causal, so the kernels skip
+// the hidden blocks.
 #include <limits>
 #include <optional>
 
@@ -84,7 +86,10 @@ double scale_of(const Ss& s, Scale sc) {
   return 1.0;
 }
 
-Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m) {
+// The keep probability (1 - dropout p) among the scalars: the last one, when there is dropout.
+double keep_of(const Ss& s) { return s.back(); }
+
+Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
   const double ninf = -std::numeric_limits<double>::infinity();
   Tensor x = scores(t, s, sc);
   switch (m) {
@@ -93,19 +98,22 @@ Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m) {
     case Mask::Keep: x = where(t[3], x, ninf); break;
     case Mask::None: break;
   }
-  return matmul(softmax(x, -1), t[2]);
+  Tensor p = softmax(x, -1);
+  // (dropout(x, p) records 1 - p: the search passes p = 1 - keep, exact for the example keep)
+  if (drop) p = dropout(p, 1 - keep_of(s));
+  return matmul(p, t[2]);
 }
 
-Tensor replace(const Ts& t, const Ss& s, Scale sc, Mask m) {
-  const double scale = scale_of(s, sc);
-  if (m == Mask::None) return scaled_dot_product_attention(t[0], t[1], t[2], std::nullopt, false, scale);
-  if (m == Mask::Add) return scaled_dot_product_attention(t[0], t[1], t[2], t[3], false, scale);
+Tensor replace(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
+  const double scale = scale_of(s, sc), p = drop ? 1 - keep_of(s) : 0.0;
+  if (m == Mask::None) return scaled_dot_product_attention(t[0], t[1], t[2], std::nullopt, false, scale, p);
+  if (m == Mask::Add) return scaled_dot_product_attention(t[0], t[1], t[2], t[3], false, scale, p);
   const Shape& qs = t[0].shape();
   const Shape& ks = t[1].shape();
   auto c = causal(t[3].node().get(), qs[qs.size() - 2], ks[ks.size() - 2]);
   const bool keep_form = m == Mask::Keep;
-  if (c && *c == keep_form) return scaled_dot_product_attention(t[0], t[1], t[2], std::nullopt, true, scale);
-  return scaled_dot_product_attention(t[0], t[1], t[2], keep_form ? t[3] : logical_not(t[3]), false, scale);
+  if (c && *c == keep_form) return scaled_dot_product_attention(t[0], t[1], t[2], std::nullopt, true, scale, p);
+  return scaled_dot_product_attention(t[0], t[1], t[2], keep_form ? t[3] : logical_not(t[3]), false, scale, p);
 }
 
 // The mask broadcasts to the scores without growing them, and an additive one has the scores'
@@ -126,7 +134,8 @@ void register_attention_patterns() {
       {Mask::None, ""}, {Mask::Add, "_add_mask"}, {Mask::Fill, "_masked_fill"}, {Mask::Keep, "_where_mask"}};
   for (int rank = 3; rank <= 4; ++rank)
     for (auto [sc, sname] : scales)
-      for (auto [m, mname] : masks) {
+      for (auto [m, mname] : masks)
+        for (bool drop : {false, true}) {
         auto shape = [&](int64_t rows, int64_t cols) {
           std::vector<int64_t> s(static_cast<size_t>(rank - 2), 2);
           s.push_back(rows);
@@ -136,14 +145,18 @@ void register_attention_patterns() {
         Ts ex = {empty(shape(3, 4)), empty(shape(5, 4)), empty(shape(5, 4))};
         if (m == Mask::Add) ex.push_back(empty({3, 5}));
         if (m == Mask::Fill || m == Mask::Keep) ex.push_back(empty({3, 5}, kBool));
-        // 0.37: a scale no other constant of the graph has (it is a wildcard).
+        // 0.37 and 0.75: a scale and a keep probability no other constant of the graph has (they
+        // are wildcards).
         Ss scalars = sc == Scale::None ? Ss{} : Ss{0.37};
+        if (drop) scalars.push_back(0.75);
         register_replacement(
-            std::string("sdpa_") + sname + mname + "_rank" + std::to_string(rank),
-            [sc, m](const Ts& t, const Ss& s) { return search(t, s, sc, m); },
-            [sc, m](const Ts& t, const Ss& s) { return replace(t, s, sc, m); }, std::move(ex), std::move(scalars),
-            [m](const Ts& t, const Ss&) { return mask_ok(t, m); });
-      }
+            std::string("sdpa_") + sname + mname + (drop ? "_dropout" : "") + "_rank" + std::to_string(rank),
+            [sc, m, drop](const Ts& t, const Ss& s) { return search(t, s, sc, m, drop); },
+            [sc, m, drop](const Ts& t, const Ss& s) { return replace(t, s, sc, m, drop); }, std::move(ex),
+            std::move(scalars), [m, drop](const Ts& t, const Ss& s) {
+              return mask_ok(t, m) && (!drop || (keep_of(s) > 0 && keep_of(s) < 1));
+            });
+        }
 }
 
 }  // namespace kiln::jit

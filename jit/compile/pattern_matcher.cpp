@@ -38,12 +38,14 @@ struct Variant {
   std::unordered_map<const Node*, int> scalar_of;  // pattern constant -> the scalar it stands for
   size_t size = 0;                                 // op nodes
   size_t nscalars = 0;                             // scalar wildcards
+  int float_leaf = -1;  // the first floating input: casts and draws to its dtype follow the bound input's
   // A joint form without its result among the outputs: for graphs where nothing reads the
   // result (a loss whose gradient does not need the value), only the gradients.
   bool result_dead = false;
 };
 
-struct Rewrite {
+// A registered rewrite: its functions and examples, and the forms traced from them.
+struct Registered {
   std::string name;
   patterns::PatternFn search, replace;
   std::vector<Tensor> examples;
@@ -64,13 +66,16 @@ const char* const kCheckSaidNo = "its extra check said no";
 
 struct Registry {
   std::mutex mu;
-  std::vector<std::shared_ptr<const Rewrite>> rewrites;
+  std::vector<std::shared_ptr<const Registered>> rewrites;
   std::map<std::string, int64_t> counts;
 };
 Registry& registry() {
   static Registry r;
   return r;
 }
+
+// Bumped by every change to the registry or the switch: lazy-eager plans made before are stale.
+std::atomic<uint64_t> g_generation{0};
 
 std::atomic<bool>& enabled_flag() {
   static std::atomic<bool> on{[] {
@@ -81,7 +86,8 @@ std::atomic<bool>& enabled_flag() {
 }
 
 // Tracing a pattern is no part of the user's trace: an observer that sees nothing (it also
-// keeps the pending limit from computing the pattern graph: it has no data), no size oracle.
+// keeps the pending limit from computing the pattern graph: it has no data), no size oracle, and
+// random ops that draw nothing from the user's generator.
 struct Untraced final : detail::TraceObserver {
   void on_read(TensorImpl&) override {}
   void on_write(TensorImpl&) override {}
@@ -90,6 +96,7 @@ struct Untraced final : detail::TraceObserver {
     throw Error("patterns: a search function needs data while it is traced (item(), printing)");
   }
   void on_random(const Node&) override {}
+  bool draws() const override { return false; }
   Untraced() : observer(detail::set_trace_observer(this)), oracle(set_shape_oracle(nullptr)) {}
   ~Untraced() override {
     detail::set_trace_observer(observer);
@@ -119,7 +126,7 @@ NodePtr leaf_like(DType dtype, Device device, const Shape& shape) {
   return n;
 }
 
-Variant trace_variant(const Rewrite& r, const std::vector<int>& diff) {
+Variant trace_variant(const Registered& r, const std::vector<int>& diff) {
   Untraced untraced;
   Variant v;
   v.diff = diff;
@@ -154,6 +161,7 @@ Variant trace_variant(const Rewrite& r, const std::vector<int>& diff) {
   for (size_t i = 0; i < v.leaves.size(); ++i) {
     v.leaf_of[v.leaves[i].get()] = static_cast<int>(i);
     leaves.insert(v.leaves[i].get());
+    if (v.float_leaf < 0 && is_floating(v.leaves[i]->dtype)) v.float_leaf = static_cast<int>(i);
   }
   v.nscalars = r.scalars.size();
   std::vector<bool> found(r.scalars.size(), false);
@@ -195,7 +203,7 @@ bool commutative(OpKind op) {
 // Ops whose attributes hold sizes or random state that a structural match cannot compare.
 bool unmatchable(OpKind op) {
   switch (op) {
-    case OpKind::RandUniform: case OpKind::RandNormal: case OpKind::RandInt: case OpKind::AsStrided:
+    case OpKind::RandNormal: case OpKind::RandInt: case OpKind::AsStrided:
     case OpKind::ViewScatter: case OpKind::Im2Col: case OpKind::Col2Im: case OpKind::ToDevice:
       return true;
     default: return false;
@@ -217,6 +225,13 @@ bool rank_bound(OpKind op) {
   }
 }
 
+bool same_layout(const Node& a, const Node& b) {
+  if (a.strides.size() != b.strides.size()) return false;
+  for (size_t d = 0; d < a.strides.size(); ++d)
+    if (!provably_equal(a.strides[d], b.strides[d])) return false;
+  return provably_equal(a.offset, b.offset);
+}
+
 // The target graph: its nodes, who reads each, and which are roots.
 struct Target {
   std::unordered_map<const Node*, std::vector<Node*>> consumers;
@@ -229,6 +244,8 @@ struct Target {
 
 struct Binding {
   std::unordered_map<const Node*, Node*> map;  // pattern node -> target node
+  std::vector<const Node*> follow;             // matched casts/draws of the floating input's dtype
+  std::vector<NodePtr> views;                  // views of stored data made to bind inputs (below)
   std::vector<Node*> leaves;
   std::vector<double> scalars;
   std::vector<bool> scalar_bound;
@@ -239,7 +256,8 @@ class Matcher {
   Matcher(const Variant& v, const Target& t) : v_(v), t_(t) {}
 
   bool match(const Node* p, Node* t, Binding& b) const {
-    if (auto it = b.map.find(p); it != b.map.end()) return it->second == t;
+    if (auto it = b.map.find(p); it != b.map.end())
+      return it->second == t || same_stored_view(it->second, t, b);
     if (auto l = v_.leaf_of.find(p); l != v_.leaf_of.end()) {
       b.leaves[l->second] = t;
       b.map[p] = t;
@@ -254,12 +272,20 @@ class Matcher {
       b.map[p] = t;
       return true;
     }
+    if (p->op == OpKind::Permute && t->shape.size() == p->shape.size() && stored_memory(t, b))
+      return match_stored_permute(p, t, b);
     if (t->op != p->op || unmatchable(p->op) || t->materialized() || t->id < t_.first_id || t->id >= t_.fresh_id ||
         t->inputs.size() != p->inputs.size() || (rank_bound(p->op) && t->shape.size() != p->shape.size()) ||
         (p->op != OpKind::Full && t->attrs.ints != p->attrs.ints))  // (a constant's value is f0; ints repeat an integer's)
       return false;
-    if (p->op == OpKind::Cast && p->dtype != t->dtype) return false;
-    if ((p->op == OpKind::Full || p->op == OpKind::Arange) &&
+    // (a cast or draw to the pattern's floating dtype is one to the matched inputs' floating dtype:
+    // checked in match_at once the inputs are bound)
+    if (p->op == OpKind::Cast || p->op == OpKind::RandUniform) {
+      if (v_.float_leaf >= 0 && p->dtype == v_.leaves[static_cast<size_t>(v_.float_leaf)]->dtype) b.follow.push_back(t);
+      else if (p->dtype != t->dtype) return false;
+    }
+    // (a uniform draw matches any draw of its range: its numbers are its own, a replacement draws others)
+    if ((p->op == OpKind::Full || p->op == OpKind::Arange || p->op == OpKind::RandUniform) &&
         (p->attrs.f0 != t->attrs.f0 || p->attrs.f1 != t->attrs.f1 || !p->attrs.sizes.empty() || !t->attrs.sizes.empty()))
       return false;
     b.map[p] = t;
@@ -302,6 +328,8 @@ class Matcher {
     if (!match_rest(1, b)) return std::nullopt;
     for (const Node* l : b.leaves)
       if (!l) return std::nullopt;  // (an input only the result reads, in a form without it)
+    for (const Node* t : b.follow)
+      if (t->dtype != b.leaves[static_cast<size_t>(v_.float_leaf)]->dtype) return std::nullopt;
     if (!exclusive(b)) return std::nullopt;
     return b;
   }
@@ -317,6 +345,35 @@ class Matcher {
   }
   // A pattern input, scalar wildcard or constant: it binds (nearly) anything.
   bool free_node(const Node* p) const { return v_.leaf_of.count(p) || v_.scalar_of.count(p) || p->op == OpKind::Full; }
+
+  // A transposed input (k.transpose(-2, -1)) met as stored data: in lazy eager a view of a
+  // computed tensor is computed at once and keeps no input. Any stored `t` is permute(t', perm)
+  // with t' = t permuted back (a view of the same memory, made here): the pattern's operand
+  // matches t'. Two views of the same stored memory and layout are one value (the forward reads
+  // k through kᵀ, the backward through (kᵀ)ᵀ).
+  Storage* stored_memory(const Node* t, const Binding& b) const {
+    if (t->materialized()) return t->storage.get();
+    for (const NodePtr& v : b.views)
+      if (v.get() == t) return stored_memory(v->inputs[0].get(), b);
+    return nullptr;
+  }
+  bool same_stored_view(const Node* a, const Node* c, const Binding& b) const {
+    Storage* m = stored_memory(a, b);
+    return m && m == stored_memory(c, b) && a->dtype == c->dtype && a->shape.size() == c->shape.size() &&
+           std::equal(a->shape.begin(), a->shape.end(), c->shape.begin(),
+                      [](const SymInt& x, const SymInt& y) { return provably_equal(x, y); }) &&
+           same_layout(*a, *c);
+  }
+  bool match_stored_permute(const Node* p, Node* t, Binding& b) const {
+    const std::vector<int64_t>& perm = p->attrs.ints;
+    ViewStep back{OpKind::Permute, {}, {}};
+    back.attrs.ints.assign(perm.size(), 0);
+    for (size_t d = 0; d < perm.size(); ++d) back.attrs.ints[static_cast<size_t>(perm[d])] = static_cast<int64_t>(d);
+    NodePtr u = detail::apply_view(t->shared_from_this(), back);
+    b.views.push_back(u);
+    b.map[p] = t;
+    return match(p->inputs[0].get(), u.get(), b);
+  }
 
   bool match_rest(size_t k, Binding& b) const {
     if (k == v_.outputs.size()) return true;
@@ -386,12 +443,6 @@ bool has_view_consumer(const Target& t, const Node* n) {
   return false;
 }
 
-bool same_layout(const Node& a, const Node& b) {
-  if (a.strides.size() != b.strides.size()) return false;
-  for (size_t d = 0; d < a.strides.size(); ++d)
-    if (!provably_equal(a.strides[d], b.strides[d])) return false;
-  return provably_equal(a.offset, b.offset);
-}
 
 // `x`'s values laid out as `want` is: a dense copy permuted as want's dims are in memory (want
 // a permutation of a dense block, as the gradient of a transposed input is), or nullopt.
@@ -409,8 +460,8 @@ std::optional<Tensor> in_layout_of(const Tensor& x, const Node& want) {
   return y;
 }
 
-std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Variant& v, const Binding& b,
-                                                      const Target& t, std::string& why) {
+std::optional<std::vector<NodePtr>> build_replacement(const Registered& r, const Variant& v, const Binding& b,
+                                                      const Target& t, bool roots_keep_layout, std::string& why) {
   std::vector<Tensor> ins;
   const size_t ntensors = r.examples.size();
   for (size_t i = 0; i < ntensors; ++i) ins.push_back(Tensor::from_node(b.leaves[i]->shared_from_this()));
@@ -445,9 +496,10 @@ std::optional<std::vector<NodePtr>> build_replacement(const Rewrite& r, const Va
       why = "the replacement's result " + std::to_string(k) + " differs in dtype or shape from what it replaces";
       return std::nullopt;
     }
-    // Views of what it replaces were laid out for its layout: give them that layout (a copy),
-    // or refuse.
-    if (has_view_consumer(t, &want) && !same_layout(*outs[k].node(), want)) {
+    // Views of what it replaces were laid out for its layout (and so were tensors holding it, when
+    // a root takes the replacement's storage): give them that layout (a copy), or refuse.
+    if ((has_view_consumer(t, &want) || (roots_keep_layout && t.roots.count(&want))) &&
+        !same_layout(*outs[k].node(), want)) {
       auto laid = in_layout_of(outs[k], want);
       if (!laid) {
         why = "the replacement's result " + std::to_string(k) + " has another layout than what views of it expect";
@@ -470,12 +522,12 @@ void redirect(const Target& t, const std::vector<std::vector<NodePtr>*>& roots, 
       if (n.get() == from) n = to;
 }
 
-void trace_joint(const Rewrite& r);
+void trace_joint(const Registered& r);
 
 // Traces a rewrite's joint forms once, on first need (see Rewrite::variants). The caller is
 // inside a compile() trace: the forms are traced on a thread of their own, outside that trace's
 // thread-local state (its observer, shape oracle and recorded nodes).
-void ensure_joint(const Rewrite& r) {
+void ensure_joint(const Registered& r) {
   std::call_once(r.joint_once, [&r] {
     std::exception_ptr error;
     std::thread t([&] {
@@ -490,7 +542,7 @@ void ensure_joint(const Rewrite& r) {
   });
 }
 
-void trace_joint(const Rewrite& r) {
+void trace_joint(const Registered& r) {
   // The joint forms, most gradients first: one per non-empty subset of the floating inputs.
   std::vector<int> floating;
   for (size_t i = 0; i < r.examples.size(); ++i)
@@ -529,9 +581,13 @@ void trace_joint(const Rewrite& r) {
   }
 }
 
-std::vector<std::shared_ptr<const Rewrite>> snapshot() {
+std::vector<std::shared_ptr<const Registered>> snapshot() {
   static std::once_flag builtins;
-  std::call_once(builtins, [] { register_builtin_patterns(); });
+  std::call_once(builtins, [] {
+    // (their example tensors are recorded where a segment may be running: no flush may run one)
+    Untraced untraced;
+    register_builtin_patterns();
+  });
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   return reg.rewrites;
@@ -539,11 +595,14 @@ std::vector<std::shared_ptr<const Rewrite>> snapshot() {
 
 }  // namespace
 
-size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, const std::string& where) {
-  if (!patterns::enabled()) return 0;
-  const auto rewrites = snapshot();
-  if (rewrites.empty()) return 0;
-  const uint64_t fresh_id = new_node()->id;  // nodes made from here on are replacements
+namespace {
+
+// Replaces the instances of `rewrites` in the graph behind `roots`; with `roots_keep_layout` a
+// replaced root must keep its layout (lazy eager: the root takes the replacement's storage).
+// `constants` receives every constant node a match relied on.
+size_t replace_instances(const std::vector<std::shared_ptr<const Registered>>& rewrites,
+                         const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, uint64_t fresh_id,
+                         const std::string& where, bool roots_keep_layout, std::vector<Node*>* constants) {
   size_t replaced = 0;
   Target t = index(roots, first_id, fresh_id);
   for (const auto& r : rewrites) {
@@ -570,7 +629,7 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
         std::string why;
         std::optional<std::vector<NodePtr>> rep;
         try {
-          rep = build_replacement(*r, v, *b, t, why);
+          rep = build_replacement(*r, v, *b, t, roots_keep_layout, why);
         } catch (const std::exception& e) {
           why = std::string("the replacement threw: ") + e.what();
         }
@@ -585,6 +644,9 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
           break;
         }
         for (size_t k = 0; k < rep->size(); ++k) redirect(t, roots, b->map.at(v.outputs[k].get()), (*rep)[k]);
+        if (constants)
+          for (const auto& [p, n] : b->map)
+            if (n->op == OpKind::Full) constants->push_back(n);
         ++replaced;
         {
           Registry& reg = registry();
@@ -604,6 +666,113 @@ size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t 
   return replaced;
 }
 
+}  // namespace
+
+size_t apply_patterns(const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, const std::string& where) {
+  if (!patterns::enabled()) return 0;
+  const auto rewrites = snapshot();
+  if (rewrites.empty()) return 0;
+  const uint64_t fresh_id = new_node()->id;  // nodes made from here on are replacements
+  return replace_instances(rewrites, roots, first_id, fresh_id, where, false, nullptr);
+}
+
+Rewrite segment_patterns(const Segment& seg) {
+  Rewrite rw;
+  if (!patterns::enabled() || seg.nodes.empty()) return rw;
+  // (most segments hold no rewrite's ops: decided from the op kinds before anything is indexed)
+  std::set<OpKind> ops;
+  for (const Node* n : seg.nodes) ops.insert(n->op);
+  std::vector<std::shared_ptr<const Registered>> rewrites;
+  for (const auto& r : snapshot())
+    if (std::includes(ops.begin(), ops.end(), r->ops.begin(), r->ops.end())) rewrites.push_back(r);
+  if (rewrites.empty()) return rw;
+  const int N = static_cast<int>(seg.nodes.size());
+  std::unordered_map<const Node*, int> at;  // node -> position: segment nodes, made nodes, externals
+  for (int i = 0; i < N; ++i) at[seg.nodes[i]] = i;
+  // The segment's edges as they are: restored below, whatever happens (they also keep every
+  // node alive while the matcher relinks them).
+  std::vector<NodeList> before(static_cast<size_t>(N));
+  for (int i = 0; i < N; ++i) {
+    before[i] = seg.nodes[i]->inputs;
+    for (size_t k = 0; k < before[i].size(); ++k)
+      if (at.emplace(before[i][k].get(), -static_cast<int>(rw.ext_src.size()) - 1).second)
+        rw.ext_src.push_back({i, static_cast<int>(k)});
+  }
+  std::vector<NodePtr> roots;
+  std::vector<int> root_pos;
+  for (int i = 0; i < N; ++i)
+    if (seg.needed[i]) {
+      roots.push_back(seg.nodes[i]->shared_from_this());
+      root_pos.push_back(i);
+    }
+  struct Restore {
+    const Segment& seg;
+    std::vector<NodeList>& before;
+    ~Restore() {
+      for (size_t i = 0; i < before.size(); ++i) seg.nodes[i]->inputs = std::move(before[i]);
+    }
+  } restore{seg, before};
+  const std::string where = "eager segment of " + std::to_string(N) + " nodes";
+  auto refuse = [&](const std::string& why) {
+    if (log_enabled("patterns")) log_line("patterns", where + ": not rewritten: " + why);
+    return Rewrite{};
+  };
+  std::vector<Node*> constants;
+  const uint64_t fresh_id = new_node()->id;  // nodes made from here on are replacements
+  size_t replaced = 0;
+  {
+    Untraced untraced;  // (the replacements are recorded, never computed, and no trace sees them)
+    replaced = replace_instances(rewrites, {&roots}, 0, fresh_id, where, true, &constants);
+  }
+  if (!replaced) return Rewrite{};
+  // The rewritten graph, as positions: segment nodes kept, then the made nodes.
+  for (Node* n : topo_order(roots, {})) {
+    if (auto it = at.find(n); it != at.end()) {
+      if (it->second < 0) return refuse("a replacement reads a node outside the segment");
+      rw.order.push_back(it->second);
+      continue;
+    }
+    if (n->id < fresh_id) return refuse("a replacement reads a node outside the segment");
+    Rewrite::Made m{n->op, n->dtype, n->device, n->shape, n->strides, n->offset, n->attrs, {}};
+    m.random = n->op == OpKind::RandUniform || n->op == OpKind::RandNormal || n->op == OpKind::RandInt;
+    for (const auto& in : n->inputs) {
+      auto it = at.find(in.get());
+      if (it == at.end()) return refuse("a replacement reads data of its own (a tensor made from values)");
+      m.inputs.push_back(it->second);
+    }
+    const int p = N + static_cast<int>(rw.made.size());
+    at[n] = p;
+    rw.order.push_back(p);
+    rw.made.push_back(std::move(m));
+  }
+  std::vector<bool> needed(static_cast<size_t>(N) + rw.made.size(), false);
+  for (int i = 0; i < N; ++i) needed[i] = seg.needed[i];
+  for (size_t j = 0; j < roots.size(); ++j) {
+    if (roots[j].get() == seg.nodes[root_pos[j]]) continue;
+    const int from = at.at(roots[j].get());
+    if (from < 0) return refuse("a replacement returns a tensor computed before the segment");
+    rw.shares.push_back({root_pos[j], from});
+    needed[from] = true;
+  }
+  for (int p : rw.order) {
+    rw.needed.push_back(needed[p]);
+    if (p >= N) continue;
+    const NodeList& now = seg.nodes[p]->inputs;
+    for (size_t k = 0; k < now.size(); ++k)
+      if (now[k] != before[p][k]) rw.edges.push_back({p, static_cast<int>(k), at.at(now[k].get())});
+  }
+  // Constants a match relied on (a scale, a mask value) are guarded: another value is another plan.
+  for (const Node* c : constants) {
+    auto it = at.find(c);
+    if (it == at.end() || it->second < 0 || it->second >= N) return refuse("a match relied on a constant computed before the segment");
+    rw.guards.push_back(guard_on(*c, it->second));
+  }
+  rw.identity = false;
+  return rw;
+}
+
+uint64_t patterns_generation() { return g_generation.load(std::memory_order_relaxed); }
+
 void set_gradient_forms_only(const std::string& name) {
   Registry& reg = registry();
   std::lock_guard<std::mutex> lock(reg.mu);
@@ -622,7 +791,7 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   KILN_CHECK(!example_tensors.empty(), "patterns: register_replacement('", name, "') needs at least one example tensor");
   for (size_t i = 0; i < example_tensors.size(); ++i)
     KILN_CHECK(example_tensors[i].defined(), "patterns: example tensor ", i, " of '", name, "' is undefined");
-  auto r = std::make_shared<jit::Rewrite>();
+  auto r = std::make_shared<jit::Registered>();
   r->name = name;
   r->search = std::move(search);
   r->replace = std::move(replace);
@@ -646,9 +815,12 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   {
     std::set<const Node*> leaves;
     for (const auto& l : fwd.leaves) leaves.insert(l.get());
-    // (the result itself excluded: gradient-only forms match graphs that never compute it)
+    // (the result itself excluded: gradient-only forms match graphs that never compute it; so
+    // is a transposed input, which lazy eager may hold as stored data: Matcher::match_stored_permute)
     for (const Node* n : jit::topo_order(fwd.outputs, leaves))
-      if (!leaves.count(n) && n != fwd.outputs[0].get()) r->ops.insert(n->op);
+      if (!leaves.count(n) && n != fwd.outputs[0].get() &&
+          !(n->op == OpKind::Permute && leaves.count(n->inputs[0].get())))
+        r->ops.insert(n->op);
   }
   r->variants.push_back(std::move(fwd));
   jit::Registry& reg = jit::registry();
@@ -656,6 +828,7 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });
   if (it != reg.rewrites.end()) *it = std::move(r);
   else reg.rewrites.push_back(std::move(r));
+  jit::g_generation++;
 }
 
 bool unregister_replacement(const std::string& name) {
@@ -664,6 +837,7 @@ bool unregister_replacement(const std::string& name) {
   auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });
   if (it == reg.rewrites.end()) return false;
   reg.rewrites.erase(it);
+  jit::g_generation++;
   return true;
 }
 
@@ -676,7 +850,9 @@ std::vector<std::string> registered() {
   return names;
 }
 
-void set_enabled(bool on) { jit::enabled_flag() = on; }
+void set_enabled(bool on) {
+  if (jit::enabled_flag().exchange(on) != on) jit::g_generation++;
+}
 bool enabled() { return jit::enabled_flag(); }
 
 std::map<std::string, int64_t> match_counts() {

@@ -15,6 +15,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "jit/compile/pattern_matcher.h"
 #include "jit/exec/code_cache.h"
 #include "kernels/cpu/node_operand.h"
 #include "kernels/cpu/parallel.h"
@@ -28,6 +29,7 @@
 #include "runtime/core/error.h"
 #include "runtime/exec/device_runtime.h"
 #include "runtime/exec/executor.h"
+#include "runtime/tensor/trace.h"
 
 namespace kiln::jit {
 namespace {
@@ -297,7 +299,9 @@ struct Batch {
 struct Plan {
   std::vector<int64_t> sig;
   std::vector<Batch> batches;
-  Rewrite rw;  // graph passes, re-applied on every run
+  Rewrite patterns;  // registered rewrites (lazy eager), re-applied on every run before the passes
+  Rewrite rw;        // graph passes on the segment `patterns` gives, re-applied on every run
+  std::vector<Rewrite::Guard> guards;  // the constant values both rely on, in segment positions
   std::vector<PlanStep> steps;
 };
 
@@ -307,6 +311,8 @@ namespace {
 struct RunScratch {
   std::vector<int64_t> sig;
   std::vector<Node*> externals, ext, ins;
+  std::vector<Node*> patterned_ext;  // the segment's nodes and the made ones (Plan::patterns)
+  Segment patterned;
   std::unordered_map<const Node*, int> extern_ids;  // only for segments with many external inputs
   Group group;
   Binding binding;
@@ -329,6 +335,7 @@ void signature(const Segment& seg, RunScratch& sc) {
   externals.clear();
   sc.extern_ids.clear();
   const size_t N = seg.nodes.size();
+  s.push_back(static_cast<int64_t>(patterns_generation()));  // (registered rewrites change plans)
   if (N && seg.nodes[0]->device.type != DeviceType::CPU)  // a device's plans are its own
     s.push_back(-1000 - static_cast<int64_t>(seg.nodes[0]->device.type) * 64 - seg.nodes[0]->device.index);
   for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);
@@ -540,17 +547,50 @@ void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vec
 // Runs the graph passes on `seg` (applying their rewrite: `sc.ext` then names every extended
 // position) and schedules the result.
 // `passes`: run the graph passes (their rewrite is re-applied on each run of the plan).
+// The segment a plan's passes and schedule see: `seg` with the registered rewrites' replacements
+// made and their readers relinked (Plan::patterns), or `seg` itself.
+Segment& patterned(const Plan& plan, Segment& seg, RunScratch& sc) {
+  if (plan.patterns.identity) return seg;
+  apply_rewrite(plan.patterns, seg, sc.patterned_ext, seg.keep_alive);
+  // A replacement's random op (sdpa's dropout words) draws fresh numbers on every run, as the
+  // op it replaced did when it was recorded.
+  for (size_t j = 0; j < plan.patterns.made.size(); ++j)
+    if (plan.patterns.made[j].random) {
+      Node& r = *sc.patterned_ext[seg.nodes.size() + j];
+      std::tie(r.attrs.seed, r.attrs.counter) = detail::rng_reserve(static_cast<uint64_t>(numel(r.shape).as_int()));
+    }
+  sc.patterned.nodes.clear();
+  for (int p : plan.patterns.order) sc.patterned.nodes.push_back(sc.patterned_ext[static_cast<size_t>(p)]);
+  sc.patterned.needed = plan.patterns.needed;
+  return sc.patterned;
+}
+
+// Both rewrites of a plan applied to `seg`: sc.ext holds the node of every position.
+void apply_rewrites(const Plan& plan, Segment& seg, RunScratch& sc) {
+  Segment& base = patterned(plan, seg, sc);
+  if (plan.rw.identity) sc.ext.assign(base.nodes.begin(), base.nodes.end());
+  else apply_rewrite(plan.rw, base, sc.ext, seg.keep_alive);
+}
+
 std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes = true) {
   auto plan = std::make_shared<Plan>();
   const DeviceType device = seg.nodes.empty() ? DeviceType::CPU : seg.nodes[0]->device.type;
   plan->sig = sc.sig;
-  if (passes && passes_enabled()) plan->rw = run_passes(seg);
+  if (passes) plan->patterns = segment_patterns(seg);
+  Segment& base = patterned(*plan, seg, sc);
+  if (passes && passes_enabled()) plan->rw = run_passes(base);
+  // Guards in the segment's positions (a constant the patterns made is the plan's own).
+  plan->guards = plan->patterns.guards;
+  for (const Rewrite::Guard& g : plan->rw.guards) {
+    const int p = plan->patterns.identity ? g.pos : plan->patterns.order[static_cast<size_t>(g.pos)];
+    if (p < static_cast<int>(seg.nodes.size())) plan->guards.push_back({p, g.f0, g.i0, g.has_i0});
+  }
   Segment rewritten;
-  const Segment* target = &seg;
+  const Segment* target = &base;
   if (plan->rw.identity) {
-    sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
+    sc.ext.assign(base.nodes.begin(), base.nodes.end());
   } else {
-    apply_rewrite(plan->rw, seg, sc.ext, seg.keep_alive);
+    apply_rewrite(plan->rw, base, sc.ext, seg.keep_alive);
     for (int p : plan->rw.order) rewritten.nodes.push_back(sc.ext[p]);
     rewritten.needed = plan->rw.needed;
     target = &rewritten;
@@ -940,6 +980,7 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
     for (int b : s.batches_after) run_horizontal(plan, plan.batches[static_cast<size_t>(b)], ext, sc);
   }
   if (!plan.rw.identity) finish_rewrite(plan.rw, ext);
+  if (!plan.patterns.identity) finish_rewrite(plan.patterns, sc.patterned_ext);
   for (size_t i = 0; i < seg.nodes.size(); ++i)
     if (seg.needed[i] && !seg.nodes[i]->materialized())
       throw Error(std::string("jit: scheduler left a needed ") + op_name(seg.nodes[i]->op) + " node uncomputed");
@@ -968,7 +1009,7 @@ class JitExecutor final : public Executor {
     uint64_t h = hash_sig(sc.sig);
     std::shared_ptr<const Plan> plan;
     for (const auto& [ch, p] : t_recent)  // this thread's recent plans: no lock
-      if (ch == h && p->sig == sc.sig && guards_hold(p->rw, seg)) {
+      if (ch == h && p->sig == sc.sig && guards_hold(p->guards, seg)) {
         plan = p;
         break;
       }
@@ -977,14 +1018,13 @@ class JitExecutor final : public Executor {
       auto it = g_plans.find(h);
       if (it != g_plans.end())
         for (auto& p : it->second)
-          if (p->sig == sc.sig && guards_hold(p->rw, seg)) {
+          if (p->sig == sc.sig && guards_hold(p->guards, seg)) {
             plan = p;
             break;
           }
     }
     if (plan) {
-      if (plan->rw.identity) sc.ext.assign(seg.nodes.begin(), seg.nodes.end());
-      else apply_rewrite(plan->rw, seg, sc.ext, seg.keep_alive);
+      apply_rewrites(*plan, seg, sc);
     } else {
       plan = make_plan(seg, sc);
       std::lock_guard<std::mutex> lock(g_plan_mu);

@@ -179,7 +179,7 @@ struct Analysis {
     if (full_value(c) != v) return false;
     bool int_dtype = !is_floating(c.dtype) && c.dtype != DType::Bool;
     if (int_dtype && (c.attrs.ints.empty() || c.attrs.ints[0] != static_cast<int64_t>(v))) return false;
-    guards.push_back({ref, c.attrs.f0, c.attrs.ints.empty() ? 0 : c.attrs.ints[0], !c.attrs.ints.empty()});
+    guards.push_back(guard_on(c, ref));
     return true;
   }
 
@@ -325,8 +325,12 @@ Rewrite run_passes(const Segment& seg) {
   return std::move(a.rw);
 }
 
-bool guards_hold(const Rewrite& rw, const Segment& seg) {
-  for (const Rewrite::Guard& g : rw.guards) {
+Rewrite::Guard guard_on(const Node& c, int pos) {
+  return {pos, c.attrs.f0, c.attrs.ints.empty() ? 0 : c.attrs.ints[0], !c.attrs.ints.empty()};
+}
+
+bool guards_hold(const std::vector<Rewrite::Guard>& guards, const Segment& seg) {
+  for (const Rewrite::Guard& g : guards) {
     const Node& c = *seg.nodes[g.pos];
     if (c.op != OpKind::Full || !(c.attrs.f0 == g.f0)) return false;
     if (g.has_i0 != !c.attrs.ints.empty() || (g.has_i0 && c.attrs.ints[0] != g.i0)) return false;
@@ -349,6 +353,20 @@ void apply_rewrite(const Rewrite& rw, const Segment& seg, std::vector<Node*>& ex
     c->strides = contiguous_strides(like.shape);
     c->offset = 0;
     c->attrs.f0 = fold_value(f, ext);
+    ext.push_back(c.get());
+    owned.push_back(std::move(c));
+  }
+  for (const Rewrite::Made& m : rw.made) {
+    auto c = new_node();
+    c->op = m.op;
+    c->dtype = m.dtype;
+    c->device = m.device;
+    c->shape = m.shape;
+    c->strides = m.strides;
+    c->offset = m.offset;
+    c->attrs = m.attrs;
+    c->inputs.reserve(m.inputs.size());
+    for (int p : m.inputs) c->inputs.push_back(p >= 0 ? ext[p]->shared_from_this() : externals[-p - 1]);
     ext.push_back(c.get());
     owned.push_back(std::move(c));
   }

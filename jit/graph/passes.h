@@ -39,6 +39,18 @@ struct Rewrite {
     int nargs;
     int args[2];
   };
+  // A new node (a registered rewrite's replacement, jit/compile/patterns.h): its fields, and
+  // its inputs by position (negative: external input -(k + 1)).
+  struct Made {
+    OpKind op;
+    DType dtype;
+    Device device;
+    Shape shape, strides;
+    SymInt offset;
+    Attrs attrs;
+    std::vector<int> inputs;
+    bool random = false;  // a random op: the executor draws its numbers afresh on every application
+  };
   // Input `slot` of node `node` reads node `to` instead.
   struct Edge {
     int node, slot, to;
@@ -49,6 +61,7 @@ struct Rewrite {
   };
   std::vector<Guard> guards;
   std::vector<Fold> folds;
+  std::vector<Made> made;  // positions after the folded constants
   std::vector<Edge> edges;
   std::vector<Share> shares;
   std::vector<std::pair<int, int>> ext_src;  // external input -(k + 1): (node, slot) reading it
@@ -61,10 +74,12 @@ struct Rewrite {
 
 // Analyzes `seg` (left unchanged) and returns its rewrite.
 Rewrite run_passes(const Segment& seg);
-// Whether the constant values `rw` relies on hold in `seg` (of the same signature).
-bool guards_hold(const Rewrite& rw, const Segment& seg);
-// Applies `rw` to `seg`: creates the folded constants and redirects edges; `owned` receives
-// the new constants and every node unlinked (keep it until the segment is done: pass
+// Whether the constant values `guards` rely on hold in `seg` (of the same signature).
+bool guards_hold(const std::vector<Rewrite::Guard>& guards, const Segment& seg);
+// A guard on constant node `c` at position `pos`: its value as it is now.
+Rewrite::Guard guard_on(const Node& c, int pos);
+// Applies `rw` to `seg`: creates the folded constants and the made nodes, and redirects edges;
+// `owned` receives the new nodes and every node unlinked (keep it until the segment is done: pass
 // Segment::keep_alive). `ext` receives the node of every position.
 void apply_rewrite(const Rewrite& rw, const Segment& seg, std::vector<Node*>& ext, std::vector<NodePtr>& owned);
 // After the run: gives shared nodes their storage.

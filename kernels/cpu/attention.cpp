@@ -6,8 +6,10 @@
 // (the dq of one batch element gathers from every key block).
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <vector>
 
+#include "kernels/cpu/attention_dropout.h"
 #include "kernels/cpu/gemm_block.h"
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reference.h"
@@ -197,7 +199,7 @@ KILN_ROW_CLONES void score_grad_row(double* dp, const double* p, int64_t cols, d
 
 template <class T>
 void forward(const Operand& out, const Operand& qo, const Operand& ko, const Operand& vo, const Operand* mask,
-             bool causal, T scale) {
+             bool causal, T scale, const std::optional<DropoutMask>& drop) {
   const Geometry g = geometry(qo, ko, mask);
   const int64_t count = g.count(), d = g.d, tq = g.tq, tk = g.tk;
   const std::vector<int64_t> oq = g.offsets(qo), ok = g.offsets(ko), ov = g.offsets(vo), oo = g.offsets(out);
@@ -221,9 +223,11 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
         gemm_block<T>(false, true, rows, cols, d, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), s.data(), cols);
         for (int64_t rr = 0; rr < rows; ++rr) {
           const int64_t i = i0 + rr;
-          forward_row(s.data() + rr * cols, visible(causal, i, j0, cols), cols,
-                          mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, m[rr], l[rr],
-                          acc.data() + rr * d, d);
+          const int64_t valid = visible(causal, i, j0, cols);
+          forward_row(s.data() + rr * cols, valid, cols, mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr,
+                      g.mask_sj, m[rr], l[rr], acc.data() + rr * d, d);
+          // (the row sum l is the softmax's, before dropout; dropped entries add nothing to acc)
+          if (drop) drop->apply(s.data() + rr * cols, valid, static_cast<uint64_t>((b * tq + i) * tk + j0));
         }
         gemm_block<T>(false, false, rows, d, cols, T(1), s.data(), cols, v.row(j0), v.ld, T(1), acc.data(), d);
       }
@@ -243,7 +247,7 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
 
 template <class T>
 void backward(const Operand& out, const Operand& qo, const Operand& ko, const Operand& vo, const Operand& fwd,
-              const Operand& gout, const Operand* mask, bool causal, T scale) {
+              const Operand& gout, const Operand* mask, bool causal, T scale, const std::optional<DropoutMask>& drop) {
   const Geometry g = geometry(qo, ko, mask);
   const int64_t count = g.count(), d = g.d, tq = g.tq, tk = g.tk;
   const std::vector<int64_t> oq = g.offsets(qo), ok = g.offsets(ko), ov = g.offsets(vo), of = g.offsets(fwd),
@@ -267,6 +271,7 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
     std::vector<T> dq(static_cast<size_t>(tq * d), T(0)), dk(static_cast<size_t>(kBlockK * d)),
         dv(static_cast<size_t>(kBlockK * d));
     std::vector<T> p(static_cast<size_t>(kBlockQ * kBlockK)), dp(static_cast<size_t>(kBlockQ * kBlockK));
+    std::vector<T> pkept(drop ? p.size() : 0);  // with dropout: p with the mask applied
     const T* mb = mask ? mask->ptr<T>() + g.mask_off[b] : nullptr;
     T* ob = out.ptr<T>() + oo[b];
     for (int64_t j0 = 0; j0 < tk; j0 += kBlockK) {
@@ -281,10 +286,21 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
           probabilities_row(p.data() + rr * cols, visible(causal, i, j0, cols), cols,
                                 mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, lse[i]);
         }
-        // dv += pᵀ·dO; dp = dO·vᵀ; ds = p·(dp - delta)·scale; dq += ds·k; dk += dsᵀ·q.
-        gemm_block<T>(true, false, cols, d, rows, T(1), p.data(), cols, go.data() + i0 * d, d, T(1), dv.data(), d);
+        // dv += p'ᵀ·dO; dp = (dO·vᵀ)' ; ds = p·(dp - delta)·scale; dq += ds·k; dk += dsᵀ·q, where x' is x
+        // with the dropout mask applied (none: x' = x).
         gemm_block<T>(false, true, rows, cols, d, T(1), go.data() + i0 * d, d, v.row(j0), v.ld, T(0), dp.data(),
                       cols);
+        const T* pv = p.data();
+        if (drop) {
+          std::copy(p.begin(), p.begin() + rows * cols, pkept.begin());
+          for (int64_t rr = 0; rr < rows; ++rr) {
+            const uint64_t idx0 = static_cast<uint64_t>((b * tq + i0 + rr) * tk + j0);
+            drop->apply(pkept.data() + rr * cols, cols, idx0);
+            drop->apply(dp.data() + rr * cols, cols, idx0);
+          }
+          pv = pkept.data();
+        }
+        gemm_block<T>(true, false, cols, d, rows, T(1), pv, cols, go.data() + i0 * d, d, T(1), dv.data(), d);
         for (int64_t rr = 0; rr < rows; ++rr)
           score_grad_row(dp.data() + rr * cols, p.data() + rr * cols, cols, delta[i0 + rr], scale);
         gemm_block<T>(false, false, rows, d, cols, T(1), dp.data(), cols, k.row(j0), k.ld, T(1),
@@ -310,18 +326,25 @@ void check_float(DType t, const char* op) {
 
 }  // namespace
 
+std::optional<DropoutMask> mask_of(const AttentionDropout& d) {
+  if (!d.rng || d.p <= 0) return std::nullopt;
+  return DropoutMask::of(d);
+}
+
 void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
-               bool causal, double scale) {
+               bool causal, double scale, const AttentionDropout& drop) {
   check_float(out.dtype, "attention");
-  if (out.dtype == DType::Float32) forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale));
-  else forward<double>(out, q, k, v, mask, causal, scale);
+  if (out.dtype == DType::Float32) forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale), mask_of(drop));
+  else forward<double>(out, q, k, v, mask, causal, scale, mask_of(drop));
 }
 
 void attention_backward(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand& fwd,
-                        const Operand& gout, const Operand* mask, bool causal, double scale) {
+                        const Operand& gout, const Operand* mask, bool causal, double scale,
+                        const AttentionDropout& drop) {
   check_float(out.dtype, "attention_backward");
-  if (out.dtype == DType::Float32) backward<float>(out, q, k, v, fwd, gout, mask, causal, static_cast<float>(scale));
-  else backward<double>(out, q, k, v, fwd, gout, mask, causal, scale);
+  if (out.dtype == DType::Float32)
+    backward<float>(out, q, k, v, fwd, gout, mask, causal, static_cast<float>(scale), mask_of(drop));
+  else backward<double>(out, q, k, v, fwd, gout, mask, causal, scale, mask_of(drop));
 }
 
 }  // namespace kiln::kernels

@@ -3,6 +3,7 @@
 #include <functional>
 #include <vector>
 
+#include "kernels/cpu/attention_dropout.h"
 #include "kernels/cpu/strided.h"
 #include "runtime/ir/node.h"
 
@@ -38,16 +39,18 @@ void matmul(const Operand& out, const Operand& a, const Operand& b);
 // them while they are in cache. Returns false (doing nothing) for shapes or dtypes it does not handle.
 bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
                        const std::function<void(int64_t, int64_t)>& epilogue);
-// Fused attention (OpKind::Attention): out [..., Tq, D + 1] holds softmax(q·kᵀ·scale + mask)·v
-// and each row's log-sum-exp, computed by query blocks with an online softmax over key blocks
-// (no Tq × Tk matrix). `mask` (may be null) is additive, broadcast to [..., Tq, Tk]; causal keeps
-// key j <= query i. float32 / float64.
+// Fused attention (OpKind::Attention): out [..., Tq, D + 1] holds dropout(softmax(q·kᵀ·scale +
+// mask))·v and each row's log-sum-exp (of the softmax, before dropout), computed by query blocks
+// with an online softmax over key blocks (no Tq × Tk matrix). `mask` (may be null) is additive,
+// broadcast to [..., Tq, Tk]; causal keeps key j <= query i. float32 / float64.
 void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
-               bool causal, double scale);
+               bool causal, double scale, const AttentionDropout& drop);
 // Its gradient (OpKind::AttentionBackward): out [..., Tq + 2 Tk, D] = dq, dk, dv, from the packed
-// forward result `fwd` and its gradient `gout` (both [..., Tq, D + 1]), by key blocks.
+// forward result `fwd` and its gradient `gout` (both [..., Tq, D + 1]), by key blocks; `drop`
+// rebuilds the forward's dropout mask.
 void attention_backward(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand& fwd,
-                        const Operand& gout, const Operand* mask, bool causal, double scale);
+                        const Operand& gout, const Operand* mask, bool causal, double scale,
+                        const AttentionDropout& drop);
 // im2col / col2im for conv2d (ints = kh, kw, sh, sw, ph, pw, dh, dw).
 void im2col(const Operand& out, const Operand& x, const std::vector<int64_t>& p);
 void col2im(const Operand& out, const Operand& cols, const std::vector<int64_t>& p);

@@ -36,7 +36,53 @@ struct AttnArgs {
   i64 tq, tk, d, bt;         // sequence lengths, head size, tile rows
   int causal, has_mask;
   double scale;
+  const i64* rng;            // dropout: the generator words (kernels/cpu/attention_dropout.h)
+  i64 rng_st;
+  double dropout;            // its probability (0: none)
 };
+
+// Word w of Philox4x32-10 at (key, counter): runtime/core/philox.h, bit for bit.
+__device__ unsigned philox_word(unsigned long long key, unsigned long long ctr, int w) {
+  unsigned c0 = (unsigned)ctr, c1 = (unsigned)(ctr >> 32), c2 = 0, c3 = 0;
+  unsigned k0 = (unsigned)key, k1 = (unsigned)(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c1 = lo1;
+    c3 = lo0;
+    c0 = n0;
+    c2 = n2;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return w == 0 ? c0 : w == 1 ? c1 : w == 2 ? c2 : c3;
+}
+
+// The dropout mask (kernels/cpu/attention_dropout.h): element (b, i, j) of the probabilities is
+// kept when word idx % 4 of Philox(key, base + idx / 4) is below (1 - p) 2^32, idx = (b tq + i) tk + j.
+struct Drop {
+  unsigned long long key, base, threshold;
+  double scale;
+  bool on;
+};
+__device__ Drop drop_of(const AttnArgs& a) {
+  Drop d;
+  d.on = a.dropout > 0;
+  if (!d.on) return d;
+  const unsigned long long w0 = a.rng[0], w1 = a.rng[a.rng_st], w2 = a.rng[2 * a.rng_st], w3 = a.rng[3 * a.rng_st];
+  d.key = w0 | w1 << 31;
+  d.base = w2 | w3 << 31;
+  d.threshold = (unsigned long long)ldexp(1.0 - a.dropout, 32);
+  d.scale = 1.0 / (1.0 - a.dropout);
+  return d;
+}
+// The factor of probability (b, i, j): 1 without dropout, else 0 or 1 / (1 - p).
+template <class T> __device__ T kept(const Drop& d, const AttnArgs& a, i64 b, i64 i, i64 j) {
+  if (!d.on) return (T)1;
+  const unsigned long long idx = (unsigned long long)((b * a.tq + i) * a.tk + j);
+  return philox_word(d.key, d.base + idx / 4, (int)(idx % 4)) < d.threshold ? (T)d.scale : (T)0;
+}
 
 template <class T> __device__ T ninf();
 template <> __device__ float ninf<float>() { return __int_as_float(0xff800000); }
@@ -136,6 +182,7 @@ template <class T, int DM> __device__ void attn_fwd(const AttnArgs& a) {
 #pragma unroll
   for (int e = 0; e < 16; ++e) acc[e] = 0;
   T m = ninf<T>(), l = 0;
+  const Drop drop = drop_of(a);
   const i64 jend = a.causal ? min(a.tk, i0 + ROWS) : a.tk;
   for (i64 j0 = 0; j0 < jend; j0 += a.bt) {
     const i64 cnt = min(a.bt, jend - j0);
@@ -163,7 +210,8 @@ template <class T, int DM> __device__ void attn_fwd(const AttnArgs& a) {
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
         s[u] = s[u] == ninf<T>() ? (T)0 : kexp(s[u] - m);
-        l += s[u];
+        l += s[u];  // (the softmax's sum: before dropout)
+        if (drop.on) s[u] *= kept<T>(drop, a, blockIdx.x, i, j0 + jj + u);
       }
       axpy4<T, DM>(acc, s, vs, jj, part);
     }
@@ -208,6 +256,7 @@ template <class T, int DM> __device__ void attn_bwd_q(const AttnArgs& a) {
       lse = in<T>(a, F)[off[F] + i * a.rs[F] + a.d * a.cs[F]];
     }
   }
+  const Drop drop = drop_of(a);
   const i64 jend = a.causal ? min(a.tk, i0 + ROWS) : a.tk;
   for (i64 j0 = 0; j0 < jend; j0 += a.bt) {
     const i64 cnt = min(a.bt, jend - j0);
@@ -223,7 +272,7 @@ template <class T, int DM> __device__ void attn_bwd_q(const AttnArgs& a) {
       for (int u = 0; u < 4; ++u) {
         const i64 j = j0 + jj + u;
         const T p = (jj + u >= cnt || (a.causal && j > i)) ? (T)0 : kexp(score<T>(a, off, sd[u], i, j) - lse);
-        sd[u] = p * (pd[u] - delta) * (T)a.scale;
+        sd[u] = p * (pd[u] * kept<T>(drop, a, blockIdx.x, i, j) - delta) * (T)a.scale;
       }
       axpy4<T, DM>(dq, sd, ks, jj, part);
     }
@@ -256,6 +305,7 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
   for (int e = 0; e < 16; ++e) dk[e] = dv[e] = 0;
   const T* fp = in<T>(a, F) + off[F];
   const T* gp = in<T>(a, G) + off[G];
+  const Drop drop = drop_of(a);
   for (i64 i0 = a.causal ? j0 : 0; i0 < a.tq; i0 += a.bt) {
     const i64 cnt = min(a.bt, a.tq - i0);
     __syncthreads();
@@ -278,8 +328,9 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
         const i64 i = i0 + ii + u;
         const bool live = ii + u < cnt && j < a.tk && !(a.causal && j > i);
         const T p = live ? kexp(score<T>(a, off, sd[u], i, j) - lse[ii + u]) : (T)0;
-        sd[u] = p * (pd[u] - (live ? delta[ii + u] : (T)0)) * (T)a.scale;
-        pd[u] = p;
+        const T keep = live ? kept<T>(drop, a, blockIdx.x, i, j) : (T)0;
+        sd[u] = p * (pd[u] * keep - (live ? delta[ii + u] : (T)0)) * (T)a.scale;
+        pd[u] = p * keep;
       }
       axpy4<T, DM>(dv, pd, gs, ii, part);
       axpy4<T, DM>(dk, sd, qs, ii, part);

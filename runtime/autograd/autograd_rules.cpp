@@ -223,12 +223,13 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       const SymInt tq = qs[r - 2], tk = in[1].shape()[r - 2];
       Shape s = qs;
       s[r - 2] = tq + tk + tk;
+      // (inputs after q, k, v: the mask, then the dropout mask's generator words; neither differentiable)
       std::vector<Tensor> bin = {in[0], in[1], in[2], out, g};
-      if (in.size() > 3) bin.push_back(in[3]);
+      for (size_t i = 3; i < in.size(); ++i) bin.push_back(in[i]);
       Tensor packed = record(OpKind::AttentionBackward, bin, a, g.dtype(), s);
       std::vector<Tensor> r3 = {slice_window(packed, r - 2, 0, tq, 1), slice_window(packed, r - 2, tq, tq + tk, 1),
                                 slice_window(packed, r - 2, tq + tk, tq + tk + tk, 1)};
-      if (in.size() > 3) r3.emplace_back();
+      r3.resize(in.size());
       return r3;
     }
     case OpKind::AttentionBackward:

@@ -141,6 +141,9 @@ struct AttnArgs {
   int64_t tq = 0, tk = 0, d = 0, bt = 0;
   int32_t causal = 0, has_mask = 0;
   double scale = 0;
+  const void* rng = nullptr;  // dropout: the generator words (kernels/cpu/attention_dropout.h)
+  int64_t rng_st = 0;
+  double dropout = 0;
 };
 constexpr int kAttnQ = 0, kAttnK = 1, kAttnV = 2, kAttnMask = 3, kAttnFwd = 4, kAttnGout = 5, kAttnOut = 6;
 // Rows per block and threads per row of a head-size bucket (the kernels' Shape<DM>).
@@ -211,10 +214,15 @@ void attention(int device, const Node& n, const Operand& out) {
   attn_operand(a, kAttnK, k, full);
   attn_operand(a, kAttnV, in(2), full);
   attn_operand(a, kAttnOut, out, full);
-  const size_t mask_at = fwd ? 3 : 5;
-  if (n.inputs.size() > mask_at) {
+  if (const size_t mask_at = attention_mask_input(n)) {
     attn_operand(a, kAttnMask, in(mask_at), full);
     a.has_mask = 1;
+  }
+  a.dropout = attention_dropout(n.attrs);
+  if (a.dropout > 0) {
+    const Operand rng = in(n.inputs.size() - 1);
+    a.rng = rng.data;
+    a.rng_st = rng.strides[0];
   }
   if (!fwd) {
     attn_operand(a, kAttnFwd, in(3), full);
@@ -225,8 +233,8 @@ void attention(int device, const Node& n, const Operand& out) {
   const int head = kernels::attention_head_bucket(a.d);
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
   a.bt = std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)
-  // float32 with heads up to 64: the tiled kernels; else the row kernels.
-  const bool tile = n.dtype == DType::Float32 && head <= 64;
+  // float32 with heads up to 64: the tiled kernels; else (and with dropout) the row kernels.
+  const bool tile = n.dtype == DType::Float32 && head <= 64 && a.dropout == 0;
   if (fwd) {
     attn_launch(device, tile ? DeviceKernel::AttentionForwardTiled : DeviceKernel::AttentionForward, n.dtype, head, a, batch,
                 a.tq);

@@ -100,16 +100,20 @@ void compute(Node& n) {
       break;
     case OpKind::Matmul: matmul(out, in(0), in(1)); break;
     case OpKind::Im2Col: im2col(out, in(0), a.ints); break;
-    case OpKind::Attention: {
-      const Operand mask = n.inputs.size() > 3 ? in(3) : Operand();
-      attention(out, in(0), in(1), in(2), n.inputs.size() > 3 ? &mask : nullptr, attention_causal(a),
-                attention_scale(a));
-      break;
-    }
+    case OpKind::Attention:
     case OpKind::AttentionBackward: {
-      const Operand mask = n.inputs.size() > 5 ? in(5) : Operand();
-      attention_backward(out, in(0), in(1), in(2), in(3), in(4), n.inputs.size() > 5 ? &mask : nullptr,
-                         attention_causal(a), attention_scale(a));
+      // q, k, v (backward: then the packed forward output and its gradient), then the mask and
+      // the dropout generator words where present.
+      const double p = attention_dropout(a);
+      const size_t mi = attention_mask_input(n);
+      const bool has_mask = mi != 0;
+      const Operand mask = has_mask ? in(mi) : Operand(), rng = p > 0 ? in(n.inputs.size() - 1) : Operand();
+      const AttentionDropout drop{p > 0 ? &rng : nullptr, p};
+      if (n.op == OpKind::Attention)
+        attention(out, in(0), in(1), in(2), has_mask ? &mask : nullptr, attention_causal(a), attention_scale(a), drop);
+      else
+        attention_backward(out, in(0), in(1), in(2), in(3), in(4), has_mask ? &mask : nullptr, attention_causal(a),
+                           attention_scale(a), drop);
       break;
     }
     case OpKind::Col2Im: col2im(out, in(0), a.ints); break;

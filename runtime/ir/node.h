@@ -155,14 +155,23 @@ void for_each_size(N& n, F&& f) {
 // Internal to kiln::compile: not exported.
 void bind_size_attrs(Node& n);
 
-// Attention / AttentionBackward attributes: ints = {causal, bit pattern of the double scale}.
-inline Attrs attention_attrs(bool causal, double scale) {
+// Attention / AttentionBackward attributes: ints = {causal, bit pattern of the double scale,
+// bit pattern of the double dropout probability}. With dropout the last input is the int64 [4]
+// generator words of its mask (kernels/cpu/attention_dropout.h).
+inline Attrs attention_attrs(bool causal, double scale, double dropout = 0) {
   Attrs a;
-  a.ints = {causal ? 1 : 0, std::bit_cast<int64_t>(scale)};
+  a.ints = {causal ? 1 : 0, std::bit_cast<int64_t>(scale), std::bit_cast<int64_t>(dropout)};
   return a;
 }
 inline bool attention_causal(const Attrs& a) { return a.ints[0] != 0; }
 inline double attention_scale(const Attrs& a) { return std::bit_cast<double>(a.ints[1]); }
+inline double attention_dropout(const Attrs& a) { return a.ints.size() > 2 ? std::bit_cast<double>(a.ints[2]) : 0.0; }
+// The input index of an Attention / AttentionBackward node's mask (after q, k, v and, backward,
+// the packed forward output and its gradient), or 0 when it has none.
+inline size_t attention_mask_input(const Node& n) {
+  const size_t first = n.op == OpKind::Attention ? 3 : 5;
+  return n.inputs.size() > first + (attention_dropout(n.attrs) > 0 ? 1 : 0) ? first : 0;
+}
 
 // A fresh node (from the per-thread node pool).
 KILN_API NodePtr new_node();

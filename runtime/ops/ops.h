@@ -212,11 +212,14 @@ KILN_API Tensor smooth_l1_loss(const Tensor& x, const Tensor& y, const std::stri
                       double beta = 1.0);
 KILN_API Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 // softmax(q·kᵀ·scale + mask)·v (scale defaults to 1/sqrt(head size); a bool mask keeps the
-// true entries; is_causal keeps key j <= query i). float32/float64 with equal key and value head
-// sizes up to 256 run as one fused node (forward and backward never hold the Tq x Tk matrix).
+// true entries; is_causal keeps key j <= query i), with dropout of probability dropout_p on the
+// softmax (kept entries scaled by 1 / (1 - dropout_p); pass 0 outside training). float32/float64
+// with equal key and value head sizes up to 256 run as one fused node (forward and backward never
+// hold the Tq x Tk matrix; the dropout mask comes from kiln's generator, drawn inside the kernels).
 KILN_API Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const std::optional<Tensor>& attn_mask = std::nullopt,
-                                    bool is_causal = false, std::optional<double> scale = std::nullopt);
+                                    bool is_causal = false, std::optional<double> scale = std::nullopt,
+                                    double dropout_p = 0.0);
 // x [N, C, H, W], w [Cout, C/groups, kh, kw].
 KILN_API Tensor conv2d(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b = std::nullopt,
               std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},

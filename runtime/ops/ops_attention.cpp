@@ -1,6 +1,6 @@
 // scaled_dot_product_attention: one fused Attention node where its kernels apply (float32 /
 // float64, equal head sizes for keys and values, a constant head size up to 256, a mask that
-// needs no gradient), else the unfused graph softmax(q·kᵀ·scale + mask)·v.
+// needs no gradient), else the unfused graph dropout(softmax(q·kᵀ·scale + mask))·v.
 #include <cmath>
 #include <limits>
 
@@ -18,7 +18,7 @@ constexpr int64_t kMaxFusedHead = 256;
 // softmax(q·kᵀ·scale + mask)·v as written (scale: 1/sqrt(head size) when not given, computed from
 // the size where it is symbolic).
 Tensor unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v, const std::optional<Tensor>& attn_mask,
-                         bool is_causal, std::optional<double> scale) {
+                         bool is_causal, std::optional<double> scale, double dropout_p) {
   const Shape &qs = q.shape(), &ks = k.shape();
   const SymInt& d = qs.back();
   Tensor scores = matmul(q, transpose(k, -2, -1));
@@ -35,7 +35,7 @@ Tensor unfused_attention(const Tensor& q, const Tensor& k, const Tensor& v, cons
   } else if (attn_mask) {
     scores = attn_mask->dtype() == kBool ? where(*attn_mask, scores, ninf) : add(scores, *attn_mask);
   }
-  return matmul(softmax(scores, -1), v);
+  return matmul(dropout(softmax(scores, -1), dropout_p), v);
 }
 
 // The batch dims of q, k and v broadcast together, or nullopt when they do not.
@@ -63,7 +63,7 @@ bool mask_fits(const Shape& m, const Shape& full) {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     const std::optional<Tensor>& attn_mask, bool is_causal,
-                                    std::optional<double> scale) {
+                                    std::optional<double> scale, double dropout_p) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "scaled_dot_product_attention: got an undefined tensor");
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
              "at least 2 dims, got ", str(q.shape()), ", ", str(k.shape()), ", ", str(v.shape()));
@@ -73,6 +73,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   KILN_CHECK(detail::same_size(ks[ks.size() - 2], vs[vs.size() - 2]),
              "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
   KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
+  KILN_CHECK(dropout_p >= 0 && dropout_p <= 1, "scaled_dot_product_attention: dropout_p has to be between 0 and 1, got ",
+             dropout_p);
   KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
              "scaled_dot_product_attention: expected q, k, v of one dtype, got ", dtype_name(q.dtype()), ", ",
              dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
@@ -98,7 +100,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                              (attn_mask->dtype() != kBool && attn_mask->dtype() != q.dtype())))
     batch = std::nullopt;
 
-  if (!batch) return unfused_attention(q, k, v, attn_mask, is_causal, scale);
+  // (everything dropped: zeros, as dropout(p = 1) gives)
+  if (!batch || dropout_p == 1) return unfused_attention(q, k, v, attn_mask, is_causal, scale, dropout_p);
 
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.as_int()));
   auto to_batch = [&](const Tensor& t, const SymInt& rows) {
@@ -113,10 +116,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                          ? where(*attn_mask, full_shape({}, 0.0, q.dtype(), q.device()),
                                  full_shape({}, -std::numeric_limits<double>::infinity(), q.dtype(), q.device()))
                          : *attn_mask);
+  // The dropout mask's generator words: drawn like any random op (fresh per call, also in compiled
+  // programs) and read again by the backward, which rebuilds the same mask.
+  if (dropout_p > 0) inputs.push_back(randint(0, int64_t{1} << 31, {4}, kInt64, q.device()));
   Shape os = *batch;
   os.push_back(tq);
   os.push_back(d + 1);
-  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s), q.dtype(), os);
+  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s, dropout_p), q.dtype(), os);
   return detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
 }
 

@@ -188,9 +188,10 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Device device, doub
   at.f1 = b;
   int64_t n = 1;
   for (const auto& s : shape) n *= s.maybe_int().value_or(1);
-  std::tie(at.seed, at.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
+  auto* observer = detail::trace_observer();
+  if (!observer || observer->draws()) std::tie(at.seed, at.counter) = detail::rng_reserve(static_cast<uint64_t>(n));
   Tensor t = record(op, NodeList{}, at, dtype, shape, device);
-  if (auto* o = detail::trace_observer()) o->on_random(*t.node());
+  if (observer) observer->on_random(*t.node());
   return t;
 }
 }  // namespace

@@ -30,6 +30,9 @@ class TraceObserver {
   virtual bool on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) = 0;
   // A random op was recorded: it reserved numel(n.shape) numbers of the generator.
   virtual void on_random(const Node& n) = 0;
+  // Whether random ops recorded now reserve numbers of the generator (false for graphs that never
+  // run, such as pattern graphs: they leave the user's generator where it is).
+  virtual bool draws() const { return true; }
 };
 
 // The observer of the trace running on this thread, or null (inline: read on every op).
