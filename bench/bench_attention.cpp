@@ -184,10 +184,13 @@ int main(int argc, char** argv) {
     kiln::manual_seed(5);
     auto mk = [&] { return kiln::randn({kBatch, kHeads, seq, kHead}).to(dev).requires_grad_(); };
     Tensor q = mk(), k = mk(), v = mk(), go = kiln::randn({kBatch, kHeads, seq, kHead}).to(dev);
-    const double fused = timed([&] {
-      Tensor y = kiln::scaled_dot_product_attention(q, k, v, std::nullopt, true);
-      kiln::eval(kiln::grad({(y * go).sum()}, {q, k, v}));
-    });
+    auto fused_with = [&](double p) {
+      return timed([&] {
+        Tensor y = kiln::scaled_dot_product_attention(q, k, v, std::nullopt, true, std::nullopt, p);
+        kiln::eval(kiln::grad({(y * go).sum()}, {q, k, v}));
+      });
+    };
+    const double fused = fused_with(0), fused_dropout = fused_with(0.1);
     auto hand = [&](bool on) {
       kiln::patterns::set_enabled(on);
       auto f = kiln::compile(
@@ -216,6 +219,8 @@ int main(int argc, char** argv) {
                 w.c_str(), device.c_str(), eager_off);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
                 device.c_str(), fused);
+    std::printf("{\"workload\": \"%s-dropout0.1\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
+                device.c_str(), fused_dropout);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",
                 w.c_str(), device.c_str(), on);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n",

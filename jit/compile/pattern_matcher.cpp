@@ -51,9 +51,11 @@ struct Registered {
   std::vector<Tensor> examples;
   std::vector<double> scalars;
   patterns::ExtraCheck check;
-  // The forward-only form, then (once a graph holds every op of it: traced on first need) the
-  // joint ones, most gradients first, then the gradient-only ones.
-  mutable std::vector<Variant> variants;
+  // The forward-only form (traced at registration), and the joint ones, most gradients first,
+  // then the gradient-only ones (traced once a graph holds every op of it, under joint_once:
+  // written once, read only after ensure_joint()).
+  Variant forward;
+  mutable std::vector<Variant> joint;
   std::set<OpKind> ops;  // the ops of the forward-only form but its result's: every form needs them
   mutable std::once_flag joint_once;
   mutable std::atomic<bool> check_refusal_logged{false};
@@ -524,7 +526,14 @@ void redirect(const Target& t, const std::vector<std::vector<NodePtr>*>& roots, 
 
 void trace_joint(const Registered& r);
 
-// Traces a rewrite's joint forms once, on first need (see Rewrite::variants). The caller is
+// The form matched after `v`: the forward one, then the joint ones in order; null after the last.
+const Variant* next_form(const Registered& r, const Variant* v) {
+  if (v == &r.forward) return r.joint.empty() ? nullptr : &r.joint[0];
+  const size_t i = static_cast<size_t>(v - r.joint.data()) + 1;
+  return i < r.joint.size() ? &r.joint[i] : nullptr;
+}
+
+// Traces a rewrite's joint forms once, on first need (see Registered::joint). The caller is
 // inside a compile() trace: the forms are traced on a thread of their own, outside that trace's
 // thread-local state (its observer, shape oracle and recorded nodes).
 void ensure_joint(const Registered& r) {
@@ -555,15 +564,16 @@ void trace_joint(const Registered& r) {
     subsets.push_back(std::move(s));
   }
   std::stable_sort(subsets.begin(), subsets.end(), [](const auto& a, const auto& b) { return a.size() > b.size(); });
+  std::vector<Variant> forms;
   for (const auto& s : subsets) {
     jit::Variant v = jit::trace_variant(r, s);
-    if (!v.outputs.empty()) r.variants.push_back(std::move(v));
+    if (!v.outputs.empty()) forms.push_back(std::move(v));
   }
   // Gradient-only forms, for the joint forms whose gradients read what the forward computed
   // (softmax's probabilities, not just the inputs: else any product would match them).
-  const size_t traced = r.variants.size();
+  const size_t traced = forms.size();
   for (size_t i = 0; i < traced; ++i) {
-    const jit::Variant& j = r.variants[i];
+    const jit::Variant& j = forms[i];
     if (j.diff.empty()) continue;
     std::set<const Node*> leaves;
     for (const auto& l : j.leaves) leaves.insert(l.get());
@@ -577,8 +587,9 @@ void trace_joint(const Registered& r) {
     jit::Variant v = j;
     v.outputs = std::move(grads);
     v.result_dead = true;
-    r.variants.push_back(std::move(v));
+    forms.push_back(std::move(v));
   }
+  r.joint = std::move(forms);
 }
 
 std::vector<std::shared_ptr<const Registered>> snapshot() {
@@ -612,9 +623,9 @@ size_t replace_instances(const std::vector<std::shared_ptr<const Registered>>& r
     // its own operands (the joint forms hold the forward; the gradient-only forms read those
     // operands or theirs): the joint forms are traced only for graphs that pass.
     {
-      const Matcher m(r->variants[0], t);
+      const Matcher m(r->forward, t);
       bool present = true;
-      for (const auto& in : r->variants[0].outputs[0]->inputs) present = present && m.occurs(in.get(), 1);
+      for (const auto& in : r->forward.outputs[0]->inputs) present = present && m.occurs(in.get(), 1);
       if (!present) continue;
     }
     ensure_joint(*r);
@@ -622,7 +633,8 @@ size_t replace_instances(const std::vector<std::shared_ptr<const Registered>>& r
     // backward as it is), the joint forms where the backward reads what the forward would drop.
     for (size_t i = t.order.size(); i-- > 0;) {
       Node* anchor = t.order[i];
-      for (const Variant& v : r->variants) {
+      for (const Variant* form = &r->forward; form; form = next_form(*r, form)) {
+        const Variant& v = *form;
         if (anchor->op != v.outputs[0]->op || (v.diff.empty() && r->gradient_forms_only)) continue;
         std::optional<Binding> b = Matcher(v, t).match_at(anchor);
         if (!b) continue;
@@ -822,7 +834,7 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
           !(n->op == OpKind::Permute && leaves.count(n->inputs[0].get())))
         r->ops.insert(n->op);
   }
-  r->variants.push_back(std::move(fwd));
+  r->forward = std::move(fwd);
   jit::Registry& reg = jit::registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });
