@@ -1,8 +1,10 @@
-// GEMM threading: kiln's GEMMs run as tiles over TBB with OpenBLAS at one thread, so BLAS
+// GEMM threading: kiln's GEMMs run as tiles over TBB with the BLAS at one thread (oneDNN's sgemm
+// where installed, else OpenBLAS; CTest also runs this suite with KILN_GEMM=openblas), so BLAS
 // never runs more threads than TBB lets kiln use (the arena's concurrency, under a
 // tbb::global_control limit), and the tiles give the products of a plain loop.
 #include <cblas.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 #include <tbb/global_control.h>
@@ -18,6 +20,7 @@
 #include <thread>
 
 #include "jit/exec/code_cache.h"
+#include "kernels/cpu/gemm_block.h"
 #include "kiln.h"
 
 using namespace kiln;
@@ -231,3 +234,12 @@ TEST(BlasTiles, MatchPlainLoop) {
 }
 
 }  // namespace
+
+// float32 products run on oneDNN wherever libdnnl.so.2 loads (unless KILN_GEMM says otherwise),
+// on OpenBLAS elsewhere.
+TEST(BlasLibrary, OneDnnWhereInstalled) {
+  const char* want = std::getenv("KILN_GEMM");
+  const bool installed = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL) != nullptr;
+  const std::string expected = want ? want : installed ? "onednn" : "openblas";
+  EXPECT_EQ(std::string(kernels::sgemm_library()), expected);
+}

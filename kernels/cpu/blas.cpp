@@ -1,5 +1,6 @@
-// Batched GEMM on OpenBLAS (sgemm / dgemm). Operands with a unit stride in either of their
-// last two dims go to BLAS directly (as N or T); others are packed first.
+// Batched GEMM on oneDNN's sgemm where it is installed, else OpenBLAS (float32), and OpenBLAS's
+// dgemm (float64). Operands with a unit stride in either of their last two dims go to BLAS
+// directly (as N or T); others are packed first.
 //
 // Threads: OpenBLAS runs single-threaded in a kiln process, and kiln's GEMMs get their
 // parallelism from TBB instead: each product is cut into tiles (row blocks × column blocks,
@@ -10,7 +11,11 @@
 #include <tbb/global_control.h>
 #include <tbb/task_arena.h>
 
+#include <dlfcn.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 #include <array>
 #include <vector>
 
@@ -46,6 +51,43 @@ const bool g_blas_single = [] {
   return true;
 }();
 
+// ---- the float32 GEMM library ----
+// oneDNN's sgemm (the C API's dnnl_sgemm, libdnnl.so.2, installed by setup.sh) where it loads:
+// measured faster than OpenBLAS on kiln's products (bench/bench_gemm: single-threaded 0-25% on
+// W2's and the transformer block's shapes; the W2 step 12% faster end to end; docs/BENCHMARKS.md).
+// Loaded at first use, like a plugin, so that a machine without it runs on OpenBLAS;
+// KILN_GEMM=openblas keeps OpenBLAS, KILN_GEMM=onednn insists on oneDNN. Its OpenMP runtime runs
+// one thread per calling thread (each TBB worker sets its count to 1 once), so its products stay
+// on kiln's tiles as OpenBLAS's do.
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
+struct Onednn {
+  DnnlSgemm sgemm = nullptr;
+  void (*omp_set_num_threads)(int) = nullptr;
+};
+const Onednn& onednn() {
+  static const Onednn lib = [] {
+    Onednn l;
+    const char* want = std::getenv("KILN_GEMM");
+    const std::string w = want ? want : "";
+    KILN_CHECK(w.empty() || w == "openblas" || w == "onednn", "KILN_GEMM: expected openblas or onednn, got '", w, "'");
+    if (w == "openblas") return l;
+    void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+    void* omp = h ? dlopen("libgomp.so.1", RTLD_NOW | RTLD_LOCAL) : nullptr;  // (libdnnl's own dependency)
+    if (h && omp) {
+      l.sgemm = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm"));
+      l.omp_set_num_threads = reinterpret_cast<void (*)(int)>(dlsym(omp, "omp_set_num_threads"));
+    }
+    if (!l.sgemm || !l.omp_set_num_threads) {
+      KILN_CHECK(w.empty(), "KILN_GEMM=onednn: oneDNN does not load (", h ? "no dnnl_sgemm" : dlerror(),
+                 "); install libdnnl2 or unset KILN_GEMM");
+      l = {};
+    }
+    return l;
+  }();
+  return lib;
+}
+
 template <class T>
 struct Mat {
   const T* p;
@@ -66,13 +108,31 @@ Mat<T> prepare(const S* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, s
   return {buf.data(), CblasNoTrans, std::max<int64_t>(cols, 1)};
 }
 
+// c = alpha op(a) op(b) + beta c, row-major, single-threaded, in float32 on oneDNN when it is
+// used (sgemm_library()), else (and in float64) on OpenBLAS.
+template <class T>
+void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
+               int64_t ldb, T beta, T* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (const Onednn& dnnl = onednn(); dnnl.sgemm) {
+      thread_local const bool one = (dnnl.omp_set_num_threads(1), true);  // (per calling thread: OpenMP's count)
+      (void)one;
+      const int status = dnnl.sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      KILN_CHECK(status == 0, "matmul: oneDNN's sgemm failed (status ", status, ") for ", m, "x", k, "x", n);
+      return;
+    }
+  }
+  single_threaded_blas();
+  const auto t = [](bool x) { return x ? CblasTrans : CblasNoTrans; };
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, t(ta), t(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, t(ta), t(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 template <class T>
 void gemm(const Mat<T>& a, const Mat<T>& b, T* c, int64_t m, int64_t n, int64_t k, int64_t ldc) {
-  single_threaded_blas();
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0f, a.p, a.ld, b.p, b.ld, 0.0f, c, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, a.trans, b.trans, m, n, k, 1.0, a.p, a.ld, b.p, b.ld, 0.0, c, ldc);
+  blas_gemm<T>(a.trans == CblasTrans, b.trans == CblasTrans, m, n, k, T(1), a.p, a.ld, b.p, b.ld, T(0), c, ldc);
 }
 
 // Threads kiln may use here: the current arena's concurrency (TBB's default follows the process
@@ -218,13 +278,10 @@ template <class T>
 void gemm_block(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda, const T* b,
                 int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  single_threaded_blas();
-  const auto t = [](bool x) { return x ? CblasTrans : CblasNoTrans; };
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, t(ta), t(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  else
-    cblas_dgemm(CblasRowMajor, t(ta), t(tb), m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  blas_gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+const char* sgemm_library() { return onednn().sgemm ? "onednn" : "openblas"; }
 template void gemm_block<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                                 int64_t, float, float*, int64_t);
 template void gemm_block<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
