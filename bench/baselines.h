@@ -8,6 +8,9 @@
 namespace bench::hand {
 // Single pass over the particles (1 thread, or split in `threads` static chunks over TBB).
 Runner<W1Result> w1(const W1Data& d, int threads);
+// The pairwise loop: per particle i, one pass over every j (x, y, z in registers, one sqrt and
+// one division per pair), rows split over `threads`.
+Runner<W7Result> w7(const W7Data& d, int threads);
 // Row by row: mean/var, normalize+affine+gelu+running max, exp+sum, scale (one row in L1).
 Runner<W3Result> w3_fwd(const W3Data& d, int threads);
 // The same in explicit AVX-512 with glibc libmvec's erf/exp (needs AVX-512 and cols % 16 == 0).

@@ -221,6 +221,39 @@ Runner<W1Result> w1(const W1Data& d, int threads) {
   return r;
 }
 
+Runner<W7Result> w7(const W7Data& d, int threads) {
+  auto s = std::make_shared<W7Result>();
+  s->p2.resize(d.p.size());
+  s->v2.resize(d.v.size());
+  const W7Data* dp = &d;
+  Runner<W7Result> r;
+  r.step = [s, dp, threads] {
+    const W7Data& w = *dp;
+    const float* p = w.p.data();
+    split(w.n, threads, 1, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        const float xi = p[3 * i], yi = p[3 * i + 1], zi = p[3 * i + 2];
+        float fx = 0, fy = 0, fz = 0;
+        for (int64_t j = 0; j < w.n; ++j) {
+          const float dx = p[3 * j] - xi, dy = p[3 * j + 1] - yi, dz = p[3 * j + 2] - zi;
+          const float r2 = dx * dx + dy * dy + dz * dz + w.soft;
+          const float k = r2 < w.cut2 ? 1.0f / (r2 * std::sqrt(r2)) : 0.0f;
+          fx += dx * k;
+          fy += dy * k;
+          fz += dz * k;
+        }
+        const float f[3] = {fx, fy, fz};
+        for (int c = 0; c < 3; ++c) {
+          s->v2[3 * i + c] = w.v[3 * i + c] + f[c] * w.dt;
+          s->p2[3 * i + c] = p[3 * i + c] + s->v2[3 * i + c] * w.dt;
+        }
+      }
+    });
+  };
+  r.result = [s] { return *s; };
+  return r;
+}
+
 Runner<W3Result> w3_fwd(const W3Data& d, int threads) {
   auto y = std::make_shared<std::vector<float>>(d.x.size());
   const W3Data* dp = &d;

@@ -118,6 +118,25 @@ struct W1Result {
   double e = 0;
 };
 
+// W7: a dense pairwise particle step as a simulation engine writes it: d = p_j - p_i over all
+// pairs (an [N, N, 3] broadcast), r² = |d|² + soft, w = 1 / (r² r) within the cutoff (where),
+// f_i = sum_j d w; then v' = v + f dt, p' = p + v' dt.
+struct W7Data {
+  int64_t n = 2048;
+  std::vector<float> p, v;
+  float soft = 1e-3f, cut2 = 0.25f, dt = 1e-3f;
+  void init(int64_t n_) {
+    n = n_;
+    p.resize(n * 3);
+    v.resize(n * 3);
+    fill_normal(p, 7, 0, 0.5f);
+    fill_normal(v, 8, 0, 0.1f);
+  }
+};
+struct W7Result {
+  std::vector<float> p2, v2;
+};
+
 // W3: x [rows, cols]; y = softmax(gelu(layer_norm(x) * w + b), -1); gy for the backward pass.
 struct W3Data {
   int64_t rows = 1024, cols = 1024;

@@ -2,7 +2,7 @@
 // reference interpreter, hand-written loops (-O3 -march=native), xtensor and LibTorch (when
 // built with them). Prints one JSON object per line and row; bench/run.sh turns them into a table.
 //
-//   bench_workloads [--quick] [--only W1,W2,W3,W5,BW] [--impls kiln-jit,kiln-interp,hand-1T,...] [--threads N]
+//   bench_workloads [--quick] [--only W1,W2,W3,W5,W7,BW] [--impls kiln-jit,kiln-interp,hand-1T,...] [--threads N]
 //   bench_workloads --first-call W1|W2|W3F|W3B|W5 [--label cold|warm]
 //       (W6: wall time of the first call in this process, with the code cache's counters; run
 //        it in a fresh process with KILN_CACHE_DIR set, see run.sh)
@@ -72,6 +72,29 @@ Runner<W1Result> kiln_w1(const W1Data& d, bool keep_a = false) {
     kiln::eval({s->p2, s->v2, s->e});
   };
   r.result = [s] { return W1Result{s->p2.to_vector<float>(), s->v2.to_vector<float>(), s->e.item<double>()}; };
+  return r;
+}
+
+Runner<W7Result> kiln_w7(const W7Data& d) {
+  struct S {
+    Tensor p, v, p2, v2;
+  };
+  auto s = std::make_shared<S>();
+  s->p = from(d.p, {d.n, 3});
+  s->v = from(d.v, {d.n, 3});
+  const double soft = d.soft, cut2 = d.cut2, dt = d.dt;
+  Runner<W7Result> r;
+  r.step = [s, soft, cut2, dt] {
+    Tensor dlt = s->p.unsqueeze(0) - s->p.unsqueeze(1);  // [N, N, 3]: p_j - p_i
+    Tensor r2 = (dlt * dlt).sum({-1}) + soft;            // [N, N]
+    Tensor w = where(r2 < cut2, 1.0 / (r2 * sqrt(r2)), 0.0);
+    Tensor f = (dlt * w.unsqueeze(-1)).sum({1});         // [N, 3]
+    dlt = r2 = w = Tensor();
+    s->v2 = s->v + f * dt;
+    s->p2 = s->p + s->v2 * dt;
+    kiln::eval({s->p2, s->v2});
+  };
+  r.result = [s] { return W7Result{s->p2.to_vector<float>(), s->v2.to_vector<float>()}; };
   return r;
 }
 
@@ -338,6 +361,36 @@ void run_w1(const Opts& o) {
   }
 }
 
+void run_w7(const Opts& o) {
+  W7Data d;
+  d.init(2048);
+  const int reps = o.quick ? 9 : 25;
+  struct Entry {
+    Impl impl;
+    Runner<W7Result> r;
+  };
+  std::vector<Entry> es;
+  es.push_back({{"kiln-jit", o.threads, g_jit}, kiln_w7(d)});
+  es.push_back({{"hand-1T", 1, nullptr}, hand::w7(d, 1)});
+  if (o.threads > 1) es.push_back({{"hand-" + std::to_string(o.threads) + "T", o.threads, nullptr}, hand::w7(d, o.threads)});
+  filter_impls(es, o);
+  if (es.empty()) return;
+  W7Result ref = first_result(es[0].r, es[0].impl);
+  std::vector<W7Result> results;
+  for (auto& e : es) results.push_back(&e == &es[0] ? ref : first_result(e.r, e.impl));
+  std::vector<Timing> ts = time_interleaved(es, reps);
+  const double pairs = static_cast<double>(d.n) * static_cast<double>(d.n);
+  for (size_t i = 0; i < es.size(); ++i) {
+    const double diff = std::max(max_abs_diff(results[i].p2, ref.p2), max_abs_diff(results[i].v2, ref.v2));
+    Row("W7", es[i].impl.name)
+        .timing(ts[i])
+        .num("threads", es[i].impl.threads)
+        .num("gpairs_per_s", pairs / (ts[i].median_ms * 1e-3) / 1e9)
+        .num("max_abs_diff", &es[i] == &es[0] ? NAN : diff)
+        .print();
+  }
+}
+
 void run_w2(const Opts& o) {
   W2Data d;
   d.init(4096);
@@ -591,7 +644,7 @@ int main(int argc, char** argv) {
     else if (a == "--threads") o.threads = std::atoi(next().c_str());
     else {
       std::fprintf(stderr,
-                   "usage: %s [--quick] [--only W1,W2,W3,W5,BW] [--impls kiln-jit,torch,...] [--threads N]\n"
+                   "usage: %s [--quick] [--only W1,W2,W3,W5,W7,BW] [--impls kiln-jit,torch,...] [--threads N]\n"
                    "       %s --first-call W1|W2|W3F|W3B|W5 [--label cold|warm]\n"
                    "       %s --profile W1|W2|W3F|W3B|W5 [--impl kiln-jit|kiln-interp] [--iters N]\n",
                    argv[0], argv[0], argv[0]);
@@ -626,6 +679,7 @@ int main(int argc, char** argv) {
   if (o.want("W1")) run_w1(o);
   if (o.want("W3")) run_w3(o);
   if (o.want("W2")) run_w2(o);
+  if (o.want("W7")) run_w7(o);
   if (o.want("W5")) run_w5(o);
   return 0;
 }

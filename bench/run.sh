@@ -208,7 +208,7 @@ for i, r in enumerate(by.get("BW", [])):
                   "", "", f"{r['buffer_mib']:.0f} MiB per buffer, {what}"))
 
 titles = {"W1": "W1 particles step N=2^20", "W3F": "W3 LN-gelu-softmax fwd", "W3B": "W3 LN-gelu-softmax fwd+bwd",
-          "W2": "W2 MLP train step (Adam)", "W5": "W5 tiny relu(2x+1) [16]"}
+          "W2": "W2 MLP train step (Adam)", "W5": "W5 tiny relu(2x+1) [16]", "W7": "W7 pairwise step N=2048"}
 targets = {  # (workload, impl) -> max allowed kiln_time / impl_time, text
     ("W1", "hand-1T"): (1.25, "<= 1.25"), ("W1", f"hand-{T}T"): (1.25, "<= 1.25"),
     ("W1", "torch"): (1 / 3, "<= 0.333 (3x faster)"),
@@ -216,6 +216,7 @@ targets = {  # (workload, impl) -> max allowed kiln_time / impl_time, text
     ("W3F", "hand-1T-mvec"): (1.5, "<= 1.5"), ("W3F", f"hand-{T}T-mvec"): (1.5, "<= 1.5"),
     ("W3F", "torch"): (0.5, "<= 0.5 (2x faster)"),
     ("W2", "torch"): (1 / 1.3, "<= 0.769 (1.3x faster)"),
+    ("W7", "hand-1T"): (1.5, "<= 1.5"), ("W7", f"hand-{T}T"): (1.5, "<= 1.5"),
 }
 # PyTorch 2.x rows (bench/torch_cpu.py): kiln against the faster of eager and torch.compile.
 torch2_limit = {"W1": (1 / 3, "<= 0.333 (3x faster)"), "W5": (1 / 3, "<= 0.333 (3x faster)")}
@@ -233,7 +234,7 @@ for w in ("W1", "W3F", "W3B", "W2", "W5"):
         lim, text = torch2_limit.get(w, (1.0, "<= 1.0"))
         ratio = kiln["ms"] / best["ms"]
         check(f"{w} kiln vs fastest PyTorch {best['impl']} ({ratio:.2f} {text})", ratio <= lim)
-for w in ("W1", "W3F", "W3B", "W2", "W5"):
+for w in ("W1", "W3F", "W3B", "W2", "W5", "W7"):
     rs = by.get(w, [])
     if not rs: continue
     kiln = next((r for r in rs if r["impl"] == "kiln-jit"), None)
@@ -259,6 +260,8 @@ for w in ("W1", "W3F", "W3B", "W2", "W5"):
         if w in ("W1", "W3F") and r["impl"] == "xtensor": note = (note + "; " if note else "") + "expressions, 1 thread"
         if r.get("compile_s") is not None:
             note = f"torch.compile first call {r['compile_s']:.1f} s"
+        if w == "W7" and r.get("gpairs_per_s") is not None:
+            note = f"{r['gpairs_per_s']:.2f} G pairs/s"
         if w == "W2" and r.get("loss_diff") is not None:
             note = f"after 3 steps: loss diff {r['loss_diff']:.1e}"
         diff = "" if r.get("max_abs_diff") is None else f"{r['max_abs_diff']:.1e}"

@@ -21,14 +21,26 @@ bool touches_half(const Node& n) {
 }
 }  // namespace
 
+bool inline_sum(const Node& n) {
+  if (n.op != OpKind::Sum || n.attrs.ints.empty() || n.inputs.empty()) return false;
+  int64_t count = 1;
+  for (int64_t d : n.attrs.ints) {
+    const auto size = n.inputs[0]->shape[static_cast<size_t>(d)].maybe_int();
+    if (!size) return false;
+    count *= *size;
+  }
+  return count <= kInlineSum;
+}
+
 NodeClass classify(const Node& n) {
   switch (n.op) {
     case OpKind::Full: case OpKind::Arange:
       return NodeClass::Source;
     case OpKind::Sum: case OpKind::Prod: case OpKind::Amax: case OpKind::Amin: case OpKind::ArgMax:
     case OpKind::ArgMin:
-      // Reducing no dims (a 0-d input) is elementwise: the value itself (or index 0).
-      return n.attrs.ints.empty() ? NodeClass::Pointwise : NodeClass::Reduction;
+      // Reducing no dims (a 0-d input) is elementwise: the value itself (or index 0); so is a sum
+      // over at most kInlineSum elements (the x, y, z of a vector: lowered as adds, unrolled).
+      return n.attrs.ints.empty() || inline_sum(n) ? NodeClass::Pointwise : NodeClass::Reduction;
     case OpKind::View: case OpKind::Permute: case OpKind::Expand: case OpKind::Slice: case OpKind::Select:
     case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip:
       return NodeClass::View;

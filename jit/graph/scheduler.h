@@ -13,6 +13,11 @@ namespace kiln::jit {
 // float values opaque unless ScheduleOptions::half_kernels).
 enum class NodeClass { Pointwise, Source, View, Reduction, Opaque };
 NodeClass classify(const Node& n);
+// Sums over at most this many elements (constant sizes) are pointwise: computed inline where
+// their value is read, as unrolled adds (a 3-vector's length, a pairwise r² = dx² + dy² + dz²),
+// so a kernel over their consumer's domain needs no stored [..] of them.
+inline constexpr int64_t kInlineSum = 4;
+bool inline_sum(const Node& n);
 
 // One fused kernel: nodes computed inside it (topological order) and those it stores.
 struct Group {

@@ -122,6 +122,11 @@ std::string group_key(const Group& g, const Target& t) {
       k << "]";
     }
     if (n->op == OpKind::Full || n->op == OpKind::Arange) k << (n->attrs.ints.empty() ? "f" : "i");
+    if (inline_sum(*n)) {  // (its unrolled adds are as many as the reduced sizes say)
+      k << "{";
+      for (int64_t d : n->attrs.ints) k << *n->inputs[0]->shape[static_cast<size_t>(d)].maybe_int() << ",";
+      k << "}";
+    }
     if (std::find(g.outputs.begin(), g.outputs.end(), n) != g.outputs.end()) k << "*";
     k << ";";
   }
@@ -137,6 +142,7 @@ struct Lowerer {
   Kernel& K = L->kernel;
   std::vector<Node*> ins;
   std::unordered_map<const Node*, int> node_idx, input_idx, acc_of;  // acc_of: accumulator (scratch buffer in column mode)
+  std::unordered_map<const Node*, std::vector<int>> unrolled_accs;  // per element of an unrolled kept last dim
   ExprId kept_linear = -1;  // column mode: linear index over the kept dims
   std::map<std::tuple<int, int, int>, ExprId> iparam_ids, fparam_ids;
   std::map<std::pair<const Node*, std::vector<ExprId>>, ExprId> memo;
@@ -281,6 +287,7 @@ struct Lowerer {
         throw LowerError(std::string("cannot fuse ") + op_name(n->op));
       }
       case NodeClass::Pointwise: {
+        if (inline_sum(*n)) return inline_sum_value(n, idx);
         std::vector<ExprId> xs;
         for (auto& in : n->inputs) xs.push_back(emit(in.get(), broadcast_idx(in.get(), idx)));
         if (n->op == OpKind::Cast || n->op == OpKind::Contiguous) return cast(xs[0], n->dtype);
@@ -300,6 +307,46 @@ struct Lowerer {
       default: break;
     }
     throw LowerError(std::string("cannot fuse ") + op_name(n->op));
+  }
+
+  // A small sum (inline_sum) at `idx` of its result: its input's elements added in order, in
+  // float64 (int64 for integers) from 0, as the reduction kernels and the interpreter accumulate.
+  ExprId inline_sum_value(const Node* n, const std::vector<ExprId>& idx) {
+    const Node* x = n->inputs[0].get();
+    const size_t r = x->shape.size();
+    const bool keep = n->shape.size() == r;
+    std::vector<bool> red(r, false);
+    for (int64_t d : n->attrs.ints) red[static_cast<size_t>(d)] = true;
+    std::vector<ExprId> xi(r);
+    std::vector<int64_t> sizes, dims;  // the reduced dims, innermost last
+    for (size_t d = 0, j = 0; d < r; ++d) {
+      if (red[d]) {
+        sizes.push_back(*x->shape[d].maybe_int());
+        dims.push_back(static_cast<int64_t>(d));
+        if (keep) ++j;
+      } else {
+        xi[d] = idx[j++];
+      }
+    }
+    const DType acc = is_floating(x->dtype) ? DType::Float64 : DType::Int64;
+    Expr zero{acc == DType::Float64 ? Expr::Kind::FConst : Expr::Kind::IConst};
+    zero.dtype = acc;
+    ExprId sum = K.add(zero);
+    int64_t count = 1;
+    for (int64_t s : sizes) count *= s;
+    for (int64_t e = 0; e < count; ++e) {
+      for (size_t k = dims.size(), rem = static_cast<size_t>(e); k-- > 0;) {
+        xi[static_cast<size_t>(dims[k])] = K.iconst(static_cast<int64_t>(rem % static_cast<size_t>(sizes[k])));
+        rem /= static_cast<size_t>(sizes[k]);
+      }
+      Expr add{Expr::Kind::Binary};
+      add.op = OpKind::Add;
+      add.dtype = acc;
+      add.a = sum;
+      add.b = cast(emit(x, xi), acc);
+      sum = K.add(add);
+    }
+    return cast(sum, n->dtype);
   }
 
   std::vector<ExprId> view_input_idx(const Node* n, const std::vector<ExprId>& idx) {
@@ -358,11 +405,20 @@ struct Lowerer {
     size_t n = g.domain.size();
     bool keep = r->shape.size() == n;
     size_t j = 0;
+    int acc = it->second;
     for (size_t d = 0; d < n; ++d) {
       if (reduced[d]) {
         if (keep && !(K.exprs[idx[d]].kind == Expr::Kind::IConst && K.exprs[idx[d]].i == 0))
           throw LowerError("reduction read at another index");
         if (keep) ++j;
+        continue;
+      }
+      if (auto u = unrolled_accs.find(r); u != unrolled_accs.end() && d + 1 == n) {  // the copy read
+        if (j >= idx.size() || K.exprs[idx[j]].kind != Expr::Kind::IConst) throw LowerError("reduction read at another index");
+        const int64_t c = K.exprs[idx[j]].i;
+        if (c < 0 || c >= static_cast<int64_t>(u->second.size())) throw LowerError("reduction read at another index");
+        acc = u->second[static_cast<size_t>(c)];
+        ++j;
         continue;
       }
       ExprId want = kept_idx[d];
@@ -375,8 +431,8 @@ struct Lowerer {
     }
     if (L->column) return cast(scratch_load(it->second), r->dtype);
     Expr e{r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? Expr::Kind::AccIndex : Expr::Kind::Acc};
-    e.i = it->second;
-    e.dtype = r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? DType::Int64 : K.accs[it->second].dtype;
+    e.i = acc;
+    e.dtype = r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? DType::Int64 : K.accs[acc].dtype;
     ExprId v = K.add(e);
     return cast(v, r->dtype);
   }
@@ -453,7 +509,7 @@ struct Lowerer {
     else if (column_split_fits(g, tgt)) lower_split_columns(p);
     else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
-    if (!L->split && !L->column && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
+    if (!L->split && !L->column && unrolled_accs.empty() && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
     K.name = "kiln_k";
     return L;
   }
@@ -541,31 +597,63 @@ struct Lowerer {
     return lin;
   }
 
+  // The kept last dim of a reduction, unrolled inside the reduction loops rather than spread over
+  // the parallel index, when it is short and of constant size (the x, y, z of a force summed over
+  // the other particles): every element of it is then accumulated in one pass, and values that do
+  // not depend on it (a pair's distance, its pow) are computed once per step, not once per
+  // element. Not with outputs over the whole domain (their stores would need the same unrolling).
+  std::optional<int64_t> unrolled_kept_inner() const {
+    const size_t n = g.domain.size();
+    if (n < 2 || reduced[n - 1] || g.reduce_dims.empty()) return std::nullopt;
+    const auto s = g.domain[n - 1].maybe_int();
+    if (!s || *s < 2 || *s > kUnrollKept) return std::nullopt;
+    for (const Node* o : g.outputs)
+      if (same_domain_output(o)) return std::nullopt;
+    return s;
+  }
+  static constexpr int64_t kUnrollKept = 4;
+
   void lower_reduction(ExprId p) {
     const size_t n = g.domain.size();
     std::vector<size_t> kept, red;
     for (size_t d = 0; d < n; ++d) (reduced[d] ? red : kept).push_back(d);
     std::vector<ExprId> idx(n, K.iconst(0));
-    K.parallel_extent = product(kept);
-    decompose(p, kept, idx);
+    const std::optional<int64_t> unroll = unrolled_kept_inner();
+    std::vector<size_t> par = kept;
+    if (unroll) par.pop_back();
+    K.parallel_extent = product(par);
+    decompose(p, par, idx);
     kept_idx = idx;
+    const int64_t copies = unroll.value_or(1);
+    // The domain index of copy c (the unrolled last dim at c).
+    auto at = [&](std::vector<ExprId> ix, int64_t c) {
+      if (unroll) ix[n - 1] = K.iconst(c);
+      return ix;
+    };
     std::vector<Stmt> body;
     for (Node* r : reductions()) {
-      int acc = static_cast<int>(K.accs.size());
-      K.accs.push_back({r->op, acc_dtype(r), r->dtype});
-      body.push_back(acc_init(acc));
+      std::vector<int> accs;
+      for (int64_t c = 0; c < copies; ++c) {
+        accs.push_back(static_cast<int>(K.accs.size()));
+        K.accs.push_back({r->op, acc_dtype(r), r->dtype});
+        body.push_back(acc_init(accs.back()));
+      }
       const Node* in = r->inputs[0].get();
       auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
-        return std::vector<Stmt>{acc_update(acc, emit(in, ix), reduced_linear(ix))};
+        std::vector<Stmt> b;
+        for (int64_t c = 0; c < copies; ++c) b.push_back(acc_update(accs[c], emit(in, at(ix, c)), reduced_linear(ix)));
+        return b;
       });
-      acc_of[r] = acc;  // visible to later stages only
+      acc_of[r] = accs[0];  // visible to later stages only
+      if (unroll) unrolled_accs[r] = accs;
       body.insert(body.end(), stage.begin(), stage.end());
     }
     std::vector<Node*> part = store_domain_outputs(idx, red, body, [](std::vector<Stmt> b) { return b; });
-    for (Node* o : part) {
-      std::vector<ExprId> oi = reduced_output_index(o, idx);
-      body.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
-    }
+    for (Node* o : part)
+      for (int64_t c = 0; c < copies; ++c) {
+        std::vector<ExprId> oi = reduced_output_index(o, at(idx, c));
+        body.push_back(store(out_buffer(o), linearize(o, oi), emit(o, oi)));
+      }
     K.body = std::move(body);
   }
 
