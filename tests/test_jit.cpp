@@ -847,9 +847,19 @@ TEST(JitGemm, EpilogueFusedAndRight) {
 // for sum/prod/max/min, 2-D and 3-D, keepdim, pointwise consumers in the same kernel, NaNs.
 // Sums accumulate rows in order in double, like the interpreter: float32 results agree to
 // 1e-6 relative (the final rounding), float64 to 1e-12, max/min and ints exactly.
+// fn's tensors computed on the JIT executor, then on the reference interpreter.
+std::pair<std::vector<Tensor>, std::vector<Tensor>> jit_and_interpreter(const std::function<std::vector<Tensor>()>& fn) {
+  std::vector<Tensor> got = fn();
+  kiln::eval(got);
+  kiln::set_executor(kiln::interpreter());
+  std::vector<Tensor> want = fn();
+  kiln::eval(want);
+  kiln::set_executor(kiln::jit::jit_executor());
+  return {got, want};
+}
+
 TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  auto interp = kiln::interpreter();
   struct Case { std::vector<int64_t> shape; std::vector<int64_t> dims; bool keep; };
   const std::vector<Case> cases = {
       {{1000, 64}, {0}, false}, {{37, 65}, {0}, true}, {{2, 1000}, {0}, false}, {{1, 200}, {0}, false},
@@ -872,12 +882,7 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
       kiln::Segment seg = make_segment({kiln::sum(x, c.dims, c.keep)});
       for (const auto& st : kiln::jit::schedule(seg))
         if (st.kind == kiln::jit::Step::Kind::Kernel && kiln::jit::lower(st.group, kiln::jit::target_for(kiln::DeviceType::CPU))->column) ++columns_lowered;
-      std::vector<Tensor> got = f();
-      kiln::eval(got);
-      kiln::set_executor(interp);
-      std::vector<Tensor> want = f();
-      kiln::eval(want);
-      kiln::set_executor(kiln::jit::jit_executor());
+      const auto [got, want] = jit_and_interpreter(f);
       for (size_t k = 0; k < got.size(); ++k) {
         auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
         ASSERT_EQ(a.size(), e.size());
@@ -905,7 +910,6 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
 // middle dim) and the pairwise step of a particle simulation, which runs as one kernel.
 TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  auto interp = kiln::interpreter();
   std::mt19937_64 rng(test_seed() ^ 0x91ull);
   for (int it = 0; it < 40; ++it) {
     const DType dt = it % 3 == 0 ? kF64 : it % 3 == 1 ? kF32 : DType::Int32;
@@ -936,12 +940,7 @@ TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
       out.push_back(kiln::softmax(y, r - 2));                           // a stage reading the unrolled amax and sum
       return out;
     };
-    std::vector<Tensor> got = f();
-    kiln::eval(got);
-    kiln::set_executor(interp);
-    std::vector<Tensor> want = f();
-    kiln::eval(want);
-    kiln::set_executor(kiln::jit::jit_executor());
+    const auto [got, want] = jit_and_interpreter(f);
     for (size_t k = 0; k < got.size(); ++k) {
       SCOPED_TRACE(k);
       auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
@@ -972,10 +971,7 @@ TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
   int kernels = 0;
   for (const auto& st : steps) kernels += st.kind == kiln::jit::Step::Kind::Kernel;
   EXPECT_EQ(kernels, 1);
-  Tensor got = pairwise().eval();
-  kiln::set_executor(interp);
-  Tensor want = pairwise().eval();
-  kiln::set_executor(kiln::jit::jit_executor());
-  auto a = got.to_vector<double>(), e = want.to_vector<double>();
+  const auto [got, want] = jit_and_interpreter([&] { return std::vector<Tensor>{pairwise()}; });
+  auto a = got[0].to_vector<double>(), e = want[0].to_vector<double>();
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * (1 + std::abs(e[i]))) << "i=" << i;
 }
