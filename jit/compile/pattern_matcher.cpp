@@ -445,7 +445,6 @@ bool has_view_consumer(const Target& t, const Node* n) {
   return false;
 }
 
-
 // `x`'s values laid out as `want` is: a dense copy permuted as want's dims are in memory (want
 // a permutation of a dense block, as the gradient of a transposed input is), or nullopt.
 std::optional<Tensor> in_layout_of(const Tensor& x, const Node& want) {

@@ -544,9 +544,6 @@ void batch_horizontal(Plan& plan, const std::vector<Step>& steps, const std::vec
   }
 }
 
-// Runs the graph passes on `seg` (applying their rewrite: `sc.ext` then names every extended
-// position) and schedules the result.
-// `passes`: run the graph passes (their rewrite is re-applied on each run of the plan).
 // The segment a plan's passes and schedule see: `seg` with the registered rewrites' replacements
 // made and their readers relinked (Plan::patterns), or `seg` itself.
 Segment& patterned(const Plan& plan, Segment& seg, RunScratch& sc) {
@@ -572,6 +569,9 @@ void apply_rewrites(const Plan& plan, Segment& seg, RunScratch& sc) {
   else apply_rewrite(plan.rw, base, sc.ext, seg.keep_alive);
 }
 
+// Runs the registered rewrites and the graph passes on `seg` (applying their rewrites: `sc.ext`
+// then names every extended position) and schedules the result.
+// `passes`: run both (their rewrites are re-applied on each run of the plan).
 std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes = true) {
   auto plan = std::make_shared<Plan>();
   const DeviceType device = seg.nodes.empty() ? DeviceType::CPU : seg.nodes[0]->device.type;
