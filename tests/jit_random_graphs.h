@@ -49,10 +49,7 @@ constexpr DType kBool = kiln::kBool, kI32 = kiln::kInt32, kI64 = kiln::kInt64, k
 const double kInf = std::numeric_limits<double>::infinity();
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-bool env_interp() {
-  const char* v = std::getenv("KILN_JIT");
-  return v && std::string(v) == "interp";
-}
+bool env_interp() { return kiln::testing::interpreted(); }
 #define SKIP_UNDER_INTERP_REGISTRATION()                                                          \
   if (env_interp()) GTEST_SKIP() << "JIT-only test (it switches executors itself; the default " \
                                     "registration runs it)"

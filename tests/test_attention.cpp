@@ -15,6 +15,7 @@
 #include "tests/expect_close.h"
 #include "tests/gradcheck.h"
 #include "tests/test_seed.h"
+#include "tests/unrewritten.h"
 
 using namespace kiln;
 
@@ -30,16 +31,8 @@ Tensor unfused(const Tensor& q, const Tensor& k, const Tensor& v, const std::opt
   return matmul(softmax(s, -1), v);
 }
 
-// `fn()` evaluated with the rewrites off (lazy eager would fuse a hand-written reference too).
-template <class F>
-auto unrewritten(F fn) {
-  patterns::set_enabled(false);
-  auto r = fn();
-  if constexpr (std::is_same_v<decltype(r), Tensor>) r.eval();
-  else eval(r);
-  patterns::set_enabled(true);
-  return r;
-}
+using kiln::testing::interpreted;
+using kiln::testing::unrewritten;
 
 bool fused(const Tensor& y) {
   const Node& n = *y.node();
@@ -232,13 +225,6 @@ TEST(Attention, CompiledTrainingStepAtChangingSequenceLengths) {
 // ---- dropout inside the fused kernels ----
 
 namespace {
-
-// Lazy-eager rewrites are the JIT executor's: the reference interpreter (KILN_JIT=interp, the
-// oracle) runs segments as recorded.
-bool interpreted() {
-  const char* v = std::getenv("KILN_JIT");
-  return v && std::string(v) == "interp";
-}
 
 // The dropout mask a fused sdpa call with generator seed `seed` draws for probabilities of shape
 // [batch..., tq, tk] (true: kept), read back through the kernel itself: with q = k = 0 every

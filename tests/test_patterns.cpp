@@ -10,9 +10,12 @@
 #include "kiln.h"
 #include "tests/expect_close.h"
 #include "tests/test_seed.h"
+#include "tests/unrewritten.h"
 
 using namespace kiln;
 using patterns::register_replacement;
+using kiln::testing::interpreted;
+using kiln::testing::unrewritten;
 
 namespace {
 
@@ -457,22 +460,6 @@ TEST_F(Patterns, PadMmOnlyWhereMeasuredFaster) {
 // ---- lazy eager: the rewrites run on a segment when its plan is made ----
 
 namespace {
-
-// Lazy-eager rewrites are the JIT executor's: the reference interpreter (KILN_JIT=interp, the
-// oracle) runs segments as recorded.
-bool interpreted() {
-  const char* v = std::getenv("KILN_JIT");
-  return v && std::string(v) == "interp";
-}
-
-// `fn()` evaluated with the rewrites off: what the graph as written computes.
-Tensor unrewritten(const std::function<Tensor()>& fn) {
-  patterns::set_enabled(false);
-  Tensor r = fn();
-  r.eval();
-  patterns::set_enabled(true);
-  return r;
-}
 
 Tensor stored(Tensor t) {
   t.eval();

@@ -23,6 +23,12 @@ inline uint64_t test_seed(uint64_t fallback) {
   return (s && *s) ? std::strtoull(s, nullptr, 0) : fallback;
 }
 
+// KILN_JIT=interp: every segment runs on the reference interpreter (no JIT, no lazy-eager rewrites).
+inline bool interpreted() {
+  const char* v = std::getenv("KILN_JIT");
+  return v && std::string(v) == "interp";
+}
+
 // KILN_TEST_DEVICE: "cpu" (default), "cuda" / "cuda:N", or "fake-cuda" (cuda:0 simulated in
 // host memory, tests/fake_device.h), the device tests put their inputs on.
 inline Device test_device() {

@@ -219,8 +219,8 @@ void attention(int device, const Node& n, const Operand& out) {
     a.has_mask = 1;
   }
   a.dropout = attention_dropout(n.attrs);
-  if (a.dropout > 0) {
-    const Operand rng = in(n.inputs.size() - 1);
+  if (const size_t ri = attention_dropout_input(n)) {
+    const Operand rng = in(ri);
     a.rng = rng.data;
     a.rng_st = rng.strides[0];
   }

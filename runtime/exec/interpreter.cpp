@@ -104,11 +104,10 @@ void compute(Node& n) {
     case OpKind::AttentionBackward: {
       // q, k, v (backward: then the packed forward output and its gradient), then the mask and
       // the dropout generator words where present.
-      const double p = attention_dropout(a);
-      const size_t mi = attention_mask_input(n);
+      const size_t mi = attention_mask_input(n), ri = attention_dropout_input(n);
       const bool has_mask = mi != 0;
-      const Operand mask = has_mask ? in(mi) : Operand(), rng = p > 0 ? in(n.inputs.size() - 1) : Operand();
-      const AttentionDropout drop{p > 0 ? &rng : nullptr, p};
+      const Operand mask = has_mask ? in(mi) : Operand(), rng = ri ? in(ri) : Operand();
+      const AttentionDropout drop{ri ? &rng : nullptr, attention_dropout(a)};
       if (n.op == OpKind::Attention)
         attention(out, in(0), in(1), in(2), has_mask ? &mask : nullptr, attention_causal(a), attention_scale(a), drop);
       else

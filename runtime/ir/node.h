@@ -172,6 +172,10 @@ inline size_t attention_mask_input(const Node& n) {
   const size_t first = n.op == OpKind::Attention ? 3 : 5;
   return n.inputs.size() > first + (attention_dropout(n.attrs) > 0 ? 1 : 0) ? first : 0;
 }
+// The input index of its dropout generator words (the last input), or 0 without dropout.
+inline size_t attention_dropout_input(const Node& n) {
+  return attention_dropout(n.attrs) > 0 ? n.inputs.size() - 1 : 0;
+}
 
 // A fresh node (from the per-thread node pool).
 KILN_API NodePtr new_node();
