@@ -55,6 +55,21 @@ void expect_match(const Tensor& got, const Tensor& want64) {
   expect_close(got.to(kFloat64), want64, 1e-4, 2e-5 * scale);
 }
 
+// dq, dk, dv against their float64 references, as expect_match; in float32 the absolute term
+// takes the largest magnitude of the three: they are sums of the same dS (and P) terms, and where
+// one cancels entirely (a single key: dS = P (dP - delta) is exactly 0; d = 200 terms a row) its
+// rounding is that of the terms, which the largest gradient measures (dropout's 1/(1 - p)
+// amplifies both).
+void expect_grads_match(const std::vector<Tensor>& g, const std::vector<Tensor>& want64) {
+  double largest = 1;
+  for (const Tensor& w : want64) largest = std::max(largest, w.numel() ? w.abs().amax().item<double>() : 0.0);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    if (g[i].dtype() == kFloat64) expect_match(g[i].to(cpu()), want64[i]);
+    else expect_close(g[i].to(cpu()).to(kFloat64), want64[i], 1e-4, 2e-5 * largest);
+  }
+}
+
 void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Device dev = cpu()) {
   SCOPED_TRACE(::testing::Message() << "q " << ::testing::PrintToString(c.q) << " k " << ::testing::PrintToString(c.k)
                                     << " v " << ::testing::PrintToString(c.v) << " mask " << c.mask << " causal "
@@ -85,11 +100,7 @@ void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Devic
     return grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
   });
   expect_match(y.to(cpu()), ref);
-  auto g = grad({(y * w.to(dev)).sum()}, {qd, kd, vd});
-  for (int i = 0; i < 3; ++i) {
-    SCOPED_TRACE(i);
-    expect_match(g[i].to(cpu()), gr[i]);
-  }
+  expect_grads_match(grad({(y * w.to(dev)).sum()}, {qd, kd, vd}), gr);
 }
 
 // Random cases: 2-D with an additive mask, causal 4-D, broadcast k/v with a boolean mask, 3-D.
@@ -279,10 +290,7 @@ void dropout_cases(Device dev) {
       return grad({(ref * w.to(kFloat64)).sum()}, {q64, k64, v64});
     });
     expect_match(y.to(cpu()), ref);
-    for (int i = 0; i < 3; ++i) {
-      SCOPED_TRACE(i);
-      expect_match(g[i].to(cpu()), gr[i]);
-    }
+    expect_grads_match(g, gr);
     EXPECT_TRUE(same(drawn_mask(seed, {b, h}, tq, tk, p, dev), keep)) << "the same seed draws the same mask";
     if (tq * tk >= 64)
       EXPECT_FALSE(same(drawn_mask(seed + 1, {b, h}, tq, tk, p, dev), keep)) << "another seed, another mask";
