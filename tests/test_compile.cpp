@@ -100,18 +100,40 @@ TEST(Compile, SixtyFourBatchSizesCompileTwice) {
   EXPECT_NE(st.last_miss.find("arg 0 dim 0: expected 1000, got 1061"), std::string::npos) << st.last_miss;
 }
 
-TEST(Compile, SizeZeroAndOneStaySpecialized) {
+// A dim that changed is symbolic at every size, 0 and 1 included: the symbolic entry serves a
+// batch of one or an empty batch unless fn's result depends on that size being 0 or 1.
+TEST(Compile, SizeZeroAndOneJoinTheSymbolicEntry) {
   auto fn = [](const Tensor& x) { return (x * 2).sum({0}); };
   auto f = compile(fn);
-  for (int64_t b : {5, 6, 7}) {
+  for (int64_t b : {5, 6, 1, 0, 9, 1}) {
     Tensor x = randn({b, 3});
     expect_close(f(x), fn(x));
   }
-  Tensor x1 = randn({1, 3}), x0 = randn({0, 3}), x9 = randn({9, 3});
-  expect_close(f(x1), fn(x1));
-  expect_close(f(x0), fn(x0));
-  expect_close(f(x9), fn(x9));
-  EXPECT_EQ(f.stats().entries, 4);  // 5 static, s0 >= 2 dynamic, 1, 0
+  EXPECT_EQ(f.stats().entries, 2);  // 5 static; then s0 >= 0
+  EXPECT_EQ(f.stats().eager_calls, 0);
+}
+
+// ... and sizes whose value decides the result (squeeze drops a size-1 dim, a size-1 operand
+// broadcasts) still get entries of their own, guarded by what the trace asked.
+TEST(Compile, SizeOneThatDecidesTheResultIsSpecialized) {
+  auto fn = [](const Tensor& x, const Tensor& y) { return (x.squeeze(0) * 2 + y).sum({-1}); };
+  auto f = compile(fn);
+  Tensor y = randn({4});
+  for (int64_t b : {5, 6, 1, 7, 1}) {
+    Tensor x = randn({b, 4});
+    Tensor got = f(x, y), want = fn(x, y);
+    ASSERT_EQ(got.sizes(), want.sizes()) << "batch " << b;
+    expect_close(got, want);
+  }
+  EXPECT_EQ(f.stats().entries, 3);  // 5 static; s0 >= 0 with s0 != 1; s0 == 1
+  // Broadcasting against a changing size: y's dim 0 is 1 in one call, 4 in another.
+  auto g = compile([](const Tensor& x, const Tensor& y) { return x + y; });
+  Tensor x = randn({3, 4});
+  for (int64_t n : {4, 5, 1, 4, 1}) {
+    Tensor yy = randn({n == 5 ? 5 : 1, n == 5 ? 4 : n});
+    Tensor xx = n == 5 ? randn({5, 4}) : x;
+    expect_close(g(xx, yy), xx + yy);
+  }
 }
 
 TEST(Compile, DtypeAndRankChangesRecompile) {

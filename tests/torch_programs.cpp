@@ -292,14 +292,14 @@ Outcome replay(const Program& p) {
   if (nsets == 3) {
     auto s0 = set_shapes(p, 0), s1 = set_shapes(p, 1), s2 = set_shapes(p, 2);
     o.polymorphic = s0 != s1 && s1 != s2 && s0 != s2;
-    // Sizes 0 and 1 are specialized, and a dim becomes symbolic when it first changes (as in
-    // PyTorch): the third set can reuse the second entry only when every dim it changes was
-    // already changed by the second set, and both are >= 2.
+    // A dim becomes symbolic when it first changes (as in PyTorch), at any size it changes to
+    // (a symbol the second set sees as 0 or 1 stays symbolic unless the trace asks about that
+    // value): the third set can reuse the second entry when every dim it changes was already
+    // changed by the second set.
     o.coverable = o.polymorphic;
     for (size_t i = 0; i < s0.size() && o.coverable; ++i)
       for (size_t d = 0; d < s0[i].size() && d < s2[i].size() && o.coverable; ++d)
-        o.coverable = s0[i].size() == s2[i].size() &&
-                      (s2[i][d] == s1[i][d] || (s0[i][d] != s1[i][d] && s1[i][d] >= 2 && s2[i][d] >= 2));
+        o.coverable = s0[i].size() == s2[i].size() && (s2[i][d] == s1[i][d] || s0[i][d] != s1[i][d]);
   }
 
   // 1. eager, every set.

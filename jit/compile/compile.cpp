@@ -407,17 +407,22 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     ph->device = n.device;
     Shape shape = n.shape;
     if (g.contiguous) {
-      for (size_t d = 0; d < g.sizes.size(); ++d)
-        if (dyn.count({static_cast<int>(i), static_cast<int>(d)}) && g.sizes[d] >= 2) {
+      for (size_t d = 0; d < g.sizes.size(); ++d) {
+        std::pair<int, int> key{static_cast<int>(i), static_cast<int>(d)};
+        // A dim whose size changed between calls is symbolic even at size 1 (a batch of one
+        // between bigger ones): the trace then guards only what it asks about that size.
+        int64_t lo = changed_.count(key) ? 0 : 2;
+        if (dyn.count(key) && g.sizes[d] >= lo) {
           int s = static_cast<int>(G.symbol_names.size());
           std::string name = "s" + std::to_string(s);
           G.symbol_names.push_back(name);
           g.symbols[d] = s;
           shape[d] = SymInt::symbol(name);
           hints[name] = g.sizes[d];
-          // 0 and 1 stay specialized: a symbol stands for sizes of at least 2.
-          G.relations.push_back({shape[d] - SymInt(2), SymRel::Ge});
+          // 0 stays specialized, and 1 unless the dim changed: a symbol stands for sizes >= lo.
+          G.relations.push_back({shape[d] - SymInt(lo), SymRel::Ge});
         }
+      }
       ph->strides = contiguous_strides(shape);
     } else {
       g.strides = concrete(n.strides);
@@ -437,7 +442,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   if (!start_id) start_id = new_node()->id;
 
   TraceSession ts(start_id, hints);
-  for (const auto& r : G.relations) ts.know(r.expr, r.rel);  // each symbol stands for sizes >= 2
+  for (const auto& r : G.relations) ts.know(r.expr, r.rel);  // each symbol's lower bound
   for (size_t k = 0; k < placeholders.size(); ++k) ts.add_placeholder(*placeholder_tensors[k].impl(), placeholder_arg[k]);
   {
     // Small values fn reads mid-trace are computed on this call's arguments (graph breaks).

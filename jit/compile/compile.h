@@ -32,8 +32,9 @@ namespace kiln {
 struct CompileOptions {
   std::string name = "fn";     // names fn in logs and dump files
   int recompile_limit = 8;     // compiles (entries and continuations) before fn falls back to lazy eager mode
-  // Sizes: automatic (first call specialized, a size that changes becomes a symbol), always
-  // dynamic (every size but 0 and 1 symbolic from the first call), or always static.
+  // Sizes: automatic (first call specialized, a size that changes becomes a symbol at any
+  // value, 0 and 1 included), always dynamic (every size but 0 and 1 symbolic from the first
+  // call), or always static.
   enum class Dynamic { Automatic, Always, Never } dynamic = Dynamic::Automatic;
   std::vector<std::pair<int, int>> mark_dynamic;  // (flat argument, dim): symbolic from the start
   std::vector<std::pair<int, int>> mark_static;   // (flat argument, dim): always specialized
@@ -63,7 +64,7 @@ struct CompileStats {
   int pattern_matches = 0;     // newest compile: instances of registered rewrites it replaced (kiln::patterns)
   std::vector<std::string> symbols;  // newest compile: the size symbols its (final) program uses, after
                                      // simplification with the facts its guards establish
-  int size_relations = 0;      // ... size relations its trace relied on (guards beyond sizes >= 2)
+  int size_relations = 0;      // ... size relations its trace relied on (guards beyond each symbol's lower bound)
   int64_t graphs = 0;          // CUDA graphs recorded
   int64_t graph_updates = 0;   // ... of which made by updating a dropped graph's executable in place
                                // (at cuda_graph_limit, or replacing a graph of the same size)

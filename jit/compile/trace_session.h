@@ -72,7 +72,7 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   int64_t hint(const SymInt& e) override;
   void assume(const SymInt& e, SymRel rel) override;
   const SymFacts* facts() const override { return &facts_; }
-  // A fact the guards establish outside the trace (a symbol stands for sizes >= 2): later
+  // A fact the guards establish outside the trace (a symbol's lower bound): later
   // decisions use it; it is not added to `relations` (the caller guards it).
   void know(const SymInt& e, SymRel rel) { facts_.add(e, rel); }
   // Rewrites the size expressions of every node the trace made behind `roots` (shapes, strides,

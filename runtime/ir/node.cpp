@@ -115,6 +115,17 @@ bool is_contiguous_layout(const Shape& shape, const Shape& strides) {
     }
     return dense;
   }
+  // Strides that are the row-major ones by construction: contiguous, asking nothing about the
+  // sizes (which could pin a symbol the trace saw as 0 or 1).
+  {
+    SymInt expected = 1;
+    bool dense = true;
+    for (size_t i = shape.size(); i-- > 0 && dense;) {
+      dense = strides[i].same_as(expected);
+      expected = expected * shape[i];
+    }
+    if (dense) return true;
+  }
   // No elements: contiguous whatever the strides (like PyTorch), wherever the 0 is.
   for (const auto& s : shape) {
     auto zero = sym_eq(s, 0);

@@ -164,7 +164,11 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     const SymInt* y = i < n - b.size() ? nullptr : &b[i - (n - b.size())];
     if (!x) { out[i] = *y; continue; }
     if (!y) { out[i] = *x; continue; }
-    // Equal sizes first: asking whether a size is 1 would specialize a symbolic size that
+    // A literal 1 broadcasts to the other size, whatever that size is (a symbol the trace saw
+    // as 1 included): nothing to ask.
+    if (x->is_constant() && x->as_int() == 1) { out[i] = *y; continue; }
+    if (y->is_constant() && y->as_int() == 1) { out[i] = *x; continue; }
+    // Equal sizes next: asking whether a size is 1 would specialize a symbolic size that
     // happens to be 1 in the traced call.
     auto same = sym_eq(*x, *y);
     if (same && *same) { out[i] = *x; continue; }
