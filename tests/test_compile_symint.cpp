@@ -3,10 +3,13 @@
 // that names the call.
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
+#include <vector>
 
 #include "kiln.h"
 #include "tests/expect_close.h"
+#include "tests/test_seed.h"
 
 using namespace kiln;
 
@@ -50,4 +53,75 @@ TEST(CompileSymInt, BadSymbolicSizesAreErrors) {
   EXPECT_THROW(x.reshape_symint({SymInt(5), SymInt(3)}), Error);
   EXPECT_THROW(zeros_symint({SymInt(-1)}), Error);
   EXPECT_THROW(arange_symint(-2), Error);
+}
+
+namespace {
+// Calls `f` and `fn` on inputs built by `make(size)` for each size; results must agree (float32:
+// rtol 1e-5, atol 1e-6), shapes included, and an error in one must be an error in the other.
+template <class F, class Fn, class Make>
+void same_as_eager(F& f, const Fn& fn, const Make& make, const std::vector<int64_t>& sizes) {
+  for (int64_t n : sizes) {
+    std::vector<Tensor> xs = make(n);
+    Tensor want = fn(xs), got = f(xs);
+    ASSERT_EQ(got.sizes(), want.sizes()) << "size " << n;
+    expect_close(got, want, 1e-5, 1e-6);
+  }
+}
+// `k` random sizes in [lo, hi] from the test seed, after `first` (sizes that change from the first call).
+std::vector<int64_t> random_sizes(std::vector<int64_t> first, int k, int64_t lo, int64_t hi, uint64_t salt) {
+  std::mt19937_64 rng(kiln::testing::splitmix(kiln::testing::test_seed(7) ^ salt));
+  for (int i = 0; i < k; ++i) first.push_back(lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1)));
+  return first;
+}
+}  // namespace
+
+// A dim that changed is symbolic at 0 and 1 too, and ops that only need a size's value when it
+// is 0 or 1 ask nothing: softmax-like shifts over an empty dim, conv2d over batch and image
+// sizes, in-place writes through views, reshapes of views with symbolic strides. Each function
+// compiles twice (the first sizes, then one symbolic entry) whatever sizes follow.
+TEST(CompileSymInt, ZeroOneAndOtherSizesShareOneSymbolicEntry) {
+  auto rows = [](int64_t n) { return std::vector<Tensor>{randn({n, 5})}; };
+  // softmax / log_softmax / logsumexp over the changing dim, 0 included (an empty result, -inf).
+  auto soft = [](const std::vector<Tensor>& x) {
+    return cat({softmax(x[0], 0).sum({0}), log_softmax(x[0], 0).exp().sum({0}), logsumexp(x[0], {0}).exp()}, 0);
+  };
+  auto f1 = compile(soft);
+  same_as_eager(f1, soft, rows, random_sizes({6, 0, 1}, 5, 0, 9, 1));
+  EXPECT_EQ(f1.stats().entries, 2);
+  // In-place write through a view of a tensor fn made, at every size of the changing dim.
+  auto inplace = [](const std::vector<Tensor>& x) {
+    Tensor y = x[0] * 2;
+    Tensor v = y.narrow(1, 1, 3);
+    v.mul_(x[0].narrow(1, 0, 3) + 1);
+    return y;
+  };
+  auto f2 = compile(inplace);
+  same_as_eager(f2, inplace, rows, random_sizes({4, 1, 0}, 5, 0, 9, 2));
+  EXPECT_EQ(f2.stats().entries, 2);
+  // reshape of a transposed slice: constant shape, strides symbolic in the changing dim.
+  auto reshaped = [](const std::vector<Tensor>& x) { return x[0].t().narrow(1, 0, 2).reshape({-1}) * 3; };
+  auto f3 = compile(reshaped);
+  auto wide = [](int64_t n) { return std::vector<Tensor>{randn({4, n})}; };
+  same_as_eager(f3, reshaped, wide, random_sizes({5, 7}, 5, 2, 12, 3));
+  EXPECT_EQ(f3.stats().entries, 2);
+  // conv2d over batch and image sizes (channels fixed by the weight), with its gradient.
+  Tensor w = randn({4, 3, 3, 3}), b = randn({4});
+  auto conv = [&](const std::vector<Tensor>& x) { return relu(conv2d(x[0], w, b, {2}, {1})); };
+  auto f4 = compile(conv);
+  auto image = [](int64_t n) { return std::vector<Tensor>{randn({1 + n % 3, 3, 3 + n, 5 + n / 2})}; };
+  same_as_eager(f4, conv, image, random_sizes({2, 6}, 5, 0, 12, 4));
+  EXPECT_EQ(f4.stats().entries, 2);
+  auto loss = [&](const Tensor& t) {
+    Tensor y = conv({t});
+    Tensor l = (y * y).sum();
+    l.backward();
+    return l;
+  };
+  auto step = compile(loss);
+  for (int64_t n : random_sizes({2, 6}, 3, 0, 12, 5)) {
+    Tensor x = image(n)[0], xc = x.detach().requires_grad_(true), xe = x.detach().requires_grad_(true);
+    expect_close(step(xc), loss(xe), 1e-4, 1e-5);
+    expect_close(xc.grad(), xe.grad(), 1e-4, 1e-5);
+  }
+  EXPECT_EQ(step.stats().entries, 2);
 }

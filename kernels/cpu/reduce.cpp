@@ -86,6 +86,10 @@ void reduce_typed(OpKind op, const Operand& out, const Operand& in, const std::v
                 Acc acc;
                 if (op == OpKind::Sum) acc = 0;
                 else if (op == OpKind::Prod) acc = 1;
+                else if (roffs.empty())  // an empty dim (softmax's shift): the identity, as the JIT's
+                  acc = std::numeric_limits<Acc>::has_infinity
+                            ? (op == OpKind::Amax ? -1 : 1) * std::numeric_limits<Acc>::infinity()
+                            : op == OpKind::Amax ? std::numeric_limits<Acc>::lowest() : std::numeric_limits<Acc>::max();
                 else acc = static_cast<Acc>(static_cast<C>(x[roffs[0]]));
                 for (size_t k = 0; k < roffs.size(); ++k) {
                   Acc v = static_cast<Acc>(static_cast<C>(x[roffs[k]]));

@@ -26,11 +26,15 @@ bool is_differentiable(OpKind op) {
 
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   const Shape& gs = g.shape();
-  if (same_shape(gs, shape)) return g;
+  if (identical_shape(gs, shape)) return g;
   std::vector<int64_t> dims;
   size_t lead = gs.size() - shape.size();
   for (size_t i = 0; i < gs.size(); ++i) {
     if (i < lead) { dims.push_back(static_cast<int64_t>(i)); continue; }
+    if (shape[i - lead].is_constant() && shape[i - lead].as_int() == 1) {  // summed, whatever gs[i] is: nothing to ask
+      if (!(gs[i].is_constant() && gs[i].as_int() == 1)) dims.push_back(static_cast<int64_t>(i));
+      continue;
+    }
     auto same = sym_eq(shape[i - lead], gs[i]);  // before asking about 1 (could specialize a size)
     if (same && *same) continue;
     auto one = sym_eq(shape[i - lead], 1);

@@ -421,6 +421,13 @@ std::string shape_str(const Shape& s) {
   return out + "]";
 }
 
+bool identical_shape(const Shape& a, const Shape& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!a[i].same_as(b[i])) return false;
+  return true;
+}
+
 bool same_shape(const Shape& a, const Shape& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i)

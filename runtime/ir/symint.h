@@ -109,8 +109,11 @@ KILN_API Shape make_shape(const std::vector<int64_t>& sizes);
 KILN_API std::vector<int64_t> concrete(const Shape& s);
 // Product of all sizes (1 for a 0-d shape).
 KILN_API SymInt numel(const Shape& s);
-// Whether two shapes are provably equal, dim by dim.
+// Whether two shapes are equal dim by dim (in a compile() trace: decided by the traced sizes,
+// with a guard, where the expressions differ).
 KILN_API bool same_shape(const Shape& a, const Shape& b);
+// Whether two shapes are the same expressions dim by dim (static: asks nothing in a trace).
+KILN_API bool identical_shape(const Shape& a, const Shape& b);
 // "[2, s0, 3]".
 KILN_API std::string shape_str(const Shape& s);
 

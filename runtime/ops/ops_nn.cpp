@@ -14,12 +14,6 @@ using detail::str;
 namespace {
 Tensor as_float(const Tensor& x) { return is_floating(x.dtype()) ? x : detail::cast(x, kFloat32); }
 
-// Whether dim `d` of `x` has size 0 (a size symbol stands for sizes >= 2: never).
-bool empty_dim(const Tensor& x, int64_t d) {
-  auto z = sym_eq(x.shape()[d], 0);
-  return z && *z;
-}
-
 Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op) {
   if (reduction == "mean") return mean(l);
   if (reduction == "sum") return sum(l);
@@ -32,10 +26,9 @@ Tensor softmax(const Tensor& xin, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
   if (x.dim() == 0) return div(exp(sub(x, x)), 1);
-  if (empty_dim(x, d)) return div(exp(x), sum(exp(x), {d}, true));  // empty result (no max to shift by)
   // The max shift only guards exp against overflow; its gradient cancels exactly, so it is
-  // taken from a detached x (no backward work for it).
-  Tensor e = exp(sub(x, amax(x.detach(), {d}, true)));
+  // taken from a detached x (no backward work for it). Over an empty dim the result is empty.
+  Tensor e = exp(sub(x, detail::shift_max(x, {d})));
   return div(e, sum(e, {d}, true));
 }
 
@@ -43,8 +36,7 @@ Tensor log_softmax(const Tensor& xin, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
   if (x.dim() == 0) return sub(x, x);
-  if (empty_dim(x, d)) return sub(x, log(sum(exp(x), {d}, true)));  // empty result (no max to shift by)
-  Tensor shifted = sub(x, amax(x.detach(), {d}, true));  // shift's gradient cancels: detached
+  Tensor shifted = sub(x, detail::shift_max(x, {d}));  // shift's gradient cancels: detached
   return sub(shifted, log(sum(exp(shifted), {d}, true)));
 }
 
@@ -199,22 +191,25 @@ Tensor conv2d(const Tensor& xin, const Tensor& w, const std::optional<Tensor>& b
   Tensor x = batched ? xin : unsqueeze(xin, 0);
   KILN_CHECK(x.dtype() == w.dtype(), "conv2d: input and weight must have the same dtype, got ",
              dtype_name(x.dtype()), " and ", dtype_name(w.dtype()));
-  int64_t n = x.size(0), c = x.size(1), h = x.size(2), wd = x.size(3);
+  // Batch and image sizes stay symbolic in compile() traces; channels must match the weight.
+  const SymInt n = x.shape()[0], h = x.shape()[2], wd = x.shape()[3];
+  int64_t c = x.size(1);
   int64_t o = w.size(0), cg = w.size(1), kh = w.size(2), kw = w.size(3);
   KILN_CHECK(c == cg * groups, "conv2d: expected input with ", cg * groups, " channels (weight ", str(w.shape()),
              ", groups=", groups, "), got ", c);
   KILN_CHECK(o % groups == 0, "conv2d: out_channels (", o, ") must be divisible by groups (", groups, ")");
-  int64_t ho = (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) / stride[0] + 1;
-  int64_t wo = (wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1) / stride[1] + 1;
-  KILN_CHECK(ho > 0 && wo > 0, "conv2d: kernel size ", kh, "x", kw, " (dilated) is larger than padded input ",
-             h + 2 * padding[0], "x", wd + 2 * padding[1]);
+  // The padded input must hold the dilated kernel; then (PyTorch's) floor division is exact.
+  SymInt hspan = h + 2 * padding[0] - dilation[0] * (kh - 1) - 1, wspan = wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1;
+  KILN_CHECK(sym_ge(hspan, 0).value_or(false) && sym_ge(wspan, 0).value_or(false), "conv2d: kernel size ", kh, "x",
+             kw, " (dilated) is larger than padded input ", (h + 2 * padding[0]).str(), "x", (wd + 2 * padding[1]).str());
+  SymInt ho = floordiv(hspan, stride[0]) + 1, wo = floordiv(wspan, stride[1]) + 1;
   if (b) KILN_CHECK(b->dim() == 1 && b->size(0) == o, "conv2d: bias must have shape [", o, "], got ", str(b->shape()));
   Attrs a;
   a.ints = {kh, kw, stride[0], stride[1], padding[0], padding[1], dilation[0], dilation[1]};
   Tensor cols = record(OpKind::Im2Col, {x}, a, x.dtype(), Shape{n, c * kh * kw, ho * wo});
-  Tensor colsg = reshape(cols, {n, groups, cg * kh * kw, ho * wo});
+  Tensor colsg = detail::reshape_to(cols, Shape{n, groups, cg * kh * kw, ho * wo});
   Tensor wg = reshape(w, {groups, o / groups, cg * kh * kw});
-  Tensor y = reshape(matmul(wg, colsg), {n, o, ho, wo});
+  Tensor y = detail::reshape_to(matmul(wg, colsg), Shape{n, o, ho, wo});
   if (b) y = add(y, reshape(*b, {1, o, 1, 1}));
   return batched ? y : squeeze(y, 0);
 }

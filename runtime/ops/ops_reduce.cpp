@@ -30,6 +30,13 @@ Tensor reduce(OpKind op, const Tensor& x, const std::vector<int64_t>& dims, bool
   return record(op, {x}, a, out, detail::reduced_shape(x.shape(), ds, keepdim));
 }
 
+}  // namespace
+
+Tensor detail::shift_max(const Tensor& x, const std::vector<int64_t>& dims) {
+  return reduce(OpKind::Amax, x.detach(), dims, true, x.dtype(), "amax", false);
+}
+
+namespace {
 DType sum_type(DType t) { return is_floating(t) ? t : kInt64; }
 Tensor as_float(const Tensor& x) { return is_floating(x.dtype()) ? x : detail::cast(x, kFloat32); }
 
@@ -148,9 +155,9 @@ Tensor std(const Tensor& x, std::vector<int64_t> dims, double correction, bool k
 
 Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
   Tensor x = as_float(xin);
-  // Empty input: no max to shift by (amax would throw); PyTorch gives log(sum(exp(x))), i.e. -inf.
-  if (auto empty = sym_eq(numel(x.shape()), 0); empty && *empty) return log(sum(exp(x), dims, keepdim));
-  Tensor m = amax(x.detach(), dims, true);  // the shift's gradient cancels exactly: detached
+  // The shift's gradient cancels exactly: detached. Over an empty dim it is -inf, set to 0
+  // below: log(sum(exp(x))) = -inf, PyTorch's result.
+  Tensor m = detail::shift_max(x, dims);
   m = where(eq(abs(m), std::numeric_limits<double>::infinity()), detail::constant(0, m.dtype(), m.device()), m);
   Tensor s = log(sum(exp(sub(x, m)), dims, keepdim));
   Tensor mk = m;

@@ -18,6 +18,7 @@ void check_expandable(const Shape& from, const Shape& to, const char* op) {
   for (size_t i = 0; ok && i < from.size(); ++i) {
     const SymInt& f = from[from.size() - 1 - i];
     const SymInt& t = to[to.size() - 1 - i];
+    if (f.is_constant() && f.as_int() == 1) continue;  // a literal 1 expands to anything: nothing to ask
     auto same = sym_eq(f, t);  // before asking whether f is 1 (which could specialize it)
     ok = same && *same;
     if (!ok) {
@@ -88,9 +89,11 @@ Shape infer_shape(const std::vector<int64_t>& shape, const SymInt& numel, const 
 
 Tensor view_impl(const Tensor& x, const std::vector<int64_t>& shape, bool allow_copy, const char* op) {
   const Node& n = *x.node();
-  bool symbolic = std::any_of(n.shape.begin(), n.shape.end(), [](const SymInt& d) { return !d.is_constant(); });
+  auto sym = [](const SymInt& d) { return !d.is_constant(); };
+  bool symbolic = std::any_of(n.shape.begin(), n.shape.end(), sym) || std::any_of(n.strides.begin(), n.strides.end(), sym);
   if (symbolic) {
-    // Symbolic sizes (a compile() trace): views of dense data keep them symbolic.
+    // Symbolic sizes or strides (a compile() trace): views of dense data keep them symbolic,
+    // and reshape copies other layouts instead of asking for their strides.
     bool dense = is_contiguous_layout(n.shape, n.strides);
     if (dense || allow_copy) {
       Tensor c = dense ? x : record(OpKind::Contiguous, {x}, Attrs{}, x.dtype(), x.shape());

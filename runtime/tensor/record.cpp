@@ -191,7 +191,7 @@ Tensor cast(const Tensor& t, DType dtype) {
 }
 
 Tensor expand_to(const Tensor& t, const Shape& shape) {
-  return same_shape(t.shape(), shape) ? t : t.expand_sym(shape);
+  return identical_shape(t.shape(), shape) ? t : t.expand_sym(shape);
 }
 
 void check_fill_value(Scalar v, DType dtype, const char* op) {
@@ -227,7 +227,7 @@ int64_t size_hint(const SymInt& v) {
 }
 
 Tensor reshape_to(const Tensor& t, const Shape& shape) {
-  if (same_shape(t.shape(), shape)) return t;
+  if (identical_shape(t.shape(), shape)) return t;
   bool symbolic = std::any_of(shape.begin(), shape.end(), [](const SymInt& d) { return !d.is_constant(); });
   return symbolic ? t.reshape_sym(shape) : reshape(t, concrete(shape));
 }
@@ -277,6 +277,12 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
       size_t lead = shape.size() - sh.size();
       strides.assign(shape.size(), SymInt(0));
       for (size_t i = 0; i < sh.size(); ++i) {
+        // A literal 1 gets stride 0 whatever it expands to (nothing to ask: with one element
+        // along the dim, the stride is never used to step).
+        if (sh[i].is_constant() && sh[i].as_int() == 1) {
+          if (shape[lead + i].is_constant() && shape[lead + i].as_int() == 1) strides[lead + i] = st[i];
+          continue;
+        }
         auto same = sym_eq(sh[i], shape[lead + i]);
         strides[lead + i] = (same && *same) ? st[i] : SymInt(0);
       }

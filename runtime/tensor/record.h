@@ -39,6 +39,10 @@ Tensor size_value(const SymInt& v, DType dtype, Device device);
 int64_t size_hint(const SymInt& v);
 // `t` reshaped to `shape` (symbolic sizes stay symbolic; no node when already that shape).
 Tensor reshape_to(const Tensor& t, const Shape& shape);
+// The max of detached `x` over `dims`, kept, that softmax-like ops shift by before exp: where a
+// reduced dim is empty it is the lowest value (-inf) instead of amax's error, so a symbolic dim
+// needs no question about being 0 (the empty result never reads it).
+Tensor shift_max(const Tensor& x, const std::vector<int64_t>& dims);
 // The window [start, stop) with `step` of dim `d` (bounds already within [0, size] and
 // start <= stop); symbolic bounds stay symbolic.
 Tensor slice_window(const Tensor& x, int64_t d, const SymInt& start, const SymInt& stop, int64_t step);

@@ -142,10 +142,14 @@ Tensor& Tensor::assign_(const Tensor& value) {
   if (impl_->base) {
     const NodePtr& self = node();
     // A 0 stride overlaps elements only along a dim of size > 1, and only if there are elements.
-    auto empty = sym_eq(kiln::numel(self->shape), 0);
-    for (size_t i = 0; i < self->shape.size() && !(empty && *empty); ++i) {
-      auto zero = sym_eq(self->strides[i], 0);
-      if (!(zero && *zero)) continue;  // (asking about size 1 first could specialize a size)
+    // Only an expand makes a literal 0 stride; a stride computed from sizes is 0 only when one
+    // of those sizes is, and then the tensor is empty. (Asking about sizes only here keeps a
+    // symbol the trace saw as 0 or 1 symbolic.)
+    std::optional<bool> empty;
+    for (size_t i = 0; i < self->shape.size(); ++i) {
+      if (!self->strides[i].is_constant() || self->strides[i].as_int() != 0) continue;
+      if (!empty) empty = sym_eq(kiln::numel(self->shape), 0).value_or(false);
+      if (*empty) break;
       auto one = sym_eq(self->shape[i], 1);
       KILN_CHECK(one && *one, "in-place op: more than one element of the written-to ",
                  "tensor refers to a single memory location (an expanded view); clone it first");
