@@ -908,6 +908,37 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
 // shapes with short dims in every position, keepdim or not, float32/float64/int32, with NaN and
 // -0.0 among the values, including a stage that reads an unrolled reduction (a softmax over the
 // middle dim) and the pairwise step of a particle simulation, which runs as one kernel.
+// Small sums nested in one kernel (each level normalizes by a sum over 4 elements of a function
+// of the one before: g / g.sum(-1, keepdim)) share the values they read at constant indices: the kernel
+// grows linearly with the depth (at 4^depth the CUDA kernel of such a backward once took NVRTC
+// minutes), and computes what the interpreter does.
+TEST(JitCodegen, NestedSmallSumsShareTheirValues) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  std::mt19937_64 rng(test_seed() ^ 0x5eull);
+  const int depth = 8;
+  Tensor x = kiln::add(kiln::abs(kiln::randn({1 + static_cast<int64_t>(rng() % 30), 4}, kF64)), 0.5).eval();
+  auto f = [&] {
+    Tensor y = x;
+    for (int k = 0; k < depth; ++k) {
+      Tensor g = y;  // a few dozen operations per element: more than recent-expression sharing sees
+      for (int m = 0; m < 12; ++m) g = kiln::add(kiln::mul(kiln::sin(g), 0.5), 1.0);
+      y = kiln::div(g, kiln::sum(g, {1}, true));
+    }
+    return std::vector<Tensor>{kiln::mul(y, 3.0)};
+  };
+  kiln::Segment seg = make_segment(f());
+  const auto steps = kiln::jit::schedule(seg);
+  size_t exprs = 0;
+  for (const auto& st : steps)
+    if (st.kind == kiln::jit::Step::Kind::Kernel)
+      exprs += kiln::jit::lower(st.group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel.exprs.size();
+  EXPECT_LT(exprs, 250u * depth) << kiln::jit::describe(steps);  // 1601; 10846 unshared
+  const auto [got, want] = jit_and_interpreter(f);
+  auto a = got[0].to_vector<double>(), e = want[0].to_vector<double>();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-12 * (1 + std::abs(e[i]))) << "i=" << i;
+}
+
 TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
   SKIP_UNDER_INTERP_REGISTRATION();
   std::mt19937_64 rng(test_seed() ^ 0x91ull);

@@ -17,9 +17,17 @@ ExprId Kernel::add(const Expr& e) {
 }
 
 ExprId Kernel::iconst(int64_t v) {
+  // One expression per constant in the whole kernel (add() only looks at recent ones): index
+  // vectors built from the same constants are then equal, so lowering's (node, index) memo
+  // shares a value read at a constant index instead of emitting it again (nested small sums
+  // otherwise multiply).
+  auto it = iconsts.find(v);
+  if (it != iconsts.end() && static_cast<size_t>(it->second) < exprs.size() &&
+      exprs[static_cast<size_t>(it->second)].kind == Expr::Kind::IConst && exprs[static_cast<size_t>(it->second)].i == v)
+    return it->second;
   Expr e{Expr::Kind::IConst};
   e.i = v;
-  return add(e);
+  return iconsts[v] = add(e);
 }
 ExprId Kernel::param(int k) {
   Expr e{Expr::Kind::Param};

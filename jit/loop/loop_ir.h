@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/core/dtype.h"
@@ -72,6 +73,7 @@ struct AccSpec {
 struct Kernel {
   std::string name;
   std::vector<Expr> exprs;
+  std::unordered_map<int64_t, ExprId> iconsts;  // iconst(v)'s expression, so equal indices are equal ids
   std::vector<BufferSpec> buffers;
   std::vector<AccSpec> accs;
   int num_params = 0;
