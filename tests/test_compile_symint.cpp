@@ -124,4 +124,14 @@ TEST(CompileSymInt, ZeroOneAndOtherSizesShareOneSymbolicEntry) {
     expect_close(xc.grad(), xe.grad(), 1e-4, 1e-5);
   }
   EXPECT_EQ(step.stats().entries, 2);
+  // A symbolic size that is 0 where the op needs elements: the eager error, in the user's sizes.
+  auto maxes = [](const std::vector<Tensor>& x) { return amax(x[0], {0}); };
+  auto f5 = compile(maxes);
+  same_as_eager(f5, maxes, rows, {3, 4});
+  try {
+    f5(rows(0));
+    ADD_FAILURE() << "amax over an empty dim did not throw";
+  } catch (const kiln::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input shape [0, 5]"), std::string::npos) << e.what();
+  }
 }

@@ -123,7 +123,20 @@ NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape,
   return n;
 }
 
-std::string str(const Shape& s) { return shape_str(s); }
+std::string str(const Shape& s) {
+  // In a compile() trace a symbolic size reads as the size the caller passed (no guard: hint()
+  // only looks), so messages speak of the user's sizes, not of s0.
+  ShapeOracle* o = shape_oracle();
+  bool symbolic = false;
+  for (const auto& d : s) symbolic = symbolic || !d.is_constant();
+  if (!symbolic || !o) return shape_str(s);
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < s.size(); ++i)
+    os << (i ? ", " : "") << (s[i].is_constant() ? s[i].as_int() : o->hint(s[i]));
+  os << "]";
+  return os.str();
+}
 std::string str(const std::vector<int64_t>& v) {
   std::ostringstream os;
   os << "[";

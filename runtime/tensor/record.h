@@ -61,7 +61,7 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step);
 Tensor view_step(const Tensor& x, const ViewStep& step);
 // Records a view step on tensor `x` and returns the view tensor (tracking its base).
 Tensor make_view(const Tensor& x, ViewStep step);
-// Shape as "[2, 3]" for messages.
+// Shape as "[2, 3]" for messages (in a compile() trace, symbolic sizes as the traced values).
 std::string str(const Shape& s);
 std::string str(const std::vector<int64_t>& v);
 
