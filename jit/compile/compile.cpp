@@ -409,8 +409,8 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
     if (g.contiguous) {
       for (size_t d = 0; d < g.sizes.size(); ++d) {
         std::pair<int, int> key{static_cast<int>(i), static_cast<int>(d)};
-        // A dim whose size changed between calls is symbolic even at size 1 (a batch of one
-        // between bigger ones): the trace then guards only what it asks about that size.
+        // A dim whose size changed between calls is symbolic at any size, 0 and 1 included (a
+        // batch of one between bigger ones): the trace then guards only what it asks about it.
         int64_t lo = changed_.count(key) ? 0 : 2;
         if (dyn.count(key) && g.sizes[d] >= lo) {
           int s = static_cast<int>(G.symbol_names.size());
@@ -419,7 +419,8 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
           g.symbols[d] = s;
           shape[d] = SymInt::symbol(name);
           hints[name] = g.sizes[d];
-          // 0 stays specialized, and 1 unless the dim changed: a symbol stands for sizes >= lo.
+          // A symbol stands for sizes >= lo: 0 for a dim that changed, 2 for one made dynamic
+          // up front (Dynamic::Always, mark_dynamic), whose 0 and 1 stay specialized.
           G.relations.push_back({shape[d] - SymInt(lo), SymRel::Ge});
         }
       }
