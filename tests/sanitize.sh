@@ -51,7 +51,9 @@ run_asan() {
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
   if [[ -z "$programs" ]]; then
     nice -n 10 cmake --build "$dir" -j "$jobs"
-    (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 3600)
+    # consumer_find_package links the installed (sanitized) libkiln into a plain program, which
+    # ASan refuses ("runtime does not come first"); it runs in the ordinary suite.
+    (cd "$dir" && ctest -j "$jobs" --output-on-failure --timeout 3600 -E '^consumer_find_package$')
     return
   fi
   local extra=()

@@ -222,13 +222,16 @@ C int_pow(C base, C e) {
     if (base == -1) return (e % 2 == 0) ? 1 : -1;
     throw Error("pow: integers to negative integer powers are not allowed");
   }
-  C r = 1;
+  // Products wrap around, as PyTorch's integer pow does: computed unsigned (signed overflow is
+  // undefined behaviour, and the last squaring overflows even when its value is not used).
+  using W = std::make_unsigned_t<std::common_type_t<C, int>>;
+  W r = 1, b = static_cast<W>(base);
   while (e) {
-    if (e & 1) r = static_cast<C>(r * base);
-    base = static_cast<C>(base * base);
+    if (e & 1) r = static_cast<W>(r * b);
+    b = static_cast<W>(b * b);
     e >>= 1;
   }
-  return r;
+  return static_cast<C>(r);
 }
 
 template <class T>
