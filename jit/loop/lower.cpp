@@ -13,8 +13,6 @@
 namespace kiln::jit {
 namespace {
 
-bool is_one(const SymInt& s) { auto v = s.maybe_int(); return v && *v == 1; }
-
 // The last domain dim when it is at most the target's small_inner (a compile-time constant).
 std::optional<int64_t> small_inner(const Shape& d, const Target& t) {
   if (d.empty()) return std::nullopt;

@@ -31,8 +31,8 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   size_t lead = gs.size() - shape.size();
   for (size_t i = 0; i < gs.size(); ++i) {
     if (i < lead) { dims.push_back(static_cast<int64_t>(i)); continue; }
-    if (shape[i - lead].is_constant() && shape[i - lead].as_int() == 1) {  // summed, whatever gs[i] is: nothing to ask
-      if (!(gs[i].is_constant() && gs[i].as_int() == 1)) dims.push_back(static_cast<int64_t>(i));
+    if (is_one(shape[i - lead])) {  // summed, whatever gs[i] is: nothing to ask
+      if (!is_one(gs[i])) dims.push_back(static_cast<int64_t>(i));
       continue;
     }
     auto same = sym_eq(shape[i - lead], gs[i]);  // before asking about 1 (could specialize a size)

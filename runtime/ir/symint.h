@@ -112,6 +112,8 @@ KILN_API SymInt numel(const Shape& s);
 // Whether two shapes are equal dim by dim (in a compile() trace: decided by the traced sizes,
 // with a guard, where the expressions differ).
 KILN_API bool same_shape(const Shape& a, const Shape& b);
+// Whether `s` is the constant 1 (static: a symbol is not, whatever it stands for; asks nothing).
+inline bool is_one(const SymInt& s) { return s.is_constant() && s.as_int() == 1; }
 // Whether two shapes are the same expressions dim by dim (static: asks nothing in a trace).
 KILN_API bool identical_shape(const Shape& a, const Shape& b);
 // "[2, s0, 3]".

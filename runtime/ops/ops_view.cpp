@@ -18,7 +18,7 @@ void check_expandable(const Shape& from, const Shape& to, const char* op) {
   for (size_t i = 0; ok && i < from.size(); ++i) {
     const SymInt& f = from[from.size() - 1 - i];
     const SymInt& t = to[to.size() - 1 - i];
-    if (f.is_constant() && f.as_int() == 1) continue;  // a literal 1 expands to anything: nothing to ask
+    if (is_one(f)) continue;  // a literal 1 expands to anything: nothing to ask
     auto same = sym_eq(f, t);  // before asking whether f is 1 (which could specialize it)
     ok = same && *same;
     if (!ok) {

@@ -179,8 +179,8 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
     if (!y) { out[i] = *x; continue; }
     // A literal 1 broadcasts to the other size, whatever that size is (a symbol the trace saw
     // as 1 included): nothing to ask.
-    if (x->is_constant() && x->as_int() == 1) { out[i] = *y; continue; }
-    if (y->is_constant() && y->as_int() == 1) { out[i] = *x; continue; }
+    if (is_one(*x)) { out[i] = *y; continue; }
+    if (is_one(*y)) { out[i] = *x; continue; }
     // Equal sizes next: asking whether a size is 1 would specialize a symbolic size that
     // happens to be 1 in the traced call.
     auto same = sym_eq(*x, *y);
@@ -292,8 +292,8 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
       for (size_t i = 0; i < sh.size(); ++i) {
         // A literal 1 gets stride 0 whatever it expands to (nothing to ask: with one element
         // along the dim, the stride is never used to step).
-        if (sh[i].is_constant() && sh[i].as_int() == 1) {
-          if (shape[lead + i].is_constant() && shape[lead + i].as_int() == 1) strides[lead + i] = st[i];
+        if (is_one(sh[i])) {
+          if (is_one(shape[lead + i])) strides[lead + i] = st[i];
           continue;
         }
         auto same = sym_eq(sh[i], shape[lead + i]);
