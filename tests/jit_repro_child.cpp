@@ -10,6 +10,8 @@
 // LLVM code for kernels the first pass ran on asmjit). Inputs are regenerated per pass from the
 // graph's seed, so both passes and every process compute from the same bits.
 #include <cinttypes>
+#include <cmath>
+#include <limits>
 
 #include "jit_random_graphs.h"
 
@@ -38,8 +40,12 @@ int main(int argc, char** argv) {
           const unsigned char* c = static_cast<const unsigned char*>(data);
           for (size_t i = 0; i < n; ++i) h = (h ^ c[i]) * 1099511628211ull;
         };
-        // Floats as their own dtype's bits (float32 values were widened exactly).
+        // Floats as their own dtype's bits (float32 values were widened exactly), every NaN as
+        // one quiet NaN: a NaN's sign and payload are not part of the result (LLVM's LangRef
+        // leaves them unspecified and may commute an fmul; x86 returns the first operand's NaN,
+        // and a negation inside silu flips its sign), so tiers agree on all other bits.
         for (double d : rs[o].f) {
+          if (std::isnan(d)) d = std::numeric_limits<double>::quiet_NaN();
           if (rs[o].dt == kF32) {
             float f = static_cast<float>(d);
             mix(&f, sizeof f);

@@ -286,9 +286,16 @@ struct Child {
   }
 };
 
+// A helper binary built beside this test (its directory, not the build path: the tests also run
+// from a copy on another machine).
+std::string sibling(const char* name) {
+  static const std::filesystem::path dir = std::filesystem::read_symlink("/proc/self/exe").parent_path();
+  return (dir / name).string();
+}
+
 // `prefix`: shell commands run before the child in the same shell (limits, traps, timeout).
 Child run_child(const std::string& env, const std::string& args, const std::string& prefix = "") {
-  std::string cmd = prefix + "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" KILN_JIT_CACHE_CHILD "' " + args + " 2>&1";
+  std::string cmd = prefix + "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" + sibling(KILN_JIT_CACHE_CHILD) + "' " + args + " 2>&1";
   Child c;
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return c;
@@ -543,7 +550,7 @@ TEST(JitReproducible, ColdWarmAndTiersGiveSameBits) {
   using Lines = std::map<std::string, std::string>;  // "graph pass output" -> "dtype numel hash"
   auto run = [&](const std::string& name, const std::string& env) -> Lines {
     const std::string out = fresh_dir() + "/out.txt";
-    std::string cmd = "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" KILN_JIT_REPRO_CHILD "' " + out +
+    std::string cmd = "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" + sibling(KILN_JIT_REPRO_CHILD) + "' " + out +
                       " 0 " + std::to_string(graphs) + " 2>&1";
     auto t0 = std::chrono::steady_clock::now();
     FILE* f = popen(cmd.c_str(), "r");
