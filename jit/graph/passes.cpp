@@ -1,6 +1,7 @@
 #include "jit/graph/passes.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -187,7 +188,8 @@ struct Analysis {
   bool try_noop(int i) {
     const Node& x = *seg.nodes[i];
     std::vector<Rewrite::Guard> guards;
-    int r = -1;
+    constexpr int kNone = std::numeric_limits<int>::min();  // (-1 names the first external input)
+    int r = kNone;
     auto operand = [&](int k) { return in[i][k]; };
     switch (x.op) {
       case OpKind::Mul:
@@ -210,7 +212,7 @@ struct Analysis {
       default:
         return false;
     }
-    if (r == -1 || r >= n) return false;
+    if (r == kNone || r >= n) return false;
     const Node& y = *ref_node(r);
     if (y.dtype != x.dtype || !same_shape(y.shape, x.shape)) return false;
     if (x.op == OpKind::View || x.op == OpKind::Expand) {
