@@ -38,6 +38,39 @@ TEST(Lazy, PendingLimitFlushes) {
   set_pending_limit(old);
 }
 
+// The number operand of an op (the 2 of x * 2) is a constant node that a thread's eager ops
+// share per value and dtype: not pending work, never stored by a materialization, and the same
+// results; a compile() trace records its own.
+TEST(Lazy, ScalarOperandsShareOneConstantPerValue) {
+  Tensor x = arange(0.0, 6.0);
+  Tensor a = x * 2, b = (x + 1) * 2, c = 2 * x, d = x * 3, e = x.to(kFloat64) * 2, g = x * 2.0;
+  const NodePtr two = a.node()->inputs.at(1);
+  EXPECT_EQ(b.node()->inputs.at(1), two);
+  EXPECT_EQ(c.node()->inputs.at(0), two);
+  EXPECT_NE(g.node()->inputs.at(1), two) << "an integer and a floating 2 are recorded apart";
+  EXPECT_NE(d.node()->inputs.at(1), two);
+  EXPECT_NE(e.node()->inputs.at(1), two) << "another dtype, another constant";
+  reset_stats();
+  const uint64_t pending = stats().pending;
+  Tensor f = x * 2;
+  EXPECT_EQ(stats().pending, pending + 1) << "the multiplication is pending work, its shared constant is not";
+  eval({a, b, c, f, g});
+  EXPECT_FALSE(two->materialized()) << "nothing asked for the constant";
+  EXPECT_EQ(a.to_vector<float>(), (std::vector<float>{0, 2, 4, 6, 8, 10}));
+  EXPECT_EQ(b.to_vector<float>(), (std::vector<float>{2, 4, 6, 8, 10, 12}));
+  EXPECT_EQ(c.to_vector<float>(), a.to_vector<float>());
+  EXPECT_EQ(g.to_vector<float>(), a.to_vector<float>());
+  EXPECT_EQ((x * 2).to_vector<float>(), a.to_vector<float>()) << "a later segment reads it again";
+  NodePtr traced;
+  auto fn = compile([&](const Tensor& y) {
+    Tensor r = y * 2;
+    traced = r.node()->inputs.at(1);
+    return r;
+  });
+  EXPECT_EQ(fn(x).to_vector<float>(), a.to_vector<float>());
+  EXPECT_NE(traced, two) << "a trace's constants are its own";
+}
+
 TEST(Lazy, DeepChainDoesNotOverflowStack) {
   uint64_t old = pending_limit();
   set_pending_limit(1000000);

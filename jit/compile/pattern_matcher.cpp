@@ -393,14 +393,15 @@ class Matcher {
     return false;
   }
 
-  // Every node the rewrite removes is read only inside the match.
+  // Every node the rewrite removes is read only inside the match (a constant of no inputs may
+  // have other readers: it costs nothing to keep, and lazy eager shares one node per value).
   bool exclusive(const Binding& b) const {
     std::unordered_set<const Node*> matched, outputs;
     for (const auto& [p, t] : b.map)
       if (!v_.leaf_of.count(p) && !v_.scalar_of.count(p)) matched.insert(t);
     for (const auto& o : v_.outputs) outputs.insert(b.map.at(o.get()));
     for (const Node* t : matched) {
-      if (outputs.count(t)) continue;
+      if (outputs.count(t) || (t->op == OpKind::Full && t->inputs.empty())) continue;
       if (t_.roots.count(t)) return false;
       auto it = t_.consumers.find(t);
       if (it == t_.consumers.end()) continue;

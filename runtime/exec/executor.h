@@ -77,9 +77,13 @@ KILN_API uint64_t pending_limit();
 
 // Internal counters (not exported).
 namespace detail {
-void count_recorded();
+// A new node's id (unique, increasing in recording order); counts it recorded and pending.
+uint64_t node_made();
 void count_executed(uint64_t n);
+// Changes the number of pending nodes (a per-thread tally, added to the total in batches).
 void pending_add(int64_t d);
+// The number of pending nodes as this thread sees it (cheaper than stats()).
+int64_t pending_now();
 }  // namespace detail
 
 }  // namespace kiln

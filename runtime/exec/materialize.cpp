@@ -12,8 +12,25 @@
 
 namespace kiln {
 namespace {
-std::atomic<uint64_t> g_recorded{0}, g_executed{0}, g_materializations{0};
+// Node ids come from one counter, which also counts the nodes recorded (minus the count at the
+// last reset_stats()).
+std::atomic<uint64_t> g_next_id{1}, g_recorded_base{0};
+std::atomic<uint64_t> g_executed{0}, g_materializations{0};
+// Pending nodes: the total of every thread's flushed tally. A thread adds its changes to its
+// own tally and moves it to the total once it reaches kPendingBatch either way, or when the
+// thread ends: recording a node costs no atomic update of a shared counter.
 std::atomic<int64_t> g_pending{0};
+constexpr int64_t kPendingBatch = 64;
+thread_local int64_t t_pending __attribute__((tls_model("initial-exec"))) = 0;
+thread_local bool t_pending_direct __attribute__((tls_model("initial-exec"))) = false;
+thread_local bool t_pending_registered __attribute__((tls_model("initial-exec"))) = false;
+struct PendingFlush {  // one per thread that counted: hands its tally over when it ends
+  ~PendingFlush() {
+    g_pending.fetch_add(t_pending, std::memory_order_relaxed);
+    t_pending = 0;
+    t_pending_direct = true;  // nodes freed by later thread-exit destructors count directly
+  }
+};
 std::atomic<uint64_t> g_pending_limit{10000};
 std::mutex g_exec_mu;
 std::shared_ptr<Executor> g_executor;
@@ -24,23 +41,42 @@ std::atomic<Executor*> g_current{nullptr};
 }  // namespace
 
 namespace detail {
-void count_recorded() { g_recorded.fetch_add(1, std::memory_order_relaxed); }
+uint64_t node_made() {
+  pending_add(1);
+  return g_next_id.fetch_add(1, std::memory_order_relaxed);
+}
 void count_executed(uint64_t n) { g_executed.fetch_add(n, std::memory_order_relaxed); }
-void pending_add(int64_t d) { g_pending.fetch_add(d, std::memory_order_relaxed); }
+void pending_add(int64_t d) {
+  if (t_pending_direct) [[unlikely]] {
+    g_pending.fetch_add(d, std::memory_order_relaxed);
+    return;
+  }
+  if (!t_pending_registered) [[unlikely]] {
+    t_pending_registered = true;
+    static thread_local PendingFlush flush;
+    (void)flush;
+  }
+  t_pending += d;
+  if (t_pending >= kPendingBatch || t_pending <= -kPendingBatch) {
+    g_pending.fetch_add(t_pending, std::memory_order_relaxed);
+    t_pending = 0;
+  }
+}
+int64_t pending_now() { return g_pending.load(std::memory_order_relaxed) + t_pending; }
 }  // namespace detail
 
 Stats stats() {
   Stats s;
-  s.nodes_recorded = g_recorded.load();
+  s.nodes_recorded = g_next_id.load() - 1 - g_recorded_base.load();
   s.nodes_executed = g_executed.load();
   s.materializations = g_materializations.load();
-  int64_t p = g_pending.load();
+  int64_t p = detail::pending_now();
   s.pending = p > 0 ? static_cast<uint64_t>(p) : 0;
   return s;
 }
 
 void reset_stats() {
-  g_recorded = 0;
+  g_recorded_base = g_next_id.load() - 1;
   g_executed = 0;
   g_materializations = 0;
 }
@@ -192,6 +228,7 @@ struct Scratch {
   std::vector<Node*> claimed;     // nodes this call claimed (all in `order` once collected)
   std::vector<uint8_t> mine;      // per segment position: claimed by this call
   std::vector<int32_t> internal;  // per segment position: edges from inside the segment
+  std::vector<long> uses;         // per segment position: the node's shared_ptr use count
   Segment seg;
 };
 thread_local std::vector<std::unique_ptr<Scratch>> t_scratch;
@@ -305,18 +342,26 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
     if (o->on_materialize(order, roots, nroots)) return;
   }
   // A node is needed after the run if something outside the segment holds it: a tensor
-  // handle or a node not in this segment (use_count beyond the segment's own edges).
+  // handle or a node not in this segment (use_count beyond the segment's own edges). Every
+  // node of the order is a root or an input of another, so the use counts are read off those
+  // references (a plain load, where weak_from_this() would cost two atomic updates a node).
   sc.internal.assign(order.size(), 0);
+  sc.uses.assign(order.size(), 0);
   for (Node* n : order)
     for (auto& in : n->inputs)
-      if (!in->materialized()) sc.internal[in->pos]++;
+      if (!in->materialized()) {
+        sc.internal[in->pos]++;
+        sc.uses[in->pos] = in.use_count();
+      }
   Segment& seg = sc.seg;
   seg.nodes.assign(order.begin(), order.end());
   seg.needed.assign(order.size(), false);
   for (size_t r = 0; r < nroots; ++r)
     if (roots[r] && !roots[r]->materialized()) seg.needed[roots[r]->pos] = true;
+  // (The shared constants of scalar operands are also held by their thread's cache: only ops
+  // read them, so they are not needed for it.)
   for (size_t i = 0; i < order.size(); ++i)
-    if (!seg.needed[i]) seg.needed[i] = order[i]->weak_from_this().use_count() > sc.internal[i];
+    if (!seg.needed[i] && !order[i]->shared_constant) seg.needed[i] = sc.uses[i] > sc.internal[i];
   // The roots' owners keep every node alive through edges; what an executor unlinks it adds
   // to keep_alive, released below after the segment's nodes are cut loose.
   seg.keep_alive.clear();

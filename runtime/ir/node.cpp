@@ -58,12 +58,7 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
 
 NodePtr new_node() { return std::allocate_shared<Node>(detail::PoolAllocator<Node>()); }
 
-Node::Node() {
-  static std::atomic<uint64_t> next_id{1};
-  id = next_id.fetch_add(1, std::memory_order_relaxed);
-  detail::count_recorded();
-  detail::pending_add(1);
-}
+Node::Node() : id(detail::node_made()) {}
 
 Node::~Node() {
   if (pending) detail::pending_add(-1);

@@ -108,6 +108,9 @@ struct KILN_API Node : std::enable_shared_from_this<Node> {
   std::shared_ptr<Storage> storage;  // set once materialized
   uint64_t id = 0;                   // unique, increasing in recording order
   bool pending = true;               // counted in stats().pending until first computed
+  // A scalar operand's constant that a thread's ops share (detail::scalar_operand): only ops
+  // read it, so materialize() never stores it unless asked for it.
+  bool shared_constant = false;
   // Scratch for the thread materializing this (pending) node: a visit mark and the node's
   // position in its segment. Meaningless outside materialize() and Executor::run().
   uint32_t mark = 0;

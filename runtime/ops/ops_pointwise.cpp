@@ -8,7 +8,9 @@
 namespace kiln {
 using detail::cast;
 using detail::constant;
+using detail::as_dtype;
 using detail::record;
+using detail::record_refs;
 
 namespace {
 
@@ -58,16 +60,18 @@ Tensor unary(OpKind op, const Tensor& x, UnaryKind kind) {
   KILN_CHECK(x.defined(), op_name(op), ": got an undefined tensor");
   DType in = x.dtype();
   switch (kind) {
-    case UnaryKind::FloatOut:
-      return record(op, {cast(x, is_floating(in) ? in : kFloat32)}, Attrs{}, is_floating(in) ? in : kFloat32,
-                    x.shape());
+    case UnaryKind::FloatOut: {
+      const DType out = is_floating(in) ? in : kFloat32;
+      Tensor hold;
+      return record_refs(op, {&as_dtype(x, out, hold)}, Attrs{}, out, x.shape());
+    }
     case UnaryKind::BoolOut:
-      return record(op, {x}, Attrs{}, kBool, x.shape());
+      return record_refs(op, {&x}, Attrs{}, kBool, x.shape());
     case UnaryKind::NoBool:
       KILN_CHECK(in != kBool, op_name(op), ": not supported for bool tensors (expected a numeric dtype, got bool)");
       [[fallthrough]];
     case UnaryKind::SameType:
-      return record(op, {x}, Attrs{}, in, x.shape());
+      return record_refs(op, {&x}, Attrs{}, in, x.shape());
   }
   return x;
 }
@@ -158,7 +162,8 @@ Tensor binary(OpKind op, const Tensor& a, const Tensor& b, DType compute, BinKin
     case BinKind::IntOk:
       break;
   }
-  return record(op, {cast(a, compute), cast(b, compute)}, Attrs{}, res, std::move(out));
+  Tensor ha, hb;
+  return record_refs(op, {&as_dtype(a, compute, ha), &as_dtype(b, compute, hb)}, Attrs{}, res, std::move(out));
 }
 
 // PyTorch refuses subtraction when either operand (tensor or number) is bool.
@@ -176,13 +181,13 @@ Tensor binary_ts(OpKind op, const Tensor& a, Scalar b, BinKind kind) {
   KILN_CHECK(a.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.kind() == Scalar::Kind::Bool);
   DType t = Promotion().add(a).add(b).result();
-  return binary(op, a, constant(b, t, a.device()), t, kind);
+  return binary(op, a, detail::scalar_operand(b, t, a.device()), t, kind);
 }
 Tensor binary_st(OpKind op, Scalar a, const Tensor& b, BinKind kind) {
   KILN_CHECK(b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.kind() == Scalar::Kind::Bool, b.dtype() == kBool);
   DType t = Promotion().add(b).add(a).result();
-  return binary(op, constant(a, t, b.device()), b, t, kind);
+  return binary(op, detail::scalar_operand(a, t, b.device()), b, t, kind);
 }
 }  // namespace
 
@@ -235,15 +240,15 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 Tensor where(const Tensor& c, const Tensor& a, Scalar b) {
   DType t = result_type({a}, {b});
-  return where(c, a, constant(b, t, a.device()));
+  return where(c, a, detail::scalar_operand(b, t, a.device()));
 }
 Tensor where(const Tensor& c, Scalar a, const Tensor& b) {
   DType t = result_type({b}, {a});
-  return where(c, constant(a, t, b.device()), b);
+  return where(c, detail::scalar_operand(a, t, b.device()), b);
 }
 Tensor where(const Tensor& c, Scalar a, Scalar b) {
   DType t = result_type({}, {a, b});
-  return where(c, constant(a, t, c.device()), constant(b, t, c.device()));
+  return where(c, detail::scalar_operand(a, t, c.device()), detail::scalar_operand(b, t, c.device()));
 }
 
 // clamp's values come from maximum/minimum, but its gradients follow PyTorch's clamp_backward
@@ -297,7 +302,7 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
              mask.defined() ? dtype_name(mask.dtype()) : "undefined");
   detail::broadcast_shapes(mask.shape(), x.shape(), "masked_fill");  // result: the broadcast shape
   detail::check_fill_value(value, x.dtype(), "masked_fill");
-  return where(mask, constant(value, x.dtype(), x.device()), x);
+  return where(mask, detail::scalar_operand(value, x.dtype(), x.device()), x);
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {
   KILN_CHECK(mask.defined() && mask.dtype() == kBool, "masked_fill: expected a bool mask");

@@ -7,6 +7,8 @@
 #include "runtime/tensor/trace.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <sstream>
 
 namespace kiln::detail {
@@ -15,7 +17,7 @@ namespace {
 void maybe_flush(const NodePtr& n) {
   // A leaf gets its storage right after recording; it has nothing to compute.
   // (Never while a compile() trace records: its graph must stay whole.)
-  if (n->op != OpKind::Leaf && !trace_observer() && stats().pending > pending_limit()) materialize(n);
+  if (n->op != OpKind::Leaf && !trace_observer() && detail::pending_now() > static_cast<int64_t>(pending_limit())) materialize(n);
 }
 // A dense tensor of constant sizes must have a byte count that int64 holds (PyTorch: "Storage
 // size calculation overflowed"); otherwise numel * itemsize would wrap around.
@@ -58,46 +60,74 @@ Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
 }
 
 namespace {
-Tensor record_tensors(OpKind op, const Tensor* inputs, size_t count, Attrs&& attrs, DType dtype, Shape&& shape) {
+// Records op over the tensors *inputs[0..count) (pointers: the callers' tensors are not copied).
+Tensor record_tensors(OpKind op, const Tensor* const* inputs, size_t count, Attrs&& attrs, DType dtype, Shape&& shape) {
   NodeList ins;
   ins.reserve(count);
   // The op's device: the first input's, except that 0-d CPU tensors join any device (as in
   // PyTorch) and a cross-device copy names its target in attrs.ints.
-  Device dev = count == 0 ? cpu() : inputs[0].device();
-  if (count > 1 && dev.type == DeviceType::CPU && inputs[0].defined() && inputs[0].dim() == 0)
+  for (size_t i = 0; i < count; ++i) KILN_CHECK(inputs[i]->defined(), op_name(op), ": got an undefined tensor");
+  Device dev = count == 0 ? cpu() : inputs[0]->device();
+  if (count > 1 && dev.type == DeviceType::CPU && inputs[0]->dim() == 0)
     for (size_t i = 1; i < count && dev.type == DeviceType::CPU; ++i)
-      if (inputs[i].defined() && (inputs[i].dim() > 0 || inputs[i].device().type != DeviceType::CPU)) dev = inputs[i].device();
+      if (inputs[i]->dim() > 0 || inputs[i]->device().type != DeviceType::CPU) dev = inputs[i]->device();
   if (op == OpKind::ToDevice) dev = Device{static_cast<DeviceType>(attrs.ints.at(0)), static_cast<int>(attrs.ints.at(1))};
   bool wants_grad = false;
-  std::vector<Tensor> moved;  // the inputs with 0-d CPU ones copied to the op's device (when any is)
+  std::vector<Tensor> moved;  // inputs with 0-d CPU ones copied to the op's device (when any is)
   for (size_t i = 0; i < count; ++i) {
-    const Tensor& t = inputs[i];
-    KILN_CHECK(t.defined(), op_name(op), ": got an undefined tensor");
-    if (t.device() != dev && op != OpKind::ToDevice) [[unlikely]] {
-      KILN_CHECK(t.device().type == DeviceType::CPU && t.dim() == 0, op_name(op),
+    const Tensor& t = *inputs[i];
+    const NodePtr& n = t.node();
+    if (n->device != dev && op != OpKind::ToDevice) [[unlikely]] {
+      KILN_CHECK(n->device.type == DeviceType::CPU && n->shape.empty(), op_name(op),
                  ": expected all tensors to be on the same device, but found at least two devices, ", dev.str(),
-                 " and ", t.device().str());
-      if (moved.empty()) moved.assign(inputs, inputs + count);
+                 " and ", n->device.str());
+      if (moved.empty())
+        for (size_t j = 0; j < count; ++j) moved.push_back(*inputs[j]);
       moved[i] = t.to(dev);
       ins.push_back(moved[i].node());
     } else {
-      ins.push_back(t.node());
+      ins.push_back(n);
     }
     wants_grad = wants_grad || t.requires_grad();
   }
-  if (!moved.empty()) inputs = moved.data();
   if (!wants_grad || !grad_enabled()) return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
   Tensor out = record(op, std::move(ins), attrs, dtype, std::move(shape), dev);
-  attach_grad(out, op, attrs, std::vector<Tensor>(inputs, inputs + count));
+  std::vector<Tensor> grad_inputs = moved;
+  if (grad_inputs.empty())
+    for (size_t j = 0; j < count; ++j) grad_inputs.push_back(*inputs[j]);
+  attach_grad(out, op, attrs, grad_inputs);
   return out;
 }
+
+// Pointers to a list of tensors (on the stack for up to 8).
+struct TensorRefs {
+  const Tensor* small[8];
+  std::vector<const Tensor*> big;
+  const Tensor* const* data = small;
+  template <class It>
+  TensorRefs(It first, size_t n) {
+    if (n > 8) {
+      big.reserve(n);
+      for (size_t i = 0; i < n; ++i, ++first) big.push_back(&*first);
+      data = big.data();
+    } else {
+      for (size_t i = 0; i < n; ++i, ++first) small[i] = &*first;
+    }
+  }
+};
 }  // namespace
 
 Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape) {
-  return record_tensors(op, inputs.data(), inputs.size(), std::move(attrs), dtype, std::move(shape));
+  TensorRefs refs(inputs.begin(), inputs.size());
+  return record_tensors(op, refs.data, inputs.size(), std::move(attrs), dtype, std::move(shape));
 }
 
 Tensor record(OpKind op, std::initializer_list<Tensor> inputs, Attrs attrs, DType dtype, Shape shape) {
+  TensorRefs refs(inputs.begin(), inputs.size());
+  return record_tensors(op, refs.data, inputs.size(), std::move(attrs), dtype, std::move(shape));
+}
+
+Tensor record_refs(OpKind op, std::initializer_list<const Tensor*> inputs, Attrs attrs, DType dtype, Shape shape) {
   return record_tensors(op, inputs.begin(), inputs.size(), std::move(attrs), dtype, std::move(shape));
 }
 
@@ -200,7 +230,7 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
 Tensor cast(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
   Attrs a;
-  return record(OpKind::Cast, {t}, a, dtype, t.shape());
+  return record_refs(OpKind::Cast, {&t}, a, dtype, t.shape());
 }
 
 Tensor expand_to(const Tensor& t, const Shape& shape) {
@@ -220,6 +250,39 @@ Tensor constant(Scalar v, DType dtype, Device device) {
   a.f0 = v.to_double();
   if (v.kind() != Scalar::Kind::Float) a.ints = {v.to_int()};  // exact for large int64
   return record(OpKind::Full, NodeList{}, std::move(a), dtype, Shape{}, device);
+}
+
+Tensor scalar_operand(Scalar v, DType dtype, Device device) {
+  if (trace_observer()) return constant(v, dtype, device);  // a trace's constants are its own
+  // The last few values this thread used, round robin. A cached node is only read by ops
+  // (materialize() does not store it for the cache's reference) and is not pending work.
+  struct Entry {
+    Scalar::Kind kind;
+    uint64_t bits;  // of the double value
+    int64_t i;
+    DType dtype;
+    Device device;
+    NodePtr node;
+  };
+  constexpr size_t kEntries = 8;
+  thread_local std::array<Entry, kEntries> cache{};
+  thread_local size_t next = 0;
+  const uint64_t bits = std::bit_cast<uint64_t>(v.to_double());
+  for (Entry& e : cache)
+    if (e.node && e.bits == bits && e.i == v.to_int() && e.kind == v.kind() && e.dtype == dtype && e.device == device &&
+        !e.node->materialized())
+      return Tensor::from_node(e.node);
+  Tensor t = constant(v, dtype, device);
+  const NodePtr& n = t.node();
+  if (n->materialized() || n->op != OpKind::Full) return t;  // (flushed at the pending limit)
+  if (n->pending) {
+    n->pending = false;
+    pending_add(-1);
+  }
+  n->shared_constant = true;
+  cache[next] = Entry{v.kind(), bits, v.to_int(), dtype, device, n};
+  next = (next + 1) % kEntries;
+  return t;
 }
 
 Tensor size_value(const SymInt& v, DType dtype, Device device) {

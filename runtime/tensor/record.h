@@ -15,6 +15,8 @@ Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
 Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape);
 // Same, for a braced list of inputs (no temporary vector unless autograd records).
 Tensor record(OpKind op, std::initializer_list<Tensor> inputs, Attrs attrs, DType dtype, Shape shape);
+// Same, for tensors given by address (the op's callers keep them alive; nothing is copied).
+Tensor record_refs(OpKind op, std::initializer_list<const Tensor*> inputs, Attrs attrs, DType dtype, Shape shape);
 // Records a view node of `in` with the given layout.
 NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
                          SymInt offset);
@@ -27,12 +29,21 @@ std::vector<int64_t> wrap_dims(const std::vector<int64_t>& dims, int64_t ndim, c
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op);
 // `t` cast to `dtype` (no node if already).
 Tensor cast(const Tensor& t, DType dtype);
+// `t` itself when it already has `dtype` (not copied), else its cast, kept in `hold`.
+inline const Tensor& as_dtype(const Tensor& t, DType dtype, Tensor& hold) {
+  if (t.dtype() == dtype) return t;
+  hold = cast(t, dtype);
+  return hold;
+}
 // Throws unless `from` broadcasts to exactly `to`.
 void check_expandable(const Shape& from, const Shape& to, const char* op);
 // `t` expanded to `shape` (no node if already that shape).
 Tensor expand_to(const Tensor& t, const Shape& shape);
 // A 0-d constant tensor.
 Tensor constant(Scalar v, DType dtype, Device device);
+// A 0-d constant for the number operand of an op (the 2 of x * 2), which only that op reads:
+// outside compile() traces a thread reuses one node per recent value.
+Tensor scalar_operand(Scalar v, DType dtype, Device device);
 // A 0-d tensor holding the size value `v` (symbolic in compile() traces: no guard on it).
 Tensor size_value(const SymInt& v, DType dtype, Device device);
 // The traced value of a size: its constant, or the shape oracle's hint (no guard recorded).
