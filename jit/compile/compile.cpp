@@ -494,7 +494,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
         e->out.cap_written.push_back(static_cast<int>(k));
         const auto slot = std::find(ts.slots.begin(), ts.slots.end(), c.node) - ts.slots.begin();
         if (slot < static_cast<long>(ts.slots.size())) write_back.push_back({outputs.size(), static_cast<size_t>(slot)});
-        outputs.push_back(c.impl->node());
+        outputs.push_back(Tensor(c.impl).node());
       }
     }
     for (size_t k = 0; k < ts.captured.size(); ++k) {

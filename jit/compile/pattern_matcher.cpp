@@ -91,8 +91,8 @@ std::atomic<bool>& enabled_flag() {
 // keeps the pending limit from computing the pattern graph: it has no data), no size oracle, and
 // random ops that draw nothing from the user's generator.
 struct Untraced final : detail::TraceObserver {
-  void on_read(TensorImpl&) override {}
-  void on_write(TensorImpl&) override {}
+  void on_read(const std::shared_ptr<TensorImpl>&) override {}
+  void on_write(const std::shared_ptr<TensorImpl>&) override {}
   void on_grad(TensorImpl&, bool) override {}
   bool on_materialize(const std::vector<Node*>&, const NodePtr*, size_t) override {
     throw Error("patterns: a search function needs data while it is traced (item(), printing)");

@@ -43,9 +43,10 @@ void TraceSession::enable_breaks(std::vector<std::string> symbols, std::vector<i
   for (size_t i = 0; i < real.size(); ++i) real_[i] = std::move(real[i]);
 }
 
-void TraceSession::capture(TensorImpl& impl) {
+void TraceSession::capture(const std::shared_ptr<TensorImpl>& owner) {
+  TensorImpl& impl = *owner;
   Captured c;
-  c.impl = impl.shared_from_this();
+  c.impl = owner;
   for (size_t k = 0; k < captured.size(); ++k)
     if (captured[k].impl->grad.get() == &impl) c.grad_of = static_cast<int>(k);
   c.node_before = impl.node_;
@@ -61,7 +62,8 @@ void TraceSession::capture(TensorImpl& impl) {
   captured.push_back(std::move(c));
 }
 
-void TraceSession::on_read(TensorImpl& impl) {
+void TraceSession::on_read(const std::shared_ptr<TensorImpl>& owner) {
+  TensorImpl& impl = *owner;
   if (placeholder_.count(&impl) || cap_index_.count(&impl) || aliases_.count(&impl)) return;
   if (!impl.node_ || impl.node_->id >= start_id_) return;  // made during the trace
   for (const auto& c : captured)
@@ -70,19 +72,20 @@ void TraceSession::on_read(TensorImpl& impl) {
       aliases_.insert(&impl);
       return;
     }
-  capture(impl);
+  capture(owner);
 }
 
-void TraceSession::on_write(TensorImpl& impl) {
+void TraceSession::on_write(const std::shared_ptr<TensorImpl>& owner) {
+  TensorImpl& impl = *owner;
   auto p = placeholder_.find(&impl);
   if (p != placeholder_.end()) {
     placeholder_written[p->second] = true;
     return;
   }
-  on_read(impl);
+  on_read(owner);
   auto c = cap_index_.find(&impl);
   if (c != cap_index_.end()) captured[c->second].written = true;
-  else created_written.push_back(impl.shared_from_this());
+  else created_written.push_back(owner);
 }
 
 bool TraceSession::on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) {

@@ -61,8 +61,8 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   // Puts every captured tensor back as it was before the trace.
   void restore();
 
-  void on_read(TensorImpl& impl) override;
-  void on_write(TensorImpl& impl) override;
+  void on_read(const std::shared_ptr<TensorImpl>& impl) override;
+  void on_write(const std::shared_ptr<TensorImpl>& impl) override;
   bool on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) override;
   void on_random(const Node& n) override;
   void on_grad(TensorImpl& leaf, bool accumulate) override;
@@ -92,7 +92,7 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   SymInt rng_total;  // numbers all random ops of the trace reserve
 
  private:
-  void capture(TensorImpl& impl);
+  void capture(const std::shared_ptr<TensorImpl>& owner);
   void add_slot(NodePtr traced, NodePtr real);
   // Computes the unmaterialized `roots` on the call's inputs and records the break.
   void take_break(const NodePtr* roots, size_t nroots);

@@ -25,7 +25,7 @@ struct AccumulateGrad final : GradNode {
     if (!impl) return {};
     if (auto* o = detail::trace_observer()) o->on_grad(*impl, true);
     Tensor gd = create_graph ? g : g.detach();
-    gd = detail::cast(gd, impl->node()->dtype);
+    gd = detail::cast(gd, Tensor(impl).node()->dtype);
     if (impl->grad) {
       Tensor old(impl->grad);
       gd = add(old, gd);

@@ -10,8 +10,8 @@
 
 namespace kiln {
 
-const NodePtr& TensorImpl::node() {
-  if (base && base_version != base->version) {
+const NodePtr& TensorImpl::view_node() {
+  if (base_version != base->version) {
     // The base was written: replay the view chain on its new value (with autograd when the
     // base takes part in it, whatever the current grad mode: the view is a function of it).
     std::optional<EnableGradGuard> g;
@@ -22,7 +22,6 @@ const NodePtr& TensorImpl::node() {
     detail::copy_autograd(*this, cur);
     base_version = base->version;
   }
-  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_read(*this);
   return node_;
 }
 
@@ -38,7 +37,9 @@ Tensor Tensor::from_node(NodePtr node) {
 
 const NodePtr& Tensor::node() const {
   KILN_CHECK(impl_ != nullptr, "use of an undefined Tensor");
-  return impl_->node();
+  const NodePtr& n = impl_->node();
+  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_read(impl_);  // (may rebind: n names the member)
+  return n;
 }
 
 std::vector<int64_t> Tensor::sizes() const { return concrete(shape()); }
@@ -136,7 +137,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
   }
   const bool tracking = grad_enabled();
   auto& owner = impl_->base ? impl_->base : impl_;
-  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_write(*owner);
+  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_write(owner);
   KILN_CHECK(!(tracking && owner->requires_grad && !owner->grad_fn), "in-place op: a leaf tensor that requires ",
              "grad (or a view of one) is used in an in-place operation; wrap it in NoGradGuard");
   if (impl_->base) {
@@ -170,7 +171,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
     if (tracking) detail::copy_autograd(*base, nb);
     else base->grad_fn = nullptr;  // overwritten without tracking: a new leaf
     base->version++;
-    impl_->node();  // replay the chain on the new base
+    node();  // replay the chain on the new base
   } else {
     // Nodes are immutable, so aliasing a non-view node is safe; a view is copied so that a
     // non-view tensor always names dense storage.

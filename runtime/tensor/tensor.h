@@ -37,7 +37,7 @@ struct GradNode;  // a node of the backward graph (runtime/autograd/autograd.h)
 
 // Shared state behind Tensor handles: the node it currently names, and, for views, the base
 // tensor and the chain of view steps from it. In-place ops rebind `node` (functionalization).
-struct KILN_API TensorImpl : std::enable_shared_from_this<TensorImpl> {
+struct KILN_API TensorImpl {
   // A fresh impl (from the per-thread pool).
   static std::shared_ptr<TensorImpl> make();
   NodePtr node_;
@@ -51,8 +51,12 @@ struct KILN_API TensorImpl : std::enable_shared_from_this<TensorImpl> {
   std::shared_ptr<GradNode> grad_fn;       // null for leaves
   std::shared_ptr<GradNode> accumulator;   // leaves: where gradients accumulate (lazy)
   std::shared_ptr<TensorImpl> grad;        // accumulated gradient (leaves)
-  // The current node, rebuilt from the base if the base was written since.
-  const NodePtr& node();
+  // The current node, rebuilt from the base if the base was written since (a compile() trace
+  // hears of the read through Tensor::node(), which knows the owning handle).
+  const NodePtr& node() { return base ? view_node() : node_; }
+
+ private:
+  const NodePtr& view_node();
 };
 
 class Tensor;

@@ -18,9 +18,9 @@ class TraceObserver {
  public:
   virtual ~TraceObserver() = default;
   // A tensor's node is about to be used (every op input, every in-place target).
-  virtual void on_read(TensorImpl& impl) = 0;
+  virtual void on_read(const std::shared_ptr<TensorImpl>& impl) = 0;
   // An in-place op is about to rebind `impl` (the owner: the base for views).
-  virtual void on_write(TensorImpl& impl) = 0;
+  virtual void on_write(const std::shared_ptr<TensorImpl>& impl) = 0;
   // A leaf's .grad() is about to change: set (set_grad, zero_grad) or accumulated into
   // (backward), which also reads whether it was defined.
   virtual void on_grad(TensorImpl& leaf, bool accumulate) = 0;
