@@ -856,6 +856,10 @@ class Gen {
       case 4: case 5: {  // amax / amin
         if (n == 0 || prod(x.shape) == 0) return false;
         bool mx = k == 4;
+        // Equal values but not equal bits: which of -0 and +0 a reduction keeps depends on the
+        // order it compares them in (the interpreter's loop, a kernel's vector lanes), so the
+        // result is exact in value only; ops that turn a zero's sign into a value (1/x) refuse it.
+        o.exact = false;
         return add(std::string(mx ? "amax(" : "amin(") + args + ")",
                    [a, dims, keep, mx](const std::vector<Tensor>& v) {
                      return mx ? kiln::amax(v[a], dims, keep) : kiln::amin(v[a], dims, keep);
