@@ -5,6 +5,8 @@
 // in the last bits between the JIT's vector math and the interpreter's libm).
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -97,13 +99,35 @@ TEST(Passes, NoOpsAreRemovedAndGuardedByValue) {
   expect_matches_interpreter([&] { return build(1, 0); }, "x*1+0/1-0");
   PassCounts d = delta(before);
   // (x is the segment's first external input: the multiplication by 1 goes too. The 1s of mul
-  // and div are one node in lazy eager, as are the 0s; sub stays, since the reshape would
-  // otherwise view x's own storage.)
-  EXPECT_GE(d.noop, 5) << "mul, add, div by identity constants, the reshape and the expand";
+  // and div are one node in lazy eager, as are the 0s. Adding +0 stays: it is not x at -0.)
+  EXPECT_GE(d.noop, 5) << "mul, div, sub by identity constants, the reshape and the expand";
   EXPECT_GE(d.dead, 1) << "the constant 1 is left without consumers";
   // The same structure with other constants: the cached rewrite's guards must refuse it.
   expect_matches_interpreter([&] { return build(2, 0.5); }, "x*2+0.5/2-0.5");
   expect_matches_interpreter([&] { return build(1, 0); }, "x*1+0/1-0 again");
+}
+
+// x + 0 is +0 at x = -0 (IEEE), so only adding -0 and subtracting +0 are identities; a plan
+// whose rewrite relied on one zero's sign does not serve the other.
+TEST(Passes, SignedZerosDecideWhichAdditionsAreNoOps) {
+  SKIP_WITHOUT_JIT();
+  Tensor x = kiln::from_vector(std::vector<float>{-0.f, 0.f, -1.5f, 2.f}, std::vector<int64_t>{4}).eval();
+  auto bits = [](const Tensor& t) {
+    std::vector<uint32_t> out;
+    for (float f : t.to_vector<float>()) out.push_back(std::bit_cast<uint32_t>(f));
+    return out;
+  };
+  const uint32_t neg0 = 0x80000000u, pos0 = 0;
+  for (int pass = 0; pass < 2; ++pass) {  // the second reuses the plans
+    PassCounts before = kiln::jit::pass_totals();
+    EXPECT_EQ(bits(kiln::relu(x) + 0.0)[0], pos0) << "relu(-0) + 0 is +0";
+    EXPECT_EQ(bits(x * 1 + 0.0)[0], pos0) << "-0 + 0 is +0";
+    EXPECT_EQ(bits(x * 1 + -0.0)[0], neg0) << "-0 + -0 is -0";
+    EXPECT_EQ(bits(x * 1 - 0.0)[0], neg0) << "-0 - 0 is -0";
+    EXPECT_EQ(bits(x * 1 - -0.0)[0], pos0) << "-0 - -0 is +0";
+    if (pass == 0) EXPECT_GE(delta(before).noop, 2) << "adding -0 and subtracting +0 are removed";
+  }
+  expect_matches_interpreter([&] { return std::vector<Tensor>{x * 1 + 0.0, x * 1 - 0.0, x * 1 + -0.0}; }, "signed zeros");
 }
 
 TEST(Passes, ConstantsFoldWithFreshValuesEveryCall) {

@@ -1,5 +1,6 @@
 #include "jit/graph/passes.h"
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -173,11 +174,13 @@ struct Analysis {
     return true;
   }
 
-  // A Full input equal to `v` (recorded as a guard when the rewrite uses it).
-  bool full_is(int ref, double v, std::vector<Rewrite::Guard>& guards) const {
+  // A Full input equal to `v` (recorded as a guard when the rewrite uses it); `sign`: a
+  // floating zero must also have v's sign (x + 0 is not x at x = -0, x + -0 is; x - 0 is).
+  bool full_is(int ref, double v, std::vector<Rewrite::Guard>& guards, bool sign = false) const {
     if (ref < 0 || ref >= n || !full_node[ref]) return false;
     const Node& c = *seg.nodes[ref];
     if (full_value(c) != v) return false;
+    if (sign && is_floating(c.dtype) && std::signbit(full_value(c)) != std::signbit(v)) return false;
     bool int_dtype = !is_floating(c.dtype) && c.dtype != DType::Bool;
     if (int_dtype && (c.attrs.ints.empty() || c.attrs.ints[0] != static_cast<int64_t>(v))) return false;
     guards.push_back(guard_on(c, ref));
@@ -197,11 +200,11 @@ struct Analysis {
         else if (full_is(operand(0), 1, guards)) r = operand(1);
         break;
       case OpKind::Add:
-        if (full_is(operand(1), 0, guards)) r = operand(0);
-        else if (full_is(operand(0), 0, guards)) r = operand(1);
+        if (full_is(operand(1), -0.0, guards, true)) r = operand(0);
+        else if (full_is(operand(0), -0.0, guards, true)) r = operand(1);
         break;
       case OpKind::Sub:
-        if (full_is(operand(1), 0, guards)) r = operand(0);
+        if (full_is(operand(1), 0.0, guards, true)) r = operand(0);
         break;
       case OpKind::Div:
         if (full_is(operand(1), 1, guards)) r = operand(0);
@@ -334,7 +337,8 @@ Rewrite::Guard guard_on(const Node& c, int pos) {
 bool guards_hold(const std::vector<Rewrite::Guard>& guards, const Segment& seg) {
   for (const Rewrite::Guard& g : guards) {
     const Node& c = *seg.nodes[g.pos];
-    if (c.op != OpKind::Full || !(c.attrs.f0 == g.f0)) return false;
+    // (bit for bit: a rewrite that relied on +0 must not serve -0)
+    if (c.op != OpKind::Full || std::bit_cast<uint64_t>(c.attrs.f0) != std::bit_cast<uint64_t>(g.f0)) return false;
     if (g.has_i0 != !c.attrs.ints.empty() || (g.has_i0 && c.attrs.ints[0] != g.i0)) return false;
   }
   return true;
