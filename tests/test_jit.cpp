@@ -94,6 +94,7 @@
 #include "jit/exec/executor.h"
 #include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
+#include "jit/loop/row_cache.h"
 #include "jit/graph/scheduler.h"
 #include "kiln.h"
 #include "test_seed.h"
@@ -863,6 +864,53 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> jit_and_interpreter(const st
   kiln::eval(want);
   kiln::set_executor(kiln::jit::jit_executor());
   return {got, want};
+}
+
+// Host row kernels keep the values several stages of a row use on the stack (the row cache,
+// jit/loop/row_cache.h): softmax(gelu(layer_norm(x))) over random sizes runs as one kernel;
+// when its rows fit the cache each element's erf and exp are computed once, in vectorized loops
+// ahead of the in-order sums, and kept on the stack; longer rows store them. Both agree with the
+// interpreter (sums in the same order in double: float32 to 2e-6, float64 to 1e-13).
+TEST(JitCodegen, RowKernelsKeepStagesInTheRowCache) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  const kiln::jit::Target& t = kiln::jit::target_for(kiln::DeviceType::CPU);
+  ASSERT_GT(t.row_cache, 0);
+  std::mt19937_64 rng(test_seed() ^ 0x7cull);
+  for (int it = 0; it < 8; ++it) {
+    const bool fits = it < 6;
+    const int64_t rows = it % 3 == 2 ? 1 + static_cast<int64_t>(rng() % 4) : 8 + static_cast<int64_t>(rng() % 24);
+    const int64_t cols = fits ? 2 + static_cast<int64_t>(rng() % 3000) : t.row_cache + 1 + static_cast<int64_t>(rng() % 64);
+    const DType dt = it % 2 ? kF64 : kF32;
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << kiln::dtype_name(dt));
+    Tensor x = kiln::randn({rows, cols}, dt).eval(), w = kiln::randn({cols}, dt).eval(), b = kiln::randn({cols}, dt).eval();
+    auto f = [&] { return std::vector<Tensor>{kiln::softmax(kiln::gelu(kiln::layer_norm(x, {cols}, w, b)), -1)}; };
+    kiln::eval(f());  // compiled
+    kiln::jit::wait_background_compiles();
+    const kiln::jit::CacheStats s0 = kiln::jit::cache_stats();
+    const auto [got, want] = jit_and_interpreter(f);
+    const kiln::jit::CacheStats s1 = kiln::jit::cache_stats();
+    const uint64_t launches = s1.quick_runs + s1.optimized_runs - s0.quick_runs - s0.optimized_runs;
+    // (a few long rows split each reduction across threads instead: kernels per stage)
+    if (rows >= 8) EXPECT_EQ(launches, 1u) << "one row kernel (rows longer than the cache: stages merged over stored values)";
+    auto a = got[0].to_vector<double>(), e = want[0].to_vector<double>();
+    ASSERT_EQ(a.size(), e.size());
+    const double tol = dt == kF32 ? 2e-6 : 1e-13;
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol) << "i=" << i;
+  }
+  // The planner: one slot serves x, its normalized value, gelu and exp in turn.
+  Tensor x = kiln::randn({4, 1000}).eval();
+  kiln::Segment seg = make_segment({kiln::softmax(kiln::gelu(kiln::layer_norm(x, {1000})), -1)});
+  kiln::jit::ScheduleOptions opts;
+  opts.store_expensive = false;
+  opts.merge_row_stages = true;
+  const auto steps = kiln::jit::schedule(seg, {}, opts);
+  ASSERT_EQ(steps.size(), 1u) << kiln::jit::describe(steps);
+  const auto lowered = kiln::jit::lower(steps[0].group, t);
+  const kiln::jit::Kernel& k = lowered->kernel;
+  ASSERT_EQ(k.row_cache, t.row_cache);
+  const kiln::jit::RowCachePlan plan = kiln::jit::plan_row_cache(k, 1 << 20);
+  EXPECT_EQ(plan.slots.size(), 1u) << k.str();
+  EXPECT_GE(plan.loops.size(), 3u) << "the stages after the first read the row back";
 }
 
 TEST(JitCodegen, ColumnReductionsMatchInterpreter) {

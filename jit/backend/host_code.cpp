@@ -34,6 +34,12 @@ const Target& host_target() {
     x.column_tile = 64;
     x.small_inner = 8;
     x.vector_bytes = 32;
+    // Row kernels keep up to 8192 elements a row on the stack (jit/loop/row_cache.h): a
+    // layer_norm -> gelu -> softmax row is read once and its erf and exp computed once.
+    x.row_cache = 8192;
+    x.store_expensive = false;
+    x.recompute_in_row_cache_only = true;
+    x.merge_row_stages = true;
     return x;
   }();
   return t;

@@ -39,6 +39,10 @@ struct Target {
   // Store transcendental values a reduction and another op read (ScheduleOptions); false: also
   // schedule with recomputation and keep whichever schedule's kernels move fewer bytes.
   bool store_expensive = true;
+  // With store_expensive off: keep the recomputing schedule only when each of its reduction
+  // kernels keeps its rows in the row cache (a host core pays for every recomputed
+  // transcendental; a GPU hides it behind memory traffic).
+  bool recompute_in_row_cache_only = false;
   // Ops the backend cannot generate (lower() rejects groups using them); null: all.
   bool (*unsupported_op)(OpKind op, DType dtype) = nullptr;
   // Whether lowering may emit `op` on `dtype` values.

@@ -23,12 +23,14 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <vector>
 #include <mutex>
 #include <unordered_map>
 
 #include "jit/diag/diagnostics.h"
+#include "jit/loop/row_cache.h"
 #include "kernels/cpu/vmath.h"
 #include "runtime/core/error.h"
 
@@ -135,6 +137,9 @@ const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
 }
 
 // ---- IR emission ----
+// Stack bytes a row kernel may keep a row's cached values in (jit/loop/row_cache.h).
+constexpr int64_t kRowCacheBytes = 256 * 1024;
+
 struct Emitter {
   const Kernel& k;
   LLVMContext& ctx;
@@ -145,6 +150,12 @@ struct Emitter {
   std::vector<Value*> acc_val, acc_idx;
   std::vector<Value*> acc_nan;  // float max/min: whether a NaN was seen (else nullptr)
   std::vector<std::unordered_map<ExprId, Value*>> scopes;
+  // Row cache (jit/loop/row_cache.h): one stack array of k.row_cache elements per slot; the
+  // loop being emitted reads and writes its element `rcx` (its variable minus its start).
+  RowCachePlan rc;
+  std::vector<Value*> rc_slots;
+  const RowCachePlan::LoopCache* cur_cache = nullptr;
+  Value* rcx = nullptr;
 
   Emitter(const Kernel& kk, LLVMContext& c, Module& m) : k(kk), ctx(c), mod(m), b(c) {}
 
@@ -302,11 +313,60 @@ struct Emitter {
     return b.CreateInBoundsGEP(mem_type(k.buffers[buffer].dtype), bufs[buffer], index);
   }
 
+  // Whether row loop `L` sums floats in order (no vectorizing) and computes values for later
+  // loops that no accumulator of its own feeds: those can be computed in a loop before it.
+  bool hoistable(const Stmt& L, const RowCachePlan::LoopCache& c) const {
+    if (c.writes.empty()) return false;
+    std::vector<bool> updated(k.accs.size(), false);
+    bool ordered = false;
+    for (const Stmt& s : L.body)
+      if (s.kind == Stmt::Kind::AccUpdate) {
+        updated[static_cast<size_t>(s.acc)] = true;
+        const AccSpec& a = k.accs[static_cast<size_t>(s.acc)];
+        ordered = ordered || ((a.op == OpKind::Sum || a.op == OpKind::Prod) && is_floating(a.dtype));
+      }
+    if (!ordered) return false;
+    std::function<bool(ExprId)> reads_updated = [&](ExprId e) {
+      if (e < 0) return false;
+      const Expr& x = k.exprs[e];
+      if ((x.kind == Expr::Kind::Acc || x.kind == Expr::Kind::AccIndex) && updated[static_cast<size_t>(x.i)]) return true;
+      return reads_updated(x.a) || reads_updated(x.b) || reads_updated(x.c);
+    };
+    for (const auto& [id, slot] : c.writes)
+      if (reads_updated(id)) return false;
+    return true;
+  }
+
+  Value* rc_elem(int slot) {
+    return b.CreateInBoundsGEP(reg_type(rc.slots[static_cast<size_t>(slot)]), rc_slots[static_cast<size_t>(slot)], rcx);
+  }
+
   Value* expr(ExprId id) {
     const Expr& e = k.exprs[id];
     bool volatile_value = e.kind == Expr::Kind::Acc || e.kind == Expr::Kind::AccIndex;
     if (!volatile_value)
       if (Value* v = lookup(id)) return v;
+    if (cur_cache) {  // computed by an earlier loop over this row: read it back
+      auto r = cur_cache->reads.find(id);
+      if (r != cur_cache->reads.end()) {
+        const DType st = rc.slots[static_cast<size_t>(r->second)];
+        Value* v = convert(b.CreateLoad(reg_type(st), rc_elem(r->second)), st, e.dtype);
+        scopes.back()[id] = v;
+        return v;
+      }
+    }
+    Value* v = compute(id);
+    if (cur_cache) {  // later loops over this row read it back
+      auto w = cur_cache->writes.find(id);
+      if (w != cur_cache->writes.end())
+        b.CreateStore(convert(v, e.dtype, rc.slots[static_cast<size_t>(w->second)]), rc_elem(w->second));
+    }
+    return v;
+  }
+
+  Value* compute(ExprId id) {
+    const Expr& e = k.exprs[id];
+    bool volatile_value = e.kind == Expr::Kind::Acc || e.kind == Expr::Kind::AccIndex;
     Value* v = nullptr;
     auto I = [&](ExprId x) { return expr(x); };
     switch (e.kind) {
@@ -453,7 +513,30 @@ struct Emitter {
         case Stmt::Kind::Loop: {
           Value* lo = expr(s.lo);
           Value* hi = expr(s.hi);
-          loop(s.var, lo, hi, [&] { stmts(s.body); });
+          const auto lc = rc.loops.find(&s);
+          const RowCachePlan::LoopCache* cache = lc != rc.loops.end() ? &lc->second : nullptr;
+          // A row loop summing floats in order does not vectorize: the values it keeps for later
+          // loops (exp of a softmax) are computed first in a loop of their own, which does.
+          RowCachePlan::LoopCache after;
+          if (cache && hoistable(s, *cache)) {
+            loop(s.var, lo, hi, [&] {
+              cur_cache = cache;
+              rcx = b.CreateSub(vars[static_cast<size_t>(s.var)], lo, "", true, true);
+              for (const auto& [id, slot] : cache->writes) expr(id);
+              cur_cache = nullptr;
+            });
+            after.reads = cache->reads;
+            after.reads.insert(cache->writes.begin(), cache->writes.end());
+            cache = &after;
+          }
+          loop(s.var, lo, hi, [&] {
+            if (cache) {  // a flat loop over the row: its element in the row cache
+              cur_cache = cache;
+              rcx = b.CreateSub(vars[static_cast<size_t>(s.var)], lo, "", true, true);
+            }
+            stmts(s.body);
+            cur_cache = nullptr;
+          });
           break;
         }
         case Stmt::Kind::Store: {
@@ -510,6 +593,12 @@ struct Emitter {
       acc_idx.push_back(b.CreateAlloca(i64));
       bool nan_flag = is_floating(a.dtype) && (a.op == OpKind::Amax || a.op == OpKind::Amin);
       acc_nan.push_back(nan_flag ? b.CreateAlloca(b.getInt1Ty()) : nullptr);
+    }
+    rc = plan_row_cache(k, kRowCacheBytes);
+    for (DType t : rc.slots) {
+      AllocaInst* a = b.CreateAlloca(reg_type(t), b.getInt64(k.row_cache));
+      a->setAlignment(Align(64));
+      rc_slots.push_back(a);
     }
     scopes.emplace_back();
     loop(0, begin, end, [&] { stmts(k.body); });

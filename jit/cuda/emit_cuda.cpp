@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "jit/loop/row_cache.h"
 #include "runtime/core/error.h"
 
 namespace kiln::jit {
@@ -118,17 +119,10 @@ struct Emitter {
   int lanes = 1;      // threads per parallel index: 1, a warp (32) or a block (kCudaWideBlock)
   std::vector<std::unordered_map<ExprId, std::string>> scopes;
 
-  // Row cache (k.row_cache > 0, a warp per row): values that several loops of a row compute
-  // are computed in the first and kept in shared memory (a region per warp, one slot of
-  // k.row_cache elements per value live at once); later loops read them back.
-  struct LoopCache {
-    std::unordered_map<ExprId, int> reads, writes;  // expression -> slot
-  };
-  std::map<const Stmt*, LoopCache> row_cache;
-  std::vector<DType> slots;
-  std::vector<int64_t> slot_offset;  // bytes into the warp's region
-  int64_t warp_region = 0;           // bytes of shared memory per warp
-  const LoopCache* cur_cache = nullptr;
+  // Row cache (k.row_cache > 0, a warp per row; jit/loop/row_cache.h): a region of shared
+  // memory per warp, `rc.region` bytes.
+  RowCachePlan rc;
+  const RowCachePlan::LoopCache* cur_cache = nullptr;
 
   explicit Emitter(const Kernel& kk) : k(kk) {}
 
@@ -601,122 +595,6 @@ struct Emitter {
     line("}");
   }
 
-  // ---- row cache analysis ----
-  // The structure of expression `e` with loop variable `var` written as V (equal strings:
-  // the same value in every loop over the same range), memoized per (e, var).
-  std::map<std::pair<ExprId, int>, std::string> canon_memo;
-  const std::string& canon(ExprId e, int var) {
-    auto key = std::make_pair(e, var);
-    auto it = canon_memo.find(key);
-    if (it != canon_memo.end()) return it->second;
-    const Expr& x = k.exprs[e];
-    std::ostringstream os;
-    if (x.kind == Expr::Kind::Var && x.i == var) {
-      os << "V";
-    } else {
-      uint64_t fbits;
-      std::memcpy(&fbits, &x.f, 8);
-      os << "(" << static_cast<int>(x.kind) << "," << static_cast<int>(x.op) << "," << static_cast<int>(x.dtype) << "," << x.i << ","
-         << fbits;
-      for (ExprId c : {x.a, x.b, x.c})
-        if (c >= 0) os << " " << canon(c, var);
-      os << ")";
-    }
-    return canon_memo[key] = os.str();
-  }
-  bool varies(ExprId e, int var) { return canon(e, var).find('V') != std::string::npos; }
-  static bool worth_caching(const Expr& x) {
-    switch (x.kind) {
-      case Expr::Kind::Load: case Expr::Kind::Unary: case Expr::Kind::Binary: case Expr::Kind::Where: case Expr::Kind::Cast:
-        return true;
-      default: return false;  // index arithmetic, constants, accumulators: cheaper than a shared load
-    }
-  }
-
-  // How a cached value of type t is kept: as its register type (bools as ints, 16-bit floats
-  // as float32).
-  static DType slot_type(DType t) { return t == DType::Bool ? DType::Int32 : half16(t) ? DType::Float32 : t; }
-
-  // Plans the row cache over the top-level loops of the kernel body (flat loops only).
-  void plan_row_cache() {
-    struct Found { size_t loop; ExprId id; };
-    std::vector<const Stmt*> loops;
-    for (const Stmt& s : k.body)
-      if (s.kind == Stmt::Kind::Loop && !has_loop(s.body)) loops.push_back(&s);
-    struct Candidate { size_t writer; ExprId wid; std::vector<std::pair<size_t, ExprId>> readers; };
-    std::vector<Candidate> cands;
-    std::unordered_map<std::string, size_t> cand_of;         // canon -> candidate
-    std::unordered_map<std::string, Found> seen;              // canon -> first loop computing it
-    for (size_t li = 0; li < loops.size(); ++li) {
-      const Stmt& L = *loops[li];
-      const std::string range = canon(L.lo, L.var) + "|" + canon(L.hi, L.var);
-      std::vector<ExprId> computed;
-      std::set<ExprId> visited;
-      std::function<void(ExprId)> walk = [&](ExprId e) {
-        if (e < 0 || !visited.insert(e).second) return;
-        const Expr& x = k.exprs[e];
-        if (worth_caching(x) && varies(e, L.var)) {
-          const std::string key = range + "#" + canon(e, L.var);
-          auto f = seen.find(key);
-          if (f != seen.end() && f->second.loop < li) {
-            auto [it, fresh] = cand_of.emplace(key, cands.size());
-            if (fresh) cands.push_back({f->second.loop, f->second.id, {}});
-            cands[it->second].readers.push_back({li, e});
-            return;  // read back: nothing under it is computed here
-          }
-          computed.push_back(e);
-        }
-        walk(x.a);
-        walk(x.b);
-        walk(x.c);
-      };
-      for (const Stmt& s : L.body)
-        if (s.kind == Stmt::Kind::AccUpdate || s.kind == Stmt::Kind::Store) walk(s.value);
-      for (ExprId e : computed) seen.emplace(range + "#" + canon(e, L.var), Found{li, e});
-    }
-    // Slots by liveness in writer order (a slot is free for a writer once its last reader loop
-    // is earlier), within the shared memory a block may use.
-    std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
-    // A slot also serves a value written by the loop that last reads it when that value is
-    // computed from the read one (the read, kept in a register, comes first in the iteration):
-    // layer_norm -> gelu -> softmax keeps x, x - mean, gelu(.) and exp(.) in one slot in turn.
-    constexpr int64_t kBudget = 96 * 1024;  // bytes per block (kCudaBlock / 32 warps)
-    std::vector<size_t> free_after;          // per slot: last reader loop
-    std::vector<ExprId> last_read;           // per slot: what that loop reads from it
-    std::function<bool(ExprId, ExprId)> uses = [&](ExprId e, ExprId r) {
-      if (e < 0) return false;
-      if (e == r) return true;
-      const Expr& x = k.exprs[e];
-      return uses(x.a, r) || uses(x.b, r) || uses(x.c, r);
-    };
-    for (const Candidate& c : cands) {
-      const DType t = k.exprs[c.wid].dtype;
-      size_t last = 0;
-      ExprId last_id = -1;
-      for (auto& r : c.readers)
-        if (r.first >= last) last = r.first, last_id = r.second;
-      int slot = -1;
-      for (size_t sl = 0; sl < slots.size() && slot < 0; ++sl)
-        if (slots[sl] == slot_type(t) &&
-            (free_after[sl] < c.writer || (free_after[sl] == c.writer && uses(c.wid, last_read[sl]))))
-          slot = static_cast<int>(sl);
-      if (slot < 0) {
-        const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(slot_type(t)));
-        if ((warp_region + bytes) * (kCudaBlock / 32) > kBudget) continue;  // recomputed instead
-        slot = static_cast<int>(slots.size());
-        slots.push_back(slot_type(t));
-        slot_offset.push_back(warp_region);
-        warp_region += bytes;
-        free_after.push_back(0);
-        last_read.push_back(-1);
-      }
-      free_after[static_cast<size_t>(slot)] = last;
-      last_read[static_cast<size_t>(slot)] = last_id;
-      row_cache[loops[c.writer]].writes[c.wid] = slot;
-      for (auto& r : c.readers) row_cache[loops[r.first]].reads[r.second] = slot;
-    }
-  }
-
   static bool has_loop(const std::vector<Stmt>& ss) {
     for (const Stmt& s : ss)
       if (s.kind == Stmt::Kind::Loop) return true;
@@ -749,9 +627,9 @@ struct Emitter {
       // A flat loop: unrolled, so each lane keeps several loads in flight.
       // Rows kept in shared memory: 8 (layer_norm -> gelu -> softmax 55 -> 50 us on the H100;
       // the W1 split kernel loses occupancy at 8: 102 -> 112 us).
-      if (!has_loop(s.body)) line(slots.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
-      const auto rc = row_cache.find(&s);
-      if (rc != row_cache.end()) cur_cache = &rc->second;  // the loop's element in the row cache: rcx
+      if (!has_loop(s.body)) line(rc.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
+      const auto lc = rc.loops.find(&s);
+      if (lc != rc.loops.end()) cur_cache = &lc->second;  // the loop's element in the row cache: rcx
       block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
             s.body, cur_cache ? "const int rcx = (int)(" + v + " - " + lo + ");" : "");
       cur_cache = nullptr;
@@ -794,12 +672,12 @@ struct Emitter {
       if (nan_flag(k.accs[a])) line("bool accnan" + std::to_string(a) + " = false;");
       line("(void)acc" + std::to_string(a) + "; (void)acci" + std::to_string(a) + ";");
     }
-    if (!slots.empty()) {  // the row cache: this warp's region of the dynamic shared memory
+    if (!rc.empty()) {  // the row cache: this warp's region of the dynamic shared memory
       line("extern __shared__ __align__(16) unsigned char kiln_smem[];");
-      for (size_t sl = 0; sl < slots.size(); ++sl) {
-        const std::string T = mtype(slots[sl]);
+      for (size_t sl = 0; sl < rc.slots.size(); ++sl) {
+        const std::string T = mtype(rc.slots[sl]);
         line(T + "* const rc" + std::to_string(sl) + " = (" + T + "*)(kiln_smem + (threadIdx.x >> 5) * " +
-             std::to_string(warp_region) + " + " + std::to_string(slot_offset[sl]) + ");");
+             std::to_string(rc.region) + " + " + std::to_string(rc.slot_offset[sl]) + ");");
       }
     }
     if (lanes > 32) {  // a block per parallel index
@@ -831,9 +709,11 @@ std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, in
   Emitter e(k);
   e.warp = e.warp_eligible() && !k.columns;
   e.lanes = !e.warp ? 1 : k.long_indices ? kCudaWideBlock : 32;
-  if (e.lanes == 32 && k.row_cache > 0) e.plan_row_cache();
+  // Rows kept in shared memory: 96 KiB a block, split between its warps.
+  constexpr int64_t kRowCacheBytes = 96 * 1024;
+  if (e.lanes == 32 && k.row_cache > 0) e.rc = plan_row_cache(k, kRowCacheBytes / (kCudaBlock / 32));
   if (lanes) *lanes = e.lanes;
-  if (shared_bytes) *shared_bytes = static_cast<int>(e.warp_region * (kCudaBlock / 32));
+  if (shared_bytes) *shared_bytes = static_cast<int>(e.rc.region * (kCudaBlock / 32));
   return e.emit(symbol);
 }
 

@@ -403,6 +403,19 @@ bool passes_enabled() {
 }
 
 // Bytes the kernel steps of a schedule read and write (each canonical input once per kernel).
+// Whether every reduction kernel of `steps` reduces rows (the last dim) kept in the target's
+// row cache.
+bool row_cached(const std::vector<Step>& steps, const Target& t) {
+  for (const Step& st : steps) {
+    const Group& g = st.group;
+    if (st.kind != Step::Kind::Kernel || g.reduce_dims.empty()) continue;
+    const bool rows = std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(g.domain.size()) - 1) !=
+                      g.reduce_dims.end();
+    if (!rows || !row_cache_fits(g, t)) return false;
+  }
+  return true;
+}
+
 double kernel_traffic(const std::vector<Step>& steps) {
   auto bytes = [](const Node* n) {
     double e = static_cast<double>(itemsize(n->dtype));
@@ -629,7 +642,8 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
       ScheduleOptions recompute = opts;
       recompute.store_expensive = false;
       std::vector<Step> alt = schedule(*target, stored, recompute);
-      if (kernel_traffic(alt) < kernel_traffic(steps)) steps = std::move(alt);
+      if (kernel_traffic(alt) < kernel_traffic(steps) && (!tgt->recompute_in_row_cache_only || row_cached(alt, *tgt)))
+        steps = std::move(alt);
     }
     kernels.assign(steps.size(), nullptr);
     deferred = horizontal_candidates(steps);

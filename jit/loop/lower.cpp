@@ -29,20 +29,6 @@ char stride_class(const SymInt& size, const SymInt& stride) {
   return 'g';
 }
 
-// Whether `g` is a row reduction whose loops run at most t.row_cache iterations: every dim
-// (reduced or the last) is at most that long, with its size known.
-bool row_cache_fits(const Group& g, const Target& t) {
-  if (t.row_cache <= 0 || g.reduce_dims.empty() || g.split || g.domain.empty()) return false;
-  int64_t reduced = 1;
-  for (int64_t d : g.reduce_dims) {
-    auto v = g.domain[static_cast<size_t>(d)].maybe_int();
-    if (!v) return false;
-    reduced *= *v;
-  }
-  auto last = g.domain.back().maybe_int();
-  return last && *last <= t.row_cache && reduced <= t.row_cache;
-}
-
 // Whether `g` reduces leading dims (a prefix, the last dim kept) over at least
 // t.column_split_rows rows, with no arg reduction and nothing in the group reading a
 // reduction's value: such a group runs as per-(row chunk, column) partials.
@@ -77,6 +63,19 @@ bool dense_in_domain(const Node* n, const Shape& domain) {
 }
 
 }  // namespace
+
+bool row_cache_fits(const Group& g, const Target& t) {
+  if (t.row_cache <= 0 || g.reduce_dims.empty() || g.split || g.domain.empty()) return false;
+  int64_t reduced = 1;
+  for (int64_t d : g.reduce_dims) {
+    auto v = g.domain[static_cast<size_t>(d)].maybe_int();
+    if (!v) return false;
+    reduced *= *v;
+  }
+  auto last = g.domain.back().maybe_int();
+  return last && *last <= t.row_cache && reduced <= t.row_cache;
+}
+
 
 std::vector<Node*> canonical_inputs(const Group& g) {
   std::unordered_map<const Node*, bool> inside;

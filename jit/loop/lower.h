@@ -25,6 +25,11 @@ struct ArgSource {
   int a = 0, b = 0;
 };
 
+// Whether `g` is a row reduction whose loops run at most t.row_cache iterations (every dim,
+// reduced or the last, at most that long, its size known): its kernel keeps a row's values
+// that several stages use in the row cache.
+bool row_cache_fits(const Group& g, const Target& t);
+
 // Structural key of a group: equal keys lower to identical kernels for target `t`.
 std::string group_key(const Group& g, const Target& t);
 
