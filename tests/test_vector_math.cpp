@@ -9,6 +9,7 @@
 // (double for float32, long double for float64). The worst case per function is printed.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <functional>
@@ -85,6 +86,46 @@ void check_all(kiln::DType dt) {
                 static_cast<double>(worst_x));
     EXPECT_LE(worst, kMaxUlp) << f.name << " " << kiln::dtype_name(dt) << " at x = " << worst_x;
   }
+}
+
+// Every width computes the same bits: a kernel's vector loop (16 lanes on AVX-512 hosts, 8 on
+// AVX2) against the scalar call each element gets alone (a one-element tensor), per function.
+TEST(VectorMath, EveryWidthGivesTheSameBits) {
+  std::vector<float> xs(1027);
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(std::ldexp(std::sin(i * 0.731) , static_cast<int>(i % 9) - 4));
+  using Op = std::function<kiln::Tensor(const kiln::Tensor&)>;
+  auto pos = [](const kiln::Tensor& t) { return kiln::add(kiln::abs(t), 0.25); };
+  const std::vector<std::pair<std::string, Op>> ops = {
+      {"exp", [](auto& t) { return kiln::exp(t); }},     {"exp2", [](auto& t) { return kiln::exp2(t); }},
+      {"expm1", [](auto& t) { return kiln::expm1(t); }}, {"log", [&](auto& t) { return kiln::log(pos(t)); }},
+      {"log2", [&](auto& t) { return kiln::log2(pos(t)); }}, {"log1p", [&](auto& t) { return kiln::log1p(pos(t)); }},
+      {"sin", [](auto& t) { return kiln::sin(t); }},     {"cos", [](auto& t) { return kiln::cos(t); }},
+      {"tan", [](auto& t) { return kiln::tan(t); }},     {"atan", [](auto& t) { return kiln::atan(t); }},
+      {"tanh", [](auto& t) { return kiln::tanh(t); }},   {"erf", [](auto& t) { return kiln::erf(t); }},
+      {"pow", [&](auto& t) { return kiln::pow(pos(t), t); }}, {"atan2", [&](auto& t) { return kiln::atan2(t, pos(t)); }}};
+  const kiln::Tensor x = kiln::from_vector(xs);
+  for (const auto& [name, op] : ops) {
+    const std::vector<float> got = op(x).to_vector<float>();
+    ASSERT_EQ(got.size(), xs.size());
+    for (size_t i = 0; i < got.size(); i += 7) {
+      const float alone = op(kiln::from_vector(std::vector<float>{xs[i]})).item<float>();
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(alone)) << name << "(" << xs[i] << ")";
+    }
+  }
+}
+
+// tanh and erf round to exactly +-1 where the true value does (PyTorch's programs read 1 + tanh).
+TEST(VectorMath, SaturatedTanhAndErfAreExactlyOne) {
+  std::vector<float> xs;
+  for (float v = 9.1f; v < 60.f; v += 0.37f) xs.push_back(v);
+  const kiln::Tensor t = kiln::from_vector(xs);
+  for (float y : kiln::tanh(t).to_vector<float>()) ASSERT_EQ(y, 1.0f);
+  for (float y : kiln::tanh(kiln::neg(t)).to_vector<float>()) ASSERT_EQ(y, -1.0f);
+  std::vector<float> es;
+  for (float v = 3.95f; v < 12.f; v += 0.03f) es.push_back(v);
+  const kiln::Tensor e = kiln::from_vector(es);
+  for (float y : kiln::erf(e).to_vector<float>()) ASSERT_EQ(y, 1.0f);
+  for (float y : kiln::erf(kiln::neg(e)).to_vector<float>()) ASSERT_EQ(y, -1.0f);
 }
 
 TEST(VectorMath, Float32WithinStatedUlp) { check_all<float>(kiln::DType::Float32); }

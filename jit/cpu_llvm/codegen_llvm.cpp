@@ -110,6 +110,12 @@ const VectorMath& sleef_library() {
   return libs;
 }
 
+// Whether kernels use 512-bit vectors: the host has AVX-512F and kiln's float32 math is its
+// AVX-512 variant (kernels/cpu/vmath.h), so 16-lane loops call it natively.
+bool wide_vectors(const TargetMachine& tm) {
+  return vmath::have_vector16() && tm.getTargetFeatureString().contains("+avx512f");
+}
+
 // ---- vector math: kiln's scalar math entry points -> their AVX2 vector forms ----
 // Kernels call kiln_vm_<f>[f] (kernels/cpu/vmath.h), never libm: every tier and the interpreter
 // compute a transcendental with the same per-element function, so a value's bits do not depend
@@ -130,6 +136,10 @@ const std::vector<VecDesc>& vector_functions(const TargetMachine& tm) {
         StringRef s = names.back();
         names.push_back(std::string(f32 ? "kiln_vm8_" : "kiln_vm4_") + fn + (f32 ? "f" : ""));
         descs.push_back({s, names.back(), ElementCount::getFixed(f32 ? 8 : 4)});
+        if (f32 && wide_vectors(tm)) {
+          names.push_back("kiln_vm16_" + fn + "f");
+          descs.push_back({s, names.back(), ElementCount::getFixed(16)});
+        }
       }
     }
   });
@@ -770,6 +780,9 @@ std::string compile_once(const Kernel& k, const std::string& symbol, std::string
   vector_functions(*tm);
   LLVMContext ctx;
   auto mod = build_module(k, symbol, ctx);
+  if (wide_vectors(*tm))  // 16 floats a vector (LLVM prefers 256 bits on AVX-512 hosts otherwise)
+    for (Function& f : *mod)
+      if (!f.isDeclaration()) f.addFnAttr("prefer-vector-width", "512");
   optimize(*mod, *tm, vec);
   const int lanes = mask_lanes_through_bytes(*mod);
   if (lanes > 0 && log_enabled("codegen"))

@@ -10,7 +10,7 @@
 // and both give the same bits for every element. Without AVX2 (or without either library's
 // variant) every entry point uses the scalar libm function instead, again the same everywhere.
 // The LLVM tier calls the scalar names and maps them to the vector ones for its vectorizer
-// (VF 8 / 4 only); the asmjit tier calls the vector ones in its AVX2 loops.
+// (VF 16 where have_vector16(), 8 / 4); the asmjit tier calls the vector ones in its AVX2 loops.
 #pragma once
 #include <cstdint>
 
@@ -24,6 +24,11 @@ inline bool is_binary(Fn f) { return f == Fn::Pow || f == Fn::Atan2; }
 // Whether the vector entry points exist for this process (AVX2 host); when false the JIT must
 // not map calls to them.
 bool have_vector();
+// Whether kernels should use 512-bit vectors (AVX-512F host, KILN_NO_AVX512 unset, the AVX-512
+// variants found): then `kiln_vm16_<f>f` (16 x float) is the native form of the functions whose
+// AVX-512 variant is as accurate (vmath.cpp lists them; the 8-lane and scalar forms take lanes
+// of it) and two 8-lane calls of the others.
+bool have_vector16();
 
 // Scalar (the same bits as any lane of the vector forms).
 float f32(Fn f, float x);
