@@ -126,8 +126,13 @@ inline int64_t visible(bool causal, int64_t i, int64_t j0, int64_t cols) {
 }
 
 // The row loops below are compiled twice, for AVX2 and for the baseline, and the CPU picks one
-// when the library loads (GCC's target_clones).
+// when the library loads (GCC's target_clones). Not under ThreadSanitizer: the clones' ifunc
+// resolvers run during relocation, before its runtime starts, and crash the program.
+#if defined(__SANITIZE_THREAD__)
+#define KILN_ROW_CLONES
+#else
 #define KILN_ROW_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
 
 // Online softmax step of one query row over a block of scaled scores `row` (valid entries first,
 // the rest zeroed): adds the mask row, updates the running maximum m and sum l, rescales the
