@@ -347,6 +347,12 @@ struct Emitter {
     return true;
   }
 
+  // Inside a row loop (variable `var` from `lo`): its cached values and its element `rcx`.
+  void enter_row(const RowCachePlan::LoopCache* cache, int var, Value* lo) {
+    cur_cache = cache;
+    rcx = b.CreateSub(vars[static_cast<size_t>(var)], lo, "", true, true);
+  }
+
   Value* rc_elem(int slot) {
     return b.CreateInBoundsGEP(reg_type(rc.slots[static_cast<size_t>(slot)]), rc_slots[static_cast<size_t>(slot)], rcx);
   }
@@ -530,8 +536,7 @@ struct Emitter {
           RowCachePlan::LoopCache after;
           if (cache && hoistable(s, *cache)) {
             loop(s.var, lo, hi, [&] {
-              cur_cache = cache;
-              rcx = b.CreateSub(vars[static_cast<size_t>(s.var)], lo, "", true, true);
+              enter_row(cache, s.var, lo);
               for (const auto& [id, slot] : cache->writes) expr(id);
               cur_cache = nullptr;
             });
@@ -540,10 +545,7 @@ struct Emitter {
             cache = &after;
           }
           loop(s.var, lo, hi, [&] {
-            if (cache) {  // a flat loop over the row: its element in the row cache
-              cur_cache = cache;
-              rcx = b.CreateSub(vars[static_cast<size_t>(s.var)], lo, "", true, true);
-            }
+            if (cache) enter_row(cache, s.var, lo);  // a flat loop over the row
             stmts(s.body);
             cur_cache = nullptr;
           });

@@ -402,7 +402,6 @@ bool passes_enabled() {
   return on;
 }
 
-// Bytes the kernel steps of a schedule read and write (each canonical input once per kernel).
 // Whether every reduction kernel of `steps` reduces rows (the last dim) kept in the target's
 // row cache.
 bool row_cached(const std::vector<Step>& steps, const Target& t) {
@@ -416,6 +415,7 @@ bool row_cached(const std::vector<Step>& steps, const Target& t) {
   return true;
 }
 
+// Bytes the kernel steps of a schedule read and write (each canonical input once per kernel).
 double kernel_traffic(const std::vector<Step>& steps) {
   auto bytes = [](const Node* n) {
     double e = static_cast<double>(itemsize(n->dtype));

@@ -76,7 +76,6 @@ bool row_cache_fits(const Group& g, const Target& t) {
   return last && *last <= t.row_cache && reduced <= t.row_cache;
 }
 
-
 std::vector<Node*> canonical_inputs(const Group& g) {
   std::unordered_map<const Node*, bool> inside;
   for (Node* n : g.nodes) inside[n] = true;

@@ -7,7 +7,6 @@
 
 namespace kiln {
 using detail::cast;
-using detail::constant;
 using detail::as_dtype;
 using detail::record;
 using detail::record_refs;
