@@ -13,6 +13,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <dlfcn.h>
 #include <string>
 #include <vector>
 
@@ -147,6 +148,50 @@ double loop_us(F&& step, int n = 20) {
   }
   return median(t);
 }
+
+// Median microseconds the host spends issuing `step` (n calls, no wait inside the timing; n stays
+// below the driver's launch queue depth, so the GPU's pace does not show).
+template <class F>
+double issue_us(F&& step, int n = 200) {
+  for (int i = 0; i < 3; ++i) step();
+  kiln::cuda::synchronize();
+  std::vector<double> t;
+  for (int r = 0; r < 15; ++r) {
+    auto a = Clock::now();
+    for (int i = 0; i < n; ++i) step();
+    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count() / n);
+    kiln::cuda::synchronize();
+  }
+  return median(t);
+}
+
+// The driver's own cost of one launch: an empty kernel (kiln's three-argument signature, one
+// block of 128 threads) launched by cuLaunchKernel in a loop on the current context. The floor
+// under any per-call launch of a generated kernel.
+struct LaunchFloor {
+  using Load = int (*)(void**, const void*);
+  using Get = int (*)(void**, void*, const char*);
+  using Run = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**, void**);
+  Run run = nullptr;
+  void* fn = nullptr;
+  LaunchFloor() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) return;
+    auto load = reinterpret_cast<Load>(dlsym(lib, "cuModuleLoadData"));
+    auto get = reinterpret_cast<Get>(dlsym(lib, "cuModuleGetFunction"));
+    run = reinterpret_cast<Run>(dlsym(lib, "cuLaunchKernel"));
+    static const char ptx[] =
+        ".version 7.0\n.target sm_70\n.address_size 64\n"
+        ".visible .entry kiln_floor(.param .u64 a, .param .u64 b, .param .u64 c) { ret; }\n";
+    void* mod = nullptr;
+    if (!load || !get || !run || load(&mod, ptx) != 0 || get(&fn, mod, "kiln_floor") != 0) run = nullptr;
+  }
+  void operator()() const {
+    long long begin = 0, end = 16, args = 0;
+    void* params[] = {&begin, &end, &args};
+    run(fn, 1, 1, 1, 128, 1, 1, 0, nullptr, params, nullptr);
+  }
+};
 
 std::shared_ptr<kiln::nn::Sequential> w2_net() {
   kiln::manual_seed(7);
@@ -321,6 +366,14 @@ void bench_w5() {
   row("W5", "kiln-eager", loop_us([&] { body(x).eval(); }, 2000));
   // (where eager's time goes: recording the three ops alone, without running them)
   row("W5", "kiln-eager-record-only", loop_us([&] { body(x); }, 2000));
+  // The host's share alone (calls issued, not waited for) and the driver's floor beside it.
+  row("W5", "kiln-compiled-issue", issue_us([&] { f(x); }));
+  row("W5", "kiln-compiled-nographs-issue", issue_us([&] { fp(x); }));
+  row("W5", "kiln-eager-issue", issue_us([&] { body(x).eval(); }));
+  if (LaunchFloor floor; floor.run) {
+    row("W5", "driver-launch-floor", loop_us(floor, 2000));
+    row("W5", "driver-launch-floor-issue", issue_us(floor));
+  }
 }
 
 // K structurally different kernels, each called once: with an empty KILN_CACHE_DIR every first

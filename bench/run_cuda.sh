@@ -63,6 +63,9 @@ for batch, target in ((4096, 4.0), (65536, 1.8)):
     if (w, "kiln-compiled") in t:
         r = fastest(w) / us(w, "kiln-compiled")
         check(f"W2 batch {batch} speedup over fastest torch", r, f">= {target}x", r >= target)
+        if (w, "cublas-gemms-only") in t:
+            f = fastest(w) / us(w, "cublas-gemms-only")
+            check(f"W2 batch {batch}: fastest torch / its GEMMs alone (cap)", f, "(info)", True)
         k = t[(w, "kiln-compiled")]
         d = abs(k["loss_step3_graphs"] - k["loss_step3_eager"]) / abs(k["loss_step3_eager"])
         check(f"W2 batch {batch} loss after 3 steps vs eager (rel)", d, "<= 1e-5", d <= 1e-5)
@@ -80,6 +83,9 @@ if ("LINRELU", "kiln-compiled-epilogue") in t:
 if ("W5", "kiln-compiled") in t:
     check("W5 compiled us/call", us("W5", "kiln-compiled"), "<= 4", us("W5", "kiln-compiled") <= 4)
     check("W5 lazy eager us/call", us("W5", "kiln-eager"), "<= 6", us("W5", "kiln-eager") <= 6)
+    if ("W5", "driver-launch-floor") in t:
+        check("W5 driver floor: empty-kernel launch us (pipelined)", us("W5", "driver-launch-floor"), "(info)", True)
+        check("W5 lazy eager host issue us/call", us("W5", "kiln-eager-issue"), "(info)", True)
     for i in ("kiln-compiled", "kiln-eager"):
         r = us("W5", "torch-eager") / us("W5", i)
         check(f"W5 {i} speedup over torch eager", r, ">= 4x", r >= 4)

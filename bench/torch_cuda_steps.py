@@ -85,6 +85,26 @@ if "W2" in which:
             first_ms = (time.perf_counter() - a) * 1e3
             losses = [float(call()) for _ in range(2)]
             row(w, impl, loop_us(call), first_call_ms=round(first_ms, 1), loss_step3=losses[-1])
+        # The floor under any implementation at this precision: the step's eight float32 products
+        # alone (forward 3, backward 5; cuBLAS, TF32 off as by default), replayed as one CUDA graph.
+        m = net()
+        ws = [l.weight.detach() for l in m if isinstance(l, torch.nn.Linear)]
+        h1 = torch.randn(batch, 256, device=dev)
+        h2 = torch.randn(batch, 256, device=dev)
+        dy = torch.randn(batch, 8, device=dev)
+
+        def gemms():
+            x @ ws[0].t(), h1 @ ws[1].t(), h2 @ ws[2].t()              # forward
+            dy @ ws[2], dy.t() @ h2, h1 @ ws[1], h1.t() @ h1, h1.t() @ x  # backward: dX, dW
+        g = torch.cuda.CUDAGraph()
+        s_ = torch.cuda.Stream()
+        s_.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s_):
+            gemms()
+        torch.cuda.current_stream().wait_stream(s_)
+        with torch.cuda.graph(g):
+            gemms()
+        row(w, "cublas-gemms-only", loop_us(g.replay))
 
 if "W4" in which:
     m = net()

@@ -35,6 +35,7 @@
 
 #include "jit/backend/backend.h"
 #include "jit/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_runtime.h"
 #include "runtime/cuda/driver.h"
 #include "runtime/cuda/nvrtc.h"
 #include "jit/cuda/emit_cuda.h"
@@ -151,6 +152,7 @@ struct DeviceArgs {
   std::vector<CUdeviceptr> blocks;
   std::vector<char*> buffers;
   ~DeviceArgs() {
+    cu::issue_launches(0);  // (a launch still queued may read these blocks)
     for (CUdeviceptr p : blocks) cu::api().mem_free(p);
   }
   CUdeviceptr alloc(size_t n, const void* src) {
@@ -169,8 +171,10 @@ void upload(const Bound& bd, DeviceArgs& d) {
   for (const auto& o : bd.owned) d.buffers.push_back(reinterpret_cast<char*>(d.alloc(o.size(), o.data())));
 }
 
-// Copies the outputs and scratch back from the device.
+// Copies the outputs and scratch back from the device (after the launches queued on device 0's
+// stream: Backend::launch queues, its launch thread issues).
 std::vector<std::vector<char>> download(const Bound& bd, const DeviceArgs& d) {
+  cu::sync(0);
   std::vector<std::vector<char>> r;
   size_t first = bd.storage.size();
   for (size_t i = 0; i < bd.owned.size(); ++i) {

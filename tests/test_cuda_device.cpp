@@ -782,3 +782,34 @@ TEST(CudaDevice, ThreadsShareADevice) {
   for (auto& th : ts) th.join();
   for (int t = 0; t < 4; ++t) EXPECT_NEAR(got[t], want[t], 1e-3 * std::abs(want[t]) + 1e-4) << "thread " << t;
 }
+
+// Generated kernels' launches go through the device's launch thread: thousands of dependent
+// calls queued without a wait, interleaved with the stream's other users (cuBLAS products,
+// copies, host reads) and from several threads at once, each see the previous call's result.
+TEST(CudaDevice, PipelinedLaunchesKeepTheirOrder) {
+  NEED_GPU();
+  auto chain = [](int calls, float start) {
+    Tensor x = kiln::full({16}, start).cuda();
+    Tensor eye = kiln::eye(16).cuda();
+    for (int i = 0; i < calls; ++i) {
+      x = (x + 1).eval();  // reads the previous call's output
+      if (i % 500 == 250) x = kiln::matmul(x.reshape({1, 16}), eye).reshape({16}).eval();  // cuBLAS on the stream
+      if (i % 700 == 350) x = x.cpu().cuda();                                              // copies both ways
+      if (i % 1000 == 999) EXPECT_EQ(x[3].item<float>(), start + static_cast<float>(i + 1)) << "after call " << i;
+    }
+    Tensor y = kiln::full({16}, start).cuda();
+    for (int i = 0; i < calls; ++i) y.add_(1);  // in place: the same buffer each launch
+    return std::make_pair(x.cpu().to_vector<float>(), y.cpu().to_vector<float>());
+  };
+  auto [x, y] = chain(3000, 0.f);
+  for (float v : x) EXPECT_EQ(v, 3000.f);
+  for (float v : y) EXPECT_EQ(v, 3000.f);
+  std::vector<std::thread> ts;
+  std::vector<std::pair<std::vector<float>, std::vector<float>>> got(4);
+  for (int t = 0; t < 4; ++t) ts.emplace_back([&, t] { got[t] = chain(1000, 10.f * t); });
+  for (auto& th : ts) th.join();
+  for (int t = 0; t < 4; ++t) {
+    for (float v : got[t].first) EXPECT_EQ(v, 10.f * t + 1000.f) << "thread " << t;
+    for (float v : got[t].second) EXPECT_EQ(v, 10.f * t + 1000.f) << "thread " << t;
+  }
+}

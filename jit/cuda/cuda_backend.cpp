@@ -29,8 +29,10 @@ struct CudaCode : Code {
   int buffers = 0, iparams = 0, fparams = 0, lanes = 1, shared = 0;
   std::string symbol;
   ~CudaCode() override {
+    if (!module || !cu::available()) return;
+    cu::issue_launches(0);  // launches of this kernel still queued are issued first
     // Ignored result: at process exit the driver may be shut down already.
-    if (module && cu::available()) cu::api().module_unload(module);
+    cu::api().module_unload(module);
   }
 };
 
@@ -138,25 +140,21 @@ class CudaBackend final : public Backend {
   }
 
   // Buffers hold device addresses; the three arrays are host arrays, packed into the kernel's
-  // by-value argument block. Queues the kernel on device 0's stream and returns.
+  // by-value argument block. Queues the kernel on device 0's stream (its launch thread issues
+  // it) and returns.
   void launch(const Code& code, const Launch& l) const override {
     const auto& c = static_cast<const CudaCode&>(code);
     if (l.extent <= 0) return;
-    const cu::Api& a = cu::api();
-    CUstream stream = cu::enter(0);
     const size_t nb = std::max(c.buffers, 1), ni = std::max(c.iparams, 1), nf = std::max(c.fparams, 1);
     uint64_t args[512];  // the Args struct: buffers, then iparams, then fparams (8 bytes each; unused slots unread)
     KILN_CHECK(nb + ni + nf <= 512, "cuda: too many kernel arguments");
     if (c.buffers) std::memcpy(args, l.buffers, static_cast<size_t>(c.buffers) * 8);
     if (c.iparams) std::memcpy(args + nb, l.iparams, static_cast<size_t>(c.iparams) * 8);
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
-    long long begin = 0, end = l.extent;
-    void* params[] = {&begin, &end, args};
     const long long threads = std::max(kCudaBlock, c.lanes);
     const long long blocks = std::min<long long>((l.extent * c.lanes + threads - 1) / threads, max_blocks_);
-    const CUresult r = a.launch_kernel(c.fn, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(threads), 1, 1,
-                                       static_cast<unsigned>(c.shared), stream, params, nullptr);
-    if (r != CUDA_SUCCESS) cu::check(r, ("cuLaunchKernel (" + c.symbol + ")").c_str());  // (message built on failure only)
+    cu::launch_kernel(0, c.fn, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), static_cast<unsigned>(c.shared),
+                      0, l.extent, args, static_cast<int>(nb + ni + nf), c.symbol);
     cu::note_launch(0, c.symbol);
   }
 

@@ -17,6 +17,7 @@
 #include "runtime/cuda/cublaslt.h"
 #include "runtime/cuda/device_ops.h"
 #include "runtime/cuda/driver.h"
+#include "runtime/cuda/launch_queue.h"
 #include "runtime/exec/device_runtime.h"
 #include "runtime/exec/executor.h"
 
@@ -102,6 +103,7 @@ struct DeviceState {
   std::mutex errors_mu;               // reading and resetting the record
   std::mutex capture_mu;                       // capture_streams
   std::vector<CUstream> capture_streams;       // streams free for recording graphs (kept: cuBLAS keys state by stream)
+  std::unique_ptr<LaunchQueue> queue;          // generated kernels' launches (null: launched by the caller)
 };
 
 // Per device; created on first use and never destroyed (storages freed at exit still reach it).
@@ -133,6 +135,7 @@ DeviceState& ready(int index) {
     check(api().mem_alloc(&s.errors, kErrorBytes), "cuMemAlloc");
     check(api().memset_d8_async(s.errors, 0, kErrorBytes, s.stream), "cuMemsetD8Async");
     s.allocator = std::make_unique<CachingAllocator>(std::make_unique<DriverMemory>(index), "cuda:" + std::to_string(index));
+    if (LaunchQueue::enabled()) s.queue = std::make_unique<LaunchQueue>(index, s.stream);
   });
   return s;
 }
@@ -147,6 +150,7 @@ void wait(int index) {
 
 void wait_stream(int index) {
   DeviceState& s = ready(index);
+  if (s.queue) s.queue->drain();
   CUresult r = api().stream_synchronize(s.stream);
   if (r == CUDA_SUCCESS) return;
   std::string last;
@@ -380,8 +384,28 @@ const bool g_registered = [] {
 }  // namespace
 
 CUstream enter(int index) {
-  CUstream s = ready(index).stream;
-  return capturing(index) ? t_capture->stream : s;
+  DeviceState& s = ready(index);
+  if (capturing(index)) return t_capture->stream;
+  if (s.queue) s.queue->drain();
+  return s.stream;
+}
+
+void issue_launches(int index) noexcept {
+  try {
+    DeviceState& s = ready(index);
+    if (s.queue) s.queue->drain(false);
+  } catch (...) {  // (a launch failing inside is recorded, not thrown)
+  }
+}
+
+void launch_kernel(int index, CUfunction fn, unsigned blocks, unsigned threads, unsigned shared, long long begin,
+                   long long end, const uint64_t* args, int nargs, const std::string& name) {
+  DeviceState& s = ready(index);
+  if (s.queue && !capturing(index) && s.queue->push(fn, blocks, threads, shared, begin, end, args, nargs, name)) return;
+  CUstream stream = enter(index);
+  void* params[] = {&begin, &end, const_cast<uint64_t*>(args)};
+  const CUresult r = api().launch_kernel(fn, blocks, 1, 1, threads, 1, 1, shared, stream, params, nullptr);
+  if (r != CUDA_SUCCESS) check(r, ("cuLaunchKernel (" + name + ")").c_str());  // (message built on failure only)
 }
 
 void note_launch(int index, const std::string& kernel, bool reports_index_errors) {

@@ -4,13 +4,26 @@
 #pragma once
 #include <cuda.h>
 
+#include <cstdint>
 #include <string>
 
 namespace kiln::cu {
 
 // Makes device `index`'s context current on the calling thread and returns its stream
-// (created at first use). Throws kiln::Error when CUDA or that device is not usable.
+// (created at first use), after issuing the launches queued on it (every other use of the
+// stream comes after them). Throws kiln::Error when CUDA or that device is not usable.
 CUstream enter(int index);
+
+// Queues generated kernel `fn` (kiln's signature: begin, end, then `nargs` 8-byte argument
+// slots passed by value) on device `index`'s stream. The device's launch thread issues it
+// (runtime/cuda/launch_queue.h); while this thread records a graph, or for argument blocks the
+// queue does not take, it is launched here. `name` must live until the queue is drained.
+void launch_kernel(int index, CUfunction fn, unsigned blocks, unsigned threads, unsigned shared, long long begin,
+                   long long end, const uint64_t* args, int nargs, const std::string& name);
+
+// Issues the launches queued on device `index` (a failed one is reported by the next enter() or
+// sync()); for code about to be unloaded.
+void issue_launches(int index) noexcept;
 
 // Records the name of the kernel just queued on device `index`, so that an error found at the
 // next synchronization names it; `reports_index_errors`: the kernel may write the device's
