@@ -620,60 +620,6 @@ TEST(CudaNvrtc, CombineKernelsCompile) {
   }
 }
 
-// Pointwise kernels over the flat index take four neighbouring elements a thread (one aligned
-// vector per buffer moving with the index; a broadcast scalar stays a scalar load); a load at
-// another moving index (a transposed read) keeps one element a thread.
-TEST(CudaNvrtc, FlatPointwiseKernelsTakeFourElementsAThread) {
-  SKIP_WITHOUT_NVRTC();
-  using kiln::DType;
-  using kiln::jit::Expr;
-  using kiln::jit::ExprId;
-  using kiln::jit::Kernel;
-  using kiln::jit::Stmt;
-  auto load = [](Kernel& k, DType t, int buffer, ExprId index) {
-    Expr e{Expr::Kind::Load};
-    e.dtype = t;
-    e.i = buffer;
-    e.a = index;
-    return k.add(e);
-  };
-  auto binary = [](Kernel& k, kiln::OpKind op, DType t, ExprId a, ExprId b) {
-    Expr e{Expr::Kind::Binary};
-    e.op = op;
-    e.dtype = t;
-    e.a = a;
-    e.b = b;
-    return k.add(e);
-  };
-  for (DType dt : {DType::Float32, DType::Float64, DType::Float16, DType::BFloat16, DType::Int32, DType::Int64}) {
-    for (bool transposed : {false, true}) {
-      Kernel k;
-      k.name = "flat";
-      k.num_params = 1;
-      k.parallel_extent = k.param(0);
-      // out[p] = max(a[p] (or a[p % 7 * 3]), b[0]) ; gt[p] = a[p] > b[0]
-      k.buffers = {{dt, false}, {dt, false}, {dt, true}, {DType::Bool, true}};
-      const ExprId p = k.var(0);
-      const ExprId at = transposed ? k.iop(Expr::Kind::IMul, k.iop(Expr::Kind::IMod, p, k.iconst(7)), k.iconst(3)) : p;
-      const ExprId a = load(k, dt, 0, at), b = load(k, dt, 1, k.iconst(0));
-      Stmt out{Stmt::Kind::Store};
-      out.buffer = 2;
-      out.index = p;
-      out.value = binary(k, kiln::OpKind::Maximum, dt, a, b);
-      Stmt gt{Stmt::Kind::Store};
-      gt.buffer = 3;
-      gt.index = p;
-      gt.value = binary(k, kiln::OpKind::Gt, DType::Bool, a, b);
-      k.body = {out, gt};
-      const std::string sym = std::string("kiln_flat_") + kiln::dtype_name(dt) + (transposed ? "_t" : "");
-      const std::string src = kiln::jit::emit_cuda(k, sym);
-      EXPECT_EQ(src.find("kiln_v4<") != std::string::npos && src.find("if ((begin & 3) == 0") != std::string::npos, !transposed)
-          << src;
-      EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, sym, 90)) << src;
-    }
-  }
-}
-
 // A split reduction's 0-d tail (`sum() * 0.5`) runs in the combine kernel on devices: the merged
 // kernel keeps a block of lanes for the partials and compiles; the tail reads the combine's output.
 TEST(CudaNvrtc, CombineWithEpilogueCompiles) {

@@ -813,37 +813,3 @@ TEST(CudaDevice, PipelinedLaunchesKeepTheirOrder) {
     for (float v : got[t].second) EXPECT_EQ(v, 10.f * t + 1000.f) << "thread " << t;
   }
 }
-
-// Pointwise kernels over a flat index take four elements a thread where every buffer moving with
-// the index is aligned to that vector: lengths that leave a tail, views at every offset (odd
-// ones take the scalar loop), in place, every dtype, bool outputs: the CPU's values exactly.
-TEST(CudaDevice, FlatPointwiseKernelsAtEveryOffsetAndLength) {
-  NEED_GPU();
-  kiln::manual_seed(kiln::testing::test_seed(13));
-  auto values = [](const Tensor& t) { return t.cpu().to(kiln::kFloat64).to_vector<double>(); };  // exact for these dtypes
-  for (kiln::DType dt : {kiln::kFloat32, kiln::kFloat64, kiln::kFloat16, kiln::kBFloat16, kiln::kInt32, kiln::kInt64}) {
-    for (int64_t n : {1, 3, 4, 5, 8, 13, 1027, 4099}) {
-      for (int64_t off : {0, 1, 2, 3}) {
-        Tensor base = kiln::is_floating(dt) ? kiln::randn({n + 8}).to(dt) : kiln::randint(-50, 50, {n + 8}).to(dt);
-        Tensor basec = base.cuda();
-        const std::string what = std::string(kiln::dtype_name(dt)) + " n=" + std::to_string(n) + " offset=" + std::to_string(off);
-        auto body = [&](const Tensor& b) {
-          Tensor x = b.narrow(0, off, n), y = b.narrow(0, 4, n);
-          return std::vector<Tensor>{kiln::maximum(x * 3, y) - x, x > y};
-        };
-        std::vector<Tensor> want = body(base), got = body(basec);
-        kiln::eval(want);
-        kiln::eval(got);
-        for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_EQ(got[i].device().type, kiln::DeviceType::CUDA) << what;
-          EXPECT_EQ(values(got[i]), values(want[i])) << what << " output " << i;
-        }
-        Tensor inplace = basec.clone();
-        inplace.narrow(0, off, n).add_(1);
-        Tensor inplace_want = base.clone();
-        inplace_want.narrow(0, off, n).add_(1);
-        EXPECT_EQ(values(inplace), values(inplace_want)) << what << " in place";
-      }
-    }
-  }
-}

@@ -28,7 +28,6 @@ typedef int i32;
 typedef unsigned int u32;
 typedef unsigned char u8;
 typedef unsigned short u16;
-template <class T> struct alignas(4 * sizeof(T)) kiln_v4 { T v[4]; };  // four neighbouring elements
 static __device__ __forceinline__ i64 kiln_f2i64(double x) {
   return (x >= -9223372036854775808.0 && x < 9223372036854775808.0) ? (i64)x : (i64)0x8000000000000000ull;
 }
@@ -257,20 +256,6 @@ struct Emitter {
   // Address of element `index` of buffer `b` (typed by the buffer's element type).
   std::string elem(int b, const std::string& index) { return "b" + std::to_string(b) + "[" + index + "]"; }
 
-  // The value of type `t` of memory read as `raw` (bools stored as bytes, 16-bit floats as bits).
-  static std::string loaded(DType t, std::string raw) {
-    if (t == DType::Bool) raw = "(" + raw + " != 0)";
-    if (half16(t)) raw = (t == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ")";
-    return raw;
-  }
-  // `v` (of type `from`) as the value stored in a buffer of type `t`.
-  std::string stored(const std::string& v, DType from, DType t) {
-    std::string r = convert(v, from, t);
-    if (t == DType::Bool) r = "(u8)(" + r + " ? 1 : 0)";
-    if (half16(t)) r = (t == DType::Float16 ? "kiln_f2h(" : "kiln_f2bf(") + r + ")";
-    return r;
-  }
-
   std::string expr(ExprId id) {
     const Expr& e = k.exprs[id];
     bool volatile_value = e.kind == Expr::Kind::Acc || e.kind == Expr::Kind::AccIndex;
@@ -319,7 +304,9 @@ struct Emitter {
         // As the LLVM tier: the address from the buffer's element type, the value of e.dtype.
         std::string raw = elem(static_cast<int>(e.i), I(e.a));
         if (k.buffers[e.i].dtype != e.dtype) raw = "*(const " + std::string(mtype(e.dtype)) + "*)&" + raw;
-        v = let(e.dtype, loaded(e.dtype, raw));
+        if (e.dtype == DType::Bool) raw = "(" + raw + " != 0)";
+        if (half16(e.dtype)) raw = (e.dtype == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ")";
+        v = let(e.dtype, raw);
         break;
       }
       case Expr::Kind::Unary: {
@@ -431,8 +418,12 @@ struct Emitter {
           break;
         }
         case Stmt::Kind::Store: {
-          std::string v = stored(expr(s.value), k.exprs[s.value].dtype, k.buffers[s.buffer].dtype);
-          line(elem(s.buffer, expr(s.index)) + " = " + v + ";");
+          DType t = k.buffers[s.buffer].dtype;
+          std::string v = convert(expr(s.value), k.exprs[s.value].dtype, t);
+          std::string idx = expr(s.index);
+          if (t == DType::Bool) v = "(u8)(" + v + " ? 1 : 0)";
+          if (half16(t)) v = (t == DType::Float16 ? "kiln_f2h(" : "kiln_f2bf(") + v + ")";
+          line(elem(s.buffer, idx) + " = " + v + ";");
           break;
         }
         case Stmt::Kind::AccInit:
@@ -654,114 +645,6 @@ struct Emitter {
     }
   }
 
-  // ---- pointwise kernels over a flat index: four elements a thread ----
-  // Where every store and every load that moves with the parallel index is at exactly that
-  // index, a thread takes four neighbouring elements: each such buffer is read and written as
-  // one aligned 4-element vector (128-bit for 4-byte types), the body emitted once per element.
-  // Pointers not aligned to the vector (views at odd offsets) take the scalar loop, as does
-  // the tail past the last whole vector.
-  std::vector<int> vector_buffers;  // buffers read or written at the flat index, in order
-
-  bool vector_eligible() {
-    if (warp || k.columns || !k.accs.empty() || k.body.empty()) return false;
-    std::vector<char> moves(k.exprs.size(), 0);  // depends on the parallel index
-    for (size_t i = 0; i < k.exprs.size(); ++i) {
-      const Expr& e = k.exprs[i];
-      if (e.kind == Expr::Kind::Var) moves[i] = e.i == 0;
-      for (ExprId x : {e.a, e.b, e.c})
-        if (x >= 0) moves[i] |= moves[static_cast<size_t>(x)];
-    }
-    auto is_index = [&](ExprId x) { return k.exprs[x].kind == Expr::Kind::Var && k.exprs[x].i == 0; };
-    std::set<int> bufs;
-    for (const Stmt& st : k.body) {
-      if (st.kind != Stmt::Kind::Store || !is_index(st.index)) return false;
-      bufs.insert(st.buffer);
-    }
-    for (size_t i = 0; i < k.exprs.size(); ++i) {
-      const Expr& e = k.exprs[i];
-      if (e.kind != Expr::Kind::Load || !moves[static_cast<size_t>(e.a)]) continue;
-      if (!is_index(e.a) || mtype(e.dtype) != std::string(mtype(k.buffers[e.i].dtype))) return false;
-      bufs.insert(static_cast<int>(e.i));
-    }
-    vector_buffers.assign(bufs.begin(), bufs.end());
-    return !vector_buffers.empty();
-  }
-
-  void vector_loop() {
-    std::string aligned = "(begin & 3) == 0";
-    for (int b : vector_buffers)
-      aligned += " && ((u64)b" + std::to_string(b) + " & (4 * sizeof(*b" + std::to_string(b) + ") - 1)) == 0";
-    line("i64 scalar_begin = begin;");
-    line("if (" + aligned + ") {");
-    ++indent;
-    line("const i64 nv = (end - begin) >> 2;");
-    line("for (i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x; q < nv; q += stride) {");
-    ++indent;
-    line("const i64 i0 = begin + (q << 2);");
-    std::set<int> stored_to;
-    for (const Stmt& st : k.body) stored_to.insert(st.buffer);
-    for (int b : vector_buffers) {
-      const std::string B = std::to_string(b);
-      const std::string T = mtype(k.buffers[b].dtype);
-      line("kiln_v4<" + T + "> v" + B + (read_at_index(b) ? " = *(const kiln_v4<" + T + ">*)(b" + B + " + i0);" : ";"));
-    }
-    for (int lane = 0; lane < 4; ++lane) {
-      scopes.emplace_back();
-      const std::string L = std::to_string(lane);
-      for (size_t i = 0; i < k.exprs.size(); ++i) {
-        const Expr& e = k.exprs[i];
-        if (e.kind == Expr::Kind::Var && e.i == 0) scopes.back()[static_cast<ExprId>(i)] = "(i0 + " + L + ")";
-      }
-      for (size_t i = 0; i < k.exprs.size(); ++i) {
-        const Expr& e = k.exprs[i];
-        if (e.kind == Expr::Kind::Load && k.exprs[e.a].kind == Expr::Kind::Var && k.exprs[e.a].i == 0 && used(static_cast<ExprId>(i)))
-          scopes.back()[static_cast<ExprId>(i)] = let(e.dtype, loaded(e.dtype, "v" + std::to_string(e.i) + ".v[" + L + "]"));
-      }
-      for (const Stmt& st : k.body)
-        line("v" + std::to_string(st.buffer) + ".v[" + L + "] = " +
-             stored(expr(st.value), k.exprs[st.value].dtype, k.buffers[st.buffer].dtype) + ";");
-      scopes.pop_back();
-    }
-    for (int b : stored_to) {
-      const std::string B = std::to_string(b);
-      line("*(kiln_v4<" + std::string(mtype(k.buffers[b].dtype)) + ">*)(b" + B + " + i0) = v" + B + ";");
-    }
-    --indent;
-    line("}");
-    line("scalar_begin = begin + (nv << 2);");
-    --indent;
-    line("}");
-  }
-
-  // Whether the body reads buffer `b` at the flat index.
-  bool read_at_index(int b) {
-    for (size_t i = 0; i < k.exprs.size(); ++i) {
-      const Expr& e = k.exprs[i];
-      if (e.kind == Expr::Kind::Load && e.i == b && k.exprs[e.a].kind == Expr::Kind::Var && k.exprs[e.a].i == 0 &&
-          used(static_cast<ExprId>(i)))
-        return true;
-    }
-    return false;
-  }
-  // Whether a statement of the body reads expression `id` (directly or through others).
-  bool used(ExprId id) {
-    if (used_.empty()) {
-      used_.assign(k.exprs.size(), 0);
-      std::vector<ExprId> todo;
-      for (const Stmt& st : k.body) todo.push_back(st.value);
-      while (!todo.empty()) {
-        ExprId x = todo.back();
-        todo.pop_back();
-        if (x < 0 || used_[static_cast<size_t>(x)]) continue;
-        used_[static_cast<size_t>(x)] = 1;
-        const Expr& e = k.exprs[x];
-        for (ExprId y : {e.a, e.b, e.c}) todo.push_back(y);
-      }
-    }
-    return used_[static_cast<size_t>(id)];
-  }
-  std::vector<char> used_;
-
   std::string emit(const std::string& symbol) {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
     const size_t arg_bytes = 8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
@@ -804,10 +687,6 @@ struct Emitter {
       line("const int lane = threadIdx.x & 31;");
       line("const i64 wstride = ((i64)gridDim.x * blockDim.x) >> 5;");
       line("for (i64 i0 = begin + (((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5); i0 < end; i0 += wstride) {");
-    } else if (vector_eligible()) {
-      line("const i64 stride = (i64)gridDim.x * blockDim.x;");
-      vector_loop();
-      line("for (i64 i0 = scalar_begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride) {");
     } else {
       line("const i64 stride = (i64)gridDim.x * blockDim.x;");
       line("for (i64 i0 = begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride) {");
