@@ -141,35 +141,28 @@ void bench_w3(int iters) {
 }
 
 // Mean microseconds per step of `step` run `n` times back to back (no wait between steps, as a
-// training loop runs), the median of 5 such loops.
+// training loop runs), the median of `loops` such loops; with `issue_only`, the time the host
+// spends issuing them (the wait comes after the timing; keep n below the driver's launch queue
+// depth, so the GPU's pace does not show).
 template <class F>
-double loop_us(F&& step, int n = 20) {
+double loop_us(F&& step, int n = 20, bool issue_only = false, int loops = 5) {
   for (int i = 0; i < 3; ++i) step();
   kiln::cuda::synchronize();
   std::vector<double> t;
-  for (int r = 0; r < 5; ++r) {
+  for (int r = 0; r < loops; ++r) {
     auto a = Clock::now();
     for (int i = 0; i < n; ++i) step();
-    kiln::cuda::synchronize();
+    if (!issue_only) kiln::cuda::synchronize();
     t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count() / n);
+    kiln::cuda::synchronize();
   }
   return median(t);
 }
 
-// Median microseconds the host spends issuing `step` (n calls, no wait inside the timing; n stays
-// below the driver's launch queue depth, so the GPU's pace does not show).
+// Median microseconds the host spends issuing `step`, 200 calls at a time.
 template <class F>
-double issue_us(F&& step, int n = 200) {
-  for (int i = 0; i < 3; ++i) step();
-  kiln::cuda::synchronize();
-  std::vector<double> t;
-  for (int r = 0; r < 15; ++r) {
-    auto a = Clock::now();
-    for (int i = 0; i < n; ++i) step();
-    t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - a).count() / n);
-    kiln::cuda::synchronize();
-  }
-  return median(t);
+double issue_us(F&& step) {
+  return loop_us(step, 200, true, 15);
 }
 
 // The driver's own cost of one launch: an empty kernel (kiln's three-argument signature, one
