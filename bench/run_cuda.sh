@@ -97,16 +97,14 @@ for r in rows:
 w3m = {r["impl"]: r for r in rows if r["workload"] == "W3B-budget"}
 if len(w3m) == 3:
     # The min-cut against saving every value backward reads, then the budget below the min-cut.
-    # W3's min-cut saves only the input x (the user holds it anyway) and recomputes the rest in
-    # the backward row kernel: the peak over the step's start is then its one new [8192, 1024]
-    # tensor (dx), which no budget can lower.
+    # The peak counts what the step allocates over its start: saved values and the backward's
+    # intermediates; one [8192, 1024] float tensor (dx) is the least any schedule needs.
     a, b, sa = w3m["kiln-compiled-1.0"], w3m["kiln-compiled-0.5"], w3m["save-all"]
     check("W3B peak MiB: min-cut vs saving all", a["peak_over_start_mib"] / sa["peak_over_start_mib"], "< 1", a["peak_over_start_mib"] < sa["peak_over_start_mib"])
-    floor = 8192 * 1024 * 4 / 2**20
-    check("W3B peak MiB at budget 1.0 over the floor (dx alone)", a["peak_over_start_mib"] / floor, "(info)", True)
-    at_floor = a["peak_over_start_mib"] <= floor * 1.01
-    check("W3B peak MiB at memory_budget 0.5 vs 1.0" + (" (1.0 at the floor)" if at_floor else ""),
-          b["peak_over_start_mib"] / a["peak_over_start_mib"], "< 1", b["peak_over_start_mib"] < a["peak_over_start_mib"])
+    one = 8192 * 1024 * 4 / 2**20
+    check("W3B peak MiB at budget 1.0 in [8192, 1024] tensors", a["peak_over_start_mib"] / one, "(info)", True)
+    check("W3B peak MiB at memory_budget 0.5 vs 1.0", b["peak_over_start_mib"] / a["peak_over_start_mib"], "< 1",
+          b["peak_over_start_mib"] < a["peak_over_start_mib"])
 tb = {r["impl"]: r for r in rows if r["workload"] == "TBLOCK-T256" and "us" in r}
 if "kiln-patterns-on" in tb and "kiln-patterns-off" in tb:
     r = tb["kiln-patterns-off"]["us"] / tb["kiln-patterns-on"]["us"]
