@@ -6,7 +6,7 @@
 //   bench_cuda [--iters N]            the workloads
 //   bench_cuda --w2-start             a process's first three W2 train steps (run cold, then warm)
 //   bench_cuda --w2-steps BATCH       six compiled W2 steps (for a profiler)
-//   bench_cuda --w1 | --w5            W1 or W5 alone (for a profiler)
+//   bench_cuda --w1 | --w3 | --w5     W1, W3 or W5 alone (for a profiler)
 //   bench_cuda --compile-times K      K distinct kernels, first call each (run twice over one
 //                                     KILN_CACHE_DIR: cold NVRTC, then warm disk-cache loads)
 #include <algorithm>
@@ -416,6 +416,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--w2-start")) kernels = -1;
     else if (!std::strcmp(argv[i], "--w5")) kernels = INT32_MIN;  // W5 alone (for a profiler)
     else if (!std::strcmp(argv[i], "--w1")) kernels = INT32_MIN + 1;  // W1 alone (for a profiler)
+    else if (!std::strcmp(argv[i], "--w3")) kernels = INT32_MIN + 2;  // W3 alone (for a profiler)
     else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc) kernels = -std::atoi(argv[++i]);
   }
   if (!kiln::cuda::is_available()) {
@@ -433,6 +434,10 @@ int main(int argc, char** argv) {
     }
     if (kernels == INT32_MIN + 1) {
       bench_w1(iters);
+      return 0;
+    }
+    if (kernels == INT32_MIN + 2) {
+      bench_w3(iters);
       return 0;
     }
     if (kernels < 0) {  // --w2-steps BATCH: 6 compiled steps, for a profiler
