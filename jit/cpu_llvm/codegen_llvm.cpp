@@ -336,14 +336,12 @@ struct Emitter {
         ordered = ordered || ((a.op == OpKind::Sum || a.op == OpKind::Prod) && is_floating(a.dtype));
       }
     if (!ordered) return false;
-    std::function<bool(ExprId)> reads_updated = [&](ExprId e) {
-      if (e < 0) return false;
+    const std::vector<char> reads_updated = reaches(k, [&](ExprId e) {
       const Expr& x = k.exprs[e];
-      if ((x.kind == Expr::Kind::Acc || x.kind == Expr::Kind::AccIndex) && updated[static_cast<size_t>(x.i)]) return true;
-      return reads_updated(x.a) || reads_updated(x.b) || reads_updated(x.c);
-    };
+      return (x.kind == Expr::Kind::Acc || x.kind == Expr::Kind::AccIndex) && updated[static_cast<size_t>(x.i)];
+    });
     for (const auto& [id, slot] : c.writes)
-      if (reads_updated(id)) return false;
+      if (reads_updated[static_cast<size_t>(id)]) return false;
     return true;
   }
 

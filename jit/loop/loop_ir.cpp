@@ -140,4 +140,17 @@ std::string Kernel::str() const {
   return os.str();
 }
 
+std::vector<char> reaches(const Kernel& k, const std::function<bool(ExprId)>& leaf) {
+  // Operands precede their users in the arena (add() takes existing ids), so one pass in id
+  // order sees every operand's answer first.
+  std::vector<char> r(k.exprs.size(), 0);
+  for (size_t i = 0; i < k.exprs.size(); ++i) {
+    const Expr& e = k.exprs[i];
+    bool hit = leaf(static_cast<ExprId>(i));
+    for (ExprId x : {e.a, e.b, e.c}) hit = hit || (x >= 0 && r[static_cast<size_t>(x)]);
+    r[i] = hit;
+  }
+  return r;
+}
+
 }  // namespace kiln::jit

@@ -3,6 +3,7 @@
 // are runtime parameters, so one compiled kernel serves every size of the same structure.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -100,5 +101,9 @@ struct Kernel {
   // Human-readable listing (KILN_DUMP, KILN_LOG=codegen).
   std::string str() const;
 };
+
+// Per expression of `k`: whether it is, or reads through its operands, an expression for which
+// `leaf(id)` holds (one pass over the arena, shared subexpressions visited once).
+std::vector<char> reaches(const Kernel& k, const std::function<bool(ExprId)>& leaf);
 
 }  // namespace kiln::jit

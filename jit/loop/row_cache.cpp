@@ -100,11 +100,12 @@ struct Planner {
     std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
     std::vector<size_t> free_after;  // per slot: last reader loop
     std::vector<ExprId> last_read;   // per slot: what that loop reads from it
-    std::function<bool(ExprId, ExprId)> uses = [&](ExprId e, ExprId r) {
-      if (e < 0) return false;
-      if (e == r) return true;
-      const Expr& x = k.exprs[e];
-      return uses(x.a, r) || uses(x.b, r) || uses(x.c, r);
+    std::map<ExprId, std::vector<char>> reads_of;  // per value read last from a slot: who reads it
+    auto uses = [&](ExprId e, ExprId r) {
+      if (r < 0) return false;
+      auto it = reads_of.find(r);
+      if (it == reads_of.end()) it = reads_of.emplace(r, reaches(k, [r](ExprId x) { return x == r; })).first;
+      return it->second[static_cast<size_t>(e)] != 0;
     };
     for (const Candidate& c : cands) {
       const DType t = row_cache_slot_type(k.exprs[c.wid].dtype);
