@@ -761,6 +761,17 @@ orc::LLJIT& the_jit() {
     auto j = builder.create();
     if (!j) throw Error("llvm: cannot create LLJIT: " + toString(j.takeError()));
     const char prefix = (*j)->getDataLayout().getGlobalPrefix();
+    // Vector math entry points that only forward to a library function are bound to it
+    // (defined symbols win over the generators below): one call less per vector, which
+    // measured 0.83 -> 0.53 ns an element for erf and 0.34 -> 0.26 for exp (AVX-512 host).
+    orc::SymbolMap direct;
+    for (int i = 0; i < vmath::kCount; ++i)
+      for (int lanes : {8, 16})
+        if (const void* f = vmath::direct_entry(static_cast<vmath::Fn>(i), lanes))
+          direct[(*j)->mangleAndIntern("kiln_vm" + std::to_string(lanes) + "_" + vmath::name(static_cast<vmath::Fn>(i)) + "f")] =
+              JITEvaluatedSymbol(pointerToJITTargetAddress(f), JITSymbolFlags::Exported | JITSymbolFlags::Callable);
+    if (auto err = (*j)->getMainJITDylib().define(orc::absoluteSymbols(std::move(direct))))
+      throw Error("llvm: cannot bind the vector math entry points: " + toString(std::move(err)));
     // libmvec is searched first: SLEEF, linked into kiln, would otherwise win every _ZGV* name
     // the two libraries share (process symbols resolve in load order).
     if (auto mvec = orc::DynamicLibrarySearchGenerator::Load("libmvec.so.1", prefix))

@@ -30,6 +30,11 @@ bool have_vector();
 // of it) and two 8-lane calls of the others.
 bool have_vector16();
 
+// The library function that `kiln_vm<lanes>_<f>f` only forwards to (same vector ABI, same bits),
+// or null where that entry point does more (splits, widens, loops over libm): the JIT binds
+// its kernels' calls to it directly, skipping a call through kiln.
+const void* direct_entry(Fn f, int lanes);
+
 // Scalar (the same bits as any lane of the vector forms).
 float f32(Fn f, float x);
 double f64(Fn f, double x);
