@@ -233,6 +233,11 @@ TEST_F(Patterns, RegistrationErrorsAreClear) {
 
 // Random graphs with k injected instances of exp(v) - 1 on random intermediate values: every
 // instance is replaced, and the results stay those of the eager run (no rewrite) to rounding.
+// The bound holds by construction: inputs are uniform in [-0.5, 0.5] and instances follow only
+// the steps that bound |v| by 0.5 (tanh(v) * 0.5, sin(v) * y), so every step is Lipschitz with a
+// constant <= e^0.5 and each rewrite moves its value by <= 7e-16 (exp(v) - 1 and expm1(v) each
+// within 2 ulp of a value < 1.65): at most 9 steps give <= 9 * 7e-16 * e^4.5 < 6e-13 < 1e-12.
+// (Instances on unbounded values grow as exp(exp(.)): seed 21040 reached sin(6e4) and 3e-12.)
 TEST_F(Patterns, RandomGraphsWithInjectedInstancesMatchEveryOne) {
   register_expm1();
   const uint64_t seed = kiln::testing::test_seed(26);
@@ -244,7 +249,7 @@ TEST_F(Patterns, RandomGraphsWithInjectedInstancesMatchEveryOne) {
     int k = 0;
     for (int i = 0; i < steps; ++i) {
       kinds[i] = static_cast<int>(rng() % 4);
-      inject[i] = rng() % 2 == 0;
+      inject[i] = rng() % 2 == 0 && (kinds[i] == 0 || kinds[i] == 2);
       k += inject[i];
     }
     auto body = [kinds, inject](const Tensor& x, const Tensor& y) {
@@ -261,7 +266,7 @@ TEST_F(Patterns, RandomGraphsWithInjectedInstancesMatchEveryOne) {
       return v;
     };
     manual_seed(seed + static_cast<uint64_t>(trial));
-    Tensor x = randn({5, 4}, kFloat64) * 0.5, y = randn({5, 4}, kFloat64) * 0.5;
+    Tensor x = rand({5, 4}, kFloat64) - 0.5, y = rand({5, 4}, kFloat64) - 0.5;
     auto f = compile(body);
     expect_close(f(x, y), body(x, y), 1e-12, 1e-12);
     EXPECT_EQ(f.stats().pattern_matches, k) << "trial " << trial;
