@@ -908,7 +908,7 @@ TEST(JitCodegen, RowKernelsKeepStagesInTheRowCache) {
   const auto lowered = kiln::jit::lower(steps[0].group, t);
   const kiln::jit::Kernel& k = lowered->kernel;
   ASSERT_EQ(k.row_cache, t.row_cache);
-  const kiln::jit::RowCachePlan plan = kiln::jit::plan_row_cache(k, 1 << 20);
+  const kiln::jit::RowCachePlan plan = kiln::jit::plan_row_cache(k, 1 << 20, /*cache_loads=*/true);
   EXPECT_EQ(plan.slots.size(), 1u) << k.str();
   EXPECT_GE(plan.loops.size(), 3u) << "the stages after the first read the row back";
 }

@@ -604,7 +604,7 @@ struct Emitter {
       bool nan_flag = is_floating(a.dtype) && (a.op == OpKind::Amax || a.op == OpKind::Amin);
       acc_nan.push_back(nan_flag ? b.CreateAlloca(b.getInt1Ty()) : nullptr);
     }
-    rc = plan_row_cache(k, kRowCacheBytes);
+    rc = plan_row_cache(k, kRowCacheBytes, /*cache_loads=*/false);
     for (DType t : rc.slots) {
       AllocaInst* a = b.CreateAlloca(reg_type(t), b.getInt64(k.row_cache));
       a->setAlignment(Align(64));

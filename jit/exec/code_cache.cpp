@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kKilnVersion = "kiln-0.1.0";
 // Bump when a backend changes what it generates for the same loop IR.
-constexpr const char* kCodegenVersion = "codegen-9";  // 9: 512-bit vectors and AVX-512 float math on AVX-512 hosts
+constexpr const char* kCodegenVersion = "codegen-10";  // 10: host row caches keep computed values only, not plain loads
 
 std::mutex g_mu;
 std::unordered_map<std::string, std::shared_future<std::shared_ptr<CompiledKernel>>> g_cache;

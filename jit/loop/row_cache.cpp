@@ -21,9 +21,10 @@ bool has_loop(const std::vector<Stmt>& ss) {
   return false;
 }
 
-bool worth_caching(const Expr& x) {
+bool worth_caching(const Expr& x, bool cache_loads) {
   switch (x.kind) {
-    case Expr::Kind::Load: case Expr::Kind::Unary: case Expr::Kind::Binary: case Expr::Kind::Where: case Expr::Kind::Cast:
+    case Expr::Kind::Load: return cache_loads;
+    case Expr::Kind::Unary: case Expr::Kind::Binary: case Expr::Kind::Where: case Expr::Kind::Cast:
       return true;
     default: return false;  // index arithmetic, constants, accumulators: cheaper than a read back
   }
@@ -31,6 +32,7 @@ bool worth_caching(const Expr& x) {
 
 struct Planner {
   const Kernel& k;
+  bool cache_loads;
   // The structure of expression `e` with loop variable `var` written as V (equal strings: the
   // same value in every loop over the same range), memoized per (e, var).
   std::map<std::pair<ExprId, int>, std::string> canon_memo;
@@ -73,7 +75,7 @@ struct Planner {
       std::function<void(ExprId)> walk = [&](ExprId e) {
         if (e < 0 || !visited.insert(e).second) return;
         const Expr& x = k.exprs[e];
-        if (worth_caching(x) && varies(e, L.var)) {
+        if (worth_caching(x, cache_loads) && varies(e, L.var)) {
           const std::string key = range + "#" + canon(e, L.var);
           auto f = seen.find(key);
           if (f != seen.end() && f->second.loop < li) {
@@ -138,9 +140,9 @@ struct Planner {
 
 }  // namespace
 
-RowCachePlan plan_row_cache(const Kernel& k, int64_t budget) {
+RowCachePlan plan_row_cache(const Kernel& k, int64_t budget, bool cache_loads) {
   if (k.row_cache <= 0) return {};
-  return Planner{k}.plan(budget);
+  return Planner{k, cache_loads, {}}.plan(budget);
 }
 
 }  // namespace kiln::jit

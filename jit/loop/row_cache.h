@@ -30,7 +30,9 @@ struct RowCachePlan {
 DType row_cache_slot_type(DType t);
 
 // Plans the row cache of `k` (flat top-level loops only), with at most `budget` bytes per row
-// region: a value that does not fit is recomputed.
-RowCachePlan plan_row_cache(const Kernel& k, int64_t budget);
+// region: a value that does not fit is recomputed. `cache_loads`: plain loads of a buffer are
+// candidates too (worth it where the slot is nearer than the buffer, as shared memory is on a
+// GPU; on a CPU the row is in L1 either way and the copy costs a store and a slot).
+RowCachePlan plan_row_cache(const Kernel& k, int64_t budget, bool cache_loads);
 
 }  // namespace kiln::jit
