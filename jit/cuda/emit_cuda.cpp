@@ -709,8 +709,9 @@ std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, in
   Emitter e(k);
   e.warp = e.warp_eligible() && !k.columns;
   e.lanes = !e.warp ? 1 : k.long_indices ? kCudaWideBlock : 32;
-  // Rows kept in shared memory: 96 KiB a block, split between its warps.
-  constexpr int64_t kRowCacheBytes = 96 * 1024;
+  // Rows kept in shared memory: 48 KiB a block, split between its warps (four blocks an SM
+  // on sm_90; 96 KiB left two and W3's backward row kernel 22% of its warps active).
+  constexpr int64_t kRowCacheBytes = 48 * 1024;
   if (e.lanes == 32 && k.row_cache > 0) e.rc = plan_row_cache(k, kRowCacheBytes / (kCudaBlock / 32), /*cache_loads=*/true);
   if (lanes) *lanes = e.lanes;
   if (shared_bytes) *shared_bytes = static_cast<int>(e.rc.region * (kCudaBlock / 32));
