@@ -636,6 +636,11 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
   ScheduleOptions opts;
   opts.half_kernels = tgt && tgt->half_kernels;
   opts.merge_row_stages = tgt && tgt->merge_row_stages;
+  if (tgt && tgt->recompute_in_row_cache_only)  // a host row kernel computes a cached value once
+    opts.keeps_rows = [tgt](const Group& g) {
+      return g.reduce_dims.size() == 1 && g.reduce_dims[0] + 1 == static_cast<int64_t>(g.domain.size()) &&
+             row_cache_fits(g, *tgt);
+    };
   for (int attempt = 0;; ++attempt) {
     steps = schedule(*target, stored, opts);
     if (tgt && !tgt->store_expensive) {  // also try recomputing: keep the schedule moving fewer bytes

@@ -193,7 +193,7 @@ struct Scheduler {
       if (!cost) continue;
       costly.insert(n);
       if (opts.store_expensive && c == NodeClass::Pointwise && consumers[n] >= 2 && read_by_reduction.count(n))
-        require(n, "expensive value read by a reduction and another op");
+        require(n, kReadByReduction);
     }
   }
 
@@ -230,8 +230,36 @@ struct Scheduler {
     return changed;
   }
 
+  static constexpr const char* kReadByReduction = "expensive value read by a reduction and another op";
+
+  // Values stored only as kReadByReduction that no other step reads, in a kernel that keeps
+  // its rows (opts.keeps_rows): dropped from M; returns them.
+  std::vector<const Node*> unstore_row_local(const std::vector<Step>& steps) {
+    std::unordered_map<const Node*, int> readers;  // steps reading a stored node
+    for (const Step& st : steps) {
+      if (st.kind == Step::Kind::Kernel)
+        for (const Node* in : st.group.inputs) readers[storage_root(in)]++;
+      else if (st.node)
+        for (auto& in : st.node->inputs) readers[storage_root(in.get())]++;
+    }
+    std::vector<const Node*> dropped;
+    for (const Step& st : steps) {
+      if (st.kind != Step::Kind::Kernel || !opts.keeps_rows(st.group)) continue;
+      for (const Node* o : st.group.outputs) {
+        auto w = why.find(o);
+        if (w == why.end() || w->second != kReadByReduction || readers.count(o) || seg.needed[pos.at(o)]) continue;
+        M.erase(o);
+        why.erase(o);
+        dropped.push_back(o);
+      }
+    }
+    return dropped;
+  }
+
   std::vector<Step> run() {
     initial_requirements();
+    std::vector<const Node*> dropped;  // by unstore_row_local, tried once
+    bool tried_unstore = !opts.keeps_rows;
     for (;;) {
       std::vector<Step> steps = build_steps();
       // A transcendental op that several kernels would each recompute is computed once and
@@ -250,7 +278,27 @@ struct Scheduler {
           why[n] = "expensive value recomputed in " + std::to_string(k) + " kernels";
           more = true;
         }
-      if (!more) return steps;
+      if (more) continue;
+      if (!tried_unstore) {
+        tried_unstore = true;
+        dropped = unstore_row_local(steps);
+        if (!dropped.empty()) continue;
+      }
+      // A dropped value must still be computed by one kernel only; else it is stored again.
+      bool restore = false;
+      for (const Node* o : dropped) {
+        int in_kernels = 0;
+        for (const Step& st : steps)
+          if (st.kind == Step::Kind::Kernel &&
+              std::find(st.group.nodes.begin(), st.group.nodes.end(), o) != st.group.nodes.end())
+            in_kernels++;
+        if (in_kernels > 1) {
+          require(o, kReadByReduction);
+          restore = true;
+        }
+      }
+      dropped.clear();
+      if (!restore) return steps;
     }
   }
 

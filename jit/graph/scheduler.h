@@ -2,6 +2,7 @@
 // into index arithmetic, reductions with their pointwise producers and consumers), library or
 // reference calls for everything else (GEMM, indexing, cat …), and views (storage sharing).
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,11 @@ struct ScheduleOptions {
   // Let a later stage over the same rows join the row kernel whose outputs it reads (one
   // kernel for layer_norm's forward and backward), rather than start a kernel of its own.
   bool merge_row_stages = false;
+  // Row kernels that keep the values their stages share in fast memory (the backend's row
+  // cache), null: none. With store_expensive, a value stored only because a reduction and
+  // another op read it is not stored when no other step reads it and its kernel keeps rows:
+  // the row cache already computes it once.
+  std::function<bool(const Group&)> keeps_rows;
 };
 
 // Splits `seg` into steps. Nodes left out of every step are fused intermediates. Nodes in
