@@ -42,10 +42,13 @@ const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "lo
 // erf 1.91 / 4.00 is wide too: exhaustively over |x| in [1e-6, 4.5] (above, it is exactly +-1)
 // the AVX-512 variant's worst is 3.999992 ulp (at 3.6533227), within the 4 ulp bound, and its
 // 16 lanes made W3 forward (layer_norm -> gelu -> softmax) 1.00 -> 0.91 ms on 2 cores.
-// exp2 0.81 / 1.00, expm1 1.65 / 2.31 and tanh 1.02 / 1.37 stay AVX2 (the wide tanh misses +-1
-// where the result rounds to it: 90 of the points 9.1, 9.11, ... 60, which PyTorch's programs
-// see through 1 + tanh); their 16-lane form is two 8-lane calls.
-constexpr bool kWide[kCount] = {true, false, false, true, true, true, true, true, true, true, false, true, true, true};
+// tanh 1.02 / 1.37 is wide with one fix: the AVX-512 variant returns 0.99999994 for about a
+// million inputs at and above 9.01091385, the least float whose correctly rounded tanh is 1
+// (PyTorch's programs see that through 1 - tanh); lanes at or beyond +-that return +-1
+// (exhaustively over every positive float below 100: 1.37 ulp at most, and 1 where it rounds to 1).
+// exp2 0.81 / 1.00 and expm1 1.65 / 2.31 stay AVX2; their 16-lane form is two 8-lane calls.
+constexpr bool kWide[kCount] = {true, false, false, true, true, true, true, true, true, true, true, true, true, true};
+constexpr float kTanhOne = 9.01091385f;  // the least float x with tanh(x) rounding to 1
 struct Table {
   void* f8[kCount] = {};
   void* f16[kCount] = {};
@@ -100,10 +103,18 @@ T libm(Fn f, T x, T y) {
   }
 }
 
-__attribute__((target("avx512f"))) float lane0_16(void* fn, bool bin, float x, float y) {
-  __m512 r = bin ? reinterpret_cast<V16f2>(fn)(_mm512_set1_ps(x), _mm512_set1_ps(y))
-                 : reinterpret_cast<V16f1>(fn)(_mm512_set1_ps(x));
-  return _mm512_cvtss_f32(r);
+// The AVX-512 variant of f on 16 lanes, with tanh's saturation fixed (kTanhOne).
+__attribute__((target("avx512f"))) __m512 call16(Fn f, void* fn, __m512 x, __m512 y) {
+  if (is_binary(f)) return reinterpret_cast<V16f2>(fn)(x, y);
+  const __m512 r = reinterpret_cast<V16f1>(fn)(x);
+  if (f != Fn::Tanh) return r;
+  const __mmask16 sat = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(kTanhOne), _CMP_GE_OQ);
+  const __m512i sign = _mm512_and_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
+  const __m512 one = _mm512_castsi512_ps(_mm512_or_epi32(_mm512_castps_si512(_mm512_set1_ps(1.0f)), sign));
+  return _mm512_mask_blend_ps(sat, r, one);
+}
+__attribute__((target("avx512f"))) float lane0_16(Fn f, void* fn, float x, float y) {
+  return _mm512_cvtss_f32(call16(f, fn, _mm512_set1_ps(x), _mm512_set1_ps(y)));
 }
 __attribute__((target("avx2"))) float lane0(void* fn, bool bin, float x, float y) {
   __m256 r = bin ? reinterpret_cast<V8f2>(fn)(_mm256_set1_ps(x), _mm256_set1_ps(y))
@@ -114,7 +125,7 @@ __attribute__((target("avx2"))) float lane0(void* fn, bool bin, float x, float y
 float scalar_f32(Fn f, float x, float y) {
   const Table& t = table();
   const int i = static_cast<int>(f);
-  if (t.f16[i]) return lane0_16(t.f16[i], is_binary(f), x, y);
+  if (t.f16[i]) return lane0_16(f, t.f16[i], x, y);
   return t.f8[i] ? lane0(t.f8[i], is_binary(f), x, y) : libm(f, x, y);
 }
 __attribute__((target("avx2"))) double lane0(void* fn, bool bin, double x, double y) {
@@ -123,14 +134,13 @@ __attribute__((target("avx2"))) double lane0(void* fn, bool bin, double x, doubl
   return _mm256_cvtsd_f64(r);
 }
 
-__attribute__((target("avx512f"))) __m256 vec8_16(void* fn, bool bin, __m256 x, __m256 y) {
+__attribute__((target("avx512f"))) __m256 vec8_16(Fn f, void* fn, __m256 x, __m256 y) {
   const __m512 a = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(x), 0));
   const __m512 b = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_setzero_pd(), _mm256_castps_pd(y), 0));
-  const __m512 r = bin ? reinterpret_cast<V16f2>(fn)(a, b) : reinterpret_cast<V16f1>(fn)(a);
-  return _mm512_castps512_ps256(r);
+  return _mm512_castps512_ps256(call16(f, fn, a, b));
 }
 __attribute__((target("avx2"))) __m256 vec8(Fn f, __m256 x, __m256 y) {
-  if (void* f16 = table().f16[static_cast<int>(f)]) return vec8_16(f16, is_binary(f), x, y);
+  if (void* f16 = table().f16[static_cast<int>(f)]) return vec8_16(f, f16, x, y);
   void* fn = table().f8[static_cast<int>(f)];
   if (fn) return is_binary(f) ? reinterpret_cast<V8f2>(fn)(x, y) : reinterpret_cast<V8f1>(fn)(x);
   alignas(32) float a[8], b[8];
@@ -140,11 +150,11 @@ __attribute__((target("avx2"))) __m256 vec8(Fn f, __m256 x, __m256 y) {
   return _mm256_load_ps(a);
 }
 // 16 floats: the AVX-512 variant, or two 8-lane calls (of the AVX2 variant itself where there
-// is one: this wrapper is on the hot path of every 16-lane kernel loop calling erf or tanh).
+// is one: this wrapper is on the hot path of every 16-lane kernel loop calling such a function).
 __attribute__((target("avx512f"))) __m512 vec16(Fn f, __m512 x, __m512 y) {
   const Table& t = table();
   const int i = static_cast<int>(f);
-  if (void* fn = t.f16[i]) return is_binary(f) ? reinterpret_cast<V16f2>(fn)(x, y) : reinterpret_cast<V16f1>(fn)(x);
+  if (void* fn = t.f16[i]) return call16(f, fn, x, y);
   const __m256 xhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
   if (void* fn = t.f8[i]; fn && !is_binary(f)) {
     const __m256 lo = reinterpret_cast<V8f1>(fn)(_mm512_castps512_ps256(x));
@@ -181,7 +191,7 @@ const char* name(Fn f) { return kNames[static_cast<int>(f)]; }
 const void* direct_entry(Fn f, int lanes) {
   const Table& t = table();
   const int i = static_cast<int>(f);
-  if (lanes == 16) return t.f16[i];
+  if (lanes == 16) return f == Fn::Tanh ? nullptr : t.f16[i];  // (tanh: vec16 fixes its saturation)
   if (lanes == 8) return t.f16[i] ? nullptr : t.f8[i];  // else vec8 runs the 16-lane variant
   return nullptr;  // float64 computes with libm per lane (vec4)
 }
