@@ -9,6 +9,7 @@
 #include <llvm/IR/Module.h>
 #include <llvm/IR/Verifier.h>
 #include <llvm/IRReader/IRReader.h>
+#include <llvm/Object/ELFObjectFile.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
 #include <llvm/Support/ErrorHandling.h>
@@ -21,6 +22,10 @@
 
 #include <deque>
 #include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <functional>
@@ -876,6 +881,34 @@ std::string compile_ir_to_object(const std::string& ir, const std::string& cpu, 
   return emit_object(*mod, *tm);
 }
 
+// KILN_PERF_MAP=1: each loaded kernel's address range and name go to /tmp/perf-<pid>.map,
+// where `perf report` finds names for JIT code (the size is the symbol's in the object).
+static void note_for_perf(const std::string& object, const std::string& symbol, const void* addr) {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_PERF_MAP");
+    return e && *e && std::string(e) != "0";
+  }();
+  if (!on) return;
+  uint64_t size = 0;
+  auto obj = object::ObjectFile::createObjectFile(MemoryBufferRef(object, symbol));
+  if (!obj) {
+    consumeError(obj.takeError());
+    return;
+  }
+  for (const object::SymbolRef& sym : (*obj)->symbols()) {
+    auto name = sym.getName();
+    if (!name) {
+      consumeError(name.takeError());
+      continue;
+    }
+    if (*name == symbol && isa<object::ELFObjectFileBase>(obj->get())) size = object::ELFSymbolRef(sym).getSize();
+  }
+  static FILE* map = std::fopen(("/tmp/perf-" + std::to_string(::getpid()) + ".map").c_str(), "a");
+  if (!map || size == 0) return;
+  std::fprintf(map, "%lx %lx %s\n", reinterpret_cast<unsigned long>(addr), static_cast<unsigned long>(size), symbol.c_str());
+  std::fflush(map);
+}
+
 KernelFn load_object(const std::string& object, const std::string& symbol) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& jit = the_jit();
@@ -885,6 +918,7 @@ KernelFn load_object(const std::string& object, const std::string& symbol) {
   if (auto err = jit.addObjectFile(std::move(buf))) throw Error("llvm: cannot load kernel object: " + toString(std::move(err)));
   auto sym = jit.lookup(symbol);
   if (!sym) throw Error("llvm: kernel symbol missing: " + toString(sym.takeError()));
+  note_for_perf(object, symbol, sym->toPtr<const void*>());
   return sym->toPtr<KernelFn>();
 }
 
