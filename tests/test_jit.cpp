@@ -1022,6 +1022,50 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
   EXPECT_GE(columns_lowered, 3 * 5);
 }
 
+// Sibling loop fusion (jit/loop/loop_fusion.h): a column kernel computing several column sums
+// of [rows, cols] values and the values themselves (a Linear layer's bias gradients and the dz
+// they sum) makes one pass over the rows, not one per output; the results agree with the
+// interpreter at random sizes (float32 to 1e-6, float64 to 1e-12, relative to 1 + |value|).
+TEST(JitCodegen, ColumnKernelsMakeOnePassOverTheRows) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  const kiln::jit::Target& t = kiln::jit::target_for(kiln::DeviceType::CPU);
+  std::mt19937_64 rng(test_seed() ^ 0xf05eull);
+  int fused = 0;
+  for (int it = 0; it < 8; ++it) {
+    const int64_t rows = 300 + static_cast<int64_t>(rng() % 2000), cols = 1 + static_cast<int64_t>(rng() % 300);
+    const DType dt = it % 2 ? kF64 : kF32;
+    SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << kiln::dtype_name(dt));
+    Tensor g = kiln::randn({rows, cols}, dt).eval(), h = kiln::tanh(kiln::randn({rows, cols}, dt)).eval();
+    Tensor g2 = kiln::randn({rows, cols}, dt).eval(), h2 = kiln::randn({rows, cols}, dt).eval();
+    auto f = [&] {
+      Tensor dz = kiln::mul(g, kiln::sub(kiln::full({}, 1.0, dt), kiln::mul(h, h)));
+      Tensor dz2 = kiln::mul(g2, h2);
+      return std::vector<Tensor>{dz, kiln::sum(dz, {0}), kiln::sum(dz2, {0}), kiln::amax(dz2, {0})};
+    };
+    const std::vector<Tensor> outs = f();
+    for (const auto& st : kiln::jit::schedule(make_segment(outs))) {
+      if (st.kind != kiln::jit::Step::Kind::Kernel) continue;
+      const auto L = kiln::jit::lower(st.group, t);
+      if (!L->column) continue;
+      // Loops over the rows (a loop holding a loop): one after fusion.
+      int row_loops = 0;
+      for (const auto& s : L->kernel.body)
+        if (s.kind == kiln::jit::Stmt::Kind::Loop)
+          for (const auto& c : s.body) row_loops += c.kind == kiln::jit::Stmt::Kind::Loop;
+      EXPECT_EQ(row_loops, 1) << L->kernel.str();
+      ++fused;
+    }
+    const auto [got, want] = jit_and_interpreter(f);
+    for (size_t k = 0; k < got.size(); ++k) {
+      auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
+      ASSERT_EQ(a.size(), e.size());
+      const double tol = k == 3 ? 0 : dt == kF32 ? 1e-6 : 1e-12;
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol * (1 + std::abs(e[i]))) << "output " << k << " i=" << i;
+    }
+  }
+  EXPECT_GT(fused, 0) << "no column kernel lowered";
+}
+
 // Sums over at most 4 elements are computed inline (unrolled adds, jit::inline_sum), and a
 // reduction whose kept last dim is short is unrolled over it (one pass accumulates every
 // element; values not depending on it are computed once): both equal the interpreter on random

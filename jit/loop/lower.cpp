@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "jit/loop/loop_fusion.h"
 #include "runtime/core/error.h"
 
 namespace kiln::jit {
@@ -506,6 +507,7 @@ struct Lowerer {
     else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
     if (!L->split && !L->column && unrolled_accs.empty() && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
+    fuse_sibling_loops(K);
     K.name = "kiln_k";
     return L;
   }
