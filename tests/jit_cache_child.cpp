@@ -188,10 +188,10 @@ int main(int argc, char** argv) {
   kiln::jit::wait_background_compiles();  // tiered: the LLVM kernels (and their disk entries) are done
   kiln::jit::CacheStats s = kiln::jit::cache_stats();
   std::printf("ok=%d compiles=%llu disk_hits=%llu disk_rebuilds=%llu hits=%llu compile_ms=%.3f load_ms=%.3f jit_ms=%.3f "
-              "quick_compiles=%llu swaps=%llu cache_dir=%s\n",
+              "quick_compiles=%llu swaps=%llu cache_dir=%s pid=%ld\n",
               ok.load() ? 1 : 0, static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.disk_hits),
               static_cast<unsigned long long>(s.disk_rebuilds), static_cast<unsigned long long>(s.hits), s.compile_ms,
               s.load_ms, jit_ms, static_cast<unsigned long long>(s.quick_compiles),
-              static_cast<unsigned long long>(s.background_swaps), kiln::jit::cache_dir().c_str());
+              static_cast<unsigned long long>(s.background_swaps), kiln::jit::cache_dir().c_str(), static_cast<long>(::getpid()));
   return ok.load() ? 0 : 1;
 }

@@ -324,6 +324,35 @@ std::vector<std::filesystem::path> entries(const std::string& dir) {
   return r;
 }
 
+// KILN_PERF_MAP=1: every CPU kernel the LLJIT loads, compiled or read from the disk cache, gets a
+// line "address size name" in /tmp/perf-<pid>.map (perf's format), its size the symbol's.
+TEST(JitDiskCache, PerfMapNamesLoadedKernels) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  kiln::testing::TempDir tmp("kiln-jit-perfmap");
+  ASSERT_FALSE(tmp.path().empty());
+  for (const char* pass : {"cold", "warm"}) {
+    SCOPED_TRACE(pass);
+    Child c = run_child("KILN_JIT=llvm KILN_PERF_MAP=1 KILN_CACHE_DIR=" + tmp.path(), "workload");
+    ASSERT_EQ(c.rc, 0) << c.out;
+    const std::string map = "/tmp/perf-" + c.kv["pid"] + ".map";
+    std::ifstream in(map);
+    ASSERT_TRUE(in.good()) << map << " missing; child output:\n" << c.out;
+    int lines = 0;
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream ls(line);
+      std::string addr, size, name;
+      ls >> addr >> size >> name;
+      EXPECT_GT(std::stoull(addr, nullptr, 16), 0u) << line;
+      EXPECT_GT(std::stoull(size, nullptr, 16), 0u) << line;
+      EXPECT_EQ(name.rfind("kiln_", 0), 0u) << line;
+      ++lines;
+    }
+    std::filesystem::remove(map);
+    EXPECT_GE(lines, static_cast<int>(std::string(pass) == "cold" ? c.num("compiles") : c.num("disk_hits"))) << c.out;
+    EXPECT_GT(lines, 0);
+  }
+}
+
 TEST(JitDiskCache, ColdWarmCorrupted) {
   SKIP_UNDER_INTERP_REGISTRATION();
   kiln::testing::TempDir tmp("kiln-jit-cache");
