@@ -10,6 +10,7 @@
 //   bench_cuda --compile-times K      K distinct kernels, first call each (run twice over one
 //                                     KILN_CACHE_DIR: cold NVRTC, then warm disk-cache loads)
 #include <algorithm>
+#include <functional>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -409,43 +410,24 @@ void compile_times(int kernels) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int iters = 20, kernels = 0;
+  int iters = 20;
+  std::function<void()> alone;  // one part only (--w1, --w3, --w5, --w2-start, --w2-steps, --compile-times)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--compile-times") && i + 1 < argc) kernels = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--w2-start")) kernels = -1;
-    else if (!std::strcmp(argv[i], "--w5")) kernels = INT32_MIN;  // W5 alone (for a profiler)
-    else if (!std::strcmp(argv[i], "--w1")) kernels = INT32_MIN + 1;  // W1 alone (for a profiler)
-    else if (!std::strcmp(argv[i], "--w3")) kernels = INT32_MIN + 2;  // W3 alone (for a profiler)
-    else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc) kernels = -std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--compile-times") && i + 1 < argc) alone = [k = std::atoi(argv[++i])] { compile_times(k); };
+    else if (!std::strcmp(argv[i], "--w2-start")) alone = w2_start;
+    else if (!std::strcmp(argv[i], "--w5")) alone = bench_w5;
+    else if (!std::strcmp(argv[i], "--w1")) alone = [&iters] { bench_w1(iters); };
+    else if (!std::strcmp(argv[i], "--w3")) alone = [&iters] { bench_w3(iters); };
+    else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc) alone = [b = std::atoi(argv[++i])] { bench_w2(b, 6); };
   }
   if (!kiln::cuda::is_available()) {
     std::fprintf(stderr, "bench_cuda: no usable CUDA device\n");
     return 2;
   }
   try {
-    if (kernels == -1) {
-      w2_start();
-      return 0;
-    }
-    if (kernels == INT32_MIN) {
-      bench_w5();
-      return 0;
-    }
-    if (kernels == INT32_MIN + 1) {
-      bench_w1(iters);
-      return 0;
-    }
-    if (kernels == INT32_MIN + 2) {
-      bench_w3(iters);
-      return 0;
-    }
-    if (kernels < 0) {  // --w2-steps BATCH: 6 compiled steps, for a profiler
-      bench_w2(-kernels, 6);
-      return 0;
-    }
-    if (kernels) {
-      compile_times(kernels);
+    if (alone) {
+      alone();
       return 0;
     }
     bench_w1(iters);

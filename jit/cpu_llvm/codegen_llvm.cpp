@@ -895,13 +895,14 @@ static void note_for_perf(const std::string& object, const std::string& symbol, 
     consumeError(obj.takeError());
     return;
   }
+  if (!isa<object::ELFObjectFileBase>(obj->get())) return;  // (symbol sizes: ELF's)
   for (const object::SymbolRef& sym : (*obj)->symbols()) {
     auto name = sym.getName();
     if (!name) {
       consumeError(name.takeError());
       continue;
     }
-    if (*name == symbol && isa<object::ELFObjectFileBase>(obj->get())) size = object::ELFSymbolRef(sym).getSize();
+    if (*name == symbol) size = object::ELFSymbolRef(sym).getSize();
   }
   static FILE* map = std::fopen(("/tmp/perf-" + std::to_string(::getpid()) + ".map").c_str(), "a");
   if (!map || size == 0) return;

@@ -49,6 +49,8 @@ const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "lo
 // exp2 0.81 / 1.00 and expm1 1.65 / 2.31 stay AVX2; their 16-lane form is two 8-lane calls.
 constexpr bool kWide[kCount] = {true, false, false, true, true, true, true, true, true, true, true, true, true, true};
 constexpr float kTanhOne = 9.01091385f;  // the least float x with tanh(x) rounding to 1
+// Whether f's AVX-512 variant is followed by a fix (call16): its entry points never forward.
+constexpr bool fixed16(Fn f) { return f == Fn::Tanh; }
 struct Table {
   void* f8[kCount] = {};
   void* f16[kCount] = {};
@@ -107,7 +109,7 @@ T libm(Fn f, T x, T y) {
 __attribute__((target("avx512f"))) __m512 call16(Fn f, void* fn, __m512 x, __m512 y) {
   if (is_binary(f)) return reinterpret_cast<V16f2>(fn)(x, y);
   const __m512 r = reinterpret_cast<V16f1>(fn)(x);
-  if (f != Fn::Tanh) return r;
+  if (!fixed16(f)) return r;
   const __mmask16 sat = _mm512_cmp_ps_mask(_mm512_abs_ps(x), _mm512_set1_ps(kTanhOne), _CMP_GE_OQ);
   const __m512i sign = _mm512_and_epi32(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN));
   const __m512 one = _mm512_castsi512_ps(_mm512_or_epi32(_mm512_castps_si512(_mm512_set1_ps(1.0f)), sign));
@@ -149,18 +151,9 @@ __attribute__((target("avx2"))) __m256 vec8(Fn f, __m256 x, __m256 y) {
   for (int i = 0; i < 8; ++i) a[i] = libm(f, a[i], b[i]);
   return _mm256_load_ps(a);
 }
-// 16 floats: the AVX-512 variant, or two 8-lane calls (of the AVX2 variant itself where there
-// is one: this wrapper is on the hot path of every 16-lane kernel loop calling such a function).
+// 16 floats: the AVX-512 variant, or two 8-lane calls (exp2, expm1).
 __attribute__((target("avx512f"))) __m512 vec16(Fn f, __m512 x, __m512 y) {
-  const Table& t = table();
-  const int i = static_cast<int>(f);
-  if (void* fn = t.f16[i]) return call16(f, fn, x, y);
-  const __m256 xhi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1));
-  if (void* fn = t.f8[i]; fn && !is_binary(f)) {
-    const __m256 lo = reinterpret_cast<V8f1>(fn)(_mm512_castps512_ps256(x));
-    const __m256 hi = reinterpret_cast<V8f1>(fn)(xhi);
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_zextpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-  }
+  if (void* fn = table().f16[static_cast<int>(f)]) return call16(f, fn, x, y);
   const __m256 lo = vec8(f, _mm512_castps512_ps256(x), _mm512_castps512_ps256(y));
   const __m256 hi = vec8(f, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)),
                          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
@@ -191,7 +184,7 @@ const char* name(Fn f) { return kNames[static_cast<int>(f)]; }
 const void* direct_entry(Fn f, int lanes) {
   const Table& t = table();
   const int i = static_cast<int>(f);
-  if (lanes == 16) return f == Fn::Tanh ? nullptr : t.f16[i];  // (tanh: vec16 fixes its saturation)
+  if (lanes == 16) return fixed16(f) ? nullptr : t.f16[i];
   if (lanes == 8) return t.f16[i] ? nullptr : t.f8[i];  // else vec8 runs the 16-lane variant
   return nullptr;  // float64 computes with libm per lane (vec4)
 }
