@@ -116,7 +116,7 @@ class CudaBackend final : public Backend {
   std::string cache_id() const override {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
-    return "cuda-img7;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
+    return "cuda-img8;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
            std::to_string(cu::driver_version()) + ";" + cu::nvrtc_options_key();
   }
 
