@@ -1,6 +1,7 @@
 // GEMM libraries on the shapes kiln's CPU workloads multiply (issue "CPU speed", deliverable 2):
 // OpenBLAS (kiln's BLAS), BLIS, oneDNN (dnnl_sgemm) and libxsmm (JIT-generated batch-reduce
-// kernels over 64-blocks), single precision, 1 and N threads, median of repeated runs. Each
+// kernels over 64-blocks), single precision, 1 and N threads, median of repeated runs; and
+// kiln itself (kiln::matmul, eager: its TBB tiles over one-thread BLAS calls, as W2 runs). Each
 // library is loaded with dlopen(RTLD_LOCAL | RTLD_DEEPBIND), so their cblas symbols do not
 // collide; a library that is not installed is reported as missing. Prints one JSON line per
 // (shape, library, threads) with GFLOP/s, and checks every result against OpenBLAS's.
@@ -19,6 +20,10 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <tbb/global_control.h>
+
+#include "kiln.h"
 
 #ifdef KILN_BENCH_XSMM
 #define __BLAS 0  // (libxsmm's BLAS fallback off: its kernels alone are measured)
@@ -61,6 +66,8 @@ using Gemm = std::function<void(const Shape&, const float*, const float*, float*
 struct Library {
   std::string name;
   Gemm gemm;  // empty: not installed
+  // The timed call when it differs from gemm (kiln: its own output, not copied into c).
+  std::function<void(const Shape&, const float*, const float*, int threads)> timed;
   std::function<bool(const Shape&)> takes = [](const Shape&) { return true; };
 };
 
@@ -150,6 +157,26 @@ Library xsmm() {
   return lib;
 }
 
+// kiln::matmul over the caller's memory (from_blob, transposes as views), with kiln's threads
+// limited to `threads` as a user would (tbb::global_control).
+Library kiln_matmul() {
+  Library lib{"kiln", nullptr};
+  auto product = [](const Shape& s, const float* a, const float* b, int t) {
+    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(t));
+    kiln::Tensor A = kiln::from_blob(const_cast<float*>(a), {s.ta ? s.k : s.m, s.ta ? s.m : s.k}, kiln::kFloat32);
+    kiln::Tensor B = kiln::from_blob(const_cast<float*>(b), {s.tb ? s.n : s.k, s.tb ? s.k : s.n}, kiln::kFloat32);
+    kiln::Tensor C = kiln::matmul(s.ta ? A.t() : A, s.tb ? B.t() : B);
+    C.eval();
+    return C;
+  };
+  lib.gemm = [product](const Shape& s, const float* a, const float* b, float* c, int t) {
+    kiln::Tensor C = product(s, a, b, t);
+    std::memcpy(c, C.data<float>(), sizeof(float) * size_t(s.m * s.n));
+  };
+  lib.timed = [product](const Shape& s, const float* a, const float* b, int t) { product(s, a, b, t); };
+  return lib;
+}
+
 double median_ms(const std::function<void()>& f, double min_ms) {
   f();  // (warm: JIT, buffers, thread pools)
   std::vector<double> runs;
@@ -186,7 +213,7 @@ int main(int argc, char** argv) {
       cblas("blis", {"libblis.so.4", "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4",
                      "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so.4"},
             "bli_thread_set_num_threads"),
-      onednn(), xsmm()};
+      onednn(), xsmm(), kiln_matmul()};
   for (const Library& l : libs)
     if (!l.gemm) std::printf("{\"library\": \"%s\", \"missing\": true}\n", l.name.c_str());
   std::mt19937 rng(7);
@@ -205,7 +232,8 @@ int main(int argc, char** argv) {
         l.gemm(s, a.data(), b.data(), c.data(), t);
         double err = 0;
         for (size_t i = 0; i < c.size(); ++i) err = std::max(err, double(std::abs(c[i] - ref[i])));
-        const double ms = median_ms([&] { l.gemm(s, a.data(), b.data(), c.data(), t); }, min_ms);
+        const double ms = median_ms(
+            [&] { l.timed ? l.timed(s, a.data(), b.data(), t) : l.gemm(s, a.data(), b.data(), c.data(), t); }, min_ms);
         std::printf("{\"shape\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, \"library\": \"%s\", \"threads\": %d, "
                     "\"us\": %.1f, \"gflops\": %.1f, \"max_err_rel\": %.1e}\n",
                     s.where, (long long)s.m, (long long)s.k, (long long)s.n, l.name.c_str(), t, ms * 1e3,
