@@ -1132,6 +1132,49 @@ TEST(JitCodegen, NestedSmallSumsShareTheirValues) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-12 * (1 + std::abs(e[i]))) << "i=" << i;
 }
 
+// A stride up to Target::small_inner that the later sizes imply (the 3 of [N, 3] points) is a
+// constant of the kernel, not a run-time parameter: the pairwise step's loop over j then loads
+// x, y, z as an interleaved group (one wide load, three shuffles) instead of running scalar for
+// an unknown stride. Every small stride (2..9, the last one past the bound) gives the
+// interpreter's values, through broadcast pairs (constants) and strided slices (parameters).
+TEST(JitCodegen, SmallStridesAreKernelConstants) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  Tensor p = kiln::randn({64, 3}, kF32).eval();
+  Tensor d = p.unsqueeze(0) - p.unsqueeze(1);
+  Tensor r2 = kiln::add(kiln::sum(d * d, {-1}), 1e-3);
+  Tensor f = kiln::sum(d * kiln::div(1.0, r2 * kiln::sqrt(r2)).unsqueeze(-1), {1});
+  const auto steps = kiln::jit::schedule(make_segment({f}));
+  ASSERT_EQ(steps.size(), 1u) << kiln::jit::describe(steps);
+  std::shared_ptr<kiln::jit::Lowered> L = kiln::jit::lower(steps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU));
+  for (const kiln::jit::ArgSource& a : L->iparams)
+    EXPECT_NE(a.kind, kiln::jit::ArgSource::Kind::InputStride) << "a stride of 3 passed at run time:\n" << L->kernel.str();
+  std::string ir;
+  kiln::jit::compile_to_object(L->kernel, "kiln_test_small_stride", &ir);
+  EXPECT_TRUE(std::regex_search(ir, std::regex("load <(6|12|24|48) x float>"))) << "no interleaved x, y, z loads:\n" << ir;
+
+  std::mt19937_64 rng(test_seed() ^ 0x5733ull);
+  for (int it = 0; it < 24; ++it) {
+    const int64_t s = 2 + it % 8, n = 1 + static_cast<int64_t>(rng() % 50);
+    SCOPED_TRACE(::testing::Message() << "stride " << s << ", n " << n);
+    Tensor q = kiln::randn({n, s}, kF32).eval();
+    Tensor wide = kiln::randn({n, 3 * s + 1}, kF32).eval();
+    auto fn = [&] {
+      Tensor dq = q.unsqueeze(0) - q.unsqueeze(1);                     // [n, n, s]: strides s, 0 | 0, s
+      Tensor e = kiln::exp(kiln::mul(kiln::sum(dq * dq, {-1}), -0.1));
+      Tensor cols = wide.slice(1, 0, std::nullopt, s);                  // every s-th column: stride s
+      return std::vector<Tensor>{kiln::sum(dq * e.unsqueeze(-1), {1}), kiln::tanh(cols) * 2 + 1, kiln::sum(cols * cols, {0})};
+    };
+    const auto [got, want] = jit_and_interpreter(fn);
+    for (size_t k = 0; k < got.size(); ++k) {
+      auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
+      ASSERT_EQ(a.size(), e.size());
+      // Sums of float32 in another order (the JIT reassociates, in double): 1e-5 relative to
+      // the sum's magnitude bound; pointwise values are the same operations, 1 ulp apart at most.
+      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * (1 + std::abs(e[i]))) << "output " << k << " i=" << i;
+    }
+  }
+}
+
 TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
   SKIP_UNDER_INTERP_REGISTRATION();
   std::mt19937_64 rng(test_seed() ^ 0x91ull);

@@ -30,6 +30,25 @@ char stride_class(const SymInt& size, const SymInt& stride) {
   return 'g';
 }
 
+// A general stride up to t.small_inner that a dense suffix implies (the 3 of [N, 3] points,
+// an RGB pixel's row): a compile-time constant in the kernel (and its key), so loops over such
+// rows vectorize as interleaved loads instead of running scalar for an unknown stride. Only
+// strides equal to the product of the later sizes: an input copied densely (a compiled
+// program's argument at another offset) keeps them.
+std::optional<int64_t> small_stride(const Node& n, size_t d, const Target& t) {
+  if (stride_class(n.shape[d], n.strides[d]) != 'g') return std::nullopt;
+  auto s = n.strides[d].maybe_int();
+  if (!s || *s <= 1 || *s > t.small_inner) return std::nullopt;
+  int64_t suffix = 1;
+  for (size_t e = d + 1; e < n.shape.size(); ++e) {
+    auto v = n.shape[e].maybe_int();
+    if (!v) return std::nullopt;
+    suffix *= *v;
+  }
+  if (suffix != *s) return std::nullopt;
+  return s;
+}
+
 // Whether `g` reduces leading dims (a prefix, the last dim kept) over at least
 // t.column_split_rows rows, with no arg reduction and nothing in the group reading a
 // reduction's value: such a group runs as per-(row chunk, column) partials.
@@ -102,7 +121,10 @@ std::string group_key(const Group& g, const Target& t) {
   for (size_t i = 0; i < ins.size(); ++i) {
     const Node* n = ins[i];
     k << "i" << dtype_name(n->dtype)[0] << static_cast<int>(n->dtype) << ":";
-    for (size_t d = 0; d < n->shape.size(); ++d) k << stride_class(n->shape[d], n->strides[d]);
+    for (size_t d = 0; d < n->shape.size(); ++d) {
+      k << stride_class(n->shape[d], n->strides[d]);
+      if (auto c = small_stride(*n, d, t)) k << *c;
+    }
     if (dense_in_domain(n, g.domain)) k << "D";
     k << ";";
   }
@@ -206,6 +228,10 @@ struct Lowerer {
     for (size_t d = 0; d < idx.size(); ++d) {
       char c = stride_class(n->shape[d], n->strides[d]);
       if (c == 'u' || c == '0') continue;
+      if (auto k = small_stride(*n, d, tgt)) {
+        off = add(off, mul(idx[d], K.iconst(*k)));
+        continue;
+      }
       off = add(off, c == '1' ? idx[d] : mul(idx[d], ip(ArgSource::Kind::InputStride, b, static_cast<int>(d))));
     }
     Expr e{Expr::Kind::Load};
