@@ -213,7 +213,7 @@ targets = {  # (workload, impl) -> max allowed kiln_time / impl_time, text
     ("W1", "hand-1T"): (1.25, "<= 1.25"), ("W1", f"hand-{T}T"): (1.25, "<= 1.25"),
     ("W1", "torch"): (1 / 3, "<= 0.333 (3x faster)"),
     ("W3F", "hand-1T"): (1.5, "<= 1.5"), ("W3F", f"hand-{T}T"): (1.5, "<= 1.5"),
-    ("W3F", "hand-1T-mvec"): (1.5, "<= 1.5"), ("W3F", f"hand-{T}T-mvec"): (1.5, "<= 1.5"),
+    ("W3F", "hand-1T-mvec"): (1.5, "<= 1.5"), ("W3F", f"hand-{T}T-mvec"): (1.1, "<= 1.1"),  # issue "CPU speed"
     ("W3F", "torch"): (0.5, "<= 0.5 (2x faster)"),
     ("W2", "torch"): (1 / 1.3, "<= 0.769 (1.3x faster)"),
     ("W7", "hand-1T"): (1.5, "<= 1.5"), ("W7", f"hand-{T}T"): (1.5, "<= 1.5"),
