@@ -378,9 +378,9 @@ void signature(const Segment& seg, RunScratch& sc) {
       for (size_t d = 0; d < in->shape.size(); ++d) {
         int64_t sz = in->shape[d].as_int(), st = in->strides[d].as_int();
         s.push_back(sz);
-        // A general stride itself: kernels take small ones as constants (jit/loop/lower.cpp).
-        s.push_back(sz == 1 ? 'u' : st == 0 ? '0' : st == 1 ? '1' : 'g');
-        if (sz != 1 && st != 0 && st != 1) s.push_back(st);
+        // The stride itself (a size-1 dim's does not matter): kernels take small ones as
+        // constants (jit/loop/lower.cpp), so a class (0, 1, general) is not enough.
+        s.push_back(sz == 1 ? 0 : st);
       }
     }
   }

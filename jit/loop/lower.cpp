@@ -36,9 +36,8 @@ char stride_class(const SymInt& size, const SymInt& stride) {
 // strides equal to the product of the later sizes: an input copied densely (a compiled
 // program's argument at another offset) keeps them.
 std::optional<int64_t> small_stride(const Node& n, size_t d, const Target& t) {
-  if (stride_class(n.shape[d], n.strides[d]) != 'g') return std::nullopt;
   auto s = n.strides[d].maybe_int();
-  if (!s || *s <= 1 || *s > t.small_inner) return std::nullopt;
+  if (is_one(n.shape[d]) || !s || *s <= 1 || *s > t.small_inner) return std::nullopt;
   int64_t suffix = 1;
   for (size_t e = d + 1; e < n.shape.size(); ++e) {
     auto v = n.shape[e].maybe_int();
