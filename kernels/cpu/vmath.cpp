@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/cpu/vmath_erf.h"
 #include "runtime/core/export.h"
 
 // GCC 12's AVX-512 insert/extract intrinsics fill an operand with _mm256_undefined_pd(), which
@@ -39,9 +40,9 @@ const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "lo
 // Measured over 3.2M random inputs per function against double libm (max ulp, AVX2 / AVX-512):
 // exp 2.50 / 2.50, log 3.86 / 3.86, log2 2.02 / 2.04, log1p 1.79 / 1.79, sin 1.80 / 1.80,
 // cos 1.84 / 1.84, tan 3.21 / 3.05, atan 2.29 / 2.17, pow 0.62 / 0.62, atan2 3.12 / 3.12: wide.
-// erf 1.91 / 4.00 is wide too: exhaustively over |x| in [1e-6, 4.5] (above, it is exactly +-1)
-// the AVX-512 variant's worst is 3.999992 ulp (at 3.6533227), within the 4 ulp bound, and its
-// 16 lanes made W3 forward (layer_norm -> gelu -> softmax) 1.00 -> 0.91 ms on 2 cores.
+// erf is kiln's own on AVX-512 hosts (vmath_erf.cpp, 16 lanes): within 1.03 ulp over every float,
+// 0.29 ns an element where libmvec's AVX-512 variant takes 0.52 (worst 3.999992 ulp at 3.6533227)
+// and its AVX2 one 1.91 ulp; AVX2-only hosts keep libmvec's.
 // tanh 1.02 / 1.37 is wide with one fix: the AVX-512 variant returns 0.99999994 for about a
 // million inputs at and above 9.01091385, the least float whose correctly rounded tanh is 1
 // (PyTorch's programs see that through 1 - tanh); lanes at or beyond +-that return +-1
@@ -71,7 +72,9 @@ struct Table {
     for (int i = 0; i < kCount; ++i) {
       const std::string abi = is_binary(static_cast<Fn>(i)) ? "vv_" : "v_";
       f8[i] = find("_ZGVdN8" + abi + kNames[i] + "f");
-      f16[i] = kWide[i] ? find("_ZGVeN16" + abi + kNames[i] + "f") : nullptr;
+      f16[i] = !kWide[i] ? nullptr
+               : static_cast<Fn>(i) == Fn::Erf ? reinterpret_cast<void*>(&erf16)
+                                               : find("_ZGVeN16" + abi + kNames[i] + "f");
       all16 = all16 && f8[i] && (f16[i] || !kWide[i]);
     }
     avx512 = all16;
