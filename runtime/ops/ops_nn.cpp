@@ -28,8 +28,10 @@ Tensor softmax(const Tensor& xin, int64_t dim) {
   if (x.dim() == 0) return div(exp(sub(x, x)), 1);
   // The max shift only guards exp against overflow; its gradient cancels exactly, so it is
   // taken from a detached x (no backward work for it). Over an empty dim the result is empty.
+  // Normalized by one reciprocal a row, as PyTorch's CPU kernel does (x * (1 / sum)): a
+  // multiply per element instead of a division.
   Tensor e = exp(sub(x, detail::shift_max(x, {d})));
-  return div(e, sum(e, {d}, true));
+  return mul(e, reciprocal(sum(e, {d}, true)));
 }
 
 Tensor log_softmax(const Tensor& xin, int64_t dim) {
