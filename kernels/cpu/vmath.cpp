@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "kernels/cpu/vmath_erf.h"
+#include "kernels/cpu/vmath16.h"
 #include "runtime/core/export.h"
 
 // GCC 12's AVX-512 insert/extract intrinsics fill an operand with _mm256_undefined_pd(), which
@@ -38,11 +38,13 @@ const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "lo
 // as accurate as the AVX2 one: twice the lanes per call, and still one implementation for every
 // entry point (8-lane calls run it on a zero-extended register, scalar ones on a broadcast).
 // Measured over 3.2M random inputs per function against double libm (max ulp, AVX2 / AVX-512):
-// exp 2.50 / 2.50, log 3.86 / 3.86, log2 2.02 / 2.04, log1p 1.79 / 1.79, sin 1.80 / 1.80,
-// cos 1.84 / 1.84, tan 3.21 / 3.05, atan 2.29 / 2.17, pow 0.62 / 0.62, atan2 3.12 / 3.12: wide.
-// erf is kiln's own on AVX-512 hosts (vmath_erf.cpp, 16 lanes): within 1.03 ulp over every float,
-// 0.29 ns an element where libmvec's AVX-512 variant takes 0.52 (worst 3.999992 ulp at 3.6533227)
-// and its AVX2 one 1.91 ulp; AVX2-only hosts keep libmvec's.
+// exp 2.50 / 2.50 (libmvec's; kiln's own below), log 3.86 / 3.86, log2 2.02 / 2.04, log1p 1.79 /
+// 1.79, sin 1.80 / 1.80, cos 1.84 / 1.84, tan 3.21 / 3.05, atan 2.29 / 2.17, pow 0.62 / 0.62,
+// atan2 3.12 / 3.12: wide.
+// exp and erf are kiln's own on AVX-512 hosts (vmath16.h: exp within 1.02 ulp, erf within 1.03 over
+// every float): faster in kernels (erf 0.29 ns an element against libmvec's 0.52, whose worst is
+// 3.999992 ulp at 3.6533227; a 1024 x 1024 softmax 0.59 -> 0.49 ms on one core) and more accurate;
+// AVX2-only hosts keep libmvec's (exp 2.50, erf 1.91 ulp).
 // tanh 1.02 / 1.37 is wide with one fix: the AVX-512 variant returns 0.99999994 for about a
 // million inputs at and above 9.01091385, the least float whose correctly rounded tanh is 1
 // (PyTorch's programs see that through 1 - tanh); lanes at or beyond +-that return +-1
@@ -52,6 +54,12 @@ constexpr bool kWide[kCount] = {true, false, false, true, true, true, true, true
 constexpr float kTanhOne = 9.01091385f;  // the least float x with tanh(x) rounding to 1
 // Whether f's AVX-512 variant is followed by a fix (call16): its entry points never forward.
 constexpr bool fixed16(Fn f) { return f == Fn::Tanh; }
+// kiln's own 16-lane variant of f (vmath16.h), or null where the library's is used.
+void* own16(Fn f) {
+  if (f == Fn::Exp) return reinterpret_cast<void*>(&exp16);
+  if (f == Fn::Erf) return reinterpret_cast<void*>(&erf16);
+  return nullptr;
+}
 struct Table {
   void* f8[kCount] = {};
   void* f16[kCount] = {};
@@ -72,9 +80,8 @@ struct Table {
     for (int i = 0; i < kCount; ++i) {
       const std::string abi = is_binary(static_cast<Fn>(i)) ? "vv_" : "v_";
       f8[i] = find("_ZGVdN8" + abi + kNames[i] + "f");
-      f16[i] = !kWide[i] ? nullptr
-               : static_cast<Fn>(i) == Fn::Erf ? reinterpret_cast<void*>(&erf16)
-                                               : find("_ZGVeN16" + abi + kNames[i] + "f");
+      void* own = own16(static_cast<Fn>(i));
+      f16[i] = !kWide[i] ? nullptr : own ? own : find("_ZGVeN16" + abi + kNames[i] + "f");
       all16 = all16 && f8[i] && (f16[i] || !kWide[i]);
     }
     avx512 = all16;

@@ -4,7 +4,8 @@
 //
 // Each function is defined per element as one lane of one vector implementation: glibc's
 // libmvec AVX2 variant (`_ZGVdN8v_expf`, `_ZGVdN4v_exp`; SLEEF's GNU-ABI build where libmvec
-// lacks the name). These compute each lane from that lane's input alone, so
+// lacks the name), its AVX-512 variant on AVX-512 hosts where as accurate, and kiln's own
+// 16-lane exp and erf there (vmath16.h). These compute each lane from that lane's input alone, so
 //   - `kiln_vm8_<f>f` / `kiln_vm4_<f>` (8 x float / 4 x double, AVX2 vector ABI) call it,
 //   - `kiln_vm_<f>f` / `kiln_vm_<f>` (scalar) broadcast the argument and take lane 0,
 // and both give the same bits for every element. Without AVX2 (or without either library's

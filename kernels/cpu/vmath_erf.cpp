@@ -3,7 +3,7 @@
 // registers). Over every float it is within 1.03 ulp of the correctly rounded erf (libmvec's
 // AVX-512 variant: 4.0 ulp) at 0.29 ns an element against libmvec's 0.52 (one core of the
 // AVX-512 build host); see the test VectorMath.ErfWithinOneUlpEverywhere.
-#include "kernels/cpu/vmath_erf.h"
+#include "kernels/cpu/vmath16.h"
 
 #include <cstdint>
 
