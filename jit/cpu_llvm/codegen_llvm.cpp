@@ -34,6 +34,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "jit/cpu_llvm/inline_vmath.h"
 #include "jit/diag/diagnostics.h"
 #include "jit/loop/row_cache.h"
 #include "kernels/cpu/vmath.h"
@@ -799,7 +800,9 @@ std::string compile_once(const Kernel& k, const std::string& symbol, std::string
   if (wide_vectors(*tm))  // 16 floats a vector (LLVM prefers 256 bits on AVX-512 hosts otherwise)
     for (Function& f : *mod)
       if (!f.isDeclaration()) f.addFnAttr("prefer-vector-width", "512");
+  if (wide_vectors(*tm)) define_inline_vector_math(*mod);
   optimize(*mod, *tm, vec);
+  inline_vector_math(*mod);
   const int lanes = mask_lanes_through_bytes(*mod);
   if (lanes > 0 && log_enabled("codegen"))
     log_line("codegen", symbol + ": " + std::to_string(lanes) + " i1-vector lane reads go through bytes (LLVM 16 x86)");
@@ -928,6 +931,11 @@ std::string llvm_target_id() {
   std::string id = "llvm" LLVM_VERSION_STRING ";" + h.cpu + ";";
   for (const std::string& f : h.features)
     if (f[0] == '+') id += f.substr(1) + ",";
+  // The vector math kernels call or inline (KILN_NO_AVX512 changes it on the same host): a kernel
+  // with kiln's exp inlined must not be loaded where the interpreter computes libmvec's.
+  id += vmath::have_vector16() ? ";vm16" : ";vm8";
+  for (vmath::Fn f : {vmath::Fn::Exp, vmath::Fn::Erf})
+    if (vmath::uses_own16(f)) id += std::string(",own-") + vmath::name(f);
   return id;
 }
 

@@ -55,7 +55,7 @@ constexpr float kTanhOne = 9.01091385f;  // the least float x with tanh(x) round
 // Whether f's AVX-512 variant is followed by a fix (call16): its entry points never forward.
 constexpr bool fixed16(Fn f) { return f == Fn::Tanh; }
 // kiln's own 16-lane variant of f (vmath16.h), or null where the library's is used.
-void* own16(Fn f) {
+void* own_variant16(Fn f) {
   if (f == Fn::Exp) return reinterpret_cast<void*>(&exp16);
   if (f == Fn::Erf) return reinterpret_cast<void*>(&erf16);
   return nullptr;
@@ -80,7 +80,7 @@ struct Table {
     for (int i = 0; i < kCount; ++i) {
       const std::string abi = is_binary(static_cast<Fn>(i)) ? "vv_" : "v_";
       f8[i] = find("_ZGVdN8" + abi + kNames[i] + "f");
-      void* own = own16(static_cast<Fn>(i));
+      void* own = own_variant16(static_cast<Fn>(i));
       f16[i] = !kWide[i] ? nullptr : own ? own : find("_ZGVeN16" + abi + kNames[i] + "f");
       all16 = all16 && f8[i] && (f16[i] || !kWide[i]);
     }
@@ -199,6 +199,10 @@ const void* direct_entry(Fn f, int lanes) {
   return nullptr;  // float64 computes with libm per lane (vec4)
 }
 bool have_vector() { return table().avx2; }
+bool uses_own16(Fn f) {
+  const void* own = own_variant16(f);
+  return own && table().f16[static_cast<int>(f)] == own;
+}
 bool have_vector16() { return table().avx512; }
 
 float f32(Fn f, float x) { return scalar_f32(f, x, x); }

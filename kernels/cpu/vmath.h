@@ -31,6 +31,10 @@ bool have_vector();
 // of it) and two 8-lane calls of the others.
 bool have_vector16();
 
+// Whether f's 16-lane form is kiln's own (vmath16.h: exp and erf on AVX-512 hosts), whose
+// instruction sequence the LLVM tier may inline (jit/cpu_llvm/inline_vmath.h).
+bool uses_own16(Fn f);
+
 // The library function that `kiln_vm<lanes>_<f>f` only forwards to (same vector ABI, same bits),
 // or null where that entry point does more (splits, widens, loops over libm): the JIT binds
 // its kernels' calls to it directly, skipping a call through kiln.
