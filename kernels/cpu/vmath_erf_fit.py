@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from vmath_lawson import fit_relative
+
 DEGREE, WIDTH, INTERVALS, ONE = 6, 0.25, 16, 3.9192059
 
 
@@ -28,15 +30,7 @@ def fit(i):
     s, f = x - c, np.array([math.erf(v) for v in x])
     first = 1 if i == 0 else 0  # interval 0: no constant term
     V = np.vander(s, DEGREE + 1, increasing=True)[:, first:]
-    w, best = np.ones_like(s), None
-    for _ in range(80):
-        sw = np.sqrt(w) / f
-        coef = np.linalg.lstsq(V * sw[:, None], f * sw, rcond=None)[0]
-        err = (V @ coef - f) / f
-        if best is None or np.max(np.abs(err)) < best[0]:
-            best = (np.max(np.abs(err)), coef)
-        w = w * np.abs(err) + 1e-300
-        w /= w.sum()
+    best = fit_relative(V, f, f, 80)
     full = [0.0] * first + list(best[1])
     hi0, hi1 = f32(full[0]), f32(full[1])
     return best[0], [hi0, f32(full[0] - hi0), hi1, f32(full[1] - hi1)] + [f32(v) for v in full[2:]]

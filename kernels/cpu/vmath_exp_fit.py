@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from vmath_lawson import fit_relative
+
 DEGREE = 4  # of q
 
 
@@ -20,15 +22,7 @@ def main():
     f = np.exp(r)
     V = np.vander(r, DEGREE + 1, increasing=True) * (r * r)[:, None]
     t = f - 1 - r
-    w, best = np.ones_like(r), None
-    for _ in range(100):
-        sw = np.sqrt(w) / f
-        c = np.linalg.lstsq(V * sw[:, None], t * sw, rcond=None)[0]
-        err = (V @ c - t) / f
-        if best is None or np.max(np.abs(err)) < best[0]:
-            best = (np.max(np.abs(err)), c)
-        w = w * np.abs(err) + 1e-300
-        w /= w.sum()
+    best = fit_relative(V, t, f, 100)
     print("// max relative error of the fit: %.2e" % best[0])
     print("    " + ", ".join("%.9ef" % np.float32(v) for v in best[1]))
 
