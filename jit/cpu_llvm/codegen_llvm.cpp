@@ -12,6 +12,7 @@
 #include <llvm/Object/ELFObjectFile.h>
 #include <llvm/MC/TargetRegistry.h>
 #include <llvm/Passes/PassBuilder.h>
+#include <llvm/Transforms/IPO/AlwaysInliner.h>
 #include <llvm/Support/ErrorHandling.h>
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/SourceMgr.h>
@@ -674,6 +675,9 @@ void optimize(Module& mod, TargetMachine& tm, Vectorizers vec) {
   pb.registerLoopAnalyses(lam);
   pb.crossRegisterProxies(lam, fam, cgam, mam);
   ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(OptimizationLevel::O3);
+  // The vectorizers' calls of always-inline vector math (inline_vmath.h) are made after O3's
+  // inliner ran: inline them last.
+  mpm.addPass(AlwaysInlinerPass(/*InsertLifetimeIntrinsics=*/false));
   mpm.run(mod, mam);
 }
 
@@ -797,12 +801,13 @@ std::string compile_once(const Kernel& k, const std::string& symbol, std::string
   vector_functions(*tm);
   LLVMContext ctx;
   auto mod = build_module(k, symbol, ctx);
-  if (wide_vectors(*tm))  // 16 floats a vector (LLVM prefers 256 bits on AVX-512 hosts otherwise)
+  if (wide_vectors(*tm)) {  // 16 floats a vector (LLVM prefers 256 bits on AVX-512 hosts otherwise)
     for (Function& f : *mod)
       if (!f.isDeclaration()) f.addFnAttr("prefer-vector-width", "512");
-  if (wide_vectors(*tm)) define_inline_vector_math(*mod);
+    define_inline_vector_math(*mod);
+  }
   optimize(*mod, *tm, vec);
-  inline_vector_math(*mod);
+  drop_inline_vector_math(*mod);
   const int lanes = mask_lanes_through_bytes(*mod);
   if (lanes > 0 && log_enabled("codegen"))
     log_line("codegen", symbol + ": " + std::to_string(lanes) + " i1-vector lane reads go through bytes (LLVM 16 x86)");

@@ -2,9 +2,6 @@
 
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/IntrinsicsX86.h>
-#include <llvm/IR/PassManager.h>
-#include <llvm/Passes/PassBuilder.h>
-#include <llvm/Transforms/IPO/AlwaysInliner.h>
 
 #include "kernels/cpu/vmath.h"
 #include "kernels/cpu/vmath16_tables.h"
@@ -45,12 +42,10 @@ struct Body {
   Value* all_lanes() { return b.getInt16(0xffff); }
 };
 
+// The always-inline definition of `name` (<16 x float> -> <16 x float>), null if already defined.
 Function* define(Module& mod, const char* name) {
-  if (Function* old = mod.getFunction(name)) {
-    if (!old->isDeclaration()) return nullptr;
-  }
-  LLVMContext& ctx = mod.getContext();
-  auto* v16f = FixedVectorType::get(Type::getFloatTy(ctx), 16);
+  if (Function* old = mod.getFunction(name); old && !old->isDeclaration()) return nullptr;
+  auto* v16f = FixedVectorType::get(Type::getFloatTy(mod.getContext()), 16);
   FunctionCallee fc = mod.getOrInsertFunction(name, FunctionType::get(v16f, {v16f}, false));
   auto* f = cast<Function>(fc.getCallee());
   f->addFnAttr(Attribute::AlwaysInline);
@@ -110,29 +105,11 @@ void define_inline_vector_math(Module& mod) {
   if (vmath::uses_own16(vmath::Fn::Erf)) define_erf(mod);
 }
 
-void inline_vector_math(Module& mod) {
-  Function* fs[] = {mod.getFunction(kExp), mod.getFunction(kErf)};
-  bool any = false;
-  for (Function* f : fs) any = any || (f && !f->isDeclaration() && !f->use_empty());
-  if (any) {
-    LoopAnalysisManager lam;
-    FunctionAnalysisManager fam;
-    CGSCCAnalysisManager cgam;
-    ModuleAnalysisManager mam;
-    PassBuilder pb;
-    pb.registerModuleAnalyses(mam);
-    pb.registerCGSCCAnalyses(cgam);
-    pb.registerFunctionAnalyses(fam);
-    pb.registerLoopAnalyses(lam);
-    pb.crossRegisterProxies(lam, fam, cgam, mam);
-    ModulePassManager mpm;
-    mpm.addPass(AlwaysInlinerPass(/*InsertLifetimeIntrinsics=*/false));
-    mpm.run(mod, mam);
-  }
-  // Kernels export nothing but their entry: a definition left uncalled (or called: never, since
-  // always-inline) must not clash with the process's symbol of the same name.
-  for (Function* f : fs)
-    if (f && !f->isDeclaration()) {
+void drop_inline_vector_math(Module& mod) {
+  // Kernels export nothing but their entry: the definitions, inlined wherever called, must not
+  // clash with the process's symbols of the same name.
+  for (const char* name : {kExp, kErf})
+    if (Function* f = mod.getFunction(name); f && !f->isDeclaration()) {
       if (f->use_empty()) f->eraseFromParent();
       else f->setLinkage(GlobalValue::InternalLinkage);
     }
