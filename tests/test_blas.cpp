@@ -181,6 +181,23 @@ TEST(BlasThreads, GlobalControlOfTwo) {
   });
 }
 
+// The application raises OpenMP's thread count on its own thread (its own OpenMP code, or a
+// library that does) after kiln has run products there: kiln's oneDNN calls still run one
+// thread each, so a limit of one is still one.
+TEST(BlasThreads, ApplicationOpenMpCountIsIgnored) {
+  Workload().run();  // kiln has called oneDNN on this thread before (and loaded it)
+  void* omp = dlopen("libgomp.so.1", RTLD_NOW | RTLD_NOLOAD);
+  if (!omp || std::string(kernels::sgemm_library()) != "onednn") GTEST_SKIP() << "float32 products are not on oneDNN";
+  auto set = reinterpret_cast<void (*)(int)>(dlsym(omp, "omp_set_num_threads"));
+  ASSERT_NE(set, nullptr);
+  set(4);
+  check_threads("omp_set_num_threads(4), global_control(1)", 1, [](const std::function<void()>& f) {
+    tbb::global_control gc(tbb::global_control::max_allowed_parallelism, 1);
+    f();
+  });
+  set(1);
+}
+
 // Products cut into tiles (rows × columns × batch) for 8 threads equal a plain loop in double,
 // for every dtype, transposed and broadcast operands, edge tiles and k = 0.
 TEST(BlasTiles, MatchPlainLoop) {

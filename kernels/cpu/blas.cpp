@@ -57,13 +57,14 @@ const bool g_blas_single = [] {
 // W2's and the transformer block's shapes; the W2 step 12% faster end to end; docs/BENCHMARKS.md).
 // Loaded at first use, like a plugin, so that a machine without it runs on OpenBLAS;
 // KILN_GEMM=openblas keeps OpenBLAS, KILN_GEMM=onednn insists on oneDNN. Its OpenMP runtime runs
-// one thread per calling thread (each TBB worker sets its count to 1 once), so its products stay
-// on kiln's tiles as OpenBLAS's do.
+// one thread per calling thread (each call sets the calling thread's count back to 1 when the
+// application raised it), so its products stay on kiln's tiles as OpenBLAS's do.
 using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
                           float, float*, int64_t);
 struct Onednn {
   DnnlSgemm sgemm = nullptr;
   void (*omp_set_num_threads)(int) = nullptr;
+  int (*omp_get_max_threads)() = nullptr;
 };
 const Onednn& onednn() {
   static const Onednn lib = [] {
@@ -77,8 +78,9 @@ const Onednn& onednn() {
     if (h && omp) {
       l.sgemm = reinterpret_cast<DnnlSgemm>(dlsym(h, "dnnl_sgemm"));
       l.omp_set_num_threads = reinterpret_cast<void (*)(int)>(dlsym(omp, "omp_set_num_threads"));
+      l.omp_get_max_threads = reinterpret_cast<int (*)()>(dlsym(omp, "omp_get_max_threads"));
     }
-    if (!l.sgemm || !l.omp_set_num_threads) {
+    if (!l.sgemm || !l.omp_set_num_threads || !l.omp_get_max_threads) {
       KILN_CHECK(w.empty(), "KILN_GEMM=onednn: oneDNN does not load (", h ? "no dnnl_sgemm" : dlerror(),
                  "); install libdnnl2 or unset KILN_GEMM");
       l = {};
@@ -115,8 +117,9 @@ void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const
                int64_t ldb, T beta, T* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, float>) {
     if (const Onednn& dnnl = onednn(); dnnl.sgemm) {
-      thread_local const bool one = (dnnl.omp_set_num_threads(1), true);  // (per calling thread: OpenMP's count)
-      (void)one;
+      // OpenMP's count is per calling thread, and the application may have raised it on this one
+      // (its own omp_set_num_threads): checked on every call, not only the first.
+      if (dnnl.omp_get_max_threads() != 1) dnnl.omp_set_num_threads(1);
       const int status = dnnl.sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
       KILN_CHECK(status == 0, "matmul: oneDNN's sgemm failed (status ", status, ") for ", m, "x", k, "x", n);
       return;
