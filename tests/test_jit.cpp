@@ -852,6 +852,38 @@ TEST(JitMode, EnvironmentSelectsExecutor) {
   EXPECT_EQ(work.num("compiles"), 0) << work.out;
 }
 
+// KILN_PROFILE=1: a process prints, when it exits, a table of the executor's steps by total time
+// (each row: total ms, share, calls, mean us, the step), ending with the sum of all steps.
+TEST(JitMode, ProfilePrintsTheStepsAtExit) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  Child c = run_child("KILN_CACHE_DIR=off KILN_PROFILE=1", "workload");
+  EXPECT_EQ(c.rc, 0) << c.out;
+  const size_t head = c.out.find("[kiln:profile] CPU executor steps");
+  ASSERT_NE(head, std::string::npos) << c.out;
+  std::istringstream is(c.out.substr(head));
+  std::string line;
+  std::getline(is, line);  // header
+  std::getline(is, line);  // column names
+  int kernels = 0, rows = 0;
+  double sum_ms = 0, total_ms = -1;
+  while (std::getline(is, line)) {
+    double ms = 0, share = 0;
+    if (std::sscanf(line.c_str(), "%lf %lf%%", &ms, &share) != 2) break;
+    if (line.find("all steps") != std::string::npos) {
+      total_ms = ms;
+      break;
+    }
+    ++rows;
+    sum_ms += ms;
+    if (line.find(" kernel [") != std::string::npos) ++kernels;
+  }
+  EXPECT_GT(kernels, 0) << c.out;
+  EXPECT_GT(rows, 0);
+  EXPECT_NEAR(total_ms, sum_ms, 1e-3 * rows + 1e-6) << c.out;  // (rows printed to 3 decimals)
+  Child off = run_child("KILN_CACHE_DIR=off", "workload");
+  EXPECT_EQ(off.out.find("[kiln:profile]"), std::string::npos) << off.out;
+}
+
 }  // namespace
 
 // GEMM epilogues: a Linear layer's bias + activation runs on the GEMM's row blocks while they
@@ -894,6 +926,59 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> jit_and_interpreter(const st
   kiln::set_executor(kiln::jit::jit_executor());
   return {got, want};
 }
+
+// An epilogue with one output writes it over the product when nothing else reads the product:
+// a dead product (in place), a product the caller still holds, one a later reduction reads, and
+// an epilogue with two outputs (not in place); random sizes, against the interpreter (float32
+// rtol/atol 1e-5, float64 1e-12), the held product unchanged.
+TEST(JitGemm, EpilogueWritesOverADeadProductOnly) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  std::mt19937_64 rng(test_seed());
+  for (int round = 0; round < 6; ++round) {
+    const DType dt = round % 2 ? kF64 : kF32;
+    const int64_t m = 1 + static_cast<int64_t>(rng() % 300), k = 1 + static_cast<int64_t>(rng() % 70),
+                  n = 1 + static_cast<int64_t>(rng() % 90);
+    Tensor x = kiln::randn({m, k}, dt).eval(), w = kiln::randn({n, k}, dt).eval(), b = kiln::randn({n}, dt).eval();
+    struct Case {
+      const char* name;
+      bool in_place;
+      std::function<std::vector<Tensor>()> fn;
+    };
+    const std::vector<Case> cases = {
+        {"dead product", true, [&] { return std::vector<Tensor>{kiln::tanh(kiln::add(kiln::matmul(x, w.t()), b))}; }},
+        {"held product", false,
+         [&] {
+           Tensor z = kiln::matmul(x, w.t());
+           return std::vector<Tensor>{kiln::tanh(kiln::add(z, b)), z};
+         }},
+        {"product read later", false,
+         [&] {
+           Tensor z = kiln::matmul(x, w.t());
+           Tensor h = kiln::tanh(kiln::add(z, b));
+           return std::vector<Tensor>{h, kiln::sum(z * z, {1})};
+         }},
+        {"two outputs", false,
+         [&] {
+           Tensor zb = kiln::add(kiln::matmul(x, w.t()), b);
+           return std::vector<Tensor>{kiln::tanh(zb), kiln::sigmoid(zb)};
+         }},
+    };
+    for (const Case& c : cases) {
+      const uint64_t runs = kiln::jit::gemm_epilogue_runs(), in_place = kiln::jit::gemm_epilogue_in_place_runs();
+      auto [got, want] = jit_and_interpreter(c.fn);
+      const std::string where = std::string(c.name) + " m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n);
+      if (kiln::jit::gemm_epilogue_runs() > runs)  // (when the schedule put the pointwise kernel right after the GEMM)
+        EXPECT_EQ(kiln::jit::gemm_epilogue_in_place_runs() - in_place, c.in_place ? 1u : 0u) << where;
+      const double tol = dt == kF32 ? 1e-5 : 1e-12;
+      for (size_t t = 0; t < got.size(); ++t) {
+        auto a = got[t].to_vector<double>(), e = want[t].to_vector<double>();
+        ASSERT_EQ(a.size(), e.size()) << where;
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol + tol * std::abs(e[i])) << where << " output " << t << " i=" << i;
+      }
+    }
+  }
+}
+
 
 // Host row kernels keep the values several stages of a row use on the stack (the row cache,
 // jit/loop/row_cache.h): softmax(gelu(layer_norm(x))) over random sizes runs as one kernel;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <map>
 #include <set>
@@ -21,6 +22,7 @@
 #include "kernels/cpu/parallel.h"
 #include "kernels/cpu/reference.h"
 #include "jit/diag/diagnostics.h"
+#include "jit/diag/profile.h"
 #include "jit/exec/executor.h"
 #include "jit/exec/tiering.h"
 #include "jit/graph/passes.h"
@@ -282,6 +284,8 @@ struct PlanStep {
   bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks;
                           // device split Kernel: the next (0-d) step runs in its combine kernel
   bool fused = false;     // Kernel: run as the previous step's epilogue
+  bool in_place = false;  // Opaque GEMM with an epilogue: the epilogue's one output is written over
+                          // the product (nothing else reads it), element for element
   std::shared_ptr<CompiledKernel> combine;  // device split Kernel: combine + the next step's kernel
   std::vector<int> batches_after;     // horizontal kernels (Plan::batches) run right after this step
   bool batched = false;               // Kernel: runs in a horizontal kernel, not in its own slot
@@ -721,8 +725,32 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     return m->op == OpKind::Matmul && m->shape.size() == 2 && !g.split && g.reduce_dims.empty() &&
            same_shape(g.domain, m->shape);
   };
+  // Whether the product of GEMM step i is read by anything but step i + 1: another step, or
+  // (needed) a tensor or node outside the segment.
+  auto product_read_elsewhere = [&](size_t i) {
+    const Node* m = steps[i].node;
+    auto reads = [&](const Node* n) {
+      for (const auto& in : n->inputs)
+        if (in.get() == m) return true;
+      return false;
+    };
+    for (size_t j = 0; j < steps.size(); ++j) {
+      if (j == i + 1) continue;
+      if (steps[j].kind == Step::Kind::Kernel) {
+        for (const Node* n : steps[j].group.nodes)
+          if (reads(n)) return true;
+      } else if (reads(steps[j].node)) {
+        return true;
+      }
+    }
+    for (size_t k = 0; k < target->nodes.size(); ++k)
+      if (target->nodes[k] == m && target->needed[k]) return true;
+    return false;
+  };
   // GEMM epilogues: a 2-D GEMM followed by a pointwise kernel over exactly its output that
-  // reads it element for element runs as one step (row blocks, epilogue while in cache).
+  // reads it element for element runs as one step (row blocks, epilogue while in cache). When
+  // the kernel has one output of the product's type and nothing else reads the product, that
+  // output is written over the product (one buffer instead of two: half the memory traffic).
   for (size_t i = 0; device == DeviceType::CPU && i + 1 < steps.size(); ++i) {
     if (!gemm_then_pointwise(i) || !kernels[i + 1]) continue;
     const Node* m = steps[i].node;
@@ -735,7 +763,14 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     if (!ok) continue;
     plan->steps[i].epilogue = true;
     plan->steps[i + 1].fused = true;
-    if (log_enabled("fusion")) log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i));
+    bool in_place = g.outputs.size() == 1 && g.outputs[0]->dtype == m->dtype && same_shape(g.outputs[0]->shape, m->shape);
+    for (const Node* n : g.nodes)
+      for (const auto& in : n->inputs)
+        if (in.get() == m && classify(*n) != NodeClass::Pointwise) in_place = false;
+    plan->steps[i].in_place = in_place && !product_read_elsewhere(i);
+    if (log_enabled("fusion"))
+      log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i) +
+                             (plan->steps[i].in_place ? ", writing over the product" : ""));
   }
   // GEMM + bias (+ ReLU) on a device: a pointwise step after a 2-D float32 GEMM that only adds
   // a row vector to the product (then applies ReLU) becomes the GEMM's epilogue, when nothing
@@ -761,23 +796,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     const Node* bias = add->inputs[1 - mi].get();
     if (bias->dtype != DType::Float32 || bias->shape.empty() || !same_shape({bias->shape.back()}, {m->shape[1]})) continue;
     // The bare product must have no other reader, in this segment or after it.
-    bool read_elsewhere = false;
-    for (size_t j = 0; j < steps.size() && !read_elsewhere; ++j) {
-      if (j == i + 1) continue;
-      auto reads = [&](const Node* n) {
-        for (const auto& in : n->inputs)
-          if (in.get() == m) return true;
-        return false;
-      };
-      if (steps[j].kind == Step::Kind::Kernel) {
-        for (const Node* n : steps[j].group.nodes) read_elsewhere = read_elsewhere || reads(n);
-      } else {
-        read_elsewhere = reads(steps[j].node);
-      }
-    }
-    for (size_t k = 0; k < target->nodes.size(); ++k)
-      if (target->nodes[k] == m && target->needed[k]) read_elsewhere = true;
-    if (read_elsewhere || !pos.count(bias)) continue;
+    if (product_read_elsewhere(i) || !pos.count(bias)) continue;
     PlanStep& ps = plan->steps[i];
     ps.gemm_bias = true;
     ps.relu = relu != nullptr;
@@ -821,7 +840,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
   return plan;
 }
 
-std::atomic<uint64_t> g_epilogue_runs{0};
+std::atomic<uint64_t> g_epilogue_runs{0}, g_epilogue_in_place_runs{0};
 
 // Fills the scratch group (and its canonical inputs) of kernel step `s` from this run's nodes.
 Group& load_group(const PlanStep& s, const std::vector<Node*>& ext, RunScratch& sc) {
@@ -853,6 +872,12 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   const int64_t extent = eval_index(L.kernel, L.kernel.parallel_extent, bd.args.ip);
   if (rows == 0 || extent <= 0 || extent % rows != 0) return false;
   const int64_t per_row = extent / rows;
+  const Node* o = g.outputs[0];
+  if (mm.in_place && same_shape(o->strides, m->strides) && o->offset.as_int() == 0 && m->offset.as_int() == 0) {
+    bd.out_storage[0] = m->storage;  // the product's buffer, each element rewritten where it was read
+    bd.buffers[sc.ins.size()] = static_cast<char*>(m->storage->data);
+    g_epilogue_in_place_runs.fetch_add(1, std::memory_order_relaxed);
+  }
   const Code& code = launch_code(*ks.ck);
   const Launch l = launch_of(bd, extent);
   bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
@@ -960,11 +985,44 @@ void run_horizontal(const Plan& plan, const Batch& b, const std::vector<Node*>& 
     for (auto& st : sc.members[m].out_storage) outs[o++]->set_storage(std::move(st), false);
 }
 
+// KILN_PROFILE's name for a step: a kernel by its ops (each once, in order) and domain; a
+// library op by its op and operand shapes.
+std::string profile_label(const Plan& plan, size_t si, const std::vector<Node*>& ext) {
+  const PlanStep& s = plan.steps[si];
+  if (s.kind == Step::Kind::Kernel) {
+    std::vector<std::string> ops;
+    for (int pos : s.nodes) {
+      std::string o = op_name(ext[static_cast<size_t>(pos)]->op);
+      if (std::find(ops.begin(), ops.end(), o) == ops.end()) ops.push_back(o);
+    }
+    const auto ints = [](const std::vector<int64_t>& v) {
+      std::string t = "[";
+      for (size_t i = 0; i < v.size(); ++i) t += (i ? "," : "") + std::to_string(v[i]);
+      return t + "]";
+    };
+    std::string l = "kernel " + ints(s.domain);
+    if (!s.reduce_dims.empty()) l += " reducing dims " + ints(s.reduce_dims);
+    l += ":";
+    for (size_t i = 0; i < ops.size() && i < 8; ++i) l += " " + ops[i];
+    if (ops.size() > 8) l += " (+" + std::to_string(ops.size() - 8) + " ops)";
+    return l;
+  }
+  const Node* n = ext[static_cast<size_t>(s.node)];
+  std::string l = std::string(s.kind == Step::Kind::View ? "view " : "") + op_name(n->op);
+  for (size_t i = 0; i < n->inputs.size(); ++i) l += (i ? " x " : " ") + shape_str(n->inputs[i]->shape);
+  if (s.epilogue && si + 1 < plan.steps.size()) l += " (+ its pointwise epilogue when fused)";
+  return l;
+}
+
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
   bool epilogue_done = false;
+  const bool prof = profile_enabled() && !seg.nodes.empty() && seg.nodes[0]->device.type == DeviceType::CPU;
   for (size_t si = 0; si < plan.steps.size(); ++si) {
     const PlanStep& s = plan.steps[si];
+    const bool skipped = s.kind == Step::Kind::Kernel && (s.batched || (s.fused && epilogue_done));
+    std::optional<ProfileScope> timed;
+    if (prof && !skipped) timed.emplace(true, [&] { return profile_label(plan, si, ext); });
     switch (s.kind) {
       case Step::Kind::Kernel: {
         if (s.fused && epilogue_done) {  // ran as the previous step's epilogue
@@ -998,7 +1056,13 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
         materialize_view(ext[s.node]);
         break;
     }
-    for (int b : s.batches_after) run_horizontal(plan, plan.batches[static_cast<size_t>(b)], ext, sc);
+    timed.reset();
+    for (int b : s.batches_after) {
+      ProfileScope h(prof, [&] {
+        return "horizontal kernel of " + std::to_string(plan.batches[static_cast<size_t>(b)].members.size()) + " pointwise steps";
+      });
+      run_horizontal(plan, plan.batches[static_cast<size_t>(b)], ext, sc);
+    }
   }
   if (!plan.rw.identity) finish_rewrite(plan.rw, ext);
   if (!plan.patterns.identity) finish_rewrite(plan.patterns, sc.patterned_ext);
@@ -1026,6 +1090,9 @@ class JitExecutor final : public Executor {
       explicit Busy(RunScratch& r) : s(r) { s.busy = true; }
       ~Busy() { s.busy = false; }
     } busy(sc);
+    std::optional<ProfileScope> lookup;
+    if (profile_enabled() && !seg.nodes.empty() && seg.nodes[0]->device.type == DeviceType::CPU)
+      lookup.emplace(true, [] { return std::string("(executor: segment signature, plan lookup or planning, rewrites)"); });
     signature(seg, sc);
     uint64_t h = hash_sig(sc.sig);
     std::shared_ptr<const Plan> plan;
@@ -1056,6 +1123,7 @@ class JitExecutor final : public Executor {
       std::move_backward(t_recent.begin(), t_recent.end() - 1, t_recent.end());
       t_recent[0] = {h, plan};
     }
+    lookup.reset();
     execute(*plan, seg, sc);
   }
   const char* name() const override {
@@ -1110,6 +1178,7 @@ void PreparedSegment::run() {
 }
 
 uint64_t gemm_epilogue_runs() { return g_epilogue_runs.load(); }
+uint64_t gemm_epilogue_in_place_runs() { return g_epilogue_in_place_runs.load(); }
 
 std::shared_ptr<Executor> jit_executor() {
   static auto ex = std::make_shared<JitExecutor>();

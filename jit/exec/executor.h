@@ -17,6 +17,8 @@ std::shared_ptr<Executor> jit_executor();
 
 // GEMMs that ran with their pointwise epilogue fused (row blocks over TBB), since start.
 uint64_t gemm_epilogue_runs();
+// GEMM epilogues (of those) that wrote their output over the product.
+uint64_t gemm_epilogue_in_place_runs();
 
 // A segment's schedule and compiled kernels bound to its node objects, made once and run many
 // times with fresh input storage (kiln::compile replays programs this way).
