@@ -929,8 +929,9 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> jit_and_interpreter(const st
 
 // An epilogue with one output writes it over the product when nothing else reads the product:
 // a dead product (in place), a product the caller still holds, one a later reduction reads, and
-// an epilogue with two outputs (not in place); random sizes, against the interpreter (float32
-// rtol/atol 1e-5, float64 1e-12), the held product unchanged.
+// an epilogue with two outputs, epilogues that read other elements of a row (not in place);
+// random sizes, against the interpreter (float32 rtol/atol 1e-5, float64 1e-12), the held
+// product unchanged.
 TEST(JitGemm, EpilogueWritesOverADeadProductOnly) {
   SKIP_UNDER_INTERP_REGISTRATION();
   std::mt19937_64 rng(test_seed());
@@ -939,6 +940,7 @@ TEST(JitGemm, EpilogueWritesOverADeadProductOnly) {
     const int64_t m = 1 + static_cast<int64_t>(rng() % 300), k = 1 + static_cast<int64_t>(rng() % 70),
                   n = 1 + static_cast<int64_t>(rng() % 90);
     Tensor x = kiln::randn({m, k}, dt).eval(), w = kiln::randn({n, k}, dt).eval(), b = kiln::randn({n}, dt).eval();
+    Tensor w3 = kiln::randn({3, k}, dt).eval();
     struct Case {
       const char* name;
       bool in_place;
@@ -961,6 +963,14 @@ TEST(JitGemm, EpilogueWritesOverADeadProductOnly) {
          [&] {
            Tensor zb = kiln::add(kiln::matmul(x, w.t()), b);
            return std::vector<Tensor>{kiln::tanh(zb), kiln::sigmoid(zb)};
+         }},
+        // Epilogues that read a row's other elements: a softmax over 3 columns (its max and sum
+        // inline), a flip of the columns.
+        {"short-row softmax", false, [&] { return std::vector<Tensor>{kiln::softmax(kiln::matmul(x, w3.t()), 1)}; }},
+        {"flipped columns", false,
+         [&] {
+           Tensor zb = kiln::add(kiln::matmul(x, w.t()), b);
+           return std::vector<Tensor>{kiln::mul(kiln::flip(zb, {1}), kiln::exp(zb))};
          }},
     };
     for (const Case& c : cases) {

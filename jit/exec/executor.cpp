@@ -763,10 +763,20 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes 
     if (!ok) continue;
     plan->steps[i].epilogue = true;
     plan->steps[i + 1].fused = true;
+    // Every value the kernel derives from the product must be read at the element it is
+    // written to: elementwise nodes over the product's shape only (no views, no inline sums,
+    // which read a row's other elements).
     bool in_place = g.outputs.size() == 1 && g.outputs[0]->dtype == m->dtype && same_shape(g.outputs[0]->shape, m->shape);
-    for (const Node* n : g.nodes)
-      for (const auto& in : n->inputs)
-        if (in.get() == m && classify(*n) != NodeClass::Pointwise) in_place = false;
+    std::set<const Node*> derived{m};
+    for (const Node* n : g.nodes) {  // (topological order)
+      bool from_m = false;
+      for (const auto& in : n->inputs) from_m = from_m || derived.count(in.get()) > 0;
+      if (!from_m) continue;
+      derived.insert(n);
+      const bool reduces = n->op == OpKind::Sum || n->op == OpKind::Prod || n->op == OpKind::Amax ||
+                           n->op == OpKind::Amin || n->op == OpKind::ArgMax || n->op == OpKind::ArgMin;
+      if (classify(*n) != NodeClass::Pointwise || reduces || !same_shape(n->shape, m->shape)) in_place = false;
+    }
     plan->steps[i].in_place = in_place && !product_read_elsewhere(i);
     if (log_enabled("fusion"))
       log_line("fusion", "step " + std::to_string(i + 1) + " runs as the epilogue of GEMM step " + std::to_string(i) +
