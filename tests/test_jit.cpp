@@ -990,6 +990,57 @@ TEST(JitGemm, EpilogueWritesOverADeadProductOnly) {
 }
 
 
+// A value a GEMM's epilogue stores (a layer's dz = dh * (1 - h^2), read by the next GEMM) is read
+// back by the kernel that sums it over the batch (the bias gradient), not recomputed from the
+// product and h (twice the bytes): the sum's kernel reads dz and neither the product nor h. Values
+// against the interpreter (float32 rtol/atol 1e-5 on dz and the product after it; the column sums
+// in double, compared to 1e-5 of the sum of |dz|), at random sizes.
+TEST(JitGemm, BiasGradientReadsTheStoredEpilogue) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  std::mt19937_64 rng(test_seed() ^ 0xb1a5ull);
+  for (int round = 0; round < 4; ++round) {
+    const int64_t m = 64 + static_cast<int64_t>(rng() % 900), k = 1 + static_cast<int64_t>(rng() % 60),
+                  n = 1 + static_cast<int64_t>(rng() % 200), p = 1 + static_cast<int64_t>(rng() % 40);
+    Tensor x = kiln::randn({m, k}).eval(), w = kiln::randn({n, k}).eval(), h = kiln::tanh(kiln::randn({m, n})).eval();
+    Tensor w2 = kiln::randn({p, n}).eval();
+    const std::string where = "m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n) + " p=" + std::to_string(p);
+    auto f = [&] {
+      Tensor dh = kiln::matmul(x, w.t());
+      Tensor dz = kiln::mul(dh, kiln::sub(1.0, kiln::mul(h, h)));
+      return std::vector<Tensor>{dz, kiln::matmul(dz, w2.t()), kiln::sum(dz, {0})};
+    };
+    {
+      std::vector<Tensor> outs = f();
+      kiln::Node* dz = outs[0].node().get();
+      kiln::Node* dh = dz->inputs[0].get();
+      kiln::Node* hn = h.node().get();
+      int sums = 0;
+      for (const auto& st : kiln::jit::schedule(make_segment(outs))) {
+        if (st.kind != kiln::jit::Step::Kind::Kernel || st.group.reduce_dims.empty()) continue;
+        ++sums;
+        const auto& g = st.group;
+        EXPECT_EQ(std::count(g.nodes.begin(), g.nodes.end(), dz), 0) << where << ": dz recomputed by the sum's kernel";
+        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), dz), 1) << where << ": the sum's kernel does not read dz";
+        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), dh), 0) << where << ": the sum's kernel reads the product";
+        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), hn), 0) << where << ": the sum's kernel reads h";
+      }
+      EXPECT_EQ(sums, 1) << where;
+    }
+    auto [got, want] = jit_and_interpreter(f);
+    const std::vector<double> dz = want[0].to_vector<double>();
+    for (size_t t = 0; t < got.size(); ++t) {
+      auto a = got[t].to_vector<double>(), e = want[t].to_vector<double>();
+      ASSERT_EQ(a.size(), e.size()) << where;
+      for (size_t i = 0; i < a.size(); ++i) {
+        double scale = std::abs(e[i]);
+        if (t == 2)  // column i's sum: rounding of its terms, each within float32 of dz
+          for (int64_t r = 0; r < m; ++r) scale = std::max(scale, std::abs(dz[static_cast<size_t>(r * n) + i]));
+        ASSERT_NEAR(a[i], e[i], 1e-5 + 1e-5 * (t == 2 ? scale * static_cast<double>(m) : scale)) << where << " output " << t << " i=" << i;
+      }
+    }
+  }
+}
+
 // Host row kernels keep the values several stages of a row use on the stack (the row cache,
 // jit/loop/row_cache.h): softmax(gelu(layer_norm(x))) over random sizes runs as one kernel;
 // when its rows fit the cache each element's erf and exp are computed once, in vectorized loops

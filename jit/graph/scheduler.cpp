@@ -114,7 +114,8 @@ struct Scheduler {
   }
 
   // The fusable ancestors of root (root included), in topological order. Stored pointwise
-  // nodes of the same domain are recomputed inline (they are written by a merged kernel).
+  // nodes of the same domain are recomputed inline (they are written by a merged kernel),
+  // except a library op's epilogue (recompute_rereads_product).
   std::vector<Node*> cone(Node* root) const {
     Shape dom = domain_of(root);
     int inlined = 0;  // stored nodes recomputed inline: bounded so cones stay small
@@ -128,6 +129,7 @@ struct Scheduler {
       if (costly.count(i)) return false;  // stored because it is expensive: read it back
       auto w = why.find(i);
       if (w != why.end() && w->second == std::string("kernel depth limit")) return false;
+      if (recompute_rereads_product(i)) return false;
       return ++inlined <= 16;
     };
     std::vector<Node*> out;
@@ -146,6 +148,26 @@ struct Scheduler {
     }
     std::sort(out.begin(), out.end(), [&](Node* a, Node* b) { return pos.at(a) < pos.at(b); });
     return out;
+  }
+
+  // Whether recomputing the stored pointwise node n inline would read back, at full size, the
+  // product of a library op of this segment (a GEMM's output): n is then that product's
+  // epilogue, and reading n moves fewer bytes (the product itself need not be kept at all).
+  bool recompute_rereads_product(const Node* n) const {
+    std::unordered_set<const Node*> seen{n};
+    std::vector<const Node*> stack{n};
+    while (!stack.empty()) {
+      const Node* x = stack.back();
+      stack.pop_back();
+      for (const auto& in : x->inputs) {
+        const Node* i = in.get();
+        if (!seen.insert(i).second || !in_seg(i)) continue;
+        const NodeClass c = cls(*i);
+        if (c == NodeClass::Opaque && same_shape(i->shape, n->shape)) return true;
+        if (!M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View)) stack.push_back(i);
+      }
+    }
+    return false;
   }
 
   void initial_requirements() {
