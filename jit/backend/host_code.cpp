@@ -32,6 +32,9 @@ const Target& host_target() {
     x.parallel = Target::Parallel::HostChunks;
     x.tile = 2048;
     x.column_tile = 64;
+    // Column reductions over 1024 rows or more (a layer's bias and weight gradients): row chunks
+    // x column tiles with per-chunk partials, so every core takes part whatever the width.
+    x.column_split_rows = 1024;
     x.small_inner = 8;
     x.vector_bytes = 32;
     // Row kernels keep up to 8192 elements a row on the stack (jit/loop/row_cache.h): a

@@ -93,10 +93,11 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
 }
 
 
-// Combines per-chunk partials of a split reduction into its output (on the host).
+// Combines per-chunk partials of a split reduction into its output (on the host): per kept
+// element (split column reductions: partials at chunk * columns + element), in chunk order.
 void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
-  KILN_CHECK(!L.split_columns, "jit: split column partials are combined on their device");
   size_t pb = static_cast<size_t>(L.num_inputs + L.num_outputs), part = 0;
+  const int64_t columns = L.split_columns ? bd.args.columns : 1;
   for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
     const Node* o = g.outputs[oi];
     if (classify(*o) != NodeClass::Reduction) continue;
@@ -106,46 +107,50 @@ void combine(const Lowered& L, const Kernel& k, Binding& bd, const Group& g) {
     const char* vals = bd.partials[part].data();
     const int64_t* idxs = nullptr;
     if (op == OpKind::ArgMax || op == OpKind::ArgMin) idxs = reinterpret_cast<const int64_t*>(bd.partials[part + 1].data());
-    double dacc = op == OpKind::Prod ? 1 : 0;
-    int64_t iacc = op == OpKind::Prod ? 1 : 0;
-    int64_t best = -1;
-    bool first = true;
-    for (int64_t c = 0; c < bd.args.chunks; ++c) {
-      double dv = !fl ? 0
-                  : pdt == DType::Float32 ? static_cast<double>(reinterpret_cast<const float*>(vals)[c])
-                                          : reinterpret_cast<const double*>(vals)[c];
-      int64_t iv = fl ? 0 : reinterpret_cast<const int64_t*>(vals)[c];
-      switch (op) {
-        case OpKind::Sum: dacc += dv; iacc += iv; break;
-        case OpKind::Prod: dacc *= dv; iacc *= iv; break;
-        case OpKind::Amax: case OpKind::Amin: {
-          bool mx = op == OpKind::Amax;
-          if (first) { dacc = dv; iacc = iv; }
-          else if (fl) {
-            if (!std::isnan(dacc) && (std::isnan(dv) || (mx ? dv > dacc : dv < dacc))) dacc = dv;
-          } else if (mx ? iv > iacc : iv < iacc) iacc = iv;
-          break;
+    for (int64_t col = 0; col < columns; ++col) {
+      double dacc = op == OpKind::Prod ? 1 : 0;
+      int64_t iacc = op == OpKind::Prod ? 1 : 0;
+      int64_t best = -1;
+      bool first = true;
+      for (int64_t c = 0; c < bd.args.chunks; ++c) {
+        const int64_t at = c * columns + col;
+        double dv = !fl ? 0
+                    : pdt == DType::Float32 ? static_cast<double>(reinterpret_cast<const float*>(vals)[at])
+                                            : reinterpret_cast<const double*>(vals)[at];
+        int64_t iv = fl ? 0 : reinterpret_cast<const int64_t*>(vals)[at];
+        switch (op) {
+          case OpKind::Sum: dacc += dv; iacc += iv; break;
+          case OpKind::Prod: dacc *= dv; iacc *= iv; break;
+          case OpKind::Amax: case OpKind::Amin: {
+            bool mx = op == OpKind::Amax;
+            if (first) { dacc = dv; iacc = iv; }
+            else if (fl) {
+              if (!std::isnan(dacc) && (std::isnan(dv) || (mx ? dv > dacc : dv < dacc))) dacc = dv;
+            } else if (mx ? iv > iacc : iv < iacc) iacc = iv;
+            break;
+          }
+          default: {  // arg reductions: partial index -1 means an empty chunk
+            if (idxs[at] < 0) break;
+            bool mx = op == OpKind::ArgMax;
+            bool better = best < 0 || (fl ? (!std::isnan(dacc) && (std::isnan(dv) || (mx ? dv > dacc : dv < dacc)))
+                                          : (mx ? iv > iacc : iv < iacc));
+            if (better) { dacc = dv; iacc = iv; best = idxs[at]; }
+          }
         }
-        default: {  // arg reductions: partial index -1 means an empty chunk
-          if (idxs[c] < 0) break;
-          bool mx = op == OpKind::ArgMax;
-          bool better = best < 0 || (fl ? (!std::isnan(dacc) && (std::isnan(dv) || (mx ? dv > dacc : dv < dacc)))
-                                        : (mx ? iv > iacc : iv < iacc));
-          if (better) { dacc = dv; iacc = iv; best = idxs[c]; }
-        }
+        first = false;
       }
-      first = false;
-    }
-    void* out = bd.out_storage[oi]->data;
-    if (op == OpKind::ArgMax || op == OpKind::ArgMin) {
-      *static_cast<int64_t*>(out) = std::max<int64_t>(best, 0);
-    } else {
-      dispatch_dtype(o->dtype, [&](auto tag) {
-        using T = decltype(tag);
-        if constexpr (std::is_same_v<T, bool>) *static_cast<T*>(out) = fl ? dacc != 0 : iacc != 0;
-        else if constexpr (std::is_integral_v<T>) *static_cast<T*>(out) = static_cast<T>(fl ? static_cast<int64_t>(dacc) : iacc);  // exact above 2^53
-        else *static_cast<T*>(out) = static_cast<T>(static_cast<compute_t<T>>(fl ? dacc : static_cast<double>(iacc)));
-      });
+      void* out = bd.out_storage[oi]->data;
+      if (op == OpKind::ArgMax || op == OpKind::ArgMin) {
+        static_cast<int64_t*>(out)[col] = std::max<int64_t>(best, 0);
+      } else {
+        dispatch_dtype(o->dtype, [&](auto tag) {
+          using T = decltype(tag);
+          T* to = static_cast<T*>(out) + col;
+          if constexpr (std::is_same_v<T, bool>) *to = fl ? dacc != 0 : iacc != 0;
+          else if constexpr (std::is_integral_v<T>) *to = static_cast<T>(fl ? static_cast<int64_t>(dacc) : iacc);  // exact above 2^53
+          else *to = static_cast<T>(static_cast<compute_t<T>>(fl ? dacc : static_cast<double>(iacc)));
+        });
+      }
     }
     part += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;
     pb += (op == OpKind::ArgMax || op == OpKind::ArgMin) ? 2 : 1;

@@ -14,6 +14,10 @@
 namespace kiln::jit {
 namespace {
 
+// Host column chunks (Lowered::column_chunks): rows a chunk takes at least, and chunks at most.
+constexpr int64_t kColumnChunkRows = 256;
+constexpr int64_t kColumnChunks = 64;
+
 // The last domain dim when it is at most the target's small_inner (a compile-time constant).
 std::optional<int64_t> small_inner(const Shape& d, const Target& t) {
   if (d.empty()) return std::nullopt;
@@ -528,7 +532,8 @@ struct Lowerer {
     ExprId p = K.var(0);
     if (g.reduce_dims.empty()) lower_pointwise(p);
     else if (g.split) lower_split(p);
-    else if (column_split_fits(g, tgt)) lower_split_columns(p);
+    else if (column_split_fits(g, tgt) && tgt.parallel == Target::Parallel::HostChunks && lower_column_chunks(p)) {}
+    else if (column_split_fits(g, tgt) && tgt.parallel != Target::Parallel::HostChunks) lower_split_columns(p);
     else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
     if (!L->split && !L->column && unrolled_accs.empty() && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
@@ -853,6 +858,79 @@ struct Lowerer {
     }
   }
 
+  // Column reductions over many rows on a host (column_split_fits): index p = chunk * (outer *
+  // tiles) + outer * tiles + tile; each accumulates its chunk of rows for its tile of columns
+  // into partials at (chunk, kept element), the columns innermost (contiguous: vectorized), and
+  // stores outputs over the whole domain on the way; the executor combines the partials per kept
+  // element in chunk order. All cores take part however few the columns, and each reads whole
+  // row segments. False (lower_columns takes the group) when an output is neither a reduction
+  // nor over the whole domain, or a reduction is not an output.
+  bool lower_column_chunks(ExprId p) {
+    const size_t n = g.domain.size();
+    for (Node* o : g.outputs)
+      if (classify(*o) != NodeClass::Reduction && !same_domain_output(o)) return false;
+    for (Node* r : reductions())
+      if (std::find(g.outputs.begin(), g.outputs.end(), r) == g.outputs.end()) return false;
+    L->split = L->split_columns = L->column_chunks = true;
+    std::vector<size_t> outer, red, kept;
+    for (size_t d = 0; d < n; ++d) {
+      (reduced[d] ? red : kept).push_back(d);
+      if (!reduced[d] && d + 1 < n) outer.push_back(d);
+    }
+    std::vector<ExprId> idx(n, K.iconst(0));
+    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(tgt.column_tile - 1)), K.iconst(tgt.column_tile));
+    ExprId per_chunk = mul(product(outer), tiles);
+    K.parallel_extent = mul(ip(ArgSource::Kind::Chunks), per_chunk);
+    ExprId c = K.iop(Expr::Kind::IDiv, p, per_chunk), q = K.iop(Expr::Kind::IMod, p, per_chunk);
+    decompose(K.iop(Expr::Kind::IDiv, q, tiles), outer, idx);
+    ExprId lo = mul(K.iop(Expr::Kind::IMod, q, tiles), K.iconst(tgt.column_tile));
+    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(tgt.column_tile)), dom[n - 1]);
+    const int j = new_var();
+    idx[n - 1] = K.var(j);
+    kept_idx = idx;
+    kept_linear = K.iconst(0);
+    for (size_t d : kept) kept_linear = add(mul(kept_linear, dom[d]), idx[d]);
+    const ExprId part = add(mul(c, product(kept)), kept_linear);
+    auto columns = [&](std::vector<Stmt> b) { return loop(j, lo, hi, std::move(b)); };
+    std::vector<Stmt> body;
+    std::unordered_map<const Node*, int> partial;  // reduction -> its partials buffer
+    for (Node* o : g.outputs) {
+      if (classify(*o) != NodeClass::Reduction) continue;
+      L->partial_ops.push_back(o->op);
+      const int sb = static_cast<int>(K.buffers.size());
+      K.buffers.push_back({acc_dtype(o), true});
+      partial[o] = sb;
+      body.push_back(columns({store(sb, part, identity_of(o->op, acc_dtype(o)))}));
+    }
+    const int v = new_var();
+    ExprId rlo = mul(c, ip(ArgSource::Kind::ChunkSize));
+    ExprId rhi = K.iop(Expr::Kind::IMin, add(rlo, ip(ArgSource::Kind::ChunkSize)), product(red));
+    decompose(K.var(v), red, idx);
+    std::vector<Stmt> row;
+    for (Node* o : g.outputs) {
+      if (classify(*o) != NodeClass::Reduction) {
+        row.push_back(store(out_buffer(o), out_offset(o, idx), emit(o, idx)));
+        continue;
+      }
+      const int sb = partial.at(o);
+      const DType t = K.buffers[sb].dtype;
+      Expr ld{Expr::Kind::Load};
+      ld.dtype = t;
+      ld.i = sb;
+      ld.a = part;
+      Expr e{Expr::Kind::Binary};
+      e.op = o->op == OpKind::Sum ? OpKind::Add : o->op == OpKind::Prod ? OpKind::Mul
+           : o->op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;  // NaN-propagating max/min
+      e.dtype = t;
+      e.a = K.add(ld);
+      e.b = cast(emit(o->inputs[0].get(), idx), t);
+      row.push_back(store(sb, part, K.add(e)));
+    }
+    body.push_back(loop(v, rlo, rhi, {columns(std::move(row))}));
+    K.body = std::move(body);
+    return true;
+  }
+
   // Split column reductions: index p = chunk * columns + column (columns: the flat kept
   // index, so neighbouring indices read neighbouring elements); each accumulates its chunk of
   // rows and stores a partial at p; outputs over the whole domain are stored on the way.
@@ -1005,8 +1083,12 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
       const bool red = std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) != g.reduce_dims.end();
       (red ? rows : out.columns) *= g.domain[d].as_int();
     }
-    const int64_t want = std::max<int64_t>(1, L.split_chunks * 8 / std::max<int64_t>(out.columns, 1));
-    chunk = std::max<int64_t>(32, (rows + want - 1) / want);
+    if (L.column_chunks) {  // at most kColumnChunks chunks of at least kColumnChunkRows rows (by size alone: the same sums on any thread count)
+      chunk = std::max<int64_t>(kColumnChunkRows, (rows + kColumnChunks - 1) / kColumnChunks);
+    } else {
+      const int64_t want = std::max<int64_t>(1, L.split_chunks * 8 / std::max<int64_t>(out.columns, 1));
+      chunk = std::max<int64_t>(32, (rows + want - 1) / want);
+    }
   }
   out.chunks = std::max<int64_t>(1, (rows + chunk - 1) / chunk);
   auto arg_node = [&](int a) -> const Node* { return a >= 0 ? g.nodes[a] : ins[-a - 1]; };

@@ -42,6 +42,7 @@ struct Lowered {
   bool split_flat = false;              // split over the flat index of every dim (a short last dim)
   bool split_columns = false;           // split over rows of a column reduction: partials per (chunk, column)
   bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
+  bool column_chunks = false;           // split_columns on a host: row chunks x column tiles, partials per (chunk, column)
   std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
   int64_t split_chunks = 256, split_chunk_work = 16384;  // split: the target's chunking
 };
