@@ -733,6 +733,37 @@ struct Lowerer {
     return true;
   }
 
+  // The kept dims before the last (the outer index of a column kernel).
+  std::vector<size_t> outer_kept() const {
+    std::vector<size_t> outer;
+    for (size_t d = 0; d + 1 < g.domain.size(); ++d)
+      if (!reduced[d]) outer.push_back(d);
+    return outer;
+  }
+
+  // How many column_tile-wide tiles the last dim has.
+  ExprId column_tiles() {
+    const ExprId w = K.iconst(tgt.column_tile);
+    return K.iop(Expr::Kind::IDiv, add(dom[g.domain.size() - 1], K.iconst(tgt.column_tile - 1)), w);
+  }
+
+  // Index q over (outer kept dims x column tiles): idx takes the outer dims and, for the last,
+  // a fresh variable running over the tile's columns; kept_idx and kept_linear follow. Returns
+  // the loop over those columns around a body.
+  std::function<Stmt(std::vector<Stmt>)> column_tile(ExprId q, ExprId tiles, std::vector<ExprId>& idx) {
+    const size_t n = g.domain.size();
+    decompose(K.iop(Expr::Kind::IDiv, q, tiles), outer_kept(), idx);
+    const ExprId lo = mul(K.iop(Expr::Kind::IMod, q, tiles), K.iconst(tgt.column_tile));
+    const ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(tgt.column_tile)), dom[n - 1]);
+    const int j = new_var();
+    idx[n - 1] = K.var(j);
+    kept_idx = idx;
+    kept_linear = K.iconst(0);
+    for (size_t d = 0; d < n; ++d)
+      if (!reduced[d]) kept_linear = add(mul(kept_linear, dom[d]), idx[d]);
+    return [this, j, lo, hi](std::vector<Stmt> b) { return loop(j, lo, hi, std::move(b)); };
+  }
+
   // Accumulator of reduction `buf` (a scratch buffer) at the current column.
   ExprId scratch_load(int buf) {
     Expr e{Expr::Kind::Load};
@@ -762,21 +793,13 @@ struct Lowerer {
   void lower_columns(ExprId p) {
     const size_t n = g.domain.size();
     L->column = true;
-    std::vector<size_t> outer, red;
-    for (size_t d = 0; d + 1 < n; ++d) (reduced[d] ? red : outer).push_back(d);
+    std::vector<size_t> red;
+    for (size_t d = 0; d + 1 < n; ++d)
+      if (reduced[d]) red.push_back(d);
     std::vector<ExprId> idx(n, K.iconst(0));
-    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(tgt.column_tile - 1)), K.iconst(tgt.column_tile));
-    K.parallel_extent = mul(product(outer), tiles);
-    decompose(K.iop(Expr::Kind::IDiv, p, tiles), outer, idx);
-    ExprId lo = mul(K.iop(Expr::Kind::IMod, p, tiles), K.iconst(tgt.column_tile));
-    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(tgt.column_tile)), dom[n - 1]);
-    const int j = new_var();
-    idx[n - 1] = K.var(j);
-    kept_idx = idx;
-    kept_linear = K.iconst(0);
-    for (size_t d = 0; d < n; ++d)
-      if (!reduced[d]) kept_linear = add(mul(kept_linear, dom[d]), idx[d]);
-    auto columns = [&](std::vector<Stmt> body) { return loop(j, lo, hi, std::move(body)); };
+    const ExprId tiles = column_tiles();
+    K.parallel_extent = mul(product(outer_kept()), tiles);
+    const auto columns = column_tile(p, tiles, idx);
     std::vector<Stmt> body;
     for (Node* r : reductions()) {
       const DType t = acc_dtype(r);
@@ -872,26 +895,15 @@ struct Lowerer {
     for (Node* r : reductions())
       if (std::find(g.outputs.begin(), g.outputs.end(), r) == g.outputs.end()) return false;
     L->split = L->split_columns = L->column_chunks = true;
-    std::vector<size_t> outer, red, kept;
-    for (size_t d = 0; d < n; ++d) {
-      (reduced[d] ? red : kept).push_back(d);
-      if (!reduced[d] && d + 1 < n) outer.push_back(d);
-    }
+    std::vector<size_t> red, kept;
+    for (size_t d = 0; d < n; ++d) (reduced[d] ? red : kept).push_back(d);
     std::vector<ExprId> idx(n, K.iconst(0));
-    ExprId tiles = K.iop(Expr::Kind::IDiv, add(dom[n - 1], K.iconst(tgt.column_tile - 1)), K.iconst(tgt.column_tile));
-    ExprId per_chunk = mul(product(outer), tiles);
+    const ExprId tiles = column_tiles();
+    const ExprId per_chunk = mul(product(outer_kept()), tiles);
     K.parallel_extent = mul(ip(ArgSource::Kind::Chunks), per_chunk);
-    ExprId c = K.iop(Expr::Kind::IDiv, p, per_chunk), q = K.iop(Expr::Kind::IMod, p, per_chunk);
-    decompose(K.iop(Expr::Kind::IDiv, q, tiles), outer, idx);
-    ExprId lo = mul(K.iop(Expr::Kind::IMod, q, tiles), K.iconst(tgt.column_tile));
-    ExprId hi = K.iop(Expr::Kind::IMin, add(lo, K.iconst(tgt.column_tile)), dom[n - 1]);
-    const int j = new_var();
-    idx[n - 1] = K.var(j);
-    kept_idx = idx;
-    kept_linear = K.iconst(0);
-    for (size_t d : kept) kept_linear = add(mul(kept_linear, dom[d]), idx[d]);
+    const ExprId c = K.iop(Expr::Kind::IDiv, p, per_chunk);
+    const auto columns = column_tile(K.iop(Expr::Kind::IMod, p, per_chunk), tiles, idx);
     const ExprId part = add(mul(c, product(kept)), kept_linear);
-    auto columns = [&](std::vector<Stmt> b) { return loop(j, lo, hi, std::move(b)); };
     std::vector<Stmt> body;
     std::unordered_map<const Node*, int> partial;  // reduction -> its partials buffer
     for (Node* o : g.outputs) {
