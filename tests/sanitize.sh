@@ -27,6 +27,11 @@
 #   (TSan suppresses a report when a pattern matches either access's stack), so there is
 #   none: the run prints every report and check_tsan_log below applies the rule, failing on
 #   any other (a kernel body's own accesses are kiln frames, so they are never let pass).
+#   TSan sometimes cannot restore the older access's stack ("[failed to restore the stack]":
+#   its history is bounded); such a report is let pass only when the access it kept is TBB
+#   code, and each one is listed (seen: TBB's execute reading a task object's affinity slot or
+#   context that TBB's allocator had cleared for another thread, the same pair the full reports
+#   show with both stacks).
 set -euo pipefail
 
 mode=${1:-all}
@@ -79,18 +84,21 @@ run_asan() {
 check_tsan_log() {
   awk '
     function fn(line) { sub(/^ *#[0-9]+ /, "", line); return line }
-    /^WARNING: ThreadSanitizer:/ { inrep = 1; nstack = 0; cur = 0; tbb[1] = tbb[2] = 0; race = ($0 ~ /data race/); next }
+    /^WARNING: ThreadSanitizer:/ { inrep = 1; nstack = 0; cur = 0; tbb[1] = tbb[2] = lost[1] = lost[2] = 0; race = ($0 ~ /data race/); next }
     inrep && /^  (Write|Read|Atomic|Previous)/ { if (nstack < 2) { cur = ++nstack; top[cur] = "" } else cur = 0; next }
     inrep && /^  [A-Z]/ { cur = 0; next }
+    inrep && cur && top[cur] == "" && /\[failed to restore the stack\]/ { lost[cur] = 1; next }
     inrep && cur && top[cur] == "" && /^ *#[0-9]+ / {
       f = fn($0)
       if (f ~ /^(__tsan|__interceptor|__sanitizer|memcpy|memmove|memset|free|malloc|operator new|operator delete)/ ||
           f ~ /\/usr\/include\/c\+\+\//) next
       top[cur] = f; tbb[cur] = (f ~ /\/(oneapi\/)?tbb\/[^ ]*:[0-9]+ / || f ~ /\(libtbb[^ ]*\+0x[0-9a-f]+\)$/); next }
     inrep && /^SUMMARY: ThreadSanitizer/ {
-      if (race && tbb[1] && tbb[2]) ++ok; else { ++bad; print "   unsuppressed: " $0; print "     access 1: " substr(top[1], 1, 160); print "     access 2: " substr(top[2], 1, 160) }
+      if (race && tbb[1] && tbb[2]) ++ok
+      else if (race && tbb[1] && lost[2]) { ++gone; print "   let pass (TBB side, other stack lost): " $0 }
+      else { ++bad; print "   unsuppressed: " $0; print "     access 1: " substr(top[1], 1, 160); print "     access 2: " substr(top[2], 1, 160) }
       inrep = 0; next }
-    END { printf "   TSan reports: %d inside TBB on both sides (let pass), %d others\n", ok, bad; exit bad > 0 }
+    END { printf "   TSan reports: %d inside TBB on both sides (let pass), %d inside TBB on the side TSan kept (let pass, listed), %d others\n", ok, gone, bad; exit bad > 0 }
   ' "$1"
 }
 
