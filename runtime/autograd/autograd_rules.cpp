@@ -209,8 +209,17 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     case OpKind::IndexSelect: return {index_add(zeros_of(x), a.ints[0], in[1], g), Tensor()};
     case OpKind::IndexAdd: return {g, Tensor(), index_select(g, a.ints[0], in[1])};
     // ---- linear algebra ----
-    case OpKind::Matmul:
-      return {matmul(g, transpose(in[1], -2, -1)), matmul(transpose(x, -2, -1), g)};
+    case OpKind::Matmul: {
+      // A 2-D right operand laid out transposed (a Linear layer's w.t()): its gradient is the
+      // transpose of gᵀ·x, so the gradient of w itself reads as a dense [n, k] product rather
+      // than a strided view (an optimizer's update of w then reads it contiguously).
+      const Tensor& b = in[1];
+      const Shape& bs = b.shape();
+      const auto& bst = b.node()->strides;
+      const bool b_transposed = x.dim() == 2 && b.dim() == 2 && is_one(bst[0]) && !is_one(bs[1]) && provably_equal(bst[1], bs[0]);
+      Tensor gb = b_transposed ? transpose(matmul(transpose(g, -2, -1), x), -2, -1) : matmul(transpose(x, -2, -1), g);
+      return {matmul(g, transpose(b, -2, -1)), gb};
+    }
     case OpKind::Im2Col: {
       Attrs c = a;
       c.sizes = x.shape();
