@@ -25,7 +25,7 @@ case "$cmd" in
     for f in "$build"/bench/*; do [ -f "$f" ] && [ -x "$f" ] && cp "$f" "$stage/gpu/bench/"; done
     cp -L "$build"/libkiln.so.0 "$stage/gpu/lib/"
     for l in libtbb.so.12 libsleefgnuabi.so.3 libdnnl.so.2; do
-      p=$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')
+      p=$(ldconfig -p | awk -v l="$l" '$1 == l && !f {print $NF; f = 1}')  # (no early exit: ldconfig would get SIGPIPE)
       [ -n "$p" ] && cp -L "$p" "$stage/gpu/lib/$l"
     done
     cp -r "$ROOT/../shared/torch-parity" "$ROOT/../shared/torch-programs" "$stage/shared/"
