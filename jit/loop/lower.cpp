@@ -530,10 +530,11 @@ struct Lowerer {
         throw LowerError(std::string("target ") + tgt.name + " has no " + op_name(x->op) + " on " + dtype_name(x->dtype));
     if (g.split && !tgt.split_reductions) throw LowerError("target " + tgt.name + " has no split reductions");
     ExprId p = K.var(0);
+    const bool split_columns = column_split_fits(g, tgt), host = tgt.parallel == Target::Parallel::HostChunks;
     if (g.reduce_dims.empty()) lower_pointwise(p);
     else if (g.split) lower_split(p);
-    else if (column_split_fits(g, tgt) && tgt.parallel == Target::Parallel::HostChunks && lower_column_chunks(p)) {}
-    else if (column_split_fits(g, tgt) && tgt.parallel != Target::Parallel::HostChunks) lower_split_columns(p);
+    else if (split_columns && host && lower_column_chunks(p)) {}
+    else if (split_columns && !host) lower_split_columns(p);
     else if (column_reduction()) lower_columns(p);
     else lower_reduction(p);
     if (!L->split && !L->column && unrolled_accs.empty() && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
@@ -743,8 +744,7 @@ struct Lowerer {
 
   // How many column_tile-wide tiles the last dim has.
   ExprId column_tiles() {
-    const ExprId w = K.iconst(tgt.column_tile);
-    return K.iop(Expr::Kind::IDiv, add(dom[g.domain.size() - 1], K.iconst(tgt.column_tile - 1)), w);
+    return K.iop(Expr::Kind::IDiv, add(dom[g.domain.size() - 1], K.iconst(tgt.column_tile - 1)), K.iconst(tgt.column_tile));
   }
 
   // Index q over (outer kept dims x column tiles): idx takes the outer dims and, for the last,
@@ -764,12 +764,26 @@ struct Lowerer {
     return [this, j, lo, hi](std::vector<Stmt> b) { return loop(j, lo, hi, std::move(b)); };
   }
 
-  // Accumulator of reduction `buf` (a scratch buffer) at the current column.
-  ExprId scratch_load(int buf) {
+  // Element `at` of buffer `buf`, in the buffer's dtype.
+  ExprId buffer_load(int buf, ExprId at) {
     Expr e{Expr::Kind::Load};
     e.dtype = K.buffers[buf].dtype;
     e.i = buf;
-    e.a = kept_linear;
+    e.a = at;
+    return K.add(e);
+  }
+
+  // Accumulator of reduction `buf` (a scratch buffer) at the current column.
+  ExprId scratch_load(int buf) { return buffer_load(buf, kept_linear); }
+
+  // Buffer `buf`'s accumulator at `at` combined with `value` by reduction `op` (sum, prod, or
+  // NaN-propagating max/min), in the buffer's dtype.
+  ExprId accumulate(int buf, ExprId at, OpKind op, ExprId value) {
+    Expr e{Expr::Kind::Binary};
+    e.op = op == OpKind::Sum ? OpKind::Add : op == OpKind::Prod ? OpKind::Mul : op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;
+    e.dtype = K.buffers[buf].dtype;
+    e.a = buffer_load(buf, at);
+    e.b = cast(value, e.dtype);
     return K.add(e);
   }
 
@@ -808,13 +822,7 @@ struct Lowerer {
       body.push_back(columns({store(sb, kept_linear, identity_of(r->op, t))}));
       const Node* in = r->inputs[0].get();
       auto stage = nest(idx, red, [&](const std::vector<ExprId>& ix) {
-        Expr e{Expr::Kind::Binary};
-        e.op = r->op == OpKind::Sum ? OpKind::Add : r->op == OpKind::Prod ? OpKind::Mul
-             : r->op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;  // NaN-propagating max/min
-        e.dtype = t;
-        e.a = scratch_load(sb);
-        e.b = cast(emit(in, ix), t);
-        return std::vector<Stmt>{columns({store(sb, kept_linear, K.add(e))})};
+        return std::vector<Stmt>{columns({store(sb, kept_linear, accumulate(sb, kept_linear, r->op, emit(in, ix)))})};
       });
       acc_of[r] = sb;  // visible to later stages only
       body.insert(body.end(), stage.begin(), stage.end());
@@ -925,18 +933,7 @@ struct Lowerer {
         continue;
       }
       const int sb = partial.at(o);
-      const DType t = K.buffers[sb].dtype;
-      Expr ld{Expr::Kind::Load};
-      ld.dtype = t;
-      ld.i = sb;
-      ld.a = part;
-      Expr e{Expr::Kind::Binary};
-      e.op = o->op == OpKind::Sum ? OpKind::Add : o->op == OpKind::Prod ? OpKind::Mul
-           : o->op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;  // NaN-propagating max/min
-      e.dtype = t;
-      e.a = K.add(ld);
-      e.b = cast(emit(o->inputs[0].get(), idx), t);
-      row.push_back(store(sb, part, K.add(e)));
+      row.push_back(store(sb, part, accumulate(sb, part, o->op, emit(o->inputs[0].get(), idx))));
     }
     body.push_back(loop(v, rlo, rhi, {columns(std::move(row))}));
     K.body = std::move(body);
