@@ -106,8 +106,8 @@ void w3_row(const float* __restrict x, const float* __restrict w, const float* _
 }
 
 #if defined(__AVX512F__)
-// The same row with explicit AVX-512 and glibc's libmvec for erf/exp (about 4x faster than
-// SLEEF's erff here; kiln's JIT calls libmvec too), called through pointers from a local
+// The same row with explicit AVX-512 and glibc's libmvec for erf/exp (faster than SLEEF's erff;
+// kiln's JIT calls libmvec too), called through pointers from a local
 // handle, independent of which library the process's _ZGV* names resolve to.
 using VF = __m512 (*)(__m512);
 struct Mvec {

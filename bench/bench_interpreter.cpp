@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "kiln.h"
 
 namespace {

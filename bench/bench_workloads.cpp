@@ -28,7 +28,7 @@
 #include "baselines.h"
 #include "jit/diag/profile.h"
 #include "jit/exec/code_cache.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "kiln.h"
 
 using namespace bench;

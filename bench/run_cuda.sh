@@ -9,8 +9,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUT=$(mktemp -d)
 CACHE=$(mktemp -d)
 # NVRTC keeps its own cache of compiled kernels (the driver's, ~/.nv/ComputeCache, keyed by the
-# source): a kernel compiled once on the host before takes ~10 ms on the H100 machine instead of
-# 40-60. Cold figures start from an empty one, as on a new host.
+# source): a kernel compiled once on the host before recompiles much faster. Cold figures start
+# from an empty one, as on a new host.
 export CUDA_CACHE_PATH=$CACHE/nv
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >&2 || true
 KILN_CACHE_DIR=$CACHE/w "$BIN" --iters "$ITERS" > "$OUT/kiln.jsonl"

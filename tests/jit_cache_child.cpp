@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "jit/exec/code_cache.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "kiln.h"
 
 namespace {

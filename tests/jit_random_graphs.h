@@ -31,7 +31,7 @@
 #include <vector>
 #include "jit/exec/code_cache.h"
 #include "jit/cpu_llvm/codegen_llvm.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
 #include "jit/graph/scheduler.h"

@@ -19,7 +19,7 @@
 
 #include "jit/exec/code_cache.h"
 #include "jit/cpu_asmjit/codegen_asmjit.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
 #include "jit/graph/scheduler.h"

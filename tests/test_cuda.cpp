@@ -40,7 +40,7 @@
 #include "runtime/cuda/nvrtc.h"
 #include "jit/cuda/emit_cuda.h"
 #include "kernels/cuda/device_kernels.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "jit/loop/compose.h"
 #include "expect_close.h"
 

@@ -22,7 +22,7 @@
 #include <random>
 
 #include "jit/exec/code_cache.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "kiln.h"
 #include "tests/expect_close.h"
 #include "tests/test_seed.h"

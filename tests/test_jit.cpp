@@ -93,7 +93,7 @@
 
 #include "jit/exec/code_cache.h"
 #include "jit/cpu_llvm/codegen_llvm.h"
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "jit/exec/tiering.h"
 #include "jit/loop/lower.h"
 #include "jit/loop/row_cache.h"

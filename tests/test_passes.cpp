@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "jit/graph/passes.h"
 #include "kiln.h"
 #include "test_seed.h"

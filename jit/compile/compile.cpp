@@ -13,7 +13,7 @@
 #include "jit/exec/code_cache.h"
 #include "jit/compile/break_steps.h"
 #include "jit/compile/partition.h"
-#include "jit/compile/pattern_matcher.h"
+#include "jit/patterns/pattern_matcher.h"
 #include "jit/compile/program.h"
 #include "jit/compile/trace_session.h"
 #include "runtime/autograd/autograd.h"
@@ -132,6 +132,53 @@ TensorImpl* captured_source(const guards::CapturedTensor& c) {
   return c.grad_of ? impl->grad.get() : impl.get();
 }
 
+// The trace's stand-ins for the tensor arguments: leaves without storage, sizes constant or
+// symbolic.
+struct Placeholders {
+  std::map<std::string, int64_t> hints;  // each symbol's size on the traced call
+  std::vector<Value> trace_args;         // fn's arguments in the trace
+  std::vector<NodePtr> nodes;
+  std::vector<Tensor> tensors;
+  std::vector<int> arg;                  // per placeholder: its flat argument index
+  uint64_t start_id = 0;                 // the first node the trace made
+};
+
+// What the phases of a trace hand one another.
+struct TraceState {
+  const std::vector<Value>& args;
+  Entry& e;
+  Placeholders& ph;
+  jit::TraceSession& ts;
+  std::vector<Value> results;
+  std::vector<NodePtr> outputs;  // fwd program outputs
+  std::vector<std::pair<size_t, size_t>> write_back;  // (output, input slot) of captured state written in place
+  std::vector<NodePtr> tangents, grads;
+  std::vector<Tensor> diff_inputs;
+  std::vector<guards::CapturedTensor> cgs;  // every captured tensor's guard, in the order the trace read them
+  std::string tag;                          // names the entry in dump files
+};
+
+// What fn's run leaves to the later phases inside the session (kept until the session stops).
+struct FnRun {
+  std::vector<Value> out;              // what fn returned
+  std::vector<Tensor> result_tensors;  // its tensor results
+  bool grads_set = false;              // a backward in fn set gradients
+};
+
+// A guard on a tensor as `n` lays it out: dtype, device, constant sizes (no symbols), strides
+// where the layout is not contiguous.
+guards::TensorGuard tensor_guard(const Node& n, bool requires_grad) {
+  guards::TensorGuard g;
+  g.dtype = n.dtype;
+  g.device = n.device;
+  g.requires_grad = requires_grad;
+  g.sizes = concrete(n.shape);
+  g.symbols.assign(g.sizes.size(), -1);
+  g.contiguous = is_contiguous_layout(n.shape, n.strides);
+  if (!g.contiguous) g.strides = concrete(n.strides);
+  return g;
+}
+
 }  // namespace
 
 class CompiledCore {
@@ -160,11 +207,7 @@ class CompiledCore {
       }
     }
     std::unique_lock<std::mutex> lock(mu_);
-    if (eager_) {
-      stats_.eager_calls++;
-      lock.unlock();
-      return run_eager(args, fn, out_spec, true);
-    }
+    if (eager_) return fall_back_to_eager(lock, args, fn, out_spec);
     std::string first_why;
     Entry* missed = nullptr;  // input guards passed, but no continuation was traced for the break values
     for (auto it = entries_.rbegin(); it != entries_.rend(); ++it) {
@@ -199,9 +242,7 @@ class CompiledCore {
       std::fprintf(stderr, "[kiln] warning: compile(%s) reached its recompile limit (%d compiles; last miss: %s); "
                    "running it in lazy eager mode from now on\n", opt_.name.c_str(), opt_.recompile_limit,
                    first_why.c_str());
-      stats_.eager_calls++;
-      lock.unlock();
-      return run_eager(args, fn, out_spec, true);
+      return fall_back_to_eager(lock, args, fn, out_spec);
     }
     auto t0 = std::chrono::steady_clock::now();
     const bool timed = jit::log_enabled("recompiles");
@@ -215,9 +256,7 @@ class CompiledCore {
       eager_ = true;
       std::fprintf(stderr, "[kiln] warning: compile(%s) cannot compile fn: %s; it runs in lazy eager mode\n",
                    opt_.name.c_str(), b.reason.c_str());
-      stats_.eager_calls++;
-      lock.unlock();
-      return run_eager(args, fn, out_spec, true);
+      return fall_back_to_eager(lock, args, fn, out_spec);
     }
     // A new continuation of the missed entry, or a new entry.
     Entry* e = missed && merge(*missed, *fresh, syms) ? missed : fresh.get();
@@ -253,9 +292,7 @@ class CompiledCore {
     if (e == fresh.get()) entries_.push_back(std::move(fresh));
     if (!served) {
       // The break values differ between the trace and its replay (kernels that round differently).
-      stats_.eager_calls++;
-      lock.unlock();
-      return run_eager(args, fn, out_spec, true);
+      return fall_back_to_eager(lock, args, fn, out_spec);
     }
     return out;
   }
@@ -288,6 +325,14 @@ class CompiledCore {
                                bool) {
     std::vector<Value> out = fn(args);
     return split_results(out, out_spec);
+  }
+
+  // A call run in lazy eager mode, outside the lock (counted).
+  std::vector<Value> fall_back_to_eager(std::unique_lock<std::mutex>& lock, const std::vector<Value>& args,
+                                        const TraceFn& fn, std::vector<int64_t>& out_spec) {
+    stats_.eager_calls++;
+    lock.unlock();
+    return run_eager(args, fn, out_spec, true);
   }
 
   static std::vector<Value> split_results(const std::vector<Value>& out, std::vector<int64_t>& out_spec) {
@@ -335,7 +380,31 @@ class CompiledCore {
     return dyn;
   }
 
+  // Traces fn on placeholders for `args` into a fresh entry: the phases below, in order.
   std::unique_ptr<Entry> trace(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn);
+  // Placeholders for the tensor arguments; fills the guard set's argument guards and symbols.
+  Placeholders make_placeholders(const std::vector<Value>& args, guards::GuardSet& G);
+  // The session's symbol bounds, placeholders and graph breaks (on this call's arguments).
+  static void prepare_session(TraceState& st);
+  // Runs fn, differentiates and rewrites the joint graph inside the trace session, which is
+  // stopped and restored however this ends.
+  void trace_in_session(TraceState& st, const TraceFn& fn);
+  // fn on the placeholders: its results, side effects, and tensors it must not keep.
+  void run_fn(TraceState& st, const TraceFn& fn, FnRun& run);
+  // In-place writes and gradients fn left on captured tensors and arguments: program outputs.
+  static void collect_side_effects(TraceState& st, FnRun& run);
+  // The joint graph: tangents for the results that need grad, and their gradients.
+  static void differentiate(TraceState& st, const FnRun& run);
+  // Size expressions simplified with the facts the guards establish.
+  void simplify_sizes(TraceState& st);
+  // Guards on the tensors fn read from outside; the entry keeps those before the first break.
+  static void guard_captured(TraceState& st);
+  // The forward program (and the backward), CUDA graphs, dumps, logs.
+  void partition_and_build(TraceState& st);
+  // The min-cut between forward and backward, and the backward program.
+  void partition_backward(TraceState& st, std::set<const Node*>& highlight);
+  // Graph breaks: a chain of segments, each continuation guarded by the values read at its break.
+  static void chain_breaks(TraceState& st);
   // Runs an entry without breaks.
   std::vector<Value> replay(Entry& e, const std::vector<Value>& args, const std::vector<int64_t>& syms,
                             std::vector<int64_t>& out_spec);
@@ -371,40 +440,35 @@ class CompiledCore {
 std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const std::vector<int64_t>& spec,
                                            const TraceFn& fn) {
   auto e = std::make_unique<Entry>();
-  guards::GuardSet& G = e->guards;
-  G.spec = spec;
-  G.grad_mode = grad_enabled();
+  e->guards.spec = spec;
+  e->guards.grad_mode = grad_enabled();
+  Placeholders ph = make_placeholders(args, e->guards);
+  TraceSession ts(ph.start_id, ph.hints);
+  TraceState st{args, *e, ph, ts};
+  prepare_session(st);
+  trace_in_session(st, fn);
+  simplify_sizes(st);
+  guard_captured(st);
+  partition_and_build(st);
+  chain_breaks(st);
+  return e;
+}
+
+Placeholders CompiledCore::make_placeholders(const std::vector<Value>& args, guards::GuardSet& G) {
   std::set<std::pair<int, int>> dyn = dynamic_dims(args);
-  // Placeholders: leaves without storage, sizes constant or symbolic.
-  std::map<std::string, int64_t> hints;
-  std::vector<Value> trace_args;
-  std::vector<NodePtr> placeholders;
-  std::vector<Tensor> placeholder_tensors;
-  std::vector<int> placeholder_arg;
-  uint64_t start_id = 0;
+  Placeholders ph;
   for (size_t i = 0; i < args.size(); ++i) {
     G.kinds.push_back(value_kind(args[i]));
     const Tensor* t = as_tensor(args[i]);
     G.scalars.push_back(t ? Value(int64_t{0}) : args[i]);  // tensors are guarded by G.tensors
     if (!t) {
       G.tensor_slot.push_back(-1);
-      trace_args.push_back(args[i]);
+      ph.trace_args.push_back(args[i]);
       continue;
     }
     KILN_CHECK(t->defined(), "compile(", opt_.name, "): argument ", i, " is an undefined tensor");
     const Node& n = *t->node();
-    guards::TensorGuard g;
-    g.dtype = n.dtype;
-    g.device = n.device;
-    g.requires_grad = t->requires_grad();
-    g.sizes = concrete(n.shape);
-    g.symbols.assign(g.sizes.size(), -1);
-    g.contiguous = is_contiguous_layout(n.shape, n.strides);
-    auto ph = new_node();
-    if (!start_id) start_id = ph->id;
-    ph->op = OpKind::Leaf;
-    ph->dtype = n.dtype;
-    ph->device = n.device;
+    guards::TensorGuard g = tensor_guard(n, t->requires_grad());
     Shape shape = n.shape;
     if (g.contiguous) {
       for (size_t d = 0; d < g.sizes.size(); ++d) {
@@ -418,291 +482,306 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
           G.symbol_names.push_back(name);
           g.symbols[d] = s;
           shape[d] = SymInt::symbol(name);
-          hints[name] = g.sizes[d];
+          ph.hints[name] = g.sizes[d];
           // A symbol stands for sizes >= lo: 0 for a dim that changed, 2 for one made dynamic
           // up front (Dynamic::Always, mark_dynamic), whose 0 and 1 stay specialized.
           G.relations.push_back({shape[d] - SymInt(lo), SymRel::Ge});
         }
       }
-      ph->strides = contiguous_strides(shape);
-    } else {
-      g.strides = concrete(n.strides);
-      ph->strides = n.strides;
     }
-    ph->shape = shape;
-    ph->offset = 0;
+    // (contiguous: row-major strides over the possibly symbolic sizes; else the argument's own)
+    NodePtr leaf = new_leaf(n.dtype, n.device, std::move(shape), g.contiguous ? Shape{} : n.strides);
+    if (!ph.start_id) ph.start_id = leaf->id;
     G.tensor_slot.push_back(static_cast<int>(G.tensors.size()));
     G.tensors.push_back(g);
-    Tensor pt = Tensor::from_node(ph);
+    Tensor pt = Tensor::from_node(leaf);
     if (g.requires_grad) pt.requires_grad_(true);
-    placeholders.push_back(ph);
-    placeholder_tensors.push_back(pt);
-    placeholder_arg.push_back(static_cast<int>(i));
-    trace_args.emplace_back(pt);
+    ph.nodes.push_back(leaf);
+    ph.tensors.push_back(pt);
+    ph.arg.push_back(static_cast<int>(i));
+    ph.trace_args.emplace_back(pt);
   }
-  if (!start_id) start_id = new_node()->id;
+  if (!ph.start_id) ph.start_id = new_node()->id;
+  return ph;
+}
 
-  TraceSession ts(start_id, hints);
-  for (const auto& r : G.relations) ts.know(r.expr, r.rel);  // each symbol's lower bound
-  for (size_t k = 0; k < placeholders.size(); ++k) ts.add_placeholder(*placeholder_tensors[k].impl(), placeholder_arg[k]);
-  {
-    // Small values fn reads mid-trace are computed on this call's arguments (graph breaks).
-    std::vector<NodePtr> real;
-    for (int i : placeholder_arg) real.push_back(as_tensor(args[i])->node());
-    materialize(real);
-    std::vector<int64_t> hint_syms;
-    for (const auto& name : G.symbol_names) hint_syms.push_back(hints.at(name));
-    ts.enable_breaks(G.symbol_names, hint_syms, real);
+void CompiledCore::prepare_session(TraceState& st) {
+  const guards::GuardSet& G = st.e.guards;
+  Placeholders& ph = st.ph;
+  for (const auto& r : G.relations) st.ts.know(r.expr, r.rel);  // each symbol's lower bound
+  for (size_t k = 0; k < ph.nodes.size(); ++k) st.ts.add_placeholder(*ph.tensors[k].impl(), ph.arg[k]);
+  // Small values fn reads mid-trace are computed on this call's arguments (graph breaks).
+  std::vector<NodePtr> real;
+  for (int i : ph.arg) real.push_back(as_tensor(st.args[i])->node());
+  materialize(real);
+  std::vector<int64_t> hint_syms;
+  for (const auto& name : G.symbol_names) hint_syms.push_back(ph.hints.at(name));
+  st.ts.enable_breaks(G.symbol_names, hint_syms, real);
+}
+
+void CompiledCore::trace_in_session(TraceState& st, const TraceFn& fn) {
+  TraceSession& ts = st.ts;
+  ts.start();
+  struct Undo {
+    TraceSession& ts;
+    bool done = false;
+    ~Undo() {
+      if (!done) {
+        ts.stop();
+        ts.restore();
+      }
+    }
+  } undo{ts};
+  FnRun run;  // (its tensors live on until the session has stopped, as fn's results would)
+  run_fn(st, fn, run);
+  differentiate(st, run);
+  // Registered rewrites (kiln::patterns) on the joint graph, before it is partitioned (inside
+  // the trace: sizes the replacements rely on are guarded).
+  stats_.pattern_matches =
+      static_cast<int>(jit::apply_patterns({&st.outputs, &st.grads}, st.ph.start_id, "compile(" + opt_.name + ")"));
+  undo.done = true;
+  ts.stop();
+  ts.restore();
+}
+
+void CompiledCore::run_fn(TraceState& st, const TraceFn& fn, FnRun& run) {
+  run.out = fn(st.ph.trace_args);
+  st.results = split_results(run.out, st.e.out.out_spec);
+  // Results: tensors become program outputs; scalars are constants of the trace.
+  for (auto& v : st.results) {
+    if (auto* t = std::get_if<Tensor>(&v)) {
+      KILN_CHECK(t->defined(), "compile(", opt_.name, "): fn returned an undefined tensor");
+      st.e.out.result_tensor.push_back(static_cast<int>(st.outputs.size()));
+      st.outputs.push_back(t->node());
+      run.result_tensors.push_back(*t);
+      v = Tensor();
+    } else {
+      st.e.out.result_tensor.push_back(-1);
+    }
   }
-  std::vector<Value> results;
-  std::vector<NodePtr> outputs;  // fwd program outputs
-  std::vector<std::pair<size_t, size_t>> write_back;  // (output, input slot) of captured state written in place
-  std::vector<NodePtr> tangents, grads;
-  std::vector<Tensor> diff_inputs;
-  {
-    ts.start();
-    struct Undo {
-      TraceSession& ts;
-      bool done = false;
-      ~Undo() {
-        if (!done) {
-          ts.stop();
-          ts.restore();
-        }
-      }
-    } undo{ts};
-    std::vector<Value> out = fn(trace_args);
-    results = split_results(out, e->out.out_spec);
-    // Results: tensors become program outputs; scalars are constants of the trace.
-    std::vector<Tensor> result_tensors;
-    for (auto& v : results) {
-      if (auto* t = std::get_if<Tensor>(&v)) {
-        KILN_CHECK(t->defined(), "compile(", opt_.name, "): fn returned an undefined tensor");
-        e->out.result_tensor.push_back(static_cast<int>(outputs.size()));
-        outputs.push_back(t->node());
-        result_tensors.push_back(*t);
-        v = Tensor();
-      } else {
-        e->out.result_tensor.push_back(-1);
-      }
-    }
-    // Side effects on captured tensors: in-place writes and gradients set by a backward in fn.
-    bool grads_set = false;
-    for (size_t k = 0; k < ts.captured.size(); ++k) {
-      auto& c = ts.captured[k];
-      if (c.written) {
-        e->out.cap_written.push_back(static_cast<int>(k));
-        const auto slot = std::find(ts.slots.begin(), ts.slots.end(), c.node) - ts.slots.begin();
-        if (slot < static_cast<long>(ts.slots.size())) write_back.push_back({outputs.size(), static_cast<size_t>(slot)});
-        outputs.push_back(Tensor(c.impl).node());
-      }
-    }
-    for (size_t k = 0; k < ts.captured.size(); ++k) {
-      auto& c = ts.captured[k];
-      if (c.impl->grad != c.grad_before) {
-        if (!c.impl->grad) {
-          e->out.cap_grad_cleared.push_back(static_cast<int>(k));
-          continue;
-        }
-        e->out.cap_grad.push_back(static_cast<int>(k));
-        outputs.push_back(c.impl->grad->node());
-        grads_set = true;
-      }
-    }
-    for (auto& [i, w] : ts.placeholder_written) {
-      if (!w) continue;
-      size_t k = std::find(placeholder_arg.begin(), placeholder_arg.end(), i) - placeholder_arg.begin();
-      e->out.arg_written.push_back(i);
-      write_back.push_back({outputs.size(), k});  // (placeholder k is input slot k)
-      outputs.push_back(placeholder_tensors[k].node());
-    }
-    // Gradients a backward in fn accumulated into arguments (placeholders start without one;
-    // the call adds the argument's own earlier gradient, as AccumulateGrad does).
-    for (size_t k = 0; k < placeholders.size(); ++k) {
-      const auto& g = placeholder_tensors[k].impl()->grad;
-      if (!g) continue;
-      e->out.arg_grad.push_back(placeholder_arg[k]);
-      outputs.push_back(g->node());
-      grads_set = true;
-    }
-    // A tensor fn created, wrote in place and kept (neither returned nor the base of a returned
-    // view) would go stale on replay.
-    for (auto& w : ts.created_written) {
-      auto impl = w.lock();
-      if (!impl) continue;
-      bool returned = false;
-      for (const auto& r : result_tensors) returned |= r.impl() == impl || r.impl()->base == impl;
-      KILN_CHECK(returned, "compile(", opt_.name, "): fn keeps a tensor it created and then modified in place ",
-                 "(optimizer state created on the first step?); create such state before calling the compiled ",
-                 "function");
-    }
-    // Outputs that need grad with the backward left to the caller: trace the joint graph.
-    std::vector<int> diff_results;
-    size_t rt = 0;
-    for (size_t r = 0; r < results.size(); ++r)
-      if (e->out.result_tensor[r] >= 0) {
-        // (a result whose graph a backward in fn already went through, as kiln::grad does without
-        // retain_graph, has no backward left: as in eager mode)
-        const auto& fn_of = result_tensors[rt].impl()->grad_fn;
-        if (result_tensors[rt].requires_grad() && !grads_set && grad_enabled() && !(fn_of && fn_of->released()))
-          diff_results.push_back(static_cast<int>(r));
-        ++rt;
-      }
-    if (!diff_results.empty()) {
-      std::vector<Tensor> diff_outs;
-      for (int r : diff_results) {
-        int ti = 0;
-        for (int q = 0; q < r; ++q) ti += e->out.result_tensor[q] >= 0;
-        diff_outs.push_back(result_tensors[ti]);
-      }
-      for (size_t k = 0; k < placeholders.size(); ++k)
-        if (placeholder_tensors[k].requires_grad()) {
-          e->out.diff_args.push_back(placeholder_arg[k]);
-          diff_inputs.push_back(placeholder_tensors[k]);
-        }
-      for (size_t k = 0; k < ts.captured.size(); ++k) {
-        auto& c = ts.captured[k];
-        if (!c.requires_grad_before || c.grad_of >= 0) continue;
-        if (c.grad_fn_before)
-          throw jit::GraphBreak{"fn reads a tensor with gradient history from outside; pass it as an argument"};
-        e->out.diff_caps.push_back(static_cast<int>(k));
-        diff_inputs.push_back(Tensor(c.impl));
-      }
-      std::vector<Tensor> tangent_tensors;
-      for (const Tensor& out_t : diff_outs) {
-        auto tan = new_node();
-        tan->op = OpKind::Leaf;
-        tan->dtype = out_t.dtype();
-        tan->device = out_t.device();
-        tan->shape = out_t.shape();
-        tan->strides = contiguous_strides(tan->shape);
-        tan->offset = 0;
-        tangents.push_back(tan);
-        tangent_tensors.push_back(Tensor::from_node(tan));
-        e->out.diff_dtypes.push_back(out_t.dtype());
-      }
-      e->out.diff_results = diff_results;
-      std::vector<Tensor> gs = kiln::grad(diff_outs, diff_inputs, tangent_tensors, false, false, true);
-      for (const auto& g : gs) {
-        e->out.grad_slot.push_back(g.defined() ? static_cast<int>(grads.size()) : -1);
-        if (g.defined()) grads.push_back(g.node());
-      }
-    }
-    // Registered rewrites (kiln::patterns) on the joint graph, before it is partitioned (inside
-    // the trace: sizes the replacements rely on are guarded).
-    stats_.pattern_matches =
-        static_cast<int>(jit::apply_patterns({&outputs, &grads}, start_id, "compile(" + opt_.name + ")"));
-    undo.done = true;
-    ts.stop();
-    ts.restore();
+  collect_side_effects(st, run);
+  // A tensor fn created, wrote in place and kept (neither returned nor the base of a returned
+  // view) would go stale on replay.
+  for (auto& w : st.ts.created_written) {
+    auto impl = w.lock();
+    if (!impl) continue;
+    bool returned = false;
+    for (const auto& r : run.result_tensors) returned |= r.impl() == impl || r.impl()->base == impl;
+    KILN_CHECK(returned, "compile(", opt_.name, "): fn keeps a tensor it created and then modified in place ",
+               "(optimizer state created on the first step?); create such state before calling the compiled ",
+               "function");
   }
+}
+
+void CompiledCore::collect_side_effects(TraceState& st, FnRun& run) {
+  TraceSession& ts = st.ts;
+  const Placeholders& ph = st.ph;
+  // Side effects on captured tensors: in-place writes and gradients set by a backward in fn.
+  for (size_t k = 0; k < ts.captured.size(); ++k) {
+    auto& c = ts.captured[k];
+    if (c.written) {
+      st.e.out.cap_written.push_back(static_cast<int>(k));
+      const auto slot = std::find(ts.slots.begin(), ts.slots.end(), c.node) - ts.slots.begin();
+      if (slot < static_cast<long>(ts.slots.size())) st.write_back.push_back({st.outputs.size(), static_cast<size_t>(slot)});
+      st.outputs.push_back(Tensor(c.impl).node());
+    }
+  }
+  for (size_t k = 0; k < ts.captured.size(); ++k) {
+    auto& c = ts.captured[k];
+    if (c.impl->grad != c.grad_before) {
+      if (!c.impl->grad) {
+        st.e.out.cap_grad_cleared.push_back(static_cast<int>(k));
+        continue;
+      }
+      st.e.out.cap_grad.push_back(static_cast<int>(k));
+      st.outputs.push_back(c.impl->grad->node());
+      run.grads_set = true;
+    }
+  }
+  for (auto& [i, w] : ts.placeholder_written) {
+    if (!w) continue;
+    size_t k = std::find(ph.arg.begin(), ph.arg.end(), i) - ph.arg.begin();
+    st.e.out.arg_written.push_back(i);
+    st.write_back.push_back({st.outputs.size(), k});  // (placeholder k is input slot k)
+    st.outputs.push_back(ph.tensors[k].node());
+  }
+  // Gradients a backward in fn accumulated into arguments (placeholders start without one;
+  // the call adds the argument's own earlier gradient, as AccumulateGrad does).
+  for (size_t k = 0; k < ph.nodes.size(); ++k) {
+    const auto& g = ph.tensors[k].impl()->grad;
+    if (!g) continue;
+    st.e.out.arg_grad.push_back(ph.arg[k]);
+    st.outputs.push_back(g->node());
+    run.grads_set = true;
+  }
+}
+
+void CompiledCore::differentiate(TraceState& st, const FnRun& run) {
+  const Placeholders& ph = st.ph;
+  // Outputs that need grad with the backward left to the caller: trace the joint graph.
+  std::vector<int> diff_results;
+  size_t rt = 0;
+  for (size_t r = 0; r < st.results.size(); ++r)
+    if (st.e.out.result_tensor[r] >= 0) {
+      // (a result whose graph a backward in fn already went through, as kiln::grad does without
+      // retain_graph, has no backward left: as in eager mode)
+      const auto& fn_of = run.result_tensors[rt].impl()->grad_fn;
+      if (run.result_tensors[rt].requires_grad() && !run.grads_set && grad_enabled() && !(fn_of && fn_of->released()))
+        diff_results.push_back(static_cast<int>(r));
+      ++rt;
+    }
+  if (diff_results.empty()) return;
+  std::vector<Tensor> diff_outs;
+  for (int r : diff_results) {
+    int ti = 0;
+    for (int q = 0; q < r; ++q) ti += st.e.out.result_tensor[q] >= 0;
+    diff_outs.push_back(run.result_tensors[ti]);
+  }
+  for (size_t k = 0; k < ph.nodes.size(); ++k)
+    if (ph.tensors[k].requires_grad()) {
+      st.e.out.diff_args.push_back(ph.arg[k]);
+      st.diff_inputs.push_back(ph.tensors[k]);
+    }
+  for (size_t k = 0; k < st.ts.captured.size(); ++k) {
+    auto& c = st.ts.captured[k];
+    if (!c.requires_grad_before || c.grad_of >= 0) continue;
+    if (c.grad_fn_before)
+      throw jit::GraphBreak{"fn reads a tensor with gradient history from outside; pass it as an argument"};
+    st.e.out.diff_caps.push_back(static_cast<int>(k));
+    st.diff_inputs.push_back(Tensor(c.impl));
+  }
+  std::vector<Tensor> tangent_tensors;
+  for (const Tensor& out_t : diff_outs) {
+    NodePtr tan = new_leaf(out_t.dtype(), out_t.device(), out_t.shape());
+    st.tangents.push_back(tan);
+    tangent_tensors.push_back(Tensor::from_node(tan));
+    st.e.out.diff_dtypes.push_back(out_t.dtype());
+  }
+  st.e.out.diff_results = diff_results;
+  std::vector<Tensor> gs = kiln::grad(diff_outs, st.diff_inputs, tangent_tensors, false, false, true);
+  for (const auto& g : gs) {
+    st.e.out.grad_slot.push_back(g.defined() ? static_cast<int>(st.grads.size()) : -1);
+    if (g.defined()) st.grads.push_back(g.node());
+  }
+}
+
+void CompiledCore::simplify_sizes(TraceState& st) {
   // Program inputs: the placeholders, the captured tensors as the trace read them and the values
-  // breaks carry, in the order the trace met them.
-  const std::vector<NodePtr>& inputs = ts.slots;
-  {
-    // Size expressions simplified with the facts the guards establish (break segments were
-    // simplified with the facts known at their break, and keep their inputs' layouts).
-    std::vector<NodePtr> roots = inputs;
-    for (const auto* v : {&outputs, &grads, &tangents}) roots.insert(roots.end(), v->begin(), v->end());
-    size_t changed = ts.simplify_graph(roots);
-    if (jit::log_enabled("symbols"))
-      jit::log_line("symbols", "compile(" + opt_.name + "): " + std::to_string(changed) +
-                                   " size expressions simplified with the facts:\n" + ts.facts()->str());
-  }
-  std::vector<guards::CapturedTensor> cgs;
+  // breaks carry, in the order the trace met them. Size expressions are simplified with the facts
+  // the guards establish (break segments were simplified with the facts known at their break,
+  // and keep their inputs' layouts).
+  std::vector<NodePtr> roots = st.ts.slots;
+  for (const auto* v : {&st.outputs, &st.grads, &st.tangents}) roots.insert(roots.end(), v->begin(), v->end());
+  size_t changed = st.ts.simplify_graph(roots);
+  if (jit::log_enabled("symbols"))
+    jit::log_line("symbols", "compile(" + opt_.name + "): " + std::to_string(changed) +
+                                 " size expressions simplified with the facts:\n" + st.ts.facts()->str());
+}
+
+void CompiledCore::guard_captured(TraceState& st) {
+  TraceSession& ts = st.ts;
+  guards::GuardSet& G = st.e.guards;
   for (auto& c : ts.captured) {
     guards::CapturedTensor cg;
     cg.grad_of = c.grad_of >= 0;
     cg.impl = c.grad_of >= 0 ? ts.captured[c.grad_of].impl : c.impl;
-    const Node& n = *c.node;
-    cg.guard.dtype = n.dtype;
-    cg.guard.device = n.device;
-    cg.guard.requires_grad = c.requires_grad_before;
-    cg.guard.sizes = concrete(n.shape);
-    cg.guard.symbols.assign(cg.guard.sizes.size(), -1);
-    cg.guard.contiguous = is_contiguous_layout(n.shape, n.strides);
-    if (!cg.guard.contiguous) cg.guard.strides = concrete(n.strides);
+    cg.guard = tensor_guard(*c.node, c.requires_grad_before);
     cg.watch_grad = c.grad_of < 0 && ts.relied_on_grad(c.impl.get());
     cg.has_grad = c.grad_before != nullptr;
-    cgs.push_back(std::move(cg));
+    st.cgs.push_back(std::move(cg));
   }
   // Guards before the first break are the entry's; those after break j, its continuation's.
-  size_t ncap = ts.breaks.empty() ? cgs.size() : ts.breaks[0].captured_before;
+  size_t ncap = ts.breaks.empty() ? st.cgs.size() : ts.breaks[0].captured_before;
   size_t nrel = ts.breaks.empty() ? ts.relations.size() : ts.breaks[0].relations_before;
-  G.captured.assign(cgs.begin(), cgs.begin() + static_cast<long>(ncap));
+  G.captured.assign(st.cgs.begin(), st.cgs.begin() + static_cast<long>(ncap));
   G.relations.insert(G.relations.end(), ts.relations.begin(), ts.relations.begin() + static_cast<long>(nrel));
-  e->out.results = results;
-  std::string tag = opt_.name + "_" + std::to_string(entries_.size());
+}
+
+void CompiledCore::partition_and_build(TraceState& st) {
+  Entry& e = st.e;
+  TraceSession& ts = st.ts;
+  const std::vector<NodePtr>& inputs = ts.slots;
+  e.out.results = st.results;
+  st.tag = opt_.name + "_" + std::to_string(entries_.size());
   std::set<const Node*> highlight;
-  if (!tangents.empty()) {
-    jit::PartitionOptions po;
-    po.memory_budget = opt_.memory_budget;
-    po.save_all = opt_.save_all;
-    jit::Partition part = jit::partition(inputs, tangents, outputs, grads,
-                                         [&](const Node& n) { return node_bytes(n, hints); }, po);
-    e->out.saved_begin = outputs.size();
-    e->out.saved_count = part.saved.size();
-    for (const auto& s : part.saved) {
-      outputs.push_back(s);
-      highlight.insert(s.get());
-    }
-    std::vector<NodePtr> bwd_inputs = part.saved;
-    bwd_inputs.insert(bwd_inputs.end(), tangents.begin(), tangents.end());
-    e->out.bwd = std::make_shared<Program>(bwd_inputs, grads, G.symbol_names);
-    stats_.saved_bytes = part.saved_bytes;
-    stats_.save_all_bytes = part.save_all_bytes;
-    stats_.recomputed = part.recomputed;
-    if (!jit::dump_dir().empty()) {
-      std::vector<NodePtr> joint_in = inputs, joint_out = outputs;
-      joint_in.insert(joint_in.end(), tangents.begin(), tangents.end());
-      joint_out.insert(joint_out.end(), grads.begin(), grads.end());
-      jit::dump_file(tag + "_joint.dot", jit::graph_dot(joint_in, joint_out, highlight, tag + " joint graph"));
-      jit::dump_file(tag + "_backward.dot", jit::graph_dot(bwd_inputs, grads, highlight, tag + " backward"));
-    }
-    if (jit::log_enabled("recompiles"))
-      jit::log_line("recompiles", "compile(" + opt_.name + "): partitioned: forward saves " +
-                                      std::to_string(part.saved.size()) + " values (" + std::to_string(part.saved_bytes) +
-                                      " bytes; saving everything: " + std::to_string(part.save_all_bytes) +
-                                      "), backward recomputes " + std::to_string(part.recomputed) + " ops");
-  }
-  e->out.fwd = std::make_shared<Program>(inputs, outputs, G.symbol_names,
-                                         ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
+  if (!st.tangents.empty()) partition_backward(st, highlight);
+  e.out.fwd = std::make_shared<Program>(inputs, st.outputs, e.guards.symbol_names,
+                                        ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
   if (opt_.cuda_graphs) {
     // State written in place (captured tensors, arguments) is written back into its own storage
     // by the graph (only in a program without breaks: there the state is an input of it).
-    e->out.fwd->use_graphs({graph_counters_, ts.breaks.empty() ? write_back : decltype(write_back){}, opt_.name});
-    if (e->out.bwd) e->out.bwd->use_graphs({graph_counters_, {}, opt_.name + " backward"});
+    e.out.fwd->use_graphs({graph_counters_, ts.breaks.empty() ? st.write_back : decltype(st.write_back){}, opt_.name});
+    if (e.out.bwd) e.out.bwd->use_graphs({graph_counters_, {}, opt_.name + " backward"});
     for (auto& tb : ts.breaks) tb.step->prog->use_graphs({graph_counters_, {}, opt_.name + " " + tb.step->what});
   }
-  e->out.rng_total = ts.rng_total;
-  stats_.symbols = e->out.fwd->symbols_used();
+  e.out.rng_total = ts.rng_total;
+  stats_.symbols = e.out.fwd->symbols_used();
   stats_.size_relations = static_cast<int>(ts.relations.size());
   if (!jit::dump_dir().empty())
-    jit::dump_file(tag + "_forward.dot", jit::graph_dot(inputs, outputs, highlight, tag + " forward"));
-  // Graph breaks: a chain of segments, each continuation guarded by the values read at its break.
+    jit::dump_file(st.tag + "_forward.dot", jit::graph_dot(inputs, st.outputs, highlight, st.tag + " forward"));
+}
+
+void CompiledCore::partition_backward(TraceState& st, std::set<const Node*>& highlight) {
+  const std::vector<NodePtr>& inputs = st.ts.slots;
+  const std::map<std::string, int64_t>& hints = st.ph.hints;
+  jit::PartitionOptions po;
+  po.memory_budget = opt_.memory_budget;
+  po.save_all = opt_.save_all;
+  jit::Partition part = jit::partition(inputs, st.tangents, st.outputs, st.grads,
+                                       [&](const Node& n) { return node_bytes(n, hints); }, po);
+  st.e.out.saved_begin = st.outputs.size();
+  st.e.out.saved_count = part.saved.size();
+  for (const auto& s : part.saved) {
+    st.outputs.push_back(s);
+    highlight.insert(s.get());
+  }
+  std::vector<NodePtr> bwd_inputs = part.saved;
+  bwd_inputs.insert(bwd_inputs.end(), st.tangents.begin(), st.tangents.end());
+  st.e.out.bwd = std::make_shared<Program>(bwd_inputs, st.grads, st.e.guards.symbol_names);
+  stats_.saved_bytes = part.saved_bytes;
+  stats_.save_all_bytes = part.save_all_bytes;
+  stats_.recomputed = part.recomputed;
+  if (!jit::dump_dir().empty()) {
+    std::vector<NodePtr> joint_in = inputs, joint_out = st.outputs;
+    joint_in.insert(joint_in.end(), st.tangents.begin(), st.tangents.end());
+    joint_out.insert(joint_out.end(), st.grads.begin(), st.grads.end());
+    jit::dump_file(st.tag + "_joint.dot", jit::graph_dot(joint_in, joint_out, highlight, st.tag + " joint graph"));
+    jit::dump_file(st.tag + "_backward.dot", jit::graph_dot(bwd_inputs, st.grads, highlight, st.tag + " backward"));
+  }
+  if (jit::log_enabled("recompiles"))
+    jit::log_line("recompiles", "compile(" + opt_.name + "): partitioned: forward saves " +
+                                    std::to_string(part.saved.size()) + " values (" + std::to_string(part.saved_bytes) +
+                                    " bytes; saving everything: " + std::to_string(part.save_all_bytes) +
+                                    "), backward recomputes " + std::to_string(part.recomputed) + " ops");
+}
+
+void CompiledCore::chain_breaks(TraceState& st) {
+  Entry& e = st.e;
+  std::vector<jit::TracedBreak>& breaks = st.ts.breaks;
+  const std::vector<guards::SizeRelation>& relations = st.ts.relations;
   std::unique_ptr<jit::BreakStep> next;
   std::shared_ptr<Outcome> end;
-  if (!ts.breaks.empty()) end = std::make_shared<Outcome>(std::move(e->out));
-  for (size_t j = ts.breaks.size(); j-- > 0;) {
-    jit::TracedBreak& tb = ts.breaks[j];
+  if (!breaks.empty()) end = std::make_shared<Outcome>(std::move(e.out));
+  for (size_t j = breaks.size(); j-- > 0;) {
+    jit::TracedBreak& tb = breaks[j];
     auto br = std::make_unique<jit::Branch>();
     br->bytes = tb.bytes;
-    size_t cap_end = j + 1 < ts.breaks.size() ? ts.breaks[j + 1].captured_before : cgs.size();
-    size_t rel_end = j + 1 < ts.breaks.size() ? ts.breaks[j + 1].relations_before : ts.relations.size();
-    br->guards.captured.assign(cgs.begin() + static_cast<long>(tb.captured_before), cgs.begin() + static_cast<long>(cap_end));
-    br->guards.relations.assign(ts.relations.begin() + static_cast<long>(tb.relations_before),
-                                ts.relations.begin() + static_cast<long>(rel_end));
+    size_t cap_end = j + 1 < breaks.size() ? breaks[j + 1].captured_before : st.cgs.size();
+    size_t rel_end = j + 1 < breaks.size() ? breaks[j + 1].relations_before : relations.size();
+    br->guards.captured.assign(st.cgs.begin() + static_cast<long>(tb.captured_before),
+                               st.cgs.begin() + static_cast<long>(cap_end));
+    br->guards.relations.assign(relations.begin() + static_cast<long>(tb.relations_before),
+                                relations.begin() + static_cast<long>(rel_end));
     if (next) br->next = std::move(next);
     else br->end = end;
     if (!jit::dump_dir().empty())
-      jit::dump_file(tag + "_break" + std::to_string(j) + ".dot",
+      jit::dump_file(st.tag + "_break" + std::to_string(j) + ".dot",
                      jit::graph_dot(tb.step->prog->inputs(), tb.step->prog->outputs(), {},
-                                    tag + " break " + std::to_string(j) + " (" + tb.step->what + ")"));
+                                    st.tag + " break " + std::to_string(j) + " (" + tb.step->what + ")"));
     tb.step->add(std::move(br));
     next = std::move(tb.step);
   }
-  e->breaks = std::move(next);
-  return e;
+  e.breaks = std::move(next);
 }
 
 std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args, const std::vector<int64_t>& syms,

@@ -49,13 +49,7 @@ bool dense(const Node& n) { return n.offset.as_int() == 0 && is_contiguous_layou
 }  // namespace
 
 Tensor leaf_over(const Node& layout, std::shared_ptr<Storage> storage) {
-  auto leaf = new_node();
-  leaf->op = OpKind::Leaf;
-  leaf->dtype = layout.dtype;
-  leaf->device = layout.device;
-  leaf->shape = layout.shape;
-  leaf->strides = layout.strides;
-  leaf->offset = layout.offset;
+  NodePtr leaf = new_leaf(layout.dtype, layout.device, layout.shape, layout.strides, layout.offset);
   leaf->set_storage(std::move(storage));
   return Tensor::from_node(std::move(leaf));
 }

@@ -5,7 +5,7 @@
 #include <sstream>
 #include <unordered_map>
 
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "runtime/exec/executor.h"
 #include "runtime/tensor/trace.h"
 
@@ -54,31 +54,6 @@ NodePtr concrete_like(const Node& n, const Shape& shape, const Shape& strides, c
 }  // namespace
 
 bool is_random_op(OpKind op) { return op == OpKind::RandUniform || op == OpKind::RandNormal || op == OpKind::RandInt; }
-
-std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop) {
-  std::vector<Node*> order;
-  std::unordered_map<const Node*, int> state;
-  std::vector<std::pair<Node*, size_t>> stack;
-  for (const auto& r : outputs) {
-    if (!r || stop.count(r.get()) || r->materialized() || state.count(r.get())) continue;
-    stack.push_back({r.get(), 0});
-    state[r.get()] = 1;
-    while (!stack.empty()) {
-      auto& [n, i] = stack.back();
-      if (i < n->inputs.size()) {
-        Node* in = n->inputs[i++].get();
-        if (!stop.count(in) && !in->materialized() && !state.count(in)) {
-          state[in] = 1;
-          stack.push_back({in, 0});
-        }
-      } else {
-        order.push_back(n);
-        stack.pop_back();
-      }
-    }
-  }
-  return order;
-}
 
 Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std::vector<std::string> symbols,
                  std::map<uint64_t, SymInt> rng_offsets)
@@ -186,8 +161,9 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
   for (size_t i = 0; i < inputs_.size(); ++i) {
     const NodePtr& in = inputs_[i];
     const Layout& lay = input_layouts_[i];
-    NodePtr leaf = concrete_like(*in, lay.shape, lay.strides, lay.offset, env);
-    leaf->op = OpKind::Leaf;
+    NodePtr leaf = new_leaf(in->dtype, in->device, eval_shape(lay.shape, env), eval_shape(lay.strides, env),
+                            eval_int(lay.offset, env));
+    not_pending(*leaf);
     map[in.get()] = leaf;
     stop.insert(in.get());
     inst->inputs.push_back(leaf.get());

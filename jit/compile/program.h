@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "jit/compile/graph_replay.h"
+#include "jit/graph/topo_order.h"
 #include "runtime/tensor/tensor.h"
 
 namespace kiln::jit {
@@ -72,8 +73,5 @@ std::string graph_dot(const std::vector<NodePtr>& inputs, const std::vector<Node
 
 // Whether `op` draws random numbers (its Philox counter is set per run).
 bool is_random_op(OpKind op);
-
-// Nodes behind `outputs`, inputs first (stops at `inputs` and materialized nodes), topologically sorted.
-std::vector<Node*> topo_order(const std::vector<NodePtr>& outputs, const std::set<const Node*>& stop);
 
 }  // namespace kiln::jit

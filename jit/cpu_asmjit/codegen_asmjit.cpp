@@ -36,7 +36,7 @@ struct Throwing : ErrorHandler {
   }
 };
 
-constexpr size_t kMaxExprs = 256;  // larger kernels go to LLVM (compiles past ~1 ms here)
+constexpr size_t kMaxExprs = 256;  // larger kernels go to LLVM (asmjit's compiles grow slow)
 
 [[noreturn]] void unsupported(const std::string& what) { throw AsmjitError("asmjit codegen: " + what); }
 

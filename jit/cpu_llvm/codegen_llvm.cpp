@@ -67,7 +67,7 @@ void init_llvm() {
   });
 }
 
-// The host's triple, CPU and features, read once (cpuid parsing costs ~0.4 ms per query).
+// The host's triple, CPU and features, read once (cpuid parsing is too slow to repeat).
 struct HostInfo {
   std::string triple, cpu;
   std::vector<std::string> features;  // "+name" / "-name", sorted
@@ -755,7 +755,7 @@ orc::LLJIT& the_jit() {
     sleef_library();  // kernels loaded from the disk cache call SLEEF too
     // Kernels arrive as objects (compile_to_object), so the JIT needs no IR compiler (whose
     // TargetMachine costs time at every process start) and no platform (kernels have no
-    // static initializers or atexit handlers): 0.6 ms less before the first disk-cache load.
+    // static initializers or atexit handlers): less time before the first disk-cache load.
     orc::LLJITBuilder builder;
     builder.setJITTargetMachineBuilder(host_jtmb());
     // A layout saved by an earlier process spares creating a TargetMachine just for it.
@@ -772,8 +772,7 @@ orc::LLJIT& the_jit() {
     if (!j) throw Error("llvm: cannot create LLJIT: " + toString(j.takeError()));
     const char prefix = (*j)->getDataLayout().getGlobalPrefix();
     // Vector math entry points that only forward to a library function are bound to it
-    // (defined symbols win over the generators below): one call less per vector, which
-    // measured 0.83 -> 0.53 ns an element for erf and 0.34 -> 0.26 for exp (AVX-512 host).
+    // (defined symbols win over the generators below): one call less per vector.
     orc::SymbolMap direct;
     for (int i = 0; i < vmath::kCount; ++i)
       for (int lanes : {8, 16})

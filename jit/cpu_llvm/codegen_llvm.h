@@ -25,7 +25,7 @@ std::string compile_ir_to_object(const std::string& ir, const std::string& cpu =
 KernelFn load_object(const std::string& object, const std::string& symbol);
 // LLVM version and host CPU name + features (part of the on-disk cache key).
 std::string llvm_target_id();
-// The data layout of host kernels (creates a TargetMachine: ~0.4 ms).
+// The data layout of host kernels (creates a TargetMachine, which is costly).
 std::string host_data_layout();
 // Gives the JIT its data layout (host_data_layout() saved by an earlier process); only has an
 // effect before the first load_object().

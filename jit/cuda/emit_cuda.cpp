@@ -624,9 +624,8 @@ struct Emitter {
       }
       std::string lo = expr(s.lo), hi = expr(s.hi);
       std::string v = "i" + std::to_string(s.var);
-      // A flat loop: unrolled, so each lane keeps several loads in flight.
-      // Rows kept in shared memory: 8 (layer_norm -> gelu -> softmax 55 -> 50 us on the H100;
-      // the W1 split kernel loses occupancy at 8: 102 -> 112 us).
+      // A flat loop: unrolled, so each lane keeps several loads in flight. Rows kept in shared
+      // memory: 8 (faster row kernels); otherwise 4 (the W1 split kernel loses occupancy at 8).
       if (!has_loop(s.body)) line(rc.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
       const auto lc = rc.loops.find(&s);
       if (lc != rc.loops.end()) cur_cache = &lc->second;  // the loop's element in the row cache: rcx
@@ -682,7 +681,7 @@ struct Emitter {
     }
     // The grid-stride loop is not unrolled: a thread runs it a few times at most (grids go up to
     // 32 blocks an SM), and NVVM's unrolled and versioned copies of the body only made NVRTC
-    // slower (random kernels' median 35 -> 24 ms here; kernel times unchanged on the H100).
+    // slower, with no faster kernels.
     if (lanes > 32) {  // a block per parallel index
       line("const int lane = threadIdx.x;");
       line("#pragma unroll 1");
@@ -716,7 +715,7 @@ std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, in
   e.warp = e.warp_eligible() && !k.columns;
   e.lanes = !e.warp ? 1 : k.long_indices ? kCudaWideBlock : 32;
   // Rows kept in shared memory: 48 KiB a block, split between its warps (four blocks an SM
-  // on sm_90; 96 KiB left two and W3's backward row kernel 22% of its warps active).
+  // on sm_90; 96 KiB left two, too few warps for the row kernels).
   constexpr int64_t kRowCacheBytes = 48 * 1024;
   if (e.lanes == 32 && k.row_cache > 0) e.rc = plan_row_cache(k, kRowCacheBytes / (kCudaBlock / 32), /*cache_loads=*/true);
   if (lanes) *lanes = e.lanes;

@@ -1,6 +1,6 @@
 #include "jit/exec/tiering.h"
 
-#include "jit/exec/executor.h"
+#include "jit/exec/jit_executor.h"
 #include "runtime/core/error.h"
 
 namespace kiln::jit {

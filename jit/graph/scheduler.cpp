@@ -32,15 +32,18 @@ bool inline_sum(const Node& n) {
   return count <= kInlineSum;
 }
 
+bool is_reduction_op(OpKind op) {
+  return op == OpKind::Sum || op == OpKind::Prod || op == OpKind::Amax || op == OpKind::Amin || is_arg_reduction(op);
+}
+
 NodeClass classify(const Node& n) {
+  // Reducing no dims (a 0-d input) is elementwise: the value itself (or index 0); so is a sum
+  // over at most kInlineSum elements (the x, y, z of a vector: lowered as adds, unrolled).
+  if (is_reduction_op(n.op))
+    return n.attrs.ints.empty() || inline_sum(n) ? NodeClass::Pointwise : NodeClass::Reduction;
   switch (n.op) {
     case OpKind::Full: case OpKind::Arange:
       return NodeClass::Source;
-    case OpKind::Sum: case OpKind::Prod: case OpKind::Amax: case OpKind::Amin: case OpKind::ArgMax:
-    case OpKind::ArgMin:
-      // Reducing no dims (a 0-d input) is elementwise: the value itself (or index 0); so is a sum
-      // over at most kInlineSum elements (the x, y, z of a vector: lowered as adds, unrolled).
-      return n.attrs.ints.empty() || inline_sum(n) ? NodeClass::Pointwise : NodeClass::Reduction;
     case OpKind::View: case OpKind::Permute: case OpKind::Expand: case OpKind::Slice: case OpKind::Select:
     case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip:
       return NodeClass::View;

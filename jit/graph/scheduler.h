@@ -14,6 +14,11 @@ namespace kiln::jit {
 // float values opaque unless ScheduleOptions::half_kernels).
 enum class NodeClass { Pointwise, Source, View, Reduction, Opaque };
 NodeClass classify(const Node& n);
+// The reduction ops (sum, prod, amax, amin, argmax, argmin), over any dims: classify() makes one
+// over no dims or a few elements pointwise.
+bool is_reduction_op(OpKind op);
+// argmax / argmin: their partials and combines carry an index beside the value.
+inline bool is_arg_reduction(OpKind op) { return op == OpKind::ArgMax || op == OpKind::ArgMin; }
 // Sums over at most this many elements (constant sizes) are pointwise: computed inline where
 // their value is read, as unrolled adds (a 3-vector's length, a pairwise r² = dx² + dy² + dz²),
 // so a kernel over their consumer's domain needs no stored [..] of them.

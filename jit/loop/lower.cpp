@@ -71,7 +71,7 @@ bool column_split_fits(const Group& g, const Target& t) {
   }
   if (rows < t.column_split_rows) return false;
   for (const Node* x : g.nodes) {
-    if (classify(*x) == NodeClass::Reduction && (x->op == OpKind::ArgMax || x->op == OpKind::ArgMin)) return false;
+    if (classify(*x) == NodeClass::Reduction && is_arg_reduction(x->op)) return false;
     for (const auto& in : x->inputs)
       if (classify(*in) == NodeClass::Reduction && std::find(g.nodes.begin(), g.nodes.end(), in.get()) != g.nodes.end())
         return false;
@@ -317,9 +317,8 @@ struct Lowerer {
         std::vector<ExprId> xs;
         for (auto& in : n->inputs) xs.push_back(emit(in.get(), broadcast_idx(in.get(), idx)));
         if (n->op == OpKind::Cast || n->op == OpKind::Contiguous) return cast(xs[0], n->dtype);
-        if (n->op == OpKind::ArgMax || n->op == OpKind::ArgMin) return K.iconst(0);
-        if (n->op == OpKind::Sum || n->op == OpKind::Prod || n->op == OpKind::Amax || n->op == OpKind::Amin)
-          return cast(xs[0], n->dtype);  // reduction over no dims
+        if (is_arg_reduction(n->op)) return K.iconst(0);
+        if (is_reduction_op(n->op)) return cast(xs[0], n->dtype);  // reduction over no dims
         Expr e{xs.size() == 1 ? Expr::Kind::Unary : xs.size() == 2 ? Expr::Kind::Binary : Expr::Kind::Where};
         e.op = n->op;
         e.dtype = n->dtype;
@@ -456,9 +455,9 @@ struct Lowerer {
       ++j;
     }
     if (L->column) return cast(scratch_load(it->second), r->dtype);
-    Expr e{r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? Expr::Kind::AccIndex : Expr::Kind::Acc};
+    Expr e{is_arg_reduction(r->op) ? Expr::Kind::AccIndex : Expr::Kind::Acc};
     e.i = acc;
-    e.dtype = r->op == OpKind::ArgMax || r->op == OpKind::ArgMin ? DType::Int64 : K.accs[acc].dtype;
+    e.dtype = is_arg_reduction(r->op) ? DType::Int64 : K.accs[acc].dtype;
     ExprId v = K.add(e);
     return cast(v, r->dtype);
   }
@@ -730,7 +729,7 @@ struct Lowerer {
     const size_t n = g.domain.size();
     if (!tgt.column_reductions || n < 2 || reduced[n - 1] || small_inner(g.domain, tgt) || is_one(g.domain[n - 1])) return false;
     for (const Node* r : reductions())
-      if (r->op == OpKind::ArgMax || r->op == OpKind::ArgMin) return false;
+      if (is_arg_reduction(r->op)) return false;
     return true;
   }
 
@@ -879,7 +878,7 @@ struct Lowerer {
       s.index = p;
       s.value = 0;  // 0: value
       body.push_back(s);
-      if (o->op == OpKind::ArgMax || o->op == OpKind::ArgMin) {
+      if (is_arg_reduction(o->op)) {
         K.buffers.push_back({DType::Int64, true});
         Stmt t = s;
         t.buffer = pb++;
@@ -1003,7 +1002,7 @@ struct Lowerer {
 std::shared_ptr<Lowered> lower(const Group& g, const Target& t) { return Lowerer(g, t).run(); }
 
 Kernel combine_kernel(OpKind op, DType acc, DType out, bool columns) {
-  const bool arg = op == OpKind::ArgMax || op == OpKind::ArgMin;
+  const bool arg = is_arg_reduction(op);
   KILN_CHECK(!(arg && columns), "jit: no split column arg reductions");
   Kernel K;
   K.name = std::string("combine_") + op_name(op) + (columns ? "_columns" : "");

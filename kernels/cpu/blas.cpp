@@ -53,8 +53,8 @@ const bool g_blas_single = [] {
 
 // ---- the float32 GEMM library ----
 // oneDNN's sgemm (the C API's dnnl_sgemm, libdnnl.so.2, installed by setup.sh) where it loads:
-// measured faster than OpenBLAS on kiln's products (bench/bench_gemm: single-threaded 0-25% on
-// W2's and the transformer block's shapes; the W2 step 12% faster end to end; docs/BENCHMARKS.md).
+// faster than OpenBLAS on kiln's products and on the W2 step end to end (bench/bench_gemm;
+// figures in docs/BENCHMARKS.md).
 // Loaded at first use, like a plugin, so that a machine without it runs on OpenBLAS;
 // KILN_GEMM=openblas keeps OpenBLAS, KILN_GEMM=onednn insists on oneDNN. Its OpenMP runtime runs
 // one thread per calling thread (each call sets the calling thread's count back to 1 when the
@@ -150,11 +150,9 @@ int gemm_threads() {
 struct Grid {
   int64_t tiles, rt, ct, rows, cols;
 };
-constexpr double kTileFlops = 1 << 21;  // the least work worth a task (~2 MFLOP: tens of us on one core)
-// Slack for uneven progress (a core shared with other work). Each tile packs its panels of A and
-// B again: W2 on 2 cores took 9.75-9.97 ms at 4 tiles a thread, 9.12-9.63 at 2, 9.08-9.49 at 1;
-// on the GPU machine's Xeon (alternating, minimum of each run) 14.4-15.4 vs 13.5-15.0 ms pinned
-// to 2 cores and 7.05-7.58 vs 6.45-7.34 ms at 16 threads for 4 vs 2.
+constexpr double kTileFlops = 1 << 21;  // the least work worth a task (~2 MFLOP)
+// Slack for uneven progress (a core shared with other work), and no more: each tile packs its
+// panels of A and B again, so 4 tiles a thread ran W2 slower than 2 (docs/BENCHMARKS.md).
 constexpr int64_t kTilesPerThread = 2;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -42,8 +42,8 @@ const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "lo
 // 1.79, sin 1.80 / 1.80, cos 1.84 / 1.84, tan 3.21 / 3.05, atan 2.29 / 2.17, pow 0.62 / 0.62,
 // atan2 3.12 / 3.12: wide.
 // exp and erf are kiln's own on AVX-512 hosts (vmath16.h: exp within 1.02 ulp, erf within 1.03 over
-// every float): faster in kernels (erf 0.29 ns an element against libmvec's 0.52, whose worst is
-// 3.999992 ulp at 3.6533227; a 1024 x 1024 softmax 0.59 -> 0.49 ms on one core) and more accurate;
+// every float): faster in kernels (docs/BENCHMARKS.md) and more accurate (libmvec's erf reaches
+// 3.999992 ulp at 3.6533227);
 // AVX2-only hosts keep libmvec's (exp 2.50, erf 1.91 ulp).
 // tanh 1.02 / 1.37 is wide with one fix: the AVX-512 variant returns 0.99999994 for about a
 // million inputs at and above 9.01091385, the least float whose correctly rounded tanh is 1

@@ -1,8 +1,8 @@
 // kiln's float32 erf on 16 lanes: a degree-6 polynomial per interval of width 1/4, its
 // coefficients picked per lane from 16-entry tables with one permute each (the tables stay in
 // registers). Over every float it is within 1.03 ulp of the correctly rounded erf (libmvec's
-// AVX-512 variant: 4.0 ulp) at 0.29 ns an element against libmvec's 0.52 (one core of the
-// AVX-512 build host); see the test VectorMath.ErfWithinOneUlpEverywhere.
+// AVX-512 variant: 4.0 ulp), and faster than libmvec's (docs/BENCHMARKS.md); see the test
+// VectorMath.ErfWithinOneUlpEverywhere.
 #include "kernels/cpu/vmath16.h"
 #include "kernels/cpu/vmath16_tables.h"
 

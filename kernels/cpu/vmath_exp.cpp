@@ -2,8 +2,8 @@
 // (ln 2 in two parts, fused multiply-adds), exp(r) = 1 + (r + r^2 q(r)) with q of degree 4, and
 // 2^n applied by vscalefps (which also rounds subnormal results once and overflows to inf).
 // Over every float it is within 1.014 ulp of the correctly rounded exp (libmvec's AVX-512 variant:
-// 2.5 ulp); the softmax of a 1024 x 1024 matrix took 0.59 -> 0.49 ms on one core of the AVX-512
-// build host. See the test VectorMath.ExpWithinOneUlpEverywhere.
+// 2.5 ulp), and a softmax runs faster on it (docs/BENCHMARKS.md). See the test
+// VectorMath.ExpWithinOneUlpEverywhere.
 #include "kernels/cpu/vmath16.h"
 #include "kernels/cpu/vmath16_tables.h"
 

@@ -1,5 +1,5 @@
-// Kernel launches handed to a thread of their own. cuLaunchKernel costs the host 3-4 us on the
-// GPU machine (more than recording, planning and binding a small eager call together); a
+// Kernel launches handed to a thread of their own. cuLaunchKernel costs the host more than
+// recording, planning and binding a small eager call together (docs/BENCHMARKS.md); a
 // device's launch thread issues queued launches in order while the calling thread goes on
 // recording the next call. Whoever uses the device's stream otherwise (copies, library calls,
 // graph launches, waits) drains the queue first, so the stream sees one order.

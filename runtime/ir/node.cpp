@@ -58,6 +58,17 @@ std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
 
 NodePtr new_node() { return std::allocate_shared<Node>(detail::PoolAllocator<Node>()); }
 
+NodePtr new_leaf(DType dtype, Device device, Shape shape, Shape strides, SymInt offset) {
+  NodePtr n = new_node();
+  n->op = OpKind::Leaf;
+  n->dtype = dtype;
+  n->device = device;
+  n->strides = strides.empty() && !shape.empty() ? contiguous_strides(shape) : std::move(strides);
+  n->shape = std::move(shape);
+  n->offset = std::move(offset);
+  return n;
+}
+
 Node::Node() : id(detail::node_made()) {}
 
 Node::~Node() {

@@ -182,6 +182,9 @@ inline size_t attention_dropout_input(const Node& n) {
 
 // A fresh node (from the per-thread node pool).
 KILN_API NodePtr new_node();
+// A fresh Leaf node (a value without an op: an input, a placeholder) of `dtype` on `device`
+// with this layout; empty `strides` means dense row-major. Storage is set by the caller.
+KILN_API NodePtr new_leaf(DType dtype, Device device, Shape shape, Shape strides = {}, SymInt offset = SymInt(0));
 
 // Dense row-major strides for a shape.
 KILN_API Shape contiguous_strides(const Shape& shape);

@@ -6,7 +6,7 @@
 // Forms, over the last dim of x of rank 2 or 3: c = x - mean(x, -1, keepdim), the variance as
 // mean(c * c) (square(c) records the same), mean(pow(c, 2)) or var(x, -1, correction 0, keepdim), normalized
 // as c / sqrt(v + eps) or c * rsqrt(v + eps), then * w + b (w, b of shape [D]) or nothing.
-#include "jit/compile/pattern_matcher.h"
+#include "jit/patterns/pattern_matcher.h"
 #include "jit/compile/patterns.h"
 #include "runtime/ops/ops.h"
 

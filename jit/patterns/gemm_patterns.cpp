@@ -1,9 +1,8 @@
 // GEMM padding (PyTorch's pad_mm), as a kiln::patterns rewrite: a large matmul on CUDA whose M, K
 // or N is not a multiple of 8 runs on zero-padded operands and the result is sliced back, where
-// the tensor cores only take aligned sizes. Measured on the H100 (bench/pad_mm_probe.py, cuBLAS,
-// padding copies included): float16 / bfloat16 4096 x 4095 x 4096 952 -> 278 us (3.4x), 4096 x
-// 1001 x 4096 3.1x, 8192 x 2047 x 8192 3.9x; float32 with TF32 allowed 1.9-2.1x; float32 without
-// TF32 0.95-1.01x (not padded); 1024^3 and smaller lose (0.07-0.7x: not padded). So: CUDA,
+// the tensor cores only take aligned sizes. Padding pays for large 16-bit products and for
+// float32 with TF32, not for float32 without TF32 nor for small products (bench/pad_mm_probe.py
+// on the H100, padding copies included; figures in docs/BENCHMARKS.md). So: CUDA,
 // float16 / bfloat16 (float32 only when set_float32_matmul_precision allows TF32), constant
 // sizes, M·K·N >= 4e9, some of M, K, N unaligned. The padded zeros add exact zeros to every sum.
 #include "jit/compile/patterns.h"

@@ -117,9 +117,8 @@ Tensor replace(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
 }
 
 // On the GPU the fused kernels are slower than the unfused graph (cuBLAS products and fused
-// softmax kernels) at the sizes measured: H100, batch 16 x 4 heads of 64, causal, float32:
-// forward 114 vs 83 us at T = 256 and 952 vs 733 us at T = 1024, forward + backward 388 vs 185 us
-// and 3301 vs 2174 us. There the rewrite is only worth the memory it saves: it applies when the
+// softmax kernels) at the sizes measured (H100; docs/BENCHMARKS.md). There the rewrite is only
+// worth the memory it saves: it applies when the
 // Tq x Tk scores would take at least 1 GiB (or their sizes are symbolic: they may grow).
 constexpr double kMinGpuScoresBytes = double(int64_t{1} << 30);
 

@@ -2,7 +2,7 @@
 // sum(one_hot(t, C) * log_softmax(x, -1), -1) -> log_softmax(x, -1).gather(-1, t) (no float
 // one-hot matrix forward, a scatter of the incoming gradient backward), for x of rank 2 and 3.
 // (log(softmax(x)) is rewritten to log_softmax first: builtin_patterns.cpp.)
-#include "jit/compile/pattern_matcher.h"
+#include "jit/patterns/pattern_matcher.h"
 #include "jit/compile/patterns.h"
 #include "runtime/ops/ops.h"
 

@@ -1,4 +1,4 @@
-#include "jit/compile/pattern_matcher.h"
+#include "jit/patterns/pattern_matcher.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include <unordered_set>
 
 #include "jit/compile/patterns.h"
-#include "jit/compile/program.h"
+#include "jit/graph/topo_order.h"
 #include "jit/diag/diagnostics.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/core/error.h"
@@ -117,16 +117,6 @@ void not_pending(const std::vector<Node*>& nodes) {
     }
 }
 
-NodePtr leaf_like(DType dtype, Device device, const Shape& shape) {
-  auto n = new_node();
-  n->op = OpKind::Leaf;
-  n->dtype = dtype;
-  n->device = device;
-  n->shape = shape;
-  n->strides = contiguous_strides(shape);
-  n->offset = 0;
-  return n;
-}
 
 Variant trace_variant(const Registered& r, const std::vector<int>& diff) {
   Untraced untraced;
@@ -134,7 +124,7 @@ Variant trace_variant(const Registered& r, const std::vector<int>& diff) {
   v.diff = diff;
   std::vector<Tensor> ins;
   for (const Tensor& e : r.examples) {
-    v.leaves.push_back(leaf_like(e.dtype(), e.device(), e.shape()));
+    v.leaves.push_back(new_leaf(e.dtype(), e.device(), e.shape()));
     ins.push_back(Tensor::from_node(v.leaves.back()));
   }
   for (int i : diff) ins[i].requires_grad_(true);
@@ -150,7 +140,7 @@ Variant trace_variant(const Registered& r, const std::vector<int>& diff) {
   v.outputs.push_back(out.node());
   if (!diff.empty()) {
     if (!out.requires_grad()) return {};
-    v.leaves.push_back(leaf_like(out.dtype(), out.device(), out.shape()));
+    v.leaves.push_back(new_leaf(out.dtype(), out.device(), out.shape()));
     std::vector<Tensor> wrt;
     for (int i : diff) wrt.push_back(ins[i]);
     std::vector<Tensor> gs = kiln::grad({out}, wrt, {Tensor::from_node(v.leaves.back())}, false, false, true);
@@ -810,7 +800,7 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   // Only the examples' dtypes, devices and shapes are kept: as bare leaves that are no pending
   // eager work (an example from empty() would be, for as long as the rewrite is registered).
   for (const Tensor& e : example_tensors) {
-    NodePtr l = jit::leaf_like(e.dtype(), e.device(), e.shape());
+    NodePtr l = new_leaf(e.dtype(), e.device(), e.shape());
     jit::not_pending({l.get()});
     r->examples.push_back(Tensor::from_node(l));
   }
