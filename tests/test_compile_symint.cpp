@@ -47,6 +47,41 @@ TEST(CompileSymInt, SizeSpecializesAndSaysWhere) {
   EXPECT_NE(f.stats().last_miss.find("size()"), std::string::npos) << f.stats().last_miss;
 }
 
+// A size that had become symbolic, specialized again by size(): the recompile it causes is said
+// once on stderr without KILN_LOG, naming the call and the fix; sym_size() says nothing.
+TEST(CompileSymInt, SizeSpecializationRecompileWarnsOnce) {
+  auto count = [](const std::string& text, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  auto fn = [](const Tensor& x) { return x.reshape({x.size(0), -1}) * 2.0; };
+  CompileOptions opts;
+  opts.name = "size_reader";
+  auto f = compile(fn, opts);
+  ::testing::internal::CaptureStderr();
+  for (int64_t n : {4, 6, 9, 12, 15}) {
+    Tensor x = randn({n, 3, 2});
+    expect_close(f(x), fn(x), 1e-6, 1e-6);
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(err, "[kiln] warning: compile(size_reader) recompiles for a new size"), 1u) << err;
+  EXPECT_NE(err.find("specialized by"), std::string::npos) << err;
+  EXPECT_NE(err.find("Tensor.size()"), std::string::npos) << err;
+  EXPECT_NE(err.find("sym_size(d)"), std::string::npos) << err;
+
+  auto sym_fn = [](const Tensor& x) { return x.reshape_symint({x.sym_size(0), SymInt(6)}) * 2.0; };
+  auto g = compile(sym_fn);
+  ::testing::internal::CaptureStderr();
+  for (int64_t n : {4, 6, 9, 12}) {
+    Tensor x = randn({n, 3, 2});
+    expect_close(g(x), sym_fn(x), 1e-6, 1e-6);
+  }
+  const std::string quiet = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(quiet.find("[kiln] warning"), std::string::npos) << quiet;
+  EXPECT_EQ(g.stats().entries, 2);
+}
+
 TEST(CompileSymInt, BadSymbolicSizesAreErrors) {
   Tensor x = randn({4, 3});
   EXPECT_THROW(x.narrow_symint(0, 2, 3), Error);

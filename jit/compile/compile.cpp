@@ -236,6 +236,7 @@ class CompiledCore {
       if (jit::log_enabled("recompiles"))
         jit::log_line("recompiles", "compile(" + opt_.name + "): recompiling (compile " +
                                         std::to_string(stats_.entries + 1) + "): " + first_why);
+      warn_size_specialized(first_why);
     }
     if (stats_.entries >= opt_.recompile_limit) {
       eager_ = true;
@@ -328,6 +329,23 @@ class CompiledCore {
   }
 
   // A call run in lazy eager mode, outside the lock (counted).
+  // A recompile because Tensor::size(), sizes() or numel() made a size that had become symbolic
+  // a constant again: every new size then compiles again. Said once per function on stderr
+  // (without KILN_LOG), with the fix: LibTorch code ported to kiln writes x.size(0).
+  void warn_size_specialized(const std::string& why) {
+    if (size_warned_ || why.find(", specialized by ") == std::string::npos) return;
+    bool by_size_read = false;
+    for (const char* read : {"Tensor.size()", "Tensor.sizes()", "Tensor.numel()"})
+      by_size_read = by_size_read || why.find(read) != std::string::npos;
+    if (!by_size_read) return;
+    size_warned_ = true;
+    std::fprintf(stderr,
+                 "[kiln] warning: compile(%s) recompiles for a new size (%s): Tensor::size(), sizes() and numel() "
+                 "turn a symbolic size into a constant, so each new size compiles again; use sym_size(d) or "
+                 "sym_sizes() (or -1 in reshape) to keep it symbolic. Not said again for %s.\n",
+                 opt_.name.c_str(), why.c_str(), opt_.name.c_str());
+  }
+
   std::vector<Value> fall_back_to_eager(std::unique_lock<std::mutex>& lock, const std::vector<Value>& args,
                                         const TraceFn& fn, std::vector<int64_t>& out_spec) {
     stats_.eager_calls++;
@@ -433,6 +451,7 @@ class CompiledCore {
   std::vector<std::unique_ptr<Entry>> entries_;
   CompileStats stats_;
   bool eager_ = false;
+  bool size_warned_ = false;  // warn_size_specialized has spoken
   std::map<int, std::vector<int64_t>> seen_sizes_;
   std::set<std::pair<int, int>> changed_;
 };
