@@ -75,8 +75,8 @@ double w1_range(const W1Data& d, float* p2, float* v2, int64_t b, int64_t e) {
   return s;
 }
 
-void w3_row(const float* __restrict x, const float* __restrict w, const float* __restrict b,
-            float* __restrict y, int64_t n, float eps) {
+void w3_row(const float* __restrict x, const float* __restrict w, const float* __restrict b, float* __restrict y,
+            int64_t n, float eps) {
   float s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t j = 0; j < n; ++j) s += x[j];
@@ -261,8 +261,7 @@ Runner<W3Result> w3_fwd(const W3Data& d, int threads) {
   r.step = [y, dp, threads] {
     split(dp->rows, threads, 1, [&](int64_t rb, int64_t re) {
       for (int64_t i = rb; i < re; ++i)
-        w3_row(dp->x.data() + i * dp->cols, dp->w.data(), dp->b.data(), y->data() + i * dp->cols, dp->cols,
-               dp->eps);
+        w3_row(dp->x.data() + i * dp->cols, dp->w.data(), dp->b.data(), y->data() + i * dp->cols, dp->cols, dp->eps);
     });
   };
   r.result = [y] {
@@ -280,12 +279,14 @@ double copy_gbs(int64_t n, int threads, int reps) {
   });
   float* pa = a.get();
   float* pb = b.get();
-  Timing t = time_calls([&] {
-    split(n, threads, 16, [&](int64_t lo, int64_t hi) {
+  Timing t = time_calls(
+      [&] {
+        split(n, threads, 16, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) pb[i] = pa[i];
-    });
-  }, reps, 1);
+          for (int64_t i = lo; i < hi; ++i) pb[i] = pa[i];
+        });
+      },
+      reps, 1);
   return 2.0 * 4.0 * n / (t.median_ms * 1e-3) / 1e9;
 }
 
@@ -297,12 +298,14 @@ double triad_gbs(int64_t n, int threads, int reps) {
   float* pa = a.get();
   float* pb = b.get();
   float* pc = c.get();
-  Timing t = time_calls([&] {
-    split(n, threads, 16, [&](int64_t lo, int64_t hi) {
+  Timing t = time_calls(
+      [&] {
+        split(n, threads, 16, [&](int64_t lo, int64_t hi) {
 #pragma omp simd
-      for (int64_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.f * pc[i];
-    });
-  }, reps, 1);
+          for (int64_t i = lo; i < hi; ++i) pa[i] = pb[i] + 3.f * pc[i];
+        });
+      },
+      reps, 1);
   return 3.0 * 4.0 * n / (t.median_ms * 1e-3) / 1e9;
 }
 

@@ -53,9 +53,9 @@ Runner<W2Result> w2(const W2Data& d) {
   };
   auto s = std::make_shared<S>();
   const auto& dims = d.dims;
-  s->net = torch::nn::Sequential(torch::nn::Linear(dims[0], dims[1]), torch::nn::Tanh(),
-                                 torch::nn::Linear(dims[1], dims[2]), torch::nn::Tanh(),
-                                 torch::nn::Linear(dims[2], dims[3]));
+  s->net =
+      torch::nn::Sequential(torch::nn::Linear(dims[0], dims[1]), torch::nn::Tanh(), torch::nn::Linear(dims[1], dims[2]),
+                            torch::nn::Tanh(), torch::nn::Linear(dims[2], dims[3]));
   {
     torch::NoGradGuard ng;
     size_t l = 0;
@@ -116,9 +116,7 @@ torch::Tensor w3_forward(const W3S& s) {
 Runner<W3Result> w3_fwd(const W3Data& d) {
   auto s = w3_state(d, false);
   Runner<W3Result> r;
-  r.step = [s] {
-    s->y = w3_forward(*s);
-  };
+  r.step = [s] { s->y = w3_forward(*s); };
   r.result = [s] {
     W3Result res;
     res.y = vec(s->y);
@@ -148,9 +146,7 @@ Runner<W3Result> w5(const std::vector<float>& x) {
   auto s = std::make_shared<S>();
   s->x = from(x, {static_cast<int64_t>(x.size())});
   Runner<W3Result> r;
-  r.step = [s] {
-    s->y = torch::relu(2 * s->x + 1);
-  };
+  r.step = [s] { s->y = torch::relu(2 * s->x + 1); };
   r.result = [s] {
     W3Result res;
     res.y = vec(s->y);

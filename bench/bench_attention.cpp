@@ -126,12 +126,18 @@ int main(int argc, char** argv) {
   int iters = 10;
   bool sdpa = false, pad_mm = false;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device = argv[++i];
-    else if (!std::strcmp(argv[i], "--seq") && i + 1 < argc) seq = std::atoll(argv[++i]);
-    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--memory") && i + 1 < argc) memory = argv[++i];
-    else if (!std::strcmp(argv[i], "--sdpa")) sdpa = true;
-    else if (!std::strcmp(argv[i], "--pad-mm")) pad_mm = true;
+    if (!std::strcmp(argv[i], "--device") && i + 1 < argc)
+      device = argv[++i];
+    else if (!std::strcmp(argv[i], "--seq") && i + 1 < argc)
+      seq = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--memory") && i + 1 < argc)
+      memory = argv[++i];
+    else if (!std::strcmp(argv[i], "--sdpa"))
+      sdpa = true;
+    else if (!std::strcmp(argv[i], "--pad-mm"))
+      pad_mm = true;
     else {
       std::fprintf(stderr, "bench_attention: unknown option %s\n", argv[i]);
       return 2;
@@ -160,7 +166,8 @@ int main(int argc, char** argv) {
   if (pad_mm) {  // unaligned half-precision GEMMs compiled with the rewrites on and off
     const int64_t shapes[][3] = {{4096, 4095, 4096}, {4096, 1001, 4096}, {8192, 2047, 8192}, {1024, 1023, 1024}};
     for (const auto& s : shapes) {
-      Tensor a = kiln::randn({s[0], s[1]}).to(dev).to(kiln::kFloat16), b = kiln::randn({s[1], s[2]}).to(dev).to(kiln::kFloat16);
+      Tensor a = kiln::randn({s[0], s[1]}).to(dev).to(kiln::kFloat16),
+             b = kiln::randn({s[1], s[2]}).to(dev).to(kiln::kFloat16);
       double us[2];
       int matches = 0;
       for (int on = 0; on < 2; ++on) {
@@ -172,10 +179,11 @@ int main(int argc, char** argv) {
         us[on] = timed([&] { kiln::eval({f(a, b)}); });
         if (on) matches = f.stats().pattern_matches;
       }
-      std::printf("{\"workload\": \"PADMM-%lldx%lldx%lld\", \"impl\": \"kiln-float16\", \"device\": \"%s\", \"us\": %.1f, "
-                  "\"us_unpadded\": %.1f, \"speedup\": %.2f, \"pattern_matches\": %d}\n",
-                  static_cast<long long>(s[0]), static_cast<long long>(s[1]), static_cast<long long>(s[2]), device.c_str(),
-                  us[1], us[0], us[0] / us[1], matches);
+      std::printf(
+          "{\"workload\": \"PADMM-%lldx%lldx%lld\", \"impl\": \"kiln-float16\", \"device\": \"%s\", \"us\": %.1f, "
+          "\"us_unpadded\": %.1f, \"speedup\": %.2f, \"pattern_matches\": %d}\n",
+          static_cast<long long>(s[0]), static_cast<long long>(s[1]), static_cast<long long>(s[2]), device.c_str(),
+          us[1], us[0], us[0] / us[1], matches);
     }
     return 0;
   }
@@ -213,14 +221,17 @@ int main(int argc, char** argv) {
       return us;
     };
     const double eager_off = eager(false), eager_on = eager(true);
-    std::printf("{\"workload\": \"%s-forward\", \"impl\": \"kiln-eager-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",
-                w.c_str(), device.c_str(), eager_on);
-    std::printf("{\"workload\": \"%s-forward\", \"impl\": \"kiln-eager-hand-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n",
-                w.c_str(), device.c_str(), eager_off);
+    std::printf(
+        "{\"workload\": \"%s-forward\", \"impl\": \"kiln-eager-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",
+        w.c_str(), device.c_str(), eager_on);
+    std::printf(
+        "{\"workload\": \"%s-forward\", \"impl\": \"kiln-eager-hand-patterns-off\", \"device\": \"%s\", \"us\": "
+        "%.1f}\n",
+        w.c_str(), device.c_str(), eager_off);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
                 device.c_str(), fused);
-    std::printf("{\"workload\": \"%s-dropout0.1\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
-                device.c_str(), fused_dropout);
+    std::printf("{\"workload\": \"%s-dropout0.1\", \"impl\": \"kiln-sdpa\", \"device\": \"%s\", \"us\": %.1f}\n",
+                w.c_str(), device.c_str(), fused_dropout);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-on\", \"device\": \"%s\", \"us\": %.1f}\n",
                 w.c_str(), device.c_str(), on);
     std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-hand-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n",
@@ -260,10 +271,10 @@ int main(int argc, char** argv) {
     auto r = f(x);
     kiln::eval(r);
     sync(dev);
-    std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-%s\", \"device\": \"%s\", \"peak_bytes\": %lld, "
-                "\"pattern_matches\": %d}\n",
-                w.c_str(), memory.c_str(), device.c_str(), static_cast<long long>(peak.bytes()),
-                f.stats().pattern_matches);
+    std::printf(
+        "{\"workload\": \"%s\", \"impl\": \"kiln-patterns-%s\", \"device\": \"%s\", \"peak_bytes\": %lld, "
+        "\"pattern_matches\": %d}\n",
+        w.c_str(), memory.c_str(), device.c_str(), static_cast<long long>(peak.bytes()), f.stats().pattern_matches);
     return 0;
   }
 
@@ -282,13 +293,15 @@ int main(int argc, char** argv) {
     const double scale = std::max(1e-12, b.abs().amax().item<double>());
     worst = std::max(worst, (a - b).abs().amax().item<double>() / scale);
     if (std::getenv("KILN_BENCH_VERBOSE"))
-      std::fprintf(stderr, "output %zu: max |on - off| / max|off| = %.3e\n", i, (a - b).abs().amax().item<double>() / scale);
+      std::fprintf(stderr, "output %zu: max |on - off| / max|off| = %.3e\n", i,
+                   (a - b).abs().amax().item<double>() / scale);
   }
   auto time = [&](auto& f) { return timed([&] { kiln::eval(f(x)); }); };
   const double t_off = time(off), t_on = time(on);
-  std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-on\", \"device\": \"%s\", \"us\": %.1f, "
-              "\"pattern_matches\": %d, \"max_rel_diff_vs_off\": %.2e}\n",
-              w.c_str(), device.c_str(), t_on, on.stats().pattern_matches, worst);
+  std::printf(
+      "{\"workload\": \"%s\", \"impl\": \"kiln-patterns-on\", \"device\": \"%s\", \"us\": %.1f, "
+      "\"pattern_matches\": %d, \"max_rel_diff_vs_off\": %.2e}\n",
+      w.c_str(), device.c_str(), t_on, on.stats().pattern_matches, worst);
   std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-patterns-off\", \"device\": \"%s\", \"us\": %.1f}\n", w.c_str(),
               device.c_str(), t_off);
   return 0;

@@ -71,8 +71,10 @@ class Row {
   }
   Row& num(const std::string& k, double v) {
     char buf[64];
-    if (std::isfinite(v)) std::snprintf(buf, sizeof buf, "%.6g", v);
-    else std::snprintf(buf, sizeof buf, "null");
+    if (std::isfinite(v))
+      std::snprintf(buf, sizeof buf, "%.6g", v);
+    else
+      std::snprintf(buf, sizeof buf, "null");
     s_ += ", \"" + k + "\": " + buf;
     return *this;
   }
@@ -188,7 +190,7 @@ struct W2Data {
 };
 struct W2Result {
   std::vector<float> params;  // all weights and biases, flattened in layer order (w, b)
-  double loss = 0;            // loss of the last step
+  double loss = 0;  // loss of the last step
 };
 
 // A baseline prepared for one workload: call step() repeatedly; result() reads the outputs.

@@ -20,9 +20,8 @@ namespace {
 std::shared_ptr<kiln::nn::Sequential> mlp(const std::vector<int64_t>& d) {
   namespace nn = kiln::nn;
   return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(d[0], d[1]), std::make_shared<nn::Tanh>(),
-      std::make_shared<nn::Linear>(d[1], d[2]), std::make_shared<nn::Tanh>(),
-      std::make_shared<nn::Linear>(d[2], d[3])});
+      std::make_shared<nn::Linear>(d[0], d[1]), std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(d[1], d[2]),
+      std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(d[2], d[3])});
 }
 
 void run_w4(bool quick) {
@@ -50,15 +49,25 @@ void run_w4(bool quick) {
   const int entries = f.stats().entries;
   // Agreement on a few sizes.
   double diff = 0;
-  for (int i : {0, 31, 63}) diff = std::max(diff, max_abs_diff(f(xs[i]).to_vector<float>(), (*net)(xs[i]).to_vector<float>()));
+  for (int i : {0, 31, 63})
+    diff = std::max(diff, max_abs_diff(f(xs[i]).to_vector<float>(), (*net)(xs[i]).to_vector<float>()));
   const int reps = quick ? 5 : 11;
   Timing te = time_calls(eager_pass, reps, 1);
   settle();
   Timing tc = time_calls(compiled_pass, reps, 1);
-  Row("W4", "first-pass").num("eager_ms", eager_first).num("compiled_ms", compiled_first)
-      .num("ratio", compiled_first / eager_first).num("compiles", entries).num("max_abs_diff", diff).print();
-  Row("W4", "steady-pass").num("eager_ms", te.median_ms).num("compiled_ms", tc.median_ms)
-      .num("speedup", te.median_ms / tc.median_ms).num("reps", te.reps).print();
+  Row("W4", "first-pass")
+      .num("eager_ms", eager_first)
+      .num("compiled_ms", compiled_first)
+      .num("ratio", compiled_first / eager_first)
+      .num("compiles", entries)
+      .num("max_abs_diff", diff)
+      .print();
+  Row("W4", "steady-pass")
+      .num("eager_ms", te.median_ms)
+      .num("compiled_ms", tc.median_ms)
+      .num("speedup", te.median_ms / tc.median_ms)
+      .num("reps", te.reps)
+      .print();
 }
 
 void run_w2c(bool quick) {
@@ -74,7 +83,8 @@ void run_w2c(bool quick) {
     s.net = mlp(d.dims);
     std::map<std::string, Tensor> sd;
     for (size_t l = 0; l + 1 < d.dims.size(); ++l) {
-      sd[std::to_string(2 * l) + ".weight"] = kiln::from_vector(d.weights[l], std::vector<int64_t>{d.dims[l + 1], d.dims[l]});
+      sd[std::to_string(2 * l) + ".weight"] =
+          kiln::from_vector(d.weights[l], std::vector<int64_t>{d.dims[l + 1], d.dims[l]});
       sd[std::to_string(2 * l) + ".bias"] = kiln::from_vector(d.biases[l], std::vector<int64_t>{d.dims[l + 1]});
     }
     s.net->load_state_dict(sd);
@@ -98,11 +108,13 @@ void run_w2c(bool quick) {
     all.push_back(l);
     kiln::eval(all);
   };
-  auto f = kiln::compile([&](const Tensor& x, const Tensor& y) {
-    c.x = x;
-    c.y = y;
-    return step(c);
-  }, kiln::CompileOptions{"w2"});
+  auto f = kiln::compile(
+      [&](const Tensor& x, const Tensor& y) {
+        c.x = x;
+        c.y = y;
+        return step(c);
+      },
+      kiln::CompileOptions{"w2"});
   Tensor cx = c.x, cy = c.y;
   auto compiled_step = [&] { f(cx, cy); };
   double first_ms;
@@ -114,15 +126,22 @@ void run_w2c(bool quick) {
   for (int i = 0; i < 2; ++i) eager_step(), compiled_step();
   eager_step();  // both have now taken 4 steps
   std::vector<float> pe, pc;
-  for (auto& p : e.net->parameters()) for (float v : p.to_vector<float>()) pe.push_back(v);
-  for (auto& p : c.net->parameters()) for (float v : p.to_vector<float>()) pc.push_back(v);
+  for (auto& p : e.net->parameters())
+    for (float v : p.to_vector<float>()) pe.push_back(v);
+  for (auto& p : c.net->parameters())
+    for (float v : p.to_vector<float>()) pc.push_back(v);
   const int reps = quick ? 8 : 25;
   Timing te = time_calls(eager_step, reps, 1);
   settle();
   Timing tc = time_calls(compiled_step, reps, 1);
   Row("W2C", "lazy-eager").timing(te).print();
-  Row("W2C", "compiled").timing(tc).num("speedup", te.median_ms / tc.median_ms).num("first_call_ms", first_ms)
-      .num("max_abs_diff", max_abs_diff(pc, pe)).num("entries", f.stats().entries).print();
+  Row("W2C", "compiled")
+      .timing(tc)
+      .num("speedup", te.median_ms / tc.median_ms)
+      .num("first_call_ms", first_ms)
+      .num("max_abs_diff", max_abs_diff(pc, pe))
+      .num("entries", f.stats().entries)
+      .print();
 }
 
 void run_w5c(bool quick) {
@@ -143,7 +162,8 @@ void run_w5c(bool quick) {
 void run_guard(bool quick) {
   std::vector<Tensor> in;
   for (int i = 0; i < 4; ++i) in.push_back(kiln::randn({64, 32}).eval());
-  auto f = kiln::compile([](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return a * b + c * d; });
+  auto f =
+      kiln::compile([](const Tensor& a, const Tensor& b, const Tensor& c, const Tensor& d) { return a * b + c * d; });
   f(in[0], in[1], in[2], in[3]);
   bool ok = f.guards_pass(in[0], in[1], in[2], in[3]);
   const int reps = quick ? 15 : 41, inner = quick ? 20000 : 100000;
@@ -157,8 +177,10 @@ int main(int argc, char** argv) {
   bool quick = false;
   std::string only;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+    if (!std::strcmp(argv[i], "--quick"))
+      quick = true;
+    else if (!std::strcmp(argv[i], "--only") && i + 1 < argc)
+      only = argv[++i];
     else {
       std::fprintf(stderr, "usage: %s [--quick] [--only W4|W2C|W5C|GUARD]\n", argv[0]);
       return 2;

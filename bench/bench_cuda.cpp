@@ -77,7 +77,8 @@ void bench_w1(int iters) {
   const double bytes = 4.0 * n * 3 * 4;  // read p, v; write p2, v2
   double eager = time_us([&] { kiln::eval(w1_step(s.p, s.v, s.g, s.k, s.c, s.dt)); }, iters);
   row("W1", "kiln-eager", eager, bytes);
-  auto f = kiln::compile([&](const Tensor& p, const Tensor& v, const Tensor& g) { return w1_step(p, v, g, s.k, s.c, s.dt); });
+  auto f = kiln::compile(
+      [&](const Tensor& p, const Tensor& v, const Tensor& g) { return w1_step(p, v, g, s.k, s.c, s.dt); });
   double comp = time_us([&] { kiln::eval(f(s.p, s.v, s.g)); }, iters);
   row("W1", "kiln-compiled", comp, bytes);
   // The copy of W1's bytes: p and v cloned (read 2 arrays, write 2), through kiln's kernels.
@@ -120,7 +121,8 @@ void bench_w3(int iters) {
     // Launched kernel by kernel: a CUDA graph keeps its values in a private pool borrowed once
     // from the allocator, so the allocator's peak over the step would not see them.
     o.cuda_graphs = false;
-    auto fm = kiln::compile([&](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return w3_forward(x0, w0, b0); }, o);
+    auto fm =
+        kiln::compile([&](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return w3_forward(x0, w0, b0); }, o);
     Tensor xl = x.detach().requires_grad_(), wl = w.detach().requires_grad_(), bl = b.detach().requires_grad_();
     auto once = [&] {
       Tensor loss = (fm(xl, wl, bl) * gy).sum();
@@ -133,11 +135,13 @@ void bench_w3(int iters) {
     const auto before = kiln::cuda::memory_stats().allocated_bytes;
     const double us = time_us(once, iters, 0);
     const auto s = fm.stats();
-    const std::string impl = budget < 0 ? std::string("save-all") : "kiln-compiled-" + std::to_string(budget).substr(0, 3);
-    std::printf("{\"workload\": \"W3B-budget\", \"impl\": \"%s\", \"us\": %.2f, \"saved_mib\": %.1f, "
-                "\"peak_over_start_mib\": %.1f, \"recomputed\": %d}\n",
-                impl.c_str(), us, s.saved_bytes / 1048576.0,
-                (kiln::cuda::memory_stats().peak_allocated_bytes - before) / 1048576.0, s.recomputed);
+    const std::string impl =
+        budget < 0 ? std::string("save-all") : "kiln-compiled-" + std::to_string(budget).substr(0, 3);
+    std::printf(
+        "{\"workload\": \"W3B-budget\", \"impl\": \"%s\", \"us\": %.2f, \"saved_mib\": %.1f, "
+        "\"peak_over_start_mib\": %.1f, \"recomputed\": %d}\n",
+        impl.c_str(), us, s.saved_bytes / 1048576.0,
+        (kiln::cuda::memory_stats().peak_allocated_bytes - before) / 1048576.0, s.recomputed);
   }
 }
 
@@ -172,7 +176,8 @@ double issue_us(F&& step) {
 struct LaunchFloor {
   using Load = int (*)(void**, const void*);
   using Get = int (*)(void**, void*, const char*);
-  using Run = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**, void**);
+  using Run = int (*)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void*, void**,
+                      void**);
   Run run = nullptr;
   void* fn = nullptr;
   LaunchFloor() {
@@ -220,7 +225,8 @@ void bench_w2(int64_t batch, int only_steps = 0) {
     }
   };
   kiln::manual_seed(8);
-  Tensor x = kiln::randn({batch, 64}, kiln::kFloat32, kiln::cuda()), y = kiln::randn({batch, 8}, kiln::kFloat32, kiln::cuda()) * 0.5;
+  Tensor x = kiln::randn({batch, 64}, kiln::kFloat32, kiln::cuda()),
+         y = kiln::randn({batch, 8}, kiln::kFloat32, kiln::cuda()) * 0.5;
   kiln::eval({x, y});
   Model e, c, g;
   kiln::CompileOptions plain{"w2"};
@@ -255,11 +261,12 @@ void bench_w2(int64_t batch, int only_steps = 0) {
   row(w.c_str(), "kiln-compiled-nographs", loop_us([&] { fc(x, y); }));
   const double us = loop_us([&] { fg(x, y); });
   const auto s = fg.stats();
-  std::printf("{\"workload\": \"%s\", \"impl\": \"kiln-compiled\", \"us\": %.2f, \"first_call_ms\": %.1f, "
-              "\"loss_step3_eager\": %.7g, \"loss_step3_compiled\": %.7g, \"loss_step3_graphs\": %.7g, \"graphs\": %lld, "
-              "\"replays\": %lld, \"ungraphed\": %lld, \"graph_mib\": %.1f}\n",
-              w.c_str(), us, first_ms, le, lc, lg, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays),
-              static_cast<long long>(s.ungraphed_runs), s.graph_bytes / 1048576.0);
+  std::printf(
+      "{\"workload\": \"%s\", \"impl\": \"kiln-compiled\", \"us\": %.2f, \"first_call_ms\": %.1f, "
+      "\"loss_step3_eager\": %.7g, \"loss_step3_compiled\": %.7g, \"loss_step3_graphs\": %.7g, \"graphs\": %lld, "
+      "\"replays\": %lld, \"ungraphed\": %lld, \"graph_mib\": %.1f}\n",
+      w.c_str(), us, first_ms, le, lc, lg, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays),
+      static_cast<long long>(s.ungraphed_runs), s.graph_bytes / 1048576.0);
   std::fflush(stdout);
 }
 
@@ -276,7 +283,8 @@ void w2_start() {
   auto net = w2_net();
   kiln::optim::Adam opt{net->parameters(), kiln::optim::AdamOptions{.lr = 1e-3}};
   kiln::manual_seed(8);
-  Tensor x = kiln::randn({4096, 64}, kiln::kFloat32, kiln::cuda()), y = kiln::randn({4096, 8}, kiln::kFloat32, kiln::cuda());
+  Tensor x = kiln::randn({4096, 64}, kiln::kFloat32, kiln::cuda()),
+         y = kiln::randn({4096, 8}, kiln::kFloat32, kiln::cuda());
   kiln::eval({x, y});
   kiln::cuda::synchronize();
   double libraries_ms;
@@ -287,7 +295,8 @@ void w2_start() {
     std::vector<Tensor> out;
     const int64_t dims[] = {64, 256, 256, 8};
     for (int l = 0; l < 3; ++l) {
-      Tensor A = kiln::randn({4096, dims[l]}, kiln::kFloat32, kiln::cuda()), W = kiln::randn({dims[l + 1], dims[l]}, kiln::kFloat32, kiln::cuda());
+      Tensor A = kiln::randn({4096, dims[l]}, kiln::kFloat32, kiln::cuda()),
+             W = kiln::randn({dims[l + 1], dims[l]}, kiln::kFloat32, kiln::cuda());
       Tensor G = kiln::randn({4096, dims[l + 1]}, kiln::kFloat32, kiln::cuda());
       out.push_back(kiln::matmul(A, W.t()));
       out.push_back(kiln::matmul(G.t(), A));
@@ -297,13 +306,15 @@ void w2_start() {
     kiln::cuda::synchronize();
     libraries_ms = std::chrono::duration<double, std::milli>(Clock::now() - a).count();
   }
-  auto f = kiln::compile([&](const Tensor& a, const Tensor& b) {
-    opt.zero_grad();
-    Tensor loss = kiln::mse_loss(net->forward(a), b);
-    loss.backward();
-    opt.step();
-    return loss.detach();
-  }, kiln::CompileOptions{"w2start"});
+  auto f = kiln::compile(
+      [&](const Tensor& a, const Tensor& b) {
+        opt.zero_grad();
+        Tensor loss = kiln::mse_loss(net->forward(a), b);
+        loss.backward();
+        opt.step();
+        return loss.detach();
+      },
+      kiln::CompileOptions{"w2start"});
   double ms[3];
   for (double& m : ms) {
     auto a = Clock::now();
@@ -311,9 +322,10 @@ void w2_start() {
     kiln::cuda::synchronize();
     m = std::chrono::duration<double, std::milli>(Clock::now() - a).count();
   }
-  std::printf("{\"workload\": \"w2-start\", \"first_call_ms\": %.2f, \"record_ms\": %.2f, \"first_replay_ms\": %.3f, "
-              "\"to_first_replay_ms\": %.2f, \"graphs\": %lld, \"context_ms\": %.1f, \"gemms_with_library_init_ms\": %.1f}\n",
-              ms[0], ms[1], ms[2], ms[0] + ms[1] + ms[2], static_cast<long long>(f.stats().graphs), context_ms, libraries_ms);
+  std::printf(
+      "{\"workload\": \"w2-start\", \"first_call_ms\": %.2f, \"record_ms\": %.2f, \"first_replay_ms\": %.3f, "
+      "\"to_first_replay_ms\": %.2f, \"graphs\": %lld, \"context_ms\": %.1f, \"gemms_with_library_init_ms\": %.1f}\n",
+      ms[0], ms[1], ms[2], ms[0] + ms[1] + ms[2], static_cast<long long>(f.stats().graphs), context_ms, libraries_ms);
 }
 
 // W4: the W2 MLP forward over 64 batch sizes 1000, 1061, ..., 4843: the first pass (compiles
@@ -330,12 +342,21 @@ void bench_w4() {
   for (auto& x : xs) f(x);
   kiln::cuda::synchronize();
   const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - a).count();
-  const double steady = loop_us([&] { for (auto& x : xs) f(x); }, 3);
-  const double eager = loop_us([&] { for (auto& x : xs) net->forward(x).eval(); }, 3);
+  const double steady = loop_us(
+      [&] {
+        for (auto& x : xs) f(x);
+      },
+      3);
+  const double eager = loop_us(
+      [&] {
+        for (auto& x : xs) net->forward(x).eval();
+      },
+      3);
   const auto s = f.stats();
-  std::printf("{\"workload\": \"W4\", \"impl\": \"kiln-compiled\", \"us\": %.2f, \"first_pass_ms\": %.1f, \"compiles\": %d, "
-              "\"graphs\": %lld, \"replays\": %lld}\n",
-              steady, first_ms, s.entries, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays));
+  std::printf(
+      "{\"workload\": \"W4\", \"impl\": \"kiln-compiled\", \"us\": %.2f, \"first_pass_ms\": %.1f, \"compiles\": %d, "
+      "\"graphs\": %lld, \"replays\": %lld}\n",
+      steady, first_ms, s.entries, static_cast<long long>(s.graphs), static_cast<long long>(s.graph_replays));
   row("W4", "kiln-eager", eager);
 }
 
@@ -344,12 +365,15 @@ void bench_w4() {
 // after the ReLU (no epilogue match: GEMM, then one fused pointwise kernel).
 void bench_linear_relu() {
   kiln::manual_seed(3);
-  Tensor x = kiln::randn({16384, 256}, kiln::kFloat32, kiln::cuda()), w = kiln::randn({1024, 256}, kiln::kFloat32, kiln::cuda());
+  Tensor x = kiln::randn({16384, 256}, kiln::kFloat32, kiln::cuda()),
+         w = kiln::randn({1024, 256}, kiln::kFloat32, kiln::cuda());
   Tensor b = kiln::randn({1024}, kiln::kFloat32, kiln::cuda());
   kiln::eval({x, w, b});
   kiln::NoGradGuard ng;
-  auto fused = kiln::compile([](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return kiln::relu(kiln::linear(x0, w0, b0)); });
-  auto apart = kiln::compile([](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return kiln::relu(kiln::linear(x0, w0, b0)) * 1.5; });
+  auto fused = kiln::compile(
+      [](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return kiln::relu(kiln::linear(x0, w0, b0)); });
+  auto apart = kiln::compile(
+      [](const Tensor& x0, const Tensor& w0, const Tensor& b0) { return kiln::relu(kiln::linear(x0, w0, b0)) * 1.5; });
   row("LINRELU", "kiln-compiled-epilogue", loop_us([&] { fused(x, w, b); }));
   row("LINRELU", "kiln-compiled-apart", loop_us([&] { apart(x, w, b); }));
 }
@@ -403,8 +427,8 @@ void compile_times(int kernels) {
     kiln::cuda::synchronize();
     t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
   }
-  std::printf("{\"workload\": \"compile\", \"kernels\": %d, \"median_ms\": %.3f, \"max_ms\": %.3f}\n", kernels, median(t),
-              *std::max_element(t.begin(), t.end()));
+  std::printf("{\"workload\": \"compile\", \"kernels\": %d, \"median_ms\": %.3f, \"max_ms\": %.3f}\n", kernels,
+              median(t), *std::max_element(t.begin(), t.end()));
 }
 
 }  // namespace
@@ -413,13 +437,20 @@ int main(int argc, char** argv) {
   int iters = 20;
   std::function<void()> alone;  // one part only (--w1, --w3, --w5, --w2-start, --w2-steps, --compile-times)
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--compile-times") && i + 1 < argc) alone = [k = std::atoi(argv[++i])] { compile_times(k); };
-    else if (!std::strcmp(argv[i], "--w2-start")) alone = w2_start;
-    else if (!std::strcmp(argv[i], "--w5")) alone = bench_w5;
-    else if (!std::strcmp(argv[i], "--w1")) alone = [&iters] { bench_w1(iters); };
-    else if (!std::strcmp(argv[i], "--w3")) alone = [&iters] { bench_w3(iters); };
-    else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc) alone = [b = std::atoi(argv[++i])] { bench_w2(b, 6); };
+    if (!std::strcmp(argv[i], "--iters") && i + 1 < argc)
+      iters = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--compile-times") && i + 1 < argc)
+      alone = [k = std::atoi(argv[++i])] { compile_times(k); };
+    else if (!std::strcmp(argv[i], "--w2-start"))
+      alone = w2_start;
+    else if (!std::strcmp(argv[i], "--w5"))
+      alone = bench_w5;
+    else if (!std::strcmp(argv[i], "--w1"))
+      alone = [&iters] { bench_w1(iters); };
+    else if (!std::strcmp(argv[i], "--w3"))
+      alone = [&iters] { bench_w3(iters); };
+    else if (!std::strcmp(argv[i], "--w2-steps") && i + 1 < argc)
+      alone = [b = std::atoi(argv[++i])] { bench_w2(b, 6); };
   }
   if (!kiln::cuda::is_available()) {
     std::fprintf(stderr, "bench_cuda: no usable CUDA device\n");

@@ -35,7 +35,7 @@ namespace {
 struct Shape {
   const char* where;  // the workload and the product
   int64_t m, k, n;
-  bool ta, tb;        // a is stored [k, m] / b is stored [n, k]
+  bool ta, tb;  // a is stored [k, m] / b is stored [n, k]
 };
 
 // W2 (batch 4096, 64-256-256-8) forward and backward; the transformer block of bench_attention
@@ -49,9 +49,10 @@ const Shape kShapes[] = {
     {"head q@kT", 256, 64, 256, false, true},        {"head p@v", 256, 256, 64, false, false},
 };
 
-using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*, int);
-using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t, float,
-                          float*, int64_t);
+using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float, float*,
+                            int);
+using DnnlSgemm = int (*)(char, char, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*, int64_t,
+                          float, float*, int64_t);
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 
 void* open_lib(const std::vector<const char*>& names) {
@@ -96,7 +97,8 @@ Library onednn() {
   if (!sgemm || !threads) return lib;
   lib.gemm = [sgemm, threads](const Shape& s, const float* a, const float* b, float* c, int t) {
     threads(t);
-    sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.f, a, s.ta ? s.m : s.k, b, s.tb ? s.k : s.n, 0.f, c, s.n);
+    sgemm(s.ta ? 'T' : 'N', s.tb ? 'T' : 'N', s.m, s.n, s.k, 1.f, a, s.ta ? s.m : s.k, b, s.tb ? s.k : s.n, 0.f, c,
+          s.n);
   };
   return lib;
 }
@@ -129,15 +131,19 @@ Library xsmm() {
           }
           // (the last k block may be short: a kernel per distinct depth)
           const unsigned long long full = s.k % bk ? ap.size() - 1 : ap.size();
-          auto kern = libxsmm_smmdispatch_reducebatch_addr(libxsmm_blasint(nn), libxsmm_blasint(mm), libxsmm_blasint(bk), &lda,
-                                                           &ldb, &ldc, &alpha, &beta, nullptr, nullptr);
+          auto kern =
+              libxsmm_smmdispatch_reducebatch_addr(libxsmm_blasint(nn), libxsmm_blasint(mm), libxsmm_blasint(bk), &lda,
+                                                   &ldb, &ldc, &alpha, &beta, nullptr, nullptr);
           float* cp = c + i0 * s.n + j0;
-          if (full) kern(ap.data(), bp.data(), cp, &full);
-          else std::fill(cp, cp, 0.f);
+          if (full)
+            kern(ap.data(), bp.data(), cp, &full);
+          else
+            std::fill(cp, cp, 0.f);
           if (full < ap.size()) {
             const float one = 1.f, zero = full ? 1.f : 0.f;
-            auto tail = libxsmm_smmdispatch_reducebatch_addr(libxsmm_blasint(nn), libxsmm_blasint(mm), libxsmm_blasint(kk), &lda,
-                                                             &ldb, &ldc, &one, &zero, nullptr, nullptr);
+            auto tail =
+                libxsmm_smmdispatch_reducebatch_addr(libxsmm_blasint(nn), libxsmm_blasint(mm), libxsmm_blasint(kk),
+                                                     &lda, &ldb, &ldc, &one, &zero, nullptr, nullptr);
             const unsigned long long one_block = 1;
             tail(ap.data() + full, bp.data() + full, cp, &one_block);
           }
@@ -201,19 +207,21 @@ int main(int argc, char** argv) {
   int threads = 2;
   double min_ms = 300;
   for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::atoi(argv[++i]);
-    else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc) min_ms = std::atof(argv[++i]);
+    if (!std::strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = std::atoi(argv[++i]);
+    else if (!std::strcmp(argv[i], "--min-ms") && i + 1 < argc)
+      min_ms = std::atof(argv[++i]);
     else {
       std::fprintf(stderr, "usage: %s [--threads N] [--min-ms T]\n", argv[0]);
       return 2;
     }
   }
-  std::vector<Library> libs = {
-      cblas("openblas", {"libopenblas.so.0", "libopenblas.so"}, "openblas_set_num_threads"),
-      cblas("blis", {"libblis.so.4", "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4",
-                     "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so.4"},
-            "bli_thread_set_num_threads"),
-      onednn(), xsmm(), kiln_matmul()};
+  std::vector<Library> libs = {cblas("openblas", {"libopenblas.so.0", "libopenblas.so"}, "openblas_set_num_threads"),
+                               cblas("blis",
+                                     {"libblis.so.4", "/usr/lib/x86_64-linux-gnu/blis-openmp/libblis.so.4",
+                                      "/usr/lib/x86_64-linux-gnu/blis-pthread/libblis.so.4"},
+                                     "bli_thread_set_num_threads"),
+                               onednn(), xsmm(), kiln_matmul()};
   for (const Library& l : libs)
     if (!l.gemm) std::printf("{\"library\": \"%s\", \"missing\": true}\n", l.name.c_str());
   std::mt19937 rng(7);
@@ -234,10 +242,11 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < c.size(); ++i) err = std::max(err, double(std::abs(c[i] - ref[i])));
         const double ms = median_ms(
             [&] { l.timed ? l.timed(s, a.data(), b.data(), t) : l.gemm(s, a.data(), b.data(), c.data(), t); }, min_ms);
-        std::printf("{\"shape\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, \"library\": \"%s\", \"threads\": %d, "
-                    "\"us\": %.1f, \"gflops\": %.1f, \"max_err_rel\": %.1e}\n",
-                    s.where, (long long)s.m, (long long)s.k, (long long)s.n, l.name.c_str(), t, ms * 1e3,
-                    2.0 * s.m * s.k * s.n / (ms * 1e-3) * 1e-9, err / std::max(scale, 1.0));
+        std::printf(
+            "{\"shape\": \"%s\", \"m\": %lld, \"k\": %lld, \"n\": %lld, \"library\": \"%s\", \"threads\": %d, "
+            "\"us\": %.1f, \"gflops\": %.1f, \"max_err_rel\": %.1e}\n",
+            s.where, (long long)s.m, (long long)s.k, (long long)s.n, l.name.c_str(), t, ms * 1e3,
+            2.0 * s.m * s.k * s.n / (ms * 1e-3) * 1e-9, err / std::max(scale, 1.0));
         std::fflush(stdout);
       }
     }

@@ -50,9 +50,11 @@ int main(int argc, char** argv) {
   double t_jit = median_seconds(chain, 9);
   kiln::set_executor(kiln::interpreter());  // the rest of this program measures the interpreter
   double t_kiln = median_seconds(chain, 9);
-  double t_loop = median_seconds([&] {
-    for (int64_t i = 0; i < n; ++i) ys[i] = std::tanh(xs[i] * 1.5f + 0.5f) * xs[i] - 0.25f;
-  }, 9);
+  double t_loop = median_seconds(
+      [&] {
+        for (int64_t i = 0; i < n; ++i) ys[i] = std::tanh(xs[i] * 1.5f + 0.5f) * xs[i] - 0.25f;
+      },
+      9);
   const int64_t big = 1 << 26;  // 256 MiB per buffer: well past the caches
   std::vector<float> src(big, 1.0f), dst(big, 0.0f);
   double t_copy = median_seconds([&] { std::memcpy(dst.data(), src.data(), big * sizeof(float)); }, 5);
@@ -81,9 +83,9 @@ int main(int argc, char** argv) {
     std::vector<float> c(s * s);
     const float* ap = a.data<float>();
     const float* bp = b.data<float>();
-    double tb = median_seconds([&] {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, s, s, 1.f, ap, s, bp, s, 0.f, c.data(), s);
-    }, reps);
+    double tb = median_seconds(
+        [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s, s, s, 1.f, ap, s, bp, s, 0.f, c.data(), s); },
+        reps);
     double flops = 2.0 * s * s * s;
     std::printf("%-40s %12.2f %12.2f %12.3f\n", (std::to_string(s) + "^3").c_str(), flops / tk / 1e9, flops / tb / 1e9,
                 tb / tk);

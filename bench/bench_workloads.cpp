@@ -87,9 +87,9 @@ Runner<W7Result> kiln_w7(const W7Data& d) {
   Runner<W7Result> r;
   r.step = [s, soft, cut2, dt] {
     Tensor dlt = s->p.unsqueeze(0) - s->p.unsqueeze(1);  // [N, N, 3]: p_j - p_i
-    Tensor r2 = (dlt * dlt).sum({-1}) + soft;            // [N, N]
+    Tensor r2 = (dlt * dlt).sum({-1}) + soft;  // [N, N]
     Tensor w = where(r2 < cut2, 1.0 / (r2 * sqrt(r2)), 0.0);
-    Tensor f = (dlt * w.unsqueeze(-1)).sum({1});         // [N, 3]
+    Tensor f = (dlt * w.unsqueeze(-1)).sum({1});  // [N, 3]
     dlt = r2 = w = Tensor();
     s->v2 = s->v + f * dt;
     s->p2 = s->p + s->v2 * dt;
@@ -312,10 +312,22 @@ BW run_bw(const Opts& o) {
   double t1 = hand::triad_gbs(n1, 1, 20), tn = hand::triad_gbs(n1, o.threads, 20);
   Row("BW", "copy-1T").num("gbs", bw.copy1).num("threads", 1).num("buffer_mib", mib).print();
   Row("BW", "triad-1T").num("gbs", bw.triad1).num("threads", 1).num("buffer_mib", mib).print();
-  Row("BW", "copy-" + std::to_string(o.threads) + "T").num("gbs", bw.copyn).num("threads", o.threads).num("buffer_mib", mib).print();
-  Row("BW", "triad-" + std::to_string(o.threads) + "T").num("gbs", bw.triadn).num("threads", o.threads).num("buffer_mib", mib).print();
+  Row("BW", "copy-" + std::to_string(o.threads) + "T")
+      .num("gbs", bw.copyn)
+      .num("threads", o.threads)
+      .num("buffer_mib", mib)
+      .print();
+  Row("BW", "triad-" + std::to_string(o.threads) + "T")
+      .num("gbs", bw.triadn)
+      .num("threads", o.threads)
+      .num("buffer_mib", mib)
+      .print();
   Row("BW", "triad-1T@W1").num("gbs", t1).num("threads", 1).num("buffer_mib", 12).print();
-  Row("BW", "triad-" + std::to_string(o.threads) + "T@W1").num("gbs", tn).num("threads", o.threads).num("buffer_mib", 12).print();
+  Row("BW", "triad-" + std::to_string(o.threads) + "T@W1")
+      .num("gbs", tn)
+      .num("threads", o.threads)
+      .num("buffer_mib", 12)
+      .print();
   return bw;
 }
 
@@ -332,7 +344,8 @@ void run_w1(const Opts& o) {
   es.push_back({{"kiln-jit", o.threads, g_jit}, kiln_w1(d)});
   es.push_back({{"kiln-interp", o.threads, g_interp}, kiln_w1(d)});
   es.push_back({{"hand-1T", 1, nullptr}, hand::w1(d, 1)});
-  if (o.threads > 1) es.push_back({{"hand-" + std::to_string(o.threads) + "T", o.threads, nullptr}, hand::w1(d, o.threads)});
+  if (o.threads > 1)
+    es.push_back({{"hand-" + std::to_string(o.threads) + "T", o.threads, nullptr}, hand::w1(d, o.threads)});
 #ifdef KILN_BENCH_XTENSOR
   es.push_back({{"xtensor", 1, nullptr}, xt::w1(d)});
 #endif
@@ -373,7 +386,8 @@ void run_w7(const Opts& o) {
   std::vector<Entry> es;
   es.push_back({{"kiln-jit", o.threads, g_jit}, kiln_w7(d)});
   es.push_back({{"hand-1T", 1, nullptr}, hand::w7(d, 1)});
-  if (o.threads > 1) es.push_back({{"hand-" + std::to_string(o.threads) + "T", o.threads, nullptr}, hand::w7(d, o.threads)});
+  if (o.threads > 1)
+    es.push_back({{"hand-" + std::to_string(o.threads) + "T", o.threads, nullptr}, hand::w7(d, o.threads)});
   filter_impls(es, o);
   if (es.empty()) return;
   W7Result ref = first_result(es[0].r, es[0].impl);
@@ -596,12 +610,18 @@ int profile(const Opts& o, const std::string& impl, int iters) {
     step = p->step;
     keep = p;
   };
-  if (w == "W1") d1.init(int64_t{1} << 20), hold(kiln_w1(d1));
-  else if (w == "W1A") d1.init(int64_t{1} << 20), hold(kiln_w1(d1, true));  // README-style: `a` alive
-  else if (w == "W2") d2.init(4096), hold(kiln_w2(d2));
-  else if (w == "W3F") d3.init(1024, 1024), hold(kiln_w3_fwd(d3));
-  else if (w == "W3B") d3.init(1024, 1024), hold(kiln_w3_fwdbwd(d3));
-  else if (w == "W5") hold(kiln_w5(x5));
+  if (w == "W1")
+    d1.init(int64_t{1} << 20), hold(kiln_w1(d1));
+  else if (w == "W1A")
+    d1.init(int64_t{1} << 20), hold(kiln_w1(d1, true));  // README-style: `a` alive
+  else if (w == "W2")
+    d2.init(4096), hold(kiln_w2(d2));
+  else if (w == "W3F")
+    d3.init(1024, 1024), hold(kiln_w3_fwd(d3));
+  else if (w == "W3B")
+    d3.init(1024, 1024), hold(kiln_w3_fwdbwd(d3));
+  else if (w == "W5")
+    hold(kiln_w5(x5));
   else {
     std::fprintf(stderr, "unknown --profile workload '%s'\n", w.c_str());
     return 2;
@@ -629,22 +649,28 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--quick") o.quick = true;
+    if (a == "--quick")
+      o.quick = true;
     else if (a == "--only") {
       std::stringstream ss(next());
       std::string item;
       while (std::getline(ss, item, ',')) o.only.insert(item);
-    } else if (a == "--first-call") o.first_call = next();
-    else if (a == "--label") o.label = next();
+    } else if (a == "--first-call")
+      o.first_call = next();
+    else if (a == "--label")
+      o.label = next();
     else if (a == "--impls") {
       std::stringstream ss(next());
       std::string item;
       while (std::getline(ss, item, ',')) o.impls.insert(item);
-    }
-    else if (a == "--profile") o.first_call = next(), o.profile = true;
-    else if (a == "--impl") o.impl = next();
-    else if (a == "--iters") o.iters = std::atoi(next().c_str());
-    else if (a == "--threads") o.threads = std::atoi(next().c_str());
+    } else if (a == "--profile")
+      o.first_call = next(), o.profile = true;
+    else if (a == "--impl")
+      o.impl = next();
+    else if (a == "--iters")
+      o.iters = std::atoi(next().c_str());
+    else if (a == "--threads")
+      o.threads = std::atoi(next().c_str());
     else {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--only W1,W2,W3,W5,W7,BW] [--impls kiln-jit,torch,...] [--threads N]\n"

@@ -33,10 +33,10 @@ class CartPole {
   static constexpr int kMaxSteps = 500;
 
   struct StepResult {
-    Obs obs;          // observation after the step
-    float reward;     // always 1
+    Obs obs;  // observation after the step
+    float reward;  // always 1
     bool terminated;  // the pole fell or the cart left the track
-    bool truncated;   // the time limit was reached (and the episode did not terminate)
+    bool truncated;  // the time limit was reached (and the episode did not terminate)
   };
 
   // Starts a new episode: every state variable uniform in [-0.05, 0.05].
@@ -61,15 +61,14 @@ class CartPole {
     theta += kTau * theta_dot;
     theta_dot += kTau * thetaacc;
     ++steps_;
-    const bool terminated = x < -kXThreshold || x > kXThreshold || theta < -kThetaThreshold ||
-                            theta > kThetaThreshold;
+    const bool terminated = x < -kXThreshold || x > kXThreshold || theta < -kThetaThreshold || theta > kThetaThreshold;
     const bool truncated = !terminated && steps_ >= kMaxSteps;
     return {obs(), 1.0f, terminated, truncated};
   }
 
   Obs obs() const {
-    return {static_cast<float>(state_[0]), static_cast<float>(state_[1]),
-            static_cast<float>(state_[2]), static_cast<float>(state_[3])};
+    return {static_cast<float>(state_[0]), static_cast<float>(state_[1]), static_cast<float>(state_[2]),
+            static_cast<float>(state_[3])};
   }
 
  private:
@@ -109,8 +108,8 @@ class VecCartPole {
   // the first observation of the new episode).
   Step step(const std::vector<int64_t>& actions) {
     const int n = size();
-    Step out{std::vector<float>(n), std::vector<uint8_t>(n), std::vector<uint8_t>(n),
-             std::vector<CartPole::Obs>(n), {}};
+    Step out{
+        std::vector<float>(n), std::vector<uint8_t>(n), std::vector<uint8_t>(n), std::vector<CartPole::Obs>(n), {}};
     for (int i = 0; i < n; ++i) {
       CartPole::StepResult r = envs_[i].step(static_cast<int>(actions[i]));
       out.rewards[i] = r.reward;

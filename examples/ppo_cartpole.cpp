@@ -31,8 +31,8 @@ namespace {
 struct Config {
   uint64_t seed = 1;
   int64_t total_steps = 200000;  // environment steps (summed over the vectorized envs)
-  double min_return = -1;        // exit status 1 if the final mean return is below this
-  bool early_stop = true;        // stop once the solved criterion is met
+  double min_return = -1;  // exit status 1 if the final mean return is below this
+  bool early_stop = true;  // stop once the solved criterion is met
 
   int num_envs = 8;
   int rollout_len = 128;  // steps per env per rollout (batch = num_envs * rollout_len)
@@ -43,7 +43,7 @@ struct Config {
   double gamma = 0.99, gae_lambda = 0.95;
   double clip = 0.2, ent_coef = 0.0, vf_coef = 0.5, max_grad_norm = 0.5;
 
-  int window = 20;             // episodes in the reported mean return
+  int window = 20;  // episodes in the reported mean return
   double solved_return = 475;  // the criterion for early stopping
 };
 
@@ -60,11 +60,16 @@ Config parse_args(int argc, char** argv) {
       if (i + 1 >= argc) usage(argv[0]);
       return argv[++i];
     };
-    if (a == "--seed") c.seed = std::strtoull(value(), nullptr, 10);
-    else if (a == "--steps") c.total_steps = std::strtoll(value(), nullptr, 10);
-    else if (a == "--min-return") c.min_return = std::strtod(value(), nullptr);
-    else if (a == "--no-early-stop") c.early_stop = false;
-    else usage(argv[0]);
+    if (a == "--seed")
+      c.seed = std::strtoull(value(), nullptr, 10);
+    else if (a == "--steps")
+      c.total_steps = std::strtoll(value(), nullptr, 10);
+    else if (a == "--min-return")
+      c.min_return = std::strtod(value(), nullptr);
+    else if (a == "--no-early-stop")
+      c.early_stop = false;
+    else
+      usage(argv[0]);
   }
   return c;
 }
@@ -91,7 +96,7 @@ std::shared_ptr<nn::Sequential> mlp(int64_t in, int64_t hidden, int64_t out, dou
 }
 
 struct ActorCritic {
-  std::shared_ptr<nn::Sequential> actor;   // observation -> action logits
+  std::shared_ptr<nn::Sequential> actor;  // observation -> action logits
   std::shared_ptr<nn::Sequential> critic;  // observation -> state value
 
   ActorCritic(int64_t obs_dim, int64_t num_actions, int64_t hidden)
@@ -139,12 +144,17 @@ struct Rollout {
   std::vector<float> obs;  // [T * N, obs_dim]
   std::vector<int64_t> actions;
   std::vector<float> logprobs, values, rewards;
-  std::vector<uint8_t> dones;        // the episode ended after this step
-  std::vector<float> last_values;    // V(obs) after the last step, per env
+  std::vector<uint8_t> dones;  // the episode ended after this step
+  std::vector<float> last_values;  // V(obs) after the last step, per env
   std::vector<float> advantages, returns;
 
   void clear() {
-    obs.clear(); actions.clear(); logprobs.clear(); values.clear(); rewards.clear(); dones.clear();
+    obs.clear();
+    actions.clear();
+    logprobs.clear();
+    values.clear();
+    rewards.clear();
+    dones.clear();
   }
   int64_t size() const { return static_cast<int64_t>(actions.size()); }
 };
@@ -170,8 +180,8 @@ struct EpisodeLog {
 // bootstrapped: its last reward gets gamma * V(final observation) added, then it counts as done.
 // Returns early (with a partial rollout) if `stop` says so after an episode ends.
 template <class StopFn>
-void collect_rollout(ActorCritic& ac, cartpole::VecCartPole& envs, const Config& cfg, std::mt19937_64& rng,
-                     Rollout& ro, EpisodeLog& log, int64_t& env_steps, StopFn stop) {
+void collect_rollout(ActorCritic& ac, cartpole::VecCartPole& envs, const Config& cfg, std::mt19937_64& rng, Rollout& ro,
+                     EpisodeLog& log, int64_t& env_steps, StopFn stop) {
   constexpr int A = cartpole::CartPole::kNumActions;
   const int n = envs.size();
   ro.clear();
@@ -257,8 +267,7 @@ Losses ppo_loss(ActorCritic& ac, const Batch& mb, const Config& cfg) {
   Tensor logp = logp_all.gather(1, mb.actions.unsqueeze(1)).squeeze(1);
   Tensor ratio = (logp - mb.logprobs).exp();
   Tensor adv = (mb.advantages - mb.advantages.mean()) / (mb.advantages.std() + 1e-8);
-  Tensor policy_loss =
-      kiln::maximum(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean();
+  Tensor policy_loss = kiln::maximum(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)).mean();
   Tensor value = ac.critic->forward(mb.obs).squeeze(-1);
   Tensor value_loss = 0.5 * (value - mb.returns).square().mean();
   Tensor entropy = -(logp_all.exp() * logp_all).sum({-1}).mean();

@@ -34,10 +34,14 @@ bool same_scalar(const Value& a, const Value& b) {
 
 std::string value_str(const Value& v) {
   std::ostringstream os;
-  if (auto* i = std::get_if<int64_t>(&v)) os << *i;
-  else if (auto* d = std::get_if<double>(&v)) os << *d;
-  else if (auto* b = std::get_if<bool>(&v)) os << (*b ? "true" : "false");
-  else os << "tensor";
+  if (auto* i = std::get_if<int64_t>(&v))
+    os << *i;
+  else if (auto* d = std::get_if<double>(&v))
+    os << *d;
+  else if (auto* b = std::get_if<bool>(&v))
+    os << (*b ? "true" : "false");
+  else
+    os << "tensor";
   return os.str();
 }
 
@@ -67,8 +71,7 @@ bool check_captured(const CapturedTensor& c, std::vector<int64_t>& syms, size_t 
 // 16, got 24, specialized by mean()"), other relations as written. `origin` names each symbol
 // ("arg 0 dim 0"; empty when unknown).
 bool check_relations(const std::vector<SizeRelation>& relations, const std::vector<std::string>& names,
-                     const std::vector<int64_t>& syms, std::string* why,
-                     const std::vector<std::string>& origin = {}) {
+                     const std::vector<int64_t>& syms, std::string* why, const std::vector<std::string>& origin = {}) {
   if (relations.empty()) return true;
   std::map<std::string, int64_t> env;
   for (size_t s = 0; s < names.size(); ++s) env[names[s]] = syms[s];
@@ -98,8 +101,8 @@ std::string captured_str(const CapturedTensor& c, const std::vector<std::string>
 
 }  // namespace
 
-bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms,
-                  const char* what, int index, std::string* why) {
+bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms, const char* what,
+                  int index, std::string* why) {
   if (n.dtype != g.dtype)
     return fail(why, what, " ", index, ": expected dtype ", dtype_name(g.dtype), ", got ", dtype_name(n.dtype));
   if (!(n.device == g.device))
@@ -113,12 +116,12 @@ bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::
     int64_t v = n.shape[d].as_int();
     int s = g.symbols[d];
     if (s < 0) {
-      if (v != g.sizes[d])
-        return fail(why, what, " ", index, " dim ", d, ": expected ", g.sizes[d], ", got ", v);
+      if (v != g.sizes[d]) return fail(why, what, " ", index, " dim ", d, ": expected ", g.sizes[d], ", got ", v);
     } else if (syms[s] < 0) {
       syms[s] = v;
     } else if (syms[s] != v) {
-      return fail(why, what, " ", index, " dim ", d, ": expected s", s, " (= ", syms[s], " from an earlier dim), got ", v);
+      return fail(why, what, " ", index, " dim ", d, ": expected s", s, " (= ", syms[s], " from an earlier dim), got ",
+                  v);
     }
     if (g.contiguous && v != 1) {
       empty |= v == 0;
@@ -145,7 +148,8 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
     return fail(why, "argument structure: expected ", kinds.size(), " values, got ", args.size(),
                 " (or container lengths changed)");
   if (grad_enabled() != grad_mode)
-    return fail(why, "grad mode: expected ", grad_mode ? "enabled" : "disabled", ", got ", grad_mode ? "disabled" : "enabled");
+    return fail(why, "grad mode: expected ", grad_mode ? "enabled" : "disabled", ", got ",
+                grad_mode ? "disabled" : "enabled");
   syms.assign(symbol_names.size(), -1);
   for (size_t i = 0; i < args.size(); ++i) {
     if (value_kind(args[i]) != kinds[i])
@@ -194,8 +198,10 @@ std::string GuardSet::str() const {
   os << "grad mode " << (grad_mode ? "on" : "off") << "\n";
   for (size_t i = 0; i < kinds.size(); ++i) {
     os << "arg " << i << ": ";
-    if (kinds[i] == 0) os << tensor_str(tensors[tensor_slot[i]], symbol_names);
-    else os << "== " << value_str(scalars[i]);
+    if (kinds[i] == 0)
+      os << tensor_str(tensors[tensor_slot[i]], symbol_names);
+    else
+      os << "== " << value_str(scalars[i]);
     os << "\n";
   }
   for (size_t k = 0; k < captured.size(); ++k) os << captured_str(captured[k], symbol_names, k);

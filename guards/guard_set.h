@@ -15,9 +15,9 @@ struct TensorGuard {
   DType dtype = DType::Float32;
   Device device;
   bool requires_grad = false;
-  std::vector<int64_t> sizes;    // per dim: the size when constant
-  std::vector<int> symbols;      // per dim: symbol index, or -1 when constant
-  bool contiguous = true;        // else `strides` must match exactly (all sizes constant)
+  std::vector<int64_t> sizes;  // per dim: the size when constant
+  std::vector<int> symbols;  // per dim: symbol index, or -1 when constant
+  bool contiguous = true;  // else `strides` must match exactly (all sizes constant)
   std::vector<int64_t> strides;
 };
 
@@ -31,20 +31,20 @@ struct SizeRelation {
 // Where a captured tensor (one fn reads without taking it as an argument) is found at call time.
 struct CapturedTensor {
   std::weak_ptr<TensorImpl> impl;  // the tensor read, or the parameter whose grad was read
-  bool grad_of = false;            // true: use impl->grad
-  TensorGuard guard;               // its assumptions (sizes always constant)
-  bool has_grad = false;           // (requires_grad leaves) whether .grad() was defined
-  bool watch_grad = false;         // check has_grad
+  bool grad_of = false;  // true: use impl->grad
+  TensorGuard guard;  // its assumptions (sizes always constant)
+  bool has_grad = false;  // (requires_grad leaves) whether .grad() was defined
+  bool watch_grad = false;  // check has_grad
 };
 
 // The guards of one compiled entry.
 class GuardSet {
  public:
-  std::vector<int64_t> spec;          // argument structure (container lengths)
-  std::vector<uint8_t> kinds;         // per flat argument: Value index (0 tensor, 1 int, 2 double, 3 bool)
-  std::vector<int> tensor_slot;       // per flat argument: index into `tensors` (-1 for scalars)
+  std::vector<int64_t> spec;  // argument structure (container lengths)
+  std::vector<uint8_t> kinds;  // per flat argument: Value index (0 tensor, 1 int, 2 double, 3 bool)
+  std::vector<int> tensor_slot;  // per flat argument: index into `tensors` (-1 for scalars)
   std::vector<TensorGuard> tensors;
-  std::vector<Value> scalars;         // per flat argument: the specialized value (scalars only)
+  std::vector<Value> scalars;  // per flat argument: the specialized value (scalars only)
   std::vector<CapturedTensor> captured;
   std::vector<SizeRelation> relations;
   std::vector<std::string> symbol_names;  // "s0", "s1", ...
@@ -73,7 +73,7 @@ struct BranchGuards {
 };
 
 // Whether `t` satisfies `g` (symbol values checked/bound in `syms`); `what` names it in `why`.
-bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms,
-                  const char* what, int index, std::string* why);
+bool check_tensor(const TensorGuard& g, const Node& n, bool requires_grad, std::vector<int64_t>& syms, const char* what,
+                  int index, std::string* why);
 
 }  // namespace kiln::guards

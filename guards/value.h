@@ -19,8 +19,6 @@ inline const Tensor* as_tensor(const Value& v) {
   return nullptr;
 }
 // 0 for a tensor (owned or borrowed), 1 int, 2 double, 3 bool.
-inline uint8_t value_kind(const Value& v) {
-  return v.index() == 4 ? 0 : static_cast<uint8_t>(v.index());
-}
+inline uint8_t value_kind(const Value& v) { return v.index() == 4 ? 0 : static_cast<uint8_t>(v.index()); }
 
 }  // namespace kiln

@@ -70,8 +70,8 @@ inline void gradcheck(const std::string& name, const Fn& f_eager, std::vector<In
   size_t k = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!inputs[i].differentiable) continue;
-    std::vector<double> ga = analytic[k].defined() ? analytic[k].to_vector<double>()
-                                                   : std::vector<double>(inputs[i].values.size(), 0.0);
+    std::vector<double> ga =
+        analytic[k].defined() ? analytic[k].to_vector<double>() : std::vector<double>(inputs[i].values.size(), 0.0);
     ++k;
     ASSERT_EQ(ga.size(), inputs[i].values.size());
     for (size_t j = 0; j < inputs[i].values.size(); ++j) {

@@ -59,18 +59,32 @@ Tensor input(const std::vector<int64_t>& shape, uint64_t seed, kiln::DType dt = 
 // row reductions with consumers, split full reductions, views, ints, float64).
 std::vector<std::function<Tensor()>> workload() {
   return {
-      [] { return kiln::tanh(kiln::add(kiln::mul(kiln::exp(input({64, 300}, 1)), 0.5), 1.0)); },
-      [] { return kiln::softmax(input({64, 300}, 2), -1); },
-      [] { return kiln::log_softmax(input({32, 50}, 3), 0); },
-      [] { return kiln::layer_norm(input({16, 8, 64}, 4), {64}); },
+      [] {
+        return kiln::tanh(kiln::add(kiln::mul(kiln::exp(input({64, 300}, 1)), 0.5), 1.0));
+      },
+      [] {
+        return kiln::softmax(input({64, 300}, 2), -1);
+      },
+      [] {
+        return kiln::log_softmax(input({32, 50}, 3), 0);
+      },
+      [] {
+        return kiln::layer_norm(input({16, 8, 64}, 4), {64});
+      },
       [] { return kiln::sum(input({200000}, 5)); },
-      [] { return kiln::mean(kiln::mul(input({300, 400}, 6), 2.0)); },
-      [] { return kiln::argmax(input({40, 77}, 7), 1); },
+      [] {
+        return kiln::mean(kiln::mul(input({300, 400}, 6), 2.0));
+      },
+      [] {
+        return kiln::argmax(input({40, 77}, 7), 1);
+      },
       [] {
         Tensor x = input({50, 60}, 8, kiln::kFloat64);
         return kiln::where(kiln::gt(x, 0), x, kiln::mul(x, 0.1));
       },
-      [] { return kiln::amax(input({30, 20, 10}, 9).transpose(0, 2), {1}, true); },
+      [] {
+        return kiln::amax(input({30, 20, 10}, 9).transpose(0, 2), {1}, true);
+      },
       [] {
         Tensor x = input({64, 128}, 10), y = input({64}, 11);
         return kiln::sum(kiln::mul(x.slice(1, 0, std::nullopt, 2), y.unsqueeze(1)), {1});
@@ -79,7 +93,9 @@ std::vector<std::function<Tensor()>> workload() {
         Tensor i = kiln::mul(input({100, 7}, 12), 3).to(kiln::kInt32);
         return kiln::sum(kiln::bitwise_xor(kiln::mul(i, 2), 5), {0});
       },
-      [] { return kiln::sigmoid(input({1000, 3}, 13).flip({0})); },
+      [] {
+        return kiln::sigmoid(input({1000, 3}, 13).flip({0}));
+      },
   };
 }
 
@@ -187,11 +203,13 @@ int main(int argc, char** argv) {
   double jit_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   kiln::jit::wait_background_compiles();  // tiered: the LLVM kernels (and their disk entries) are done
   kiln::jit::CacheStats s = kiln::jit::cache_stats();
-  std::printf("ok=%d compiles=%llu disk_hits=%llu disk_rebuilds=%llu hits=%llu compile_ms=%.3f load_ms=%.3f jit_ms=%.3f "
-              "quick_compiles=%llu swaps=%llu cache_dir=%s pid=%ld\n",
-              ok.load() ? 1 : 0, static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.disk_hits),
-              static_cast<unsigned long long>(s.disk_rebuilds), static_cast<unsigned long long>(s.hits), s.compile_ms,
-              s.load_ms, jit_ms, static_cast<unsigned long long>(s.quick_compiles),
-              static_cast<unsigned long long>(s.background_swaps), kiln::jit::cache_dir().c_str(), static_cast<long>(::getpid()));
+  std::printf(
+      "ok=%d compiles=%llu disk_hits=%llu disk_rebuilds=%llu hits=%llu compile_ms=%.3f load_ms=%.3f jit_ms=%.3f "
+      "quick_compiles=%llu swaps=%llu cache_dir=%s pid=%ld\n",
+      ok.load() ? 1 : 0, static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.disk_hits),
+      static_cast<unsigned long long>(s.disk_rebuilds), static_cast<unsigned long long>(s.hits), s.compile_ms,
+      s.load_ms, jit_ms, static_cast<unsigned long long>(s.quick_compiles),
+      static_cast<unsigned long long>(s.background_swaps), kiln::jit::cache_dir().c_str(),
+      static_cast<long>(::getpid()));
   return ok.load() ? 0 : 1;
 }

@@ -50,9 +50,10 @@ const double kInf = std::numeric_limits<double>::infinity();
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 bool env_interp() { return kiln::testing::interpreted(); }
-#define SKIP_UNDER_INTERP_REGISTRATION()                                                          \
-  if (env_interp()) GTEST_SKIP() << "JIT-only test (it switches executors itself; the default " \
-                                    "registration runs it)"
+#define SKIP_UNDER_INTERP_REGISTRATION()                                      \
+  if (env_interp())                                                           \
+  GTEST_SKIP() << "JIT-only test (it switches executors itself; the default " \
+                  "registration runs it)"
 
 // ============================================================== randomness
 
@@ -71,11 +72,15 @@ class Rng {
     state_ += 0x9e3779b97f4a7c15ull;
     return splitmix(state_);
   }
-  int64_t range(int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo + 1)); }
+  int64_t range(int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(next() % static_cast<uint64_t>(hi - lo + 1));
+  }
   bool coin(double p = 0.5) { return uniform() < p; }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
   template <class T>
-  const T& pick(const std::vector<T>& xs) { return xs[next() % xs.size()]; }
+  const T& pick(const std::vector<T>& xs) {
+    return xs[next() % xs.size()];
+  }
 
  private:
   uint64_t state_;
@@ -99,9 +104,9 @@ struct InputSpec {
   DType dt;
   Dims shape;
   int layout = 0;  // 0 dense, 1 permuted (reversed dims), 2 strided (step-2 slice), 3 broadcast (stride 0)
-  int bdim = 0;    // layout 3: the broadcast dim
+  int bdim = 0;  // layout 3: the broadcast dim
   bool specials = false;  // some NaN / inf / -0 elements
-  bool big = false;       // int64 values up to 2^62 (beyond double's 2^53)
+  bool big = false;  // int64 values up to 2^62 (beyond double's 2^53)
   uint64_t seed = 0;
 };
 
@@ -120,7 +125,8 @@ Tensor blob(DType dt, const Dims& shape, Rng& r, bool specials, bool big = false
       case DType::Bool: p[i] = static_cast<char>(r.coin()); continue;
       case DType::Int32: reinterpret_cast<int32_t*>(p)[i] = static_cast<int32_t>(r.range(-5, 5)); continue;
       case DType::Int64:
-        reinterpret_cast<int64_t*>(p)[i] = big && r.coin(0.9) ? static_cast<int64_t>(r.next() >> 1) - (int64_t{1} << 62) : r.range(-5, 5);
+        reinterpret_cast<int64_t*>(p)[i] =
+            big && r.coin(0.9) ? static_cast<int64_t>(r.next() >> 1) - (int64_t{1} << 62) : r.range(-5, 5);
         continue;
       default: break;
     }
@@ -130,8 +136,10 @@ Tensor blob(DType dt, const Dims& shape, Rng& r, bool specials, bool big = false
       const double sp[] = {kNaN, kInf, -kInf, -0.0, 0.0};
       v = sp[r.range(0, 4)];
     }
-    if (dt == kF32) reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
-    else reinterpret_cast<double*>(p)[i] = v;
+    if (dt == kF32)
+      reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+    else
+      reinterpret_cast<double*>(p)[i] = v;
   }
   return kiln::from_blob(p, shape, dt, [](void* q) { delete[] static_cast<char*>(q); });
 }
@@ -167,12 +175,12 @@ Tensor make_input(const InputSpec& s) {
 struct Info {
   DType dt = kF32;
   Dims shape;
-  bool exact = true;    // reproduced bit for bit by both executors
-  bool finite = true;   // cannot hold NaN / inf
-  double mag = 2;       // bound on |finite elements|
-  double abs_err = 0;   // first-order error bound: abs_err + rel_err * |value|
+  bool exact = true;  // reproduced bit for bit by both executors
+  bool finite = true;  // cannot hold NaN / inf
+  double mag = 2;  // bound on |finite elements|
+  double abs_err = 0;  // first-order error bound: abs_err + rel_err * |value|
   double rel_err = 0;
-  bool reduced = false; // depends on a floating reduction
+  bool reduced = false;  // depends on a floating reduction
   bool is_input = false;
   double delta() const { return abs_err + (rel_err > 0 ? rel_err * mag : 0); }
 };
@@ -186,17 +194,18 @@ struct Instr {
 struct Program {
   std::vector<InputSpec> inputs;
   std::vector<Instr> instrs;
-  std::vector<Info> info;    // per value (inputs first)
+  std::vector<Info> info;  // per value (inputs first)
   std::vector<int> outputs;  // value indices
   bool eval_together = true;
-  std::string header;        // family / variant / sizes
+  std::string header;  // family / variant / sizes
   std::string str() const {
     std::ostringstream os;
     os << header << "\n";
     for (size_t i = 0; i < inputs.size(); ++i) {
       const InputSpec& s = inputs[i];
       os << "  v" << i << " = input " << kiln::dtype_name(s.dt) << dims_str(s.shape) << " " << layout_name(s.layout)
-         << (s.layout == 3 ? "(dim " + std::to_string(s.bdim) + ")" : "") << (s.specials ? " with NaN/inf" : "") << (s.big ? " big" : "") << "\n";
+         << (s.layout == 3 ? "(dim " + std::to_string(s.bdim) + ")" : "") << (s.specials ? " with NaN/inf" : "")
+         << (s.big ? " big" : "") << "\n";
     }
     for (size_t i = 0; i < instrs.size(); ++i) {
       const Info& f = info[inputs.size() + i];
@@ -243,7 +252,8 @@ class Gen {
       int rank = i == 0 ? R : static_cast<int>(S.range(0, R));
       for (int d = R - rank; d < R; ++d) s.shape.push_back(i > 0 && S.coin(0.3) ? 1 : var.ref[d]);
       const std::vector<DType> dts = {kF32, kF32, kF32, kF64, kI32, kI64, kBool};
-      s.dt = i == 0 ? S.pick(std::vector<DType>{kF32, kF32, kF32, kF32, kF32, kF32, kF64, kF64, kI64, kI32}) : S.pick(dts);
+      s.dt =
+          i == 0 ? S.pick(std::vector<DType>{kF32, kF32, kF32, kF32, kF32, kF32, kF64, kF64, kI64, kI32}) : S.pick(dts);
       int layout = static_cast<int>(S.range(0, 5));
       s.layout = layout <= 2 ? 0 : layout - 2;
       if (s.layout == 1 && rank < 2) s.layout = 0;
@@ -372,20 +382,42 @@ class Gen {
     if (a < 0) return false;
     const Info& x = I(a);
     const double e = eps_of(x.dt);
-    struct U { const char* name; Tensor (*f)(const Tensor&); int kind; double lip; };
+    struct U {
+      const char* name;
+      Tensor (*f)(const Tensor&);
+      int kind;
+      double lip;
+    };
     // kind 0: bounded output, Lipschitz `lip`, any input; 1: exp-like; 2: passthrough (neg/abs/relu);
     // 3: exact inputs only, exactly rounded result; 4: exact inputs only, transcendental;
     // 5: exact inputs only, discontinuous, exact result; 6: silu/gelu-like (L ~ 1.2, |out| <= |x|)
     static const std::vector<U> ops = {
-        {"tanh", kiln::tanh, 0, 1.0},      {"sigmoid", kiln::sigmoid, 0, 0.25}, {"atan", kiln::atan, 0, 1.0},
-        {"sin", kiln::sin, 0, 1.0},        {"cos", kiln::cos, 0, 1.0},          {"erf", kiln::erf, 0, 1.13},
-        {"exp", kiln::exp, 1, 1.0},        {"exp2", kiln::exp2, 1, 0.7},        {"expm1", kiln::expm1, 1, 1.0},
-        {"neg", kiln::neg, 2, 1},          {"abs", kiln::abs, 2, 1},            {"relu", kiln::relu, 2, 1},
-        {"sqrt", kiln::sqrt, 3, 0},        {"rsqrt", kiln::rsqrt, 3, 0},        {"reciprocal", kiln::reciprocal, 3, 0},
-        {"log", kiln::log, 4, 0},          {"log2", kiln::log2, 4, 0},          {"log1p", kiln::log1p, 4, 0},
-        {"tan", kiln::tan, 4, 0},          {"floor", kiln::floor, 5, 0},        {"ceil", kiln::ceil, 5, 0},
-        {"round", kiln::round, 5, 0},      {"sign", kiln::sign, 5, 0},          {"square", kiln::square, 7, 0},
-        {"silu", kiln::silu, 6, 1.1},      {"gelu", [](const Tensor& t) { return kiln::gelu(t); }, 6, 1.13},
+        {"tanh", kiln::tanh, 0, 1.0},
+        {"sigmoid", kiln::sigmoid, 0, 0.25},
+        {"atan", kiln::atan, 0, 1.0},
+        {"sin", kiln::sin, 0, 1.0},
+        {"cos", kiln::cos, 0, 1.0},
+        {"erf", kiln::erf, 0, 1.13},
+        {"exp", kiln::exp, 1, 1.0},
+        {"exp2", kiln::exp2, 1, 0.7},
+        {"expm1", kiln::expm1, 1, 1.0},
+        {"neg", kiln::neg, 2, 1},
+        {"abs", kiln::abs, 2, 1},
+        {"relu", kiln::relu, 2, 1},
+        {"sqrt", kiln::sqrt, 3, 0},
+        {"rsqrt", kiln::rsqrt, 3, 0},
+        {"reciprocal", kiln::reciprocal, 3, 0},
+        {"log", kiln::log, 4, 0},
+        {"log2", kiln::log2, 4, 0},
+        {"log1p", kiln::log1p, 4, 0},
+        {"tan", kiln::tan, 4, 0},
+        {"floor", kiln::floor, 5, 0},
+        {"ceil", kiln::ceil, 5, 0},
+        {"round", kiln::round, 5, 0},
+        {"sign", kiln::sign, 5, 0},
+        {"square", kiln::square, 7, 0},
+        {"silu", kiln::silu, 6, 1.1},
+        {"gelu", [](const Tensor& t) { return kiln::gelu(t); }, 6, 1.13},
         {"gelu_tanh", [](const Tensor& t) { return kiln::gelu(t, "tanh"); }, 6, 1.13},
         {"softplus", [](const Tensor& t) { return kiln::softplus(t); }, 8, 1.0},
     };
@@ -413,8 +445,7 @@ class Gen {
           o.rel_err = u.lip * d + 2 * e;
         }
         break;
-      case 2:
-        break;
+      case 2: break;
       case 3:
         if (!x.exact) return false;
         o.finite = false;
@@ -430,8 +461,10 @@ class Gen {
         break;
       case 5:
         if (!x.exact) return false;
-        if (std::string(u.name) == "sign") o.mag = 1;
-        else o.mag = x.mag + 1;
+        if (std::string(u.name) == "sign")
+          o.mag = 1;
+        else
+          o.mag = x.mag + 1;
         break;
       case 6:
         if (!std::isfinite(d) || !std::isfinite(x.mag) || x.mag > 1e4) return false;
@@ -457,7 +490,8 @@ class Gen {
         break;
     }
     auto f = u.f;
-    return add(std::string(u.name) + "(" + V(a) + ")", [f, a](const std::vector<Tensor>& v) { return f(v[a]); }, o);
+    return add(
+        std::string(u.name) + "(" + V(a) + ")", [f, a](const std::vector<Tensor>& v) { return f(v[a]); }, o);
   }
 
   // ---- unary on ints / bools, and predicates ----
@@ -471,7 +505,8 @@ class Gen {
       Tensor (*fs[])(const Tensor&) = {kiln::neg, kiln::abs, kiln::sign, kiln::bitwise_not, kiln::relu};
       auto f = fs[k];
       if (k == 2) o.mag = 1;
-      return add(std::string(names[k]) + "(" + V(a) + ")", [f, a](const std::vector<Tensor>& v) { return f(v[a]); }, o);
+      return add(
+          std::string(names[k]) + "(" + V(a) + ")", [f, a](const std::vector<Tensor>& v) { return f(v[a]); }, o);
     }
     // isnan / isfinite / logical_not: need exactly reproduced inputs.
     int a = pick([](const Info& f) { return f.exact; });
@@ -482,25 +517,29 @@ class Gen {
     const char* names[] = {"isnan", "isfinite", "logical_not"};
     Tensor (*fs[])(const Tensor&) = {kiln::isnan, kiln::isfinite, kiln::logical_not};
     auto f = fs[k - 5];
-    return add(std::string(names[k - 5]) + "(" + V(a) + ")", [f, a](const std::vector<Tensor>& v) { return f(v[a]); }, o);
+    return add(
+        std::string(names[k - 5]) + "(" + V(a) + ")", [f, a](const std::vector<Tensor>& v) { return f(v[a]); }, o);
   }
 
   // ---- binary (broadcasting, type promotion, scalars) ----
   bool binary() {
     enum Kind { Add, Sub, Mul, Div, Max, Min, Pow, Atan2, Rem, Fmod, Cmp, Logical, Bitwise };
-    static const std::vector<std::pair<Kind, int>> kinds = {
-        {Add, 5}, {Sub, 4}, {Mul, 5}, {Div, 2}, {Max, 2}, {Min, 2}, {Pow, 1}, {Atan2, 1},
-        {Rem, 1}, {Fmod, 1}, {Cmp, 5}, {Logical, 2}, {Bitwise, 2}};
+    static const std::vector<std::pair<Kind, int>> kinds = {{Add, 5}, {Sub, 4},     {Mul, 5},    {Div, 2}, {Max, 2},
+                                                            {Min, 2}, {Pow, 1},     {Atan2, 1},  {Rem, 1}, {Fmod, 1},
+                                                            {Cmp, 5}, {Logical, 2}, {Bitwise, 2}};
     int total = 0;
     for (auto& k : kinds) total += k.second;
     int r = static_cast<int>(S.range(0, total - 1));
     Kind kind = Add;
     for (auto& k : kinds) {
-      if (r < k.second) { kind = k.first; break; }
+      if (r < k.second) {
+        kind = k.first;
+        break;
+      }
       r -= k.second;
     }
-    const bool needs_exact = kind == Div || kind == Pow || kind == Atan2 || kind == Rem || kind == Fmod ||
-                             kind == Cmp || kind == Logical;
+    const bool needs_exact =
+        kind == Div || kind == Pow || kind == Atan2 || kind == Rem || kind == Fmod || kind == Cmp || kind == Logical;
     const bool float_only = kind == Pow || kind == Atan2 || kind == Rem || kind == Fmod;
     auto ok = [&](const Info& f) {
       if (needs_exact && !f.exact) return false;
@@ -515,8 +554,10 @@ class Gen {
     int b = -1;
     double c = 0;
     if (scalar) {
-      if (fl(I(a))) c = S.pick(std::vector<double>{2.5, -1.5, 0.5, 3.0, 0.0, -2.0});
-      else c = static_cast<double>(S.range(-3, 3));
+      if (fl(I(a)))
+        c = S.pick(std::vector<double>{2.5, -1.5, 0.5, 3.0, 0.0, -2.0});
+      else
+        c = static_cast<double>(S.range(-3, 3));
       if (kind == Bitwise && I(a).dt == kBool) c = S.range(0, 1);
     } else {
       const Dims sa = I(a).shape;
@@ -526,7 +567,8 @@ class Gen {
     // Error bookkeeping (first order).
     const Info& A = I(a);
     Info B;
-    if (b >= 0) B = I(b);
+    if (b >= 0)
+      B = I(b);
     else {
       B.dt = A.dt;
       B.mag = std::abs(c);
@@ -536,13 +578,16 @@ class Gen {
     double e = 0x1p-23;  // own rounding, in the result dtype
     try {
       DType rt = b >= 0 ? kiln::result_type({vals[a], vals[b]})
-                        : kiln::result_type({vals[a]}, {fl(A) || c != std::floor(c) ? kiln::Scalar(c) : kiln::Scalar(static_cast<int64_t>(c))});
+                        : kiln::result_type(
+                              {vals[a]},
+                              {fl(A) || c != std::floor(c) ? kiln::Scalar(c) : kiln::Scalar(static_cast<int64_t>(c))});
       e = eps_of(rt);
     } catch (const kiln::Error&) {
       return false;
     }
     switch (kind) {
-      case Add: case Sub:
+      case Add:
+      case Sub:
         o.mag = A.mag + B.mag;
         if (inexact) {
           o.abs_err = A.delta() + B.delta();
@@ -557,31 +602,38 @@ class Gen {
           if (!std::isfinite(o.abs_err)) return false;
         }
         break;
-      case Div: case Rem: case Fmod:
+      case Div:
+      case Rem:
+      case Fmod:
         o.finite = false;
         o.mag = kind == Div ? kInf : B.mag;
         break;
-      case Pow: case Atan2:
+      case Pow:
+      case Atan2:
         o.exact = false;
         o.finite = false;
         o.mag = kind == Pow ? kInf : 3.2;
         o.abs_err = 0;
         o.rel_err = 2 * e;
         break;
-      case Max: case Min:
-        break;
-      case Cmp: case Logical:
+      case Max:
+      case Min: break;
+      case Cmp:
+      case Logical:
         o.mag = 1;
         o.finite = true;
         break;
-      case Bitwise:
-        o.mag = std::max(A.mag, B.mag) * 2;
-        break;
+      case Bitwise: o.mag = std::max(A.mag, B.mag) * 2; break;
     }
     using BinT = Tensor (*)(const Tensor&, const Tensor&);
     using BinTS = Tensor (*)(const Tensor&, kiln::Scalar);
     using BinST = Tensor (*)(kiln::Scalar, const Tensor&);
-    struct Fns { const char* name; BinT tt; BinTS ts; BinST st; };
+    struct Fns {
+      const char* name;
+      BinT tt;
+      BinTS ts;
+      BinST st;
+    };
 #define KILN_FNS(n) Fns{#n, static_cast<BinT>(kiln::n), static_cast<BinTS>(kiln::n), static_cast<BinST>(kiln::n)}
     std::vector<Fns> choices;
     switch (kind) {
@@ -605,20 +657,23 @@ class Gen {
     cs << c;
     if (b >= 0) {
       BinT f = fn.tt;
-      return add(std::string(fn.name) + "(" + V(a) + ", " + V(b) + ")",
-                 [f, a, b](const std::vector<Tensor>& v) { return f(v[a], v[b]); }, o);
+      return add(
+          std::string(fn.name) + "(" + V(a) + ", " + V(b) + ")",
+          [f, a, b](const std::vector<Tensor>& v) { return f(v[a], v[b]); }, o);
     }
     const bool is_f = fl(A) || c != std::floor(c);
     kiln::Scalar sc = is_f ? kiln::Scalar(c) : kiln::Scalar(static_cast<int64_t>(c));
     if (A.dt == kBool && kind == Bitwise) sc = kiln::Scalar(c != 0);
     if (scalar_left) {
       BinST f = fn.st;
-      return add(std::string(fn.name) + "(" + cs.str() + ", " + V(a) + ")",
-                 [f, a, sc](const std::vector<Tensor>& v) { return f(sc, v[a]); }, o);
+      return add(
+          std::string(fn.name) + "(" + cs.str() + ", " + V(a) + ")",
+          [f, a, sc](const std::vector<Tensor>& v) { return f(sc, v[a]); }, o);
     }
     BinTS f = fn.ts;
-    return add(std::string(fn.name) + "(" + V(a) + ", " + cs.str() + ")",
-               [f, a, sc](const std::vector<Tensor>& v) { return f(v[a], sc); }, o);
+    return add(
+        std::string(fn.name) + "(" + V(a) + ", " + cs.str() + ")",
+        [f, a, sc](const std::vector<Tensor>& v) { return f(v[a], sc); }, o);
   }
 
   bool where_op() {
@@ -630,7 +685,8 @@ class Gen {
       Info o = passthrough({a});
       o.mag = 1;
       o.finite = true;
-      return add("gt(" + V(a) + ", 0)", [a](const std::vector<Tensor>& v) { return kiln::gt(v[a], 0); }, o);
+      return add(
+          "gt(" + V(a) + ", 0)", [a](const std::vector<Tensor>& v) { return kiln::gt(v[a], 0); }, o);
     }
     const Dims cs = I(c).shape;
     int a = pick([&](const Info& f) { return broadcastable(cs, f.shape); });
@@ -641,14 +697,16 @@ class Gen {
       Info o = passthrough({c, a});
       o.mag = std::max(o.mag, std::abs(s));
       kiln::Scalar sc = fl(I(a)) ? kiln::Scalar(s) : kiln::Scalar(static_cast<int64_t>(s));
-      return add("where(" + V(c) + ", " + V(a) + ", " + std::to_string(s) + ")",
-                 [c, a, sc](const std::vector<Tensor>& v) { return kiln::where(v[c], v[a], sc); }, o);
+      return add(
+          "where(" + V(c) + ", " + V(a) + ", " + std::to_string(s) + ")",
+          [c, a, sc](const std::vector<Tensor>& v) { return kiln::where(v[c], v[a], sc); }, o);
     }
     int b = pick([&](const Info& f) { return broadcastable(cs, f.shape) && broadcastable(as, f.shape); });
     if (b < 0) return false;
     Info o = passthrough({c, a, b});
-    return add("where(" + V(c) + ", " + V(a) + ", " + V(b) + ")",
-               [c, a, b](const std::vector<Tensor>& v) { return kiln::where(v[c], v[a], v[b]); }, o);
+    return add(
+        "where(" + V(c) + ", " + V(a) + ", " + V(b) + ")",
+        [c, a, b](const std::vector<Tensor>& v) { return kiln::where(v[c], v[a], v[b]); }, o);
   }
 
   bool cast_op() {
@@ -672,11 +730,13 @@ class Gen {
       c.mag = std::min(c.mag, 2.0);
       kiln::Scalar slo = fl(x) ? kiln::Scalar(lo) : kiln::Scalar(int64_t{-1});
       kiln::Scalar shi = fl(x) ? kiln::Scalar(hi) : kiln::Scalar(int64_t{2});
-      return add("clamp(" + V(a) + ", -1, " + std::to_string(hi) + ")",
-                 [a, slo, shi](const std::vector<Tensor>& v) { return kiln::clamp(v[a], slo, shi); }, c);
+      return add(
+          "clamp(" + V(a) + ", -1, " + std::to_string(hi) + ")",
+          [a, slo, shi](const std::vector<Tensor>& v) { return kiln::clamp(v[a], slo, shi); }, c);
     }
-    return add(std::string("to(") + V(a) + ", " + kiln::dtype_name(to) + ")",
-               [a, to](const std::vector<Tensor>& v) { return v[a].to(to); }, o);
+    return add(
+        std::string("to(") + V(a) + ", " + kiln::dtype_name(to) + ")",
+        [a, to](const std::vector<Tensor>& v) { return v[a].to(to); }, o);
   }
 
   // ---- views ----
@@ -693,39 +753,48 @@ class Gen {
         Dims perm(r);
         for (int64_t i = 0; i < r; ++i) perm[i] = i;
         for (int64_t i = r - 1; i > 0; --i) std::swap(perm[i], perm[S.range(0, i)]);
-        return add("permute(" + V(a) + ", " + dims_str(perm) + ")",
-                   [a, perm](const std::vector<Tensor>& v) { return v[a].permute(perm); }, o);
+        return add(
+            "permute(" + V(a) + ", " + dims_str(perm) + ")",
+            [a, perm](const std::vector<Tensor>& v) { return v[a].permute(perm); }, o);
       }
       case 1: {  // transpose
         if (r < 2) return false;
         int64_t d0 = S.range(0, r - 1), d1 = S.range(0, r - 1);
-        return add("transpose(" + V(a) + ", " + std::to_string(d0) + ", " + std::to_string(d1) + ")",
-                   [a, d0, d1](const std::vector<Tensor>& v) { return v[a].transpose(d0, d1); }, o);
+        return add(
+            "transpose(" + V(a) + ", " + std::to_string(d0) + ", " + std::to_string(d1) + ")",
+            [a, d0, d1](const std::vector<Tensor>& v) { return v[a].transpose(d0, d1); }, o);
       }
-      case 2: case 3: {  // slice with a step
+      case 2:
+      case 3: {  // slice with a step
         if (r < 1) return false;
         int64_t d = S.range(0, r - 1);
         int64_t start = S.range(0, 2), step = S.range(1, 3);
         std::optional<int64_t> stop;
         if (S.coin(0.4)) stop = -1;
-        return add("slice(" + V(a) + ", dim " + std::to_string(d) + ", " + std::to_string(start) + ":" +
-                       (stop ? std::to_string(*stop) : "") + ":" + std::to_string(step) + ")",
-                   [a, d, start, stop, step](const std::vector<Tensor>& v) {
-                     int64_t n = v[a].size(d);
-                     return v[a].slice(d, std::min(start, n), stop, step);
-                   },
-                   o);
+        return add(
+            "slice(" + V(a) + ", dim " + std::to_string(d) + ", " + std::to_string(start) + ":" +
+                (stop ? std::to_string(*stop) : "") + ":" + std::to_string(step) + ")",
+            [a, d, start, stop, step](const std::vector<Tensor>& v) {
+              int64_t n = v[a].size(d);
+              return v[a].slice(d, std::min(start, n), stop, step);
+            },
+            o);
       }
       case 4: {  // select
         if (r < 1) return false;
         int64_t d = S.range(0, r - 1);
         int which = static_cast<int>(S.range(0, 2));
-        return add("select(" + V(a) + ", dim " + std::to_string(d) + ", " + (which == 0 ? "0" : which == 1 ? "-1" : "n/2") + ")",
-                   [a, d, which](const std::vector<Tensor>& v) {
-                     int64_t n = v[a].size(d);
-                     return v[a].select(d, which == 0 ? 0 : which == 1 ? -1 : n / 2);
-                   },
-                   o);
+        return add(
+            "select(" + V(a) + ", dim " + std::to_string(d) + ", " +
+                (which == 0   ? "0"
+                 : which == 1 ? "-1"
+                              : "n/2") +
+                ")",
+            [a, d, which](const std::vector<Tensor>& v) {
+              int64_t n = v[a].size(d);
+              return v[a].select(d, which == 0 ? 0 : which == 1 ? -1 : n / 2);
+            },
+            o);
       }
       case 5: {  // expand size-1 dims (or add a leading dim)
         if (var.ref.empty()) return false;
@@ -737,48 +806,59 @@ class Gen {
             any = true;
           }
         if (!any || S.coin(0.3)) target.insert(target.begin(), var.ref[S.next() % var.ref.size()]);
-        return add("expand(" + V(a) + ", " + dims_str(target) + ")",
-                   [a, target](const std::vector<Tensor>& v) { return v[a].expand(target); }, o);
+        return add(
+            "expand(" + V(a) + ", " + dims_str(target) + ")",
+            [a, target](const std::vector<Tensor>& v) { return v[a].expand(target); }, o);
       }
       case 6: {
         int64_t d = S.range(0, r);
-        return add("unsqueeze(" + V(a) + ", " + std::to_string(d) + ")",
-                   [a, d](const std::vector<Tensor>& v) { return v[a].unsqueeze(d); }, o);
+        return add(
+            "unsqueeze(" + V(a) + ", " + std::to_string(d) + ")",
+            [a, d](const std::vector<Tensor>& v) { return v[a].unsqueeze(d); }, o);
       }
       case 7: {
-        if (S.coin(0.5)) return add("squeeze(" + V(a) + ")", [a](const std::vector<Tensor>& v) { return v[a].squeeze(); }, o);
+        if (S.coin(0.5))
+          return add(
+              "squeeze(" + V(a) + ")", [a](const std::vector<Tensor>& v) { return v[a].squeeze(); }, o);
         if (r < 1) return false;
         int64_t d = S.range(0, r - 1);
-        return add("squeeze(" + V(a) + ", " + std::to_string(d) + ")",
-                   [a, d](const std::vector<Tensor>& v) { return v[a].squeeze(d); }, o);
+        return add(
+            "squeeze(" + V(a) + ", " + std::to_string(d) + ")",
+            [a, d](const std::vector<Tensor>& v) { return v[a].squeeze(d); }, o);
       }
       case 8: {  // reshapes
         int how = static_cast<int>(S.range(0, 3));
         if (how == 0)
-          return add("flatten(" + V(a) + ")", [a](const std::vector<Tensor>& v) { return v[a].flatten(); }, o);
+          return add(
+              "flatten(" + V(a) + ")", [a](const std::vector<Tensor>& v) { return v[a].flatten(); }, o);
         if (how == 1) {
           if (r < 2) return false;
           int64_t d = S.range(0, r - 2);
-          return add("flatten(" + V(a) + ", " + std::to_string(d) + ", " + std::to_string(d + 1) + ")",
-                     [a, d](const std::vector<Tensor>& v) { return v[a].flatten(d, d + 1); }, o);
+          return add(
+              "flatten(" + V(a) + ", " + std::to_string(d) + ", " + std::to_string(d + 1) + ")",
+              [a, d](const std::vector<Tensor>& v) { return v[a].flatten(d, d + 1); }, o);
         }
         if (r < 1) return false;
         int64_t d = S.range(0, r - 1);
         // split dim d by its smallest factor (or add a 1)
-        return add("unflatten(" + V(a) + ", dim " + std::to_string(d) + ")",
-                   [a, d](const std::vector<Tensor>& v) {
-                     Dims s = v[a].sizes();
-                     int64_t n = s[d], f = 1;
-                     for (int64_t q = 2; q * q <= n; ++q)
-                       if (n % q == 0) { f = q; break; }
-                     if (f == 1) f = n > 1 ? n : 1;
-                     Dims t(s.begin(), s.begin() + d);
-                     t.push_back(f);
-                     t.push_back(f == 0 ? 0 : n / f);
-                     t.insert(t.end(), s.begin() + d + 1, s.end());
-                     return v[a].reshape(t);
-                   },
-                   o);
+        return add(
+            "unflatten(" + V(a) + ", dim " + std::to_string(d) + ")",
+            [a, d](const std::vector<Tensor>& v) {
+              Dims s = v[a].sizes();
+              int64_t n = s[d], f = 1;
+              for (int64_t q = 2; q * q <= n; ++q)
+                if (n % q == 0) {
+                  f = q;
+                  break;
+                }
+              if (f == 1) f = n > 1 ? n : 1;
+              Dims t(s.begin(), s.begin() + d);
+              t.push_back(f);
+              t.push_back(f == 0 ? 0 : n / f);
+              t.insert(t.end(), s.begin() + d + 1, s.end());
+              return v[a].reshape(t);
+            },
+            o);
       }
       case 9: {
         if (r < 1) return false;
@@ -786,22 +866,27 @@ class Gen {
         for (int64_t d = 0; d < r; ++d)
           if (S.coin(0.5)) ds.push_back(d);
         if (ds.empty()) ds.push_back(r - 1);
-        return add("flip(" + V(a) + ", " + dims_str(ds) + ")",
-                   [a, ds](const std::vector<Tensor>& v) { return v[a].flip(ds); }, o);
+        return add(
+            "flip(" + V(a) + ", " + dims_str(ds) + ")", [a, ds](const std::vector<Tensor>& v) { return v[a].flip(ds); },
+            o);
       }
       case 10:
-        return add("contiguous(" + V(a) + ")", [a](const std::vector<Tensor>& v) { return v[a].contiguous(); }, o);
+        return add(
+            "contiguous(" + V(a) + ")", [a](const std::vector<Tensor>& v) { return v[a].contiguous(); }, o);
       case 11: {  // t[..., 1:, None]
         if (r < 1) return false;
-        return add(V(a) + "[..., 1:, None]", [a](const std::vector<Tensor>& v) {
-          return v[a].index({kiln::Ellipsis, kiln::Slice(1, kiln::None), kiln::None});
-        }, o);
+        return add(
+            V(a) + "[..., 1:, None]",
+            [a](const std::vector<Tensor>& v) {
+              return v[a].index({kiln::Ellipsis, kiln::Slice(1, kiln::None), kiln::None});
+            },
+            o);
       }
       default: {  // chain: transpose then slice
         if (r < 2) return false;
-        return add("transpose(" + V(a) + ", 0, -1)[::2]", [a](const std::vector<Tensor>& v) {
-          return v[a].transpose(0, -1).slice(0, 0, std::nullopt, 2);
-        }, o);
+        return add(
+            "transpose(" + V(a) + ", 0, -1)[::2]",
+            [a](const std::vector<Tensor>& v) { return v[a].transpose(0, -1).slice(0, 0, std::nullopt, 2); }, o);
       }
     }
   }
@@ -817,12 +902,15 @@ class Gen {
       for (int64_t d = 0; d < r; ++d)
         if (S.coin(0.4)) dims.push_back(d);
       if (dims.empty()) dims.push_back(S.range(0, r - 1));
-      if (S.coin(0.2)) for (auto& d : dims) d -= r;  // negative dims
+      if (S.coin(0.2))
+        for (auto& d : dims) d -= r;  // negative dims
     }
     const bool keep = S.coin(0.4);
     int64_t n = 1;
-    if (full) n = prod(x.shape);
-    else for (int64_t d : dims) n *= x.shape[(d + r) % r];
+    if (full)
+      n = prod(x.shape);
+    else
+      for (int64_t d : dims) n *= x.shape[(d + r) % r];
     Info o = passthrough({a});
     const double d = x.delta();
     const double e = eps_of(x.dt);
@@ -840,44 +928,54 @@ class Gen {
       return true;
     };
     switch (k) {
-      case 0: case 1: case 2: {  // sum
+      case 0:
+      case 1:
+      case 2: {  // sum
         if (fl(x)) {
           if (!floating_sum(false)) return false;
         } else {
           o.mag = std::max<int64_t>(n, 1) * x.mag;
         }
-        return add("sum(" + args + ")", [a, dims, keep](const std::vector<Tensor>& v) { return kiln::sum(v[a], dims, keep); }, o);
+        return add(
+            "sum(" + args + ")", [a, dims, keep](const std::vector<Tensor>& v) { return kiln::sum(v[a], dims, keep); },
+            o);
       }
       case 3: {  // mean
         if (!fl(x) || !floating_sum(true)) return false;
         if (n == 0) o.finite = false;
-        return add("mean(" + args + ")", [a, dims, keep](const std::vector<Tensor>& v) { return kiln::mean(v[a], dims, keep); }, o);
+        return add(
+            "mean(" + args + ")",
+            [a, dims, keep](const std::vector<Tensor>& v) { return kiln::mean(v[a], dims, keep); }, o);
       }
-      case 4: case 5: {  // amax / amin
+      case 4:
+      case 5: {  // amax / amin
         if (n == 0 || prod(x.shape) == 0) return false;
         bool mx = k == 4;
         // Equal values but not equal bits: which of -0 and +0 a reduction keeps depends on the
         // order it compares them in (the interpreter's loop, a kernel's vector lanes), so the
         // result is exact in value only; ops that turn a zero's sign into a value (1/x) refuse it.
         o.exact = false;
-        return add(std::string(mx ? "amax(" : "amin(") + args + ")",
-                   [a, dims, keep, mx](const std::vector<Tensor>& v) {
-                     return mx ? kiln::amax(v[a], dims, keep) : kiln::amin(v[a], dims, keep);
-                   },
-                   o);
+        return add(
+            std::string(mx ? "amax(" : "amin(") + args + ")",
+            [a, dims, keep, mx](const std::vector<Tensor>& v) {
+              return mx ? kiln::amax(v[a], dims, keep) : kiln::amin(v[a], dims, keep);
+            },
+            o);
       }
-      case 6: case 7: {  // argmax / argmin: one dim or all
+      case 6:
+      case 7: {  // argmax / argmin: one dim or all
         if (!x.exact || n == 0 || prod(x.shape) == 0) return false;
         bool mx = k == 6;
         std::optional<int64_t> dim;
         if (!full) dim = dims[0];
         o.mag = static_cast<double>(prod(x.shape));
-        return add(std::string(mx ? "argmax(" : "argmin(") + V(a) + ", " + (dim ? std::to_string(*dim) : "all") +
-                       (keep ? ", keepdim" : "") + ")",
-                   [a, dim, keep, mx](const std::vector<Tensor>& v) {
-                     return mx ? kiln::argmax(v[a], dim, keep) : kiln::argmin(v[a], dim, keep);
-                   },
-                   o);
+        return add(
+            std::string(mx ? "argmax(" : "argmin(") + V(a) + ", " + (dim ? std::to_string(*dim) : "all") +
+                (keep ? ", keepdim" : "") + ")",
+            [a, dim, keep, mx](const std::vector<Tensor>& v) {
+              return mx ? kiln::argmax(v[a], dim, keep) : kiln::argmin(v[a], dim, keep);
+            },
+            o);
       }
       case 8: {  // prod (exact inputs, few elements)
         if (!x.exact || n > 12 || x.mag > 4) return false;
@@ -888,17 +986,20 @@ class Gen {
           o.abs_err = 0;
           o.rel_err = 2 * e + static_cast<double>(n) * 0x1p-52;
         }
-        return add("prod(" + args + ")", [a, dims, keep](const std::vector<Tensor>& v) { return kiln::prod(v[a], dims, keep); }, o);
+        return add(
+            "prod(" + args + ")",
+            [a, dims, keep](const std::vector<Tensor>& v) { return kiln::prod(v[a], dims, keep); }, o);
       }
       default: {  // any / all (exact inputs)
         if (!x.exact) return false;
         bool any = S.coin();
         o.mag = 1;
-        return add(std::string(any ? "any(" : "all(") + args + ")",
-                   [a, dims, keep, any](const std::vector<Tensor>& v) {
-                     return any ? kiln::any(v[a], dims, keep) : kiln::all(v[a], dims, keep);
-                   },
-                   o);
+        return add(
+            std::string(any ? "any(" : "all(") + args + ")",
+            [a, dims, keep, any](const std::vector<Tensor>& v) {
+              return any ? kiln::any(v[a], dims, keep) : kiln::all(v[a], dims, keep);
+            },
+            o);
       }
     }
   }
@@ -928,15 +1029,18 @@ class Gen {
         o.mag = 1;
         o.abs_err = 0;
         o.rel_err = 2 * d + 8 * e + 2 * acc;
-        return add("softmax(" + V(a) + ", " + std::to_string(dim) + ")",
-                   [a, dim](const std::vector<Tensor>& v) { return kiln::softmax(v[a], dim); }, o);
+        return add(
+            "softmax(" + V(a) + ", " + std::to_string(dim) + ")",
+            [a, dim](const std::vector<Tensor>& v) { return kiln::softmax(v[a], dim); }, o);
       case 1:  // log_softmax
         o.mag = 2 * x.mag + std::log(n + 1.0);
         o.abs_err = 2 * d + 8 * e * o.mag + 2 * acc;
         o.rel_err = 2 * e;
-        return add("log_softmax(" + V(a) + ", " + std::to_string(dim) + ")",
-                   [a, dim](const std::vector<Tensor>& v) { return kiln::log_softmax(v[a], dim); }, o);
-      case 2: case 3: {  // layer_norm over the last 1 or 2 dims
+        return add(
+            "log_softmax(" + V(a) + ", " + std::to_string(dim) + ")",
+            [a, dim](const std::vector<Tensor>& v) { return kiln::log_softmax(v[a], dim); }, o);
+      case 2:
+      case 3: {  // layer_norm over the last 1 or 2 dims
         if (!fl(x)) return false;
         int64_t kk = std::min<int64_t>(r, S.range(1, 2));
         Dims ns(x.shape.end() - kk, x.shape.end());
@@ -946,11 +1050,12 @@ class Gen {
         o.mag = std::sqrt(static_cast<double>(std::max<int64_t>(prod(ns), 1)));
         o.abs_err = dc / std::sqrt(eps);
         o.rel_err = dc / (2 * std::sqrt(eps)) + 8 * e;
-        return add("layer_norm(" + V(a) + ", " + dims_str(ns) + ", eps=" + (eps == 1e-5 ? "1e-5" : "1e-3") + ")",
-                   [a, ns, eps](const std::vector<Tensor>& v) {
-                     return kiln::layer_norm(v[a], ns, std::nullopt, std::nullopt, eps);
-                   },
-                   o);
+        return add(
+            "layer_norm(" + V(a) + ", " + dims_str(ns) + ", eps=" + (eps == 1e-5 ? "1e-5" : "1e-3") + ")",
+            [a, ns, eps](const std::vector<Tensor>& v) {
+              return kiln::layer_norm(v[a], ns, std::nullopt, std::nullopt, eps);
+            },
+            o);
       }
       case 4: {  // logsumexp
         if (!fl(x)) return false;
@@ -959,8 +1064,9 @@ class Gen {
         o.abs_err = d + 8 * e * o.mag + 2 * acc;
         o.rel_err = 2 * e;
         o.finite = n > 0;
-        return add("logsumexp(" + V(a) + ", [" + std::to_string(dim) + "]" + (keep ? ", keepdim" : "") + ")",
-                   [a, dim, keep](const std::vector<Tensor>& v) { return kiln::logsumexp(v[a], {dim}, keep); }, o);
+        return add(
+            "logsumexp(" + V(a) + ", [" + std::to_string(dim) + "]" + (keep ? ", keepdim" : "") + ")",
+            [a, dim, keep](const std::vector<Tensor>& v) { return kiln::logsumexp(v[a], {dim}, keep); }, o);
       }
       default: {  // var (correction 0 or 1)
         if (!fl(x)) return false;
@@ -970,9 +1076,10 @@ class Gen {
         o.mag = x.mag * x.mag * 4 * static_cast<double>(n) / (static_cast<double>(n) - corr);
         o.abs_err = 8 * x.mag * (d + 2 * (e + acc) * x.mag);
         o.rel_err = 4 * e;
-        return add("var(" + V(a) + ", [" + std::to_string(dim) + "], correction=" + std::to_string(static_cast<int>(corr)) +
-                       (keep ? ", keepdim" : "") + ")",
-                   [a, dim, corr, keep](const std::vector<Tensor>& v) { return kiln::var(v[a], {dim}, corr, keep); }, o);
+        return add(
+            "var(" + V(a) + ", [" + std::to_string(dim) + "], correction=" + std::to_string(static_cast<int>(corr)) +
+                (keep ? ", keepdim" : "") + ")",
+            [a, dim, corr, keep](const std::vector<Tensor>& v) { return kiln::var(v[a], {dim}, corr, keep); }, o);
       }
     }
   }
@@ -994,8 +1101,9 @@ class Gen {
       o.exact = false;
       o.abs_err = 2 * K * eps_of(x.dt) * o.mag + (x.exact ? 0 : 2 * K * x.mag * x.delta());
       o.rel_err = eps_of(x.dt);
-      return add("matmul(" + V(a) + ", " + V(a) + ".T)",
-                 [a](const std::vector<Tensor>& v) { return kiln::matmul(v[a], v[a].transpose(0, 1)); }, o);
+      return add(
+          "matmul(" + V(a) + ", " + V(a) + ".T)",
+          [a](const std::vector<Tensor>& v) { return kiln::matmul(v[a], v[a].transpose(0, 1)); }, o);
     }
     if (k == 1) {  // cat of a value with a transformed copy of itself
       int a = pick([](const Info& f) { return !f.shape.empty() && f.dt != kBool; });
@@ -1005,8 +1113,12 @@ class Gen {
       Info o = passthrough({a});
       o.mag = x.mag + 1;
       if (!x.exact) o.abs_err += x.rel_err * x.mag;
-      return add("cat([" + V(a) + ", " + V(a) + " + 1], " + std::to_string(d) + ")",
-                 [a, d](const std::vector<Tensor>& v) { return kiln::cat({v[a], kiln::add(v[a], 1)}, d); }, o);
+      return add(
+          "cat([" + V(a) + ", " + V(a) + " + 1], " + std::to_string(d) + ")",
+          [a, d](const std::vector<Tensor>& v) {
+            return kiln::cat({v[a], kiln::add(v[a], 1)}, d);
+          },
+          o);
     }
     if (k == 2) {  // cumsum
       int a = pick([](const Info& f) { return !f.shape.empty(); });
@@ -1021,8 +1133,9 @@ class Gen {
         o.abs_err = n * x.delta();
         o.rel_err = eps_of(x.dt);
       }
-      return add("cumsum(" + V(a) + ", " + std::to_string(d) + ")",
-                 [a, d](const std::vector<Tensor>& v) { return kiln::cumsum(v[a], d); }, o);
+      return add(
+          "cumsum(" + V(a) + ", " + std::to_string(d) + ")",
+          [a, d](const std::vector<Tensor>& v) { return kiln::cumsum(v[a], d); }, o);
     }
     // integer remainder by a non-zero scalar (checked reference op)
     int a = pick([](const Info& f) { return kiln::is_integral(f.dt); });
@@ -1030,8 +1143,9 @@ class Gen {
     int64_t m = S.coin() ? 3 : -2;
     Info o = passthrough({a});
     o.mag = 3;
-    return add("remainder(" + V(a) + ", " + std::to_string(m) + ")",
-               [a, m](const std::vector<Tensor>& v) { return kiln::remainder(v[a], kiln::Scalar(m)); }, o);
+    return add(
+        "remainder(" + V(a) + ", " + std::to_string(m) + ")",
+        [a, m](const std::vector<Tensor>& v) { return kiln::remainder(v[a], kiln::Scalar(m)); }, o);
   }
 
   // ---- in-place writes through a view of a fresh copy ----
@@ -1044,16 +1158,17 @@ class Gen {
     Info o = passthrough({a});
     o.mag = 2 * x.mag + 1;
     if (!x.exact) o.abs_err += x.rel_err * x.mag;
-    return add("y = clone(" + V(a) + "); y." + (sel ? "select(" : "slice(") + std::to_string(d) + (sel ? ", 0)" : ", ::2)") +
-                   ".mul_(2).add_(1); y",
-               [a, d, sel](const std::vector<Tensor>& v) {
-                 Tensor y = v[a].clone();
-                 Tensor w = sel ? y.select(d, 0) : y.slice(d, 0, std::nullopt, 2);
-                 w.mul_(2);
-                 w.add_(1);
-                 return y;
-               },
-               o);
+    return add(
+        "y = clone(" + V(a) + "); y." + (sel ? "select(" : "slice(") + std::to_string(d) + (sel ? ", 0)" : ", ::2)") +
+            ".mul_(2).add_(1); y",
+        [a, d, sel](const std::vector<Tensor>& v) {
+          Tensor y = v[a].clone();
+          Tensor w = sel ? y.select(d, 0) : y.slice(d, 0, std::nullopt, 2);
+          w.mul_(2);
+          w.add_(1);
+          return y;
+        },
+        o);
   }
 };
 
@@ -1098,7 +1213,7 @@ Program make_program(uint64_t seed, int family, int variant, bool pointwise_only
 struct Result {
   DType dt;
   Dims shape;
-  std::vector<double> f;   // floating values
+  std::vector<double> f;  // floating values
   std::vector<int64_t> i;  // ints and bools
 };
 
@@ -1120,8 +1235,10 @@ Result read(const Tensor& t) {
     for (int64_t k = 0; k < count; ++k) {
       int64_t off = 0;
       for (int64_t d = 0; d < rank; ++d) off += idx[d] * st[d];
-      if constexpr (std::is_floating_point_v<T>) r.f.push_back(static_cast<double>(base[off]));
-      else if constexpr (std::is_integral_v<T>) r.i.push_back(static_cast<int64_t>(base[off]));
+      if constexpr (std::is_floating_point_v<T>)
+        r.f.push_back(static_cast<double>(base[off]));
+      else if constexpr (std::is_integral_v<T>)
+        r.i.push_back(static_cast<int64_t>(base[off]));
       for (int64_t d = rank - 1; d >= 0; --d) {
         if (++idx[d] < r.shape[d]) break;
         idx[d] = 0;
@@ -1145,8 +1262,8 @@ std::vector<Result> evaluate(const Program& p) {
 struct CompareStats {
   int64_t elements = 0, float_elements = 0, exact_float_elements = 0, inexact_differing = 0;
   double worst_vs_stated = 0;  // max |jit - interp| / (rtol |interp| + atol) over inexact elements
-  double worst_vs_used = 0;    // max |jit - interp| / tolerance used
-  std::string worst;           // the element behind worst_vs_stated
+  double worst_vs_used = 0;  // max |jit - interp| / tolerance used
+  std::string worst;  // the element behind worst_vs_stated
 };
 std::mutex g_stats_mu;
 CompareStats g_cmp;
@@ -1196,9 +1313,12 @@ std::string compare(const Result& ref, const Result& got, const Info& info) {
     double a = got.f[k], b = ref.f[k];
     bool ok;
     double tol = 0;
-    if (std::isnan(a) || std::isnan(b)) ok = std::isnan(a) && std::isnan(b);
-    else if (a == b) ok = true;
-    else if (info.exact) ok = false;
+    if (std::isnan(a) || std::isnan(b))
+      ok = std::isnan(a) && std::isnan(b);
+    else if (a == b)
+      ok = true;
+    else if (info.exact)
+      ok = false;
     else {
       const double stated = rtol * std::abs(b) + atol;
       tol = std::max(stated, 4 * (info.abs_err + info.rel_err * std::abs(b)));
@@ -1224,8 +1344,15 @@ std::string compare(const Result& ref, const Result& got, const Info& info) {
   if (!bad) return "";
   os.precision(17);
   os << "element " << first << ": jit " << got.f[first] << ", interpreter " << ref.f[first]
-     << (info.exact ? std::string(" (must match exactly)") : " (tolerance " + [&] { std::ostringstream t; t << first_tol; return t.str(); }() + ")") << "; " << bad
-     << " of " << ref.f.size() << " differ";
+     << (info.exact ? std::string(" (must match exactly)")
+                    : " (tolerance " +
+                          [&] {
+                            std::ostringstream t;
+                            t << first_tol;
+                            return t.str();
+                          }() +
+                          ")")
+     << "; " << bad << " of " << ref.f.size() << " differ";
   return os.str();
 }
 
@@ -1272,7 +1399,8 @@ std::string schedule_of(const Program& p) {
       if (steps[i].kind == kiln::jit::Step::Kind::Kernel) try {
           kiln::jit::lower(steps[i].group, kiln::jit::target_for(kiln::DeviceType::CPU));
         } catch (const kiln::jit::LowerError& e) {
-          r += "  (step " + std::to_string(i) + " does not lower: " + e.what() + "; the executor stores its reductions and reschedules)\n";
+          r += "  (step " + std::to_string(i) + " does not lower: " + e.what() +
+               "; the executor stores its reductions and reschedules)\n";
         }
     return r;
   } catch (const std::exception& e) {

@@ -93,8 +93,7 @@ TEST(Api, ClampAndAs) {
   gradcheck("clamp_min", [](const std::vector<Tensor>& a) { return a[0].clamp_min(0.1); }, {random_input({6}, rng)});
   gradcheck("clamp_max", [](const std::vector<Tensor>& a) { return clamp_max(a[0], a[1]); },
             {random_input({6}, rng), random_input({6}, rng)});
-  expect_compiled_equal([](const std::vector<Tensor>& a) { return a[0].clamp_min(0).expand_as(a[1]) + a[1]; },
-                        {x, y});
+  expect_compiled_equal([](const std::vector<Tensor>& a) { return a[0].clamp_min(0).expand_as(a[1]) + a[1]; }, {x, y});
 }
 
 TEST(Api, SqueezeUnbindMovedim) {
@@ -114,10 +113,12 @@ TEST(Api, SqueezeUnbindMovedim) {
   EXPECT_EQ(b.movedim({0, 1}, {3, 0}).sizes(), (std::vector<int64_t>{3, 4, 5, 2}));
   expect_error([&] { b.movedim({0, 0}, {1, 2}); }, "repeated dim");
   expect_error([&] { b.movedim({0}, {1, 2}); }, "same number");
-  gradcheck("unbind+movedim", [](const std::vector<Tensor>& t) {
-    auto u = t[0].movedim(0, 2).unbind(1);
-    return u[0] * u[2];
-  }, {random_input({2, 3, 4}, rng)});
+  gradcheck("unbind+movedim",
+            [](const std::vector<Tensor>& t) {
+              auto u = t[0].movedim(0, 2).unbind(1);
+              return u[0] * u[2];
+            },
+            {random_input({2, 3, 4}, rng)});
   expect_compiled_equal([](const std::vector<Tensor>& t) { return t[0].movedim(0, -1).squeeze({0}); },
                         {rnd({4, 1, 3})});
 }
@@ -149,16 +150,21 @@ TEST(Api, DiagonalRollCumprod) {
   EXPECT_EQ(i64({1, 2, 3}, {3}).cumprod(0).dtype(), kInt64);
   EXPECT_EQ(i64({1, 2, 3}, {3}).cumsum(0, kFloat32).dtype(), kFloat32);
   EXPECT_EQ(cumsum(i64({1, 2, 3}, {3}), 0, kFloat64).to_vector<double>(), (std::vector<double>{1, 3, 6}));
-  gradcheck("diagonal", [](const std::vector<Tensor>& t) { return t[0].diagonal(1, 0, 2); }, {random_input({3, 2, 4}, rng)});
-  gradcheck("roll", [](const std::vector<Tensor>& t) { return t[0].roll({2, 1}, {1, 0}); }, {random_input({3, 4}, rng)});
+  gradcheck("diagonal", [](const std::vector<Tensor>& t) { return t[0].diagonal(1, 0, 2); },
+            {random_input({3, 2, 4}, rng)});
+  gradcheck("roll",
+            [](const std::vector<Tensor>& t) {
+              return t[0].roll({2, 1}, {1, 0});
+            },
+            {random_input({3, 4}, rng)});
   gradcheck("cumprod", [](const std::vector<Tensor>& t) { return t[0].cumprod(1); }, {random_input({2, 5}, rng)});
   {  // cumprod's gradient with a zero (PyTorch: defined, from prod's rule)
     Tensor z = f64({2, 0, 3, 4}, {4}).requires_grad_();
     z.cumprod(0).sum().backward();
     EXPECT_EQ(z.grad().to_vector<double>(), (std::vector<double>{1, 2 + 6 + 24, 0, 0}));
   }
-  expect_compiled_equal([](const std::vector<Tensor>& t) { return t[0].diagonal() + t[0].roll(1, 1).cumprod(0).sum(1); },
-                        {rnd({4, 4})});
+  expect_compiled_equal(
+      [](const std::vector<Tensor>& t) { return t[0].diagonal() + t[0].roll(1, 1).cumprod(0).sum(1); }, {rnd({4, 4})});
 }
 
 TEST(Api, SortArgsortTopk) {
@@ -192,10 +198,13 @@ TEST(Api, SortArgsortTopk) {
   std::vector<double> bvv = bv.to_vector<double>();
   EXPECT_TRUE(std::is_sorted(bvv.begin(), bvv.end()));
   expect_close(gather(big, 0, bi), bv);
-  gradcheck("sort values", [](const std::vector<Tensor>& t) { return t[0].sort(1, true).first; }, {random_input({3, 5}, rng)});
-  gradcheck("topk values", [](const std::vector<Tensor>& t) { return t[0].topk(2, 0).first; }, {random_input({5, 3}, rng)});
-  expect_compiled_equal([](const std::vector<Tensor>& t) { return t[0].sort(-1).first + t[0].topk(3).second.sum(1, true).to(kFloat64); },
-                        {rnd({4, 6})});
+  gradcheck("sort values", [](const std::vector<Tensor>& t) { return t[0].sort(1, true).first; },
+            {random_input({3, 5}, rng)});
+  gradcheck("topk values", [](const std::vector<Tensor>& t) { return t[0].topk(2, 0).first; },
+            {random_input({5, 3}, rng)});
+  expect_compiled_equal(
+      [](const std::vector<Tensor>& t) { return t[0].sort(-1).first + t[0].topk(3).second.sum(1, true).to(kFloat64); },
+      {rnd({4, 6})});
 }
 
 TEST(Api, MultinomialRandperm) {
@@ -268,9 +277,15 @@ TEST(Api, Einsum) {
   expect_error([&] { einsum("ijk->i", {m}); }, "number of subscripts");
   expect_error([&] { einsum("ij->ix", {m}); }, "does not appear");
   expect_error([&] { einsum("i1->i", {v}); }, "invalid subscript");
-  gradcheck("einsum bij,bjk", [](const std::vector<Tensor>& t) { return einsum("bij,bjk->bik", {t[0], t[1]}); },
+  gradcheck("einsum bij,bjk",
+            [](const std::vector<Tensor>& t) {
+              return einsum("bij,bjk->bik", {t[0], t[1]});
+            },
             {random_input({2, 3, 4}, rng), random_input({2, 4, 2}, rng)});
-  gradcheck("einsum ii,i", [](const std::vector<Tensor>& t) { return einsum("ii,i->i", {t[0], t[1]}); },
+  gradcheck("einsum ii,i",
+            [](const std::vector<Tensor>& t) {
+              return einsum("ii,i->i", {t[0], t[1]});
+            },
             {random_input({3, 3}, rng), random_input({3}, rng)});
   expect_compiled_equal([](const std::vector<Tensor>& t) { return einsum("bij,bjk->bki", {t[0], t[1]}); }, {a, b});
 }
@@ -296,8 +311,7 @@ TEST(Api, Cdist) {
             {random_input({2, 3, 4}, rng), random_input({2, 5, 4}, rng)});
   gradcheck("cdist p1.5", [](const std::vector<Tensor>& t) { return cdist(t[0], t[1], 1.5); },
             {random_input({3, 2}, rng), random_input({4, 2}, rng)});
-  expect_compiled_equal([](const std::vector<Tensor>& t) { return cdist(t[0], t[1]); },
-                        {rnd({5, 3}), rnd({4, 3})});
+  expect_compiled_equal([](const std::vector<Tensor>& t) { return cdist(t[0], t[1]); }, {rnd({5, 3}), rnd({4, 3})});
 }
 
 TEST(Api, InPlaceAndMethods) {
@@ -350,12 +364,14 @@ TEST(Api, InPlaceAndMethods) {
   EXPECT_EQ(bt.dtype(), kBool);
   EXPECT_EQ(bt.to_vector<bool>(), bits);
   expect_error([&] { from_vector(bits, std::vector<int64_t>{3}); }, "holds 3 elements");
-  expect_compiled_equal([](const std::vector<Tensor>& t) {
-    Tensor w = t[0] * 1;
-    w.relu_();
-    w.masked_fill_(w.gt(0.5), 0.25);
-    return w.mT() + t[0].ge(0).to_double().mT();
-  }, {rnd({3, 4})});
+  expect_compiled_equal(
+      [](const std::vector<Tensor>& t) {
+        Tensor w = t[0] * 1;
+        w.relu_();
+        w.masked_fill_(w.gt(0.5), 0.25);
+        return w.mT() + t[0].ge(0).to_double().mT();
+      },
+      {rnd({3, 4})});
 }
 
 TEST(Api, AdvancedIndexing) {
@@ -415,15 +431,22 @@ TEST(Api, AdvancedIndexing) {
     row.index_put_({i64({0, 2}, {2})}, 1.0);
     EXPECT_EQ(base.to_vector<double>(), (std::vector<double>{0, 0, 0, 1, 0, 1}));
   }
-  gradcheck("x[:, idx]", [](const std::vector<Tensor>& t) { return t[0].index({Slice(), t[1]}); },
+  gradcheck("x[:, idx]",
+            [](const std::vector<Tensor>& t) {
+              return t[0].index({Slice(), t[1]});
+            },
             {random_input({3, 4}, rng), kiln::testing::index_input({3}, {3, 0, 3})});
-  gradcheck("index_put accumulate", [](const std::vector<Tensor>& t) {
-    return index_put(t[0], {t[2], Slice()}, t[1], true);
-  }, {random_input({3, 2}, rng), random_input({4, 2}, rng), kiln::testing::index_input({4}, {0, 2, 0, 1})});
-  expect_compiled_equal([](const std::vector<Tensor>& t) {
-    Tensor w = t[0] * 1;
-    w.index_put_({t[1]}, 0.0);
-    return w.index({Slice(), t[2]}) + w.index({t[1] == false}).sum();
-  }, {rnd({4, 3}),
-      from_vector(std::vector<bool>{true, false, false, true}, std::vector<int64_t>{4}), i64({2, 0}, {2})});
+  gradcheck("index_put accumulate",
+            [](const std::vector<Tensor>& t) {
+              return index_put(t[0], {t[2], Slice()}, t[1], true);
+            },
+            {random_input({3, 2}, rng), random_input({4, 2}, rng), kiln::testing::index_input({4}, {0, 2, 0, 1})});
+  expect_compiled_equal(
+      [](const std::vector<Tensor>& t) {
+        Tensor w = t[0] * 1;
+        w.index_put_({t[1]}, 0.0);
+        return w.index({Slice(), t[2]}) + w.index({t[1] == false}).sum();
+      },
+      {rnd({4, 3}), from_vector(std::vector<bool>{true, false, false, true}, std::vector<int64_t>{4}),
+       i64({2, 0}, {2})});
 }

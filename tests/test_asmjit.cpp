@@ -32,8 +32,8 @@ using kiln::jit::cache_stats;
 using kiln::jit::CacheStats;
 using kiln::jit::JitMode;
 
-#define SKIP_UNLESS_ASMJIT_MODE()                                                              \
-  if (kiln::jit::jit_mode() != JitMode::Asmjit)                                                \
+#define SKIP_UNLESS_ASMJIT_MODE()               \
+  if (kiln::jit::jit_mode() != JitMode::Asmjit) \
   GTEST_SKIP() << "registered with KILN_JIT=asmjit (this is another registration)"
 
 TEST(AsmjitDifferential, RandomPointwiseGraphs) {
@@ -57,12 +57,13 @@ TEST(AsmjitDifferential, RandomPointwiseGraphs) {
   }
   kiln::set_executor(kiln::jit::jit_executor());
   CacheStats s = cache_stats();
-  std::printf("[ asmjit ] kernels: %llu asmjit (%.1f us each), %llu LLVM, %llu asmjit fallbacks; launches: %llu asmjit, "
-              "%llu LLVM\n",
-              static_cast<unsigned long long>(s.quick_compiles),
-              s.quick_compiles ? s.quick_compile_us / static_cast<double>(s.quick_compiles) : 0.0,
-              static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.quick_fallbacks),
-              static_cast<unsigned long long>(s.quick_runs), static_cast<unsigned long long>(s.optimized_runs));
+  std::printf(
+      "[ asmjit ] kernels: %llu asmjit (%.1f us each), %llu LLVM, %llu asmjit fallbacks; launches: %llu asmjit, "
+      "%llu LLVM\n",
+      static_cast<unsigned long long>(s.quick_compiles),
+      s.quick_compiles ? s.quick_compile_us / static_cast<double>(s.quick_compiles) : 0.0,
+      static_cast<unsigned long long>(s.compiles), static_cast<unsigned long long>(s.quick_fallbacks),
+      static_cast<unsigned long long>(s.quick_runs), static_cast<unsigned long long>(s.optimized_runs));
   EXPECT_GT(s.quick_compiles, 100u);
   EXPECT_EQ(s.quick_fallbacks, 0u) << "a pointwise kernel of the random graphs went to LLVM";
   EXPECT_EQ(s.background_swaps, 0u);
@@ -135,9 +136,10 @@ TEST(AsmjitTiers, TieredSwapsToLlvm) {
   EXPECT_EQ(c.quick_compiles, a.quick_compiles) << "the second run compiled again";
   EXPECT_EQ(c.quick_runs, a.quick_runs) << "asmjit code ran after the swap";
   EXPECT_EQ(c.optimized_runs, a.quick_runs);
-  std::printf("[ asmjit ] tiered: %llu kernels, %.1f us asmjit compile each, %.2f ms LLVM compile each in the background\n",
-              static_cast<unsigned long long>(a.quick_compiles), a.quick_compile_us / static_cast<double>(a.quick_compiles),
-              b.compile_ms / static_cast<double>(b.compiles));
+  std::printf(
+      "[ asmjit ] tiered: %llu kernels, %.1f us asmjit compile each, %.2f ms LLVM compile each in the background\n",
+      static_cast<unsigned long long>(a.quick_compiles), a.quick_compile_us / static_cast<double>(a.quick_compiles),
+      b.compile_ms / static_cast<double>(b.compiles));
 }
 
 // The one pointwise kernel of `y`'s graph.

@@ -41,7 +41,7 @@ bool fused(const Tensor& y) {
 
 struct Case {
   std::vector<int64_t> q, k, v;  // shapes
-  int mask = 0;                  // 0 none, 1 additive [Tq, Tk], 2 boolean [1, Tq, Tk] (rank >= 3)
+  int mask = 0;  // 0 none, 1 additive [Tq, Tk], 2 boolean [1, Tq, Tk] (rank >= 3)
   bool causal = false;
 };
 
@@ -65,8 +65,10 @@ void expect_grads_match(const std::vector<Tensor>& g, const std::vector<Tensor>&
   for (const Tensor& w : want64) largest = std::max(largest, w.numel() ? w.abs().amax().item<double>() : 0.0);
   for (int i = 0; i < 3; ++i) {
     SCOPED_TRACE(i);
-    if (g[i].dtype() == kFloat64) expect_match(g[i].to(cpu()), want64[i]);
-    else expect_close(g[i].to(cpu()).to(kFloat64), want64[i], 1e-4, 2e-5 * largest);
+    if (g[i].dtype() == kFloat64)
+      expect_match(g[i].to(cpu()), want64[i]);
+    else
+      expect_close(g[i].to(cpu()).to(kFloat64), want64[i], 1e-4, 2e-5 * largest);
   }
 }
 
@@ -169,16 +171,16 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
   using kiln::testing::random_input;
   kiln::testing::gradcheck(
       "attention", [](const std::vector<Tensor>& a) { return scaled_dot_product_attention(a[0], a[1], a[2], a[3]); },
-      {random_input({2, 3, 4}, rng), random_input({2, 5, 4}, rng), random_input({2, 5, 4}, rng),
-       [&] {
+      {random_input({2, 3, 4}, rng), random_input({2, 5, 4}, rng), random_input({2, 5, 4}, rng), [&] {
          auto m = random_input({3, 5}, rng);
          m.differentiable = false;
          return m;
        }()});
-  kiln::testing::gradcheck(
-      "attention_causal",
-      [](const std::vector<Tensor>& a) { return scaled_dot_product_attention(a[0], a[1], a[2], std::nullopt, true, 0.7); },
-      {random_input({2, 6, 3}, rng), random_input({2, 6, 3}, rng), random_input({2, 6, 3}, rng)});
+  kiln::testing::gradcheck("attention_causal",
+                           [](const std::vector<Tensor>& a) {
+                             return scaled_dot_product_attention(a[0], a[1], a[2], std::nullopt, true, 0.7);
+                           },
+                           {random_input({2, 6, 3}, rng), random_input({2, 6, 3}, rng), random_input({2, 6, 3}, rng)});
 }
 
 TEST(Attention, NotFusedWhereTheKernelsDoNotApply) {
@@ -245,12 +247,15 @@ Tensor drawn_mask(uint64_t seed, const std::vector<int64_t>& batch, int64_t tq, 
   qs.insert(qs.end(), {tq, tk});
   vs.insert(vs.end(), {tk, tk});
   manual_seed(seed);
-  Tensor y = scaled_dot_product_attention(zeros(qs, kFloat64, dev), zeros(vs, kFloat64, dev),
-                                          eye(tk, std::nullopt, kFloat64).expand(vs).to(dev), std::nullopt, false, 1.0, p);
+  Tensor y =
+      scaled_dot_product_attention(zeros(qs, kFloat64, dev), zeros(vs, kFloat64, dev),
+                                   eye(tk, std::nullopt, kFloat64).expand(vs).to(dev), std::nullopt, false, 1.0, p);
   return y.to(cpu()) > 0;
 }
 
-bool same(const Tensor& a, const Tensor& b) { return a.sizes() == b.sizes() && a.to_vector<double>() == b.to_vector<double>(); }
+bool same(const Tensor& a, const Tensor& b) {
+  return a.sizes() == b.sizes() && a.to_vector<double>() == b.to_vector<double>();
+}
 
 // Fused dropout equals the unfused graph dropout(softmax(.))·v with the same mask, forward and
 // backward (float64: 1e-10; float32: expect_match), on random shapes with masks, causal and
@@ -422,8 +427,10 @@ TEST(AttentionPatterns, HandWrittenFormsBecomeTheFusedKernelForwardAndBackward) 
     auto want = unrewritten([&] { return step(q, k, v); });
     for (int i = 0; i < 4; ++i) {
       SCOPED_TRACE(i);
-      if (dt == kFloat64) expect_close(got[i], want[i], 1e-9, 1e-10);
-      else expect_close(got[i], want[i], 2e-4, 2e-5 * std::max(1.0, want[i].abs().amax().item<double>()));
+      if (dt == kFloat64)
+        expect_close(got[i], want[i], 1e-9, 1e-10);
+      else
+        expect_close(got[i], want[i], 2e-4, 2e-5 * std::max(1.0, want[i].abs().amax().item<double>()));
     }
   }
 }
@@ -535,7 +542,8 @@ void lazy_eager_cases(Device dev, bool fused) {
     SCOPED_TRACE(::testing::Message() << "form " << form << " mask " << mask << " tq " << tq << " tk " << tk << " d "
                                       << d << " " << dtype_name(dt) << " on " << dev.str());
     manual_seed(rng());
-    Tensor q = randn({2, 3, tq, d}, dt).to(dev), k = randn({2, 3, tk, d}, dt).to(dev), v = randn({2, 3, tk, d}, dt).to(dev);
+    Tensor q = randn({2, 3, tq, d}, dt).to(dev), k = randn({2, 3, tk, d}, dt).to(dev),
+           v = randn({2, 3, tk, d}, dt).to(dev);
     Tensor m = mask == 1 ? randn({tq, tk}, dt)
                          : logical_or(rand({tq, tk}) < 0.6, arange(tk).reshape({1, tk}) == 0) ^ (mask == 2);
     if (mask == 2) m = logical_and(m, arange(tk).reshape({1, tk}) != 0);
@@ -545,8 +553,10 @@ void lazy_eager_cases(Device dev, bool fused) {
     const double s = 0.1 + 0.3 * (it % 4);
     auto close = [&](const Tensor& got_on, const Tensor& want_on) {
       const Tensor got = got_on.to(cpu()), want = want_on.to(cpu());
-      if (dt == kFloat64) expect_close(got, want, 1e-9, 1e-10);
-      else expect_close(got, want, 2e-4, 2e-5 * std::max(1.0, want.abs().amax().item<double>()));
+      if (dt == kFloat64)
+        expect_close(got, want, 1e-9, 1e-10);
+      else
+        expect_close(got, want, 2e-4, 2e-5 * std::max(1.0, want.abs().amax().item<double>()));
     };
     // Inference.
     auto infer = [&] { return hand_written(q, k, v, m, form, mask, s); };
@@ -652,25 +662,32 @@ TEST(AttentionPatterns, HandWrittenDropoutBecomesTheFusedKernelWithDropout) {
   };
   int64_t before = patterns::match_counts()["sdpa_mul_dropout_rank3"];
   auto f = compile([&](const Tensor& a, const Tensor& b, const Tensor& c) { return step(a, b, c, p); });
-  expect_mean([&] { auto l = leaves(); return f(l[0], l[1], l[2]); }, "compiled");
+  expect_mean(
+      [&] {
+        auto l = leaves();
+        return f(l[0], l[1], l[2]);
+      },
+      "compiled");
   EXPECT_EQ(f.stats().pattern_matches, 1);
   EXPECT_GT(patterns::match_counts()["sdpa_mul_dropout_rank3"], before);
   if (interpreted()) return;  // (the interpreter runs lazy segments as recorded)
   before = patterns::match_counts()["sdpa_mul_dropout_rank3"];
   // Lazy eager, as a training loop writes it: backward() accumulates into .grad, then the output
   // and the gradients are read together (the forward and backward are one segment).
-  expect_mean([&] {
-    auto l = leaves();
-    Tensor y;
-    {
-      Tensor pr = dropout(softmax(matmul(l[0], l[1].transpose(-2, -1)) * 0.5, -1), p);
-      y = matmul(pr, l[2]);
-    }
-    (y * w).sum().backward();
-    std::vector<Tensor> r = {y, l[0].grad(), l[1].grad(), l[2].grad()};
-    eval(r);
-    return r;
-  }, "lazy eager");
+  expect_mean(
+      [&] {
+        auto l = leaves();
+        Tensor y;
+        {
+          Tensor pr = dropout(softmax(matmul(l[0], l[1].transpose(-2, -1)) * 0.5, -1), p);
+          y = matmul(pr, l[2]);
+        }
+        (y * w).sum().backward();
+        std::vector<Tensor> r = {y, l[0].grad(), l[1].grad(), l[2].grad()};
+        eval(r);
+        return r;
+      },
+      "lazy eager");
   EXPECT_GT(patterns::match_counts()["sdpa_mul_dropout_rank3"], before);
 }
 
@@ -701,8 +718,7 @@ TEST(AttentionPatterns, ThreadsCompilingAtOnceShareTheRewrites) {
   for (int k = 0; k < kThreads; ++k)
     ts.emplace_back([&, k] {
       try {
-        Tensor q = randn({2, 3, 9 + k, 8}).requires_grad_(), kk = randn({2, 3, 9 + k, 8}),
-               v = randn({2, 3, 9 + k, 8});
+        Tensor q = randn({2, 3, 9 + k, 8}).requires_grad_(), kk = randn({2, 3, 9 + k, 8}), v = randn({2, 3, 9 + k, 8});
         auto fn = [](const Tensor& a, const Tensor& b, const Tensor& c) {
           Tensor y = matmul(softmax(matmul(a, b.transpose(-2, -1)) / 2.5, -1), c);
           return std::vector<Tensor>{y, grad({y.square().sum()}, {a})[0]};

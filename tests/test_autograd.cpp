@@ -27,7 +27,11 @@ Input Pos(std::vector<int64_t> s) { return random_input(std::move(s), rng, 0.3, 
 }  // namespace
 
 TEST(Gradcheck, Unary) {
-  struct U { const char* name; std::function<Tensor(const Tensor&)> f; bool positive; };
+  struct U {
+    const char* name;
+    std::function<Tensor(const Tensor&)> f;
+    bool positive;
+  };
   std::vector<U> ops = {
       {"neg", [](const Tensor& x) { return -x; }, false},
       {"abs", [](const Tensor& x) { return x.abs(); }, false},
@@ -63,13 +67,20 @@ TEST(Gradcheck, Unary) {
     // Through float32 the finite differences need a larger step (the function is linear there).
     bool f32 = u.name == std::string("to_f32_f64");
     double atol = f32 ? 1e-4 : 1e-6, eps = f32 ? 1e-2 : 1e-6;
-    gradcheck(u.name, [&](const V& v) { return u.f(v[0]); }, {in}, atol, 1e-5, eps);
-    gradcheck(std::string(u.name) + "_t", [&](const V& v) { return u.f(v[0].t()); }, {in}, atol, 1e-5, eps);
+    gradcheck(
+        u.name, [&](const V& v) { return u.f(v[0]); }, {in}, atol, 1e-5, eps);
+    gradcheck(
+        std::string(u.name) + "_t", [&](const V& v) { return u.f(v[0].t()); }, {in}, atol, 1e-5, eps);
   }
 }
 
 TEST(Gradcheck, BinaryWithBroadcasting) {
-  struct B { const char* name; std::function<Tensor(const Tensor&, const Tensor&)> f; bool pos_a; bool pos_b; };
+  struct B {
+    const char* name;
+    std::function<Tensor(const Tensor&, const Tensor&)> f;
+    bool pos_a;
+    bool pos_b;
+  };
   std::vector<B> ops = {
       {"add", [](auto& a, auto& b) { return a + b; }, false, false},
       {"sub", [](auto& a, auto& b) { return a - b; }, false, false},
@@ -95,7 +106,8 @@ TEST(Gradcheck, BinaryWithBroadcasting) {
 }
 
 TEST(Gradcheck, Reductions) {
-  std::vector<std::pair<std::vector<int64_t>, bool>> dimsets = {{{}, false}, {{1}, true}, {{-1}, false}, {{0, 2}, false}};
+  std::vector<std::pair<std::vector<int64_t>, bool>> dimsets = {
+      {{}, false}, {{1}, true}, {{-1}, false}, {{0, 2}, false}};
   for (auto& [dims, keep] : dimsets) {
     auto d = dims;
     bool k = keep;
@@ -119,7 +131,10 @@ TEST(Gradcheck, ViewsAndMovement) {
   gradcheck("reshape_noncontig", [](const V& v) { return v[0].transpose(0, 2).reshape({-1}); }, {R({2, 3, 4})});
   gradcheck("permute", [](const V& v) { return v[0].permute({2, 0, 1}); }, {R({2, 3, 4})});
   gradcheck("expand", [](const V& v) { return v[0].expand({3, 4, 5}); }, {R({4, 1})});
-  gradcheck("slice_step", [](const V& v) { return v[0].index({Slice(), Slice(1, None), Slice(None, None, 2)}); },
+  gradcheck("slice_step",
+            [](const V& v) {
+              return v[0].index({Slice(), Slice(1, None), Slice(None, None, 2)});
+            },
             {R({3, 5, 6})});
   gradcheck("select", [](const V& v) { return v[0].select(1, 2); }, {R({3, 5, 2})});
   gradcheck("narrow", [](const V& v) { return v[0].narrow(1, 1, 2); }, {R({3, 5})});
@@ -128,9 +143,18 @@ TEST(Gradcheck, ViewsAndMovement) {
   gradcheck("repeat", [](const V& v) { return v[0].repeat({2, 3}); }, {R({2, 3})});
   gradcheck("cat", [](const V& v) { return cat({v[0], v[1] * 2, v[0]}, 1); }, {R({2, 3}), R({2, 5})});
   gradcheck("stack", [](const V& v) { return stack({v[0], v[1]}, 1); }, {R({3, 4}), R({3, 4})});
-  gradcheck("split", [](const V& v) { auto p = v[0].split(std::vector<int64_t>{2, 5}, 1); return p[0].sum() * p[1]; },
+  gradcheck("split",
+            [](const V& v) {
+              auto p = v[0].split(std::vector<int64_t>{2, 5}, 1);
+              return p[0].sum() * p[1];
+            },
             {R({2, 7})});
-  gradcheck("chunk", [](const V& v) { auto p = v[0].chunk(3, 0); return p[2] - p[0]; }, {R({6, 2})});
+  gradcheck("chunk",
+            [](const V& v) {
+              auto p = v[0].chunk(3, 0);
+              return p[2] - p[0];
+            },
+            {R({6, 2})});
   gradcheck("pad", [](const V& v) { return pad(v[0], {1, 2, 0, 1}, 0.5); }, {R({3, 4})});
   gradcheck("tril", [](const V& v) { return v[0].tril(); }, {R({4, 4})});
   gradcheck("contiguous_chain", [](const V& v) { return (v[0].t() + v[1]).exp().sum({0}); }, {R({4, 3}), R({4})});
@@ -175,48 +199,67 @@ TEST(Gradcheck, LinearAlgebraAndNN) {
   gradcheck("smooth_l1", [](const V& v) { return smooth_l1_loss(v[0], v[1]); }, {R({4, 3}), R({4, 3})});
   gradcheck("sdpa", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2]); },
             {R({2, 3, 5, 8}), R({2, 3, 7, 8}), R({2, 3, 7, 8})});
-  gradcheck("sdpa_causal", [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], std::nullopt, true); },
+  gradcheck("sdpa_causal",
+            [](const V& v) { return scaled_dot_product_attention(v[0], v[1], v[2], std::nullopt, true); },
             {R({1, 2, 6, 4}), R({1, 2, 6, 4}), R({1, 2, 6, 4})});
-  gradcheck("conv2d", [](const V& v) { return conv2d(v[0], v[1], v[2], {2, 1}, {1, 1}, {1, 2}, 2); },
+  gradcheck("conv2d",
+            [](const V& v) {
+              return conv2d(v[0], v[1], v[2], {2, 1}, {1, 1}, {1, 2}, 2);
+            },
             {R({2, 4, 6, 7}), R({6, 2, 3, 2}), R({6})});
 }
 
 TEST(Gradcheck, InPlaceAndViews) {
-  gradcheck("add_on_result", [](const V& v) { Tensor y = v[0] * 2; y.add_(v[1]); y.mul_(v[0]); return y; },
+  gradcheck("add_on_result",
+            [](const V& v) {
+              Tensor y = v[0] * 2;
+              y.add_(v[1]);
+              y.mul_(v[0]);
+              return y;
+            },
             {R({3, 4}), R({4})});
-  gradcheck("write_through_view", [](const V& v) {
-    Tensor y = v[0] * 1.0;
-    Tensor row = y.select(0, 1);
-    row.mul_(v[1]);               // y[1] *= w
-    Tensor col = y.select(1, 2);  // another view of y sees the write
-    return y.sum() + col.sum() * 3;
-  }, {R({3, 4}), R({4})});
-  gradcheck("index_put", [](const V& v) {
-    Tensor y = zeros({4, 5}, kFloat64);
-    y.index_put_({Slice(1, 3), Slice(None, None, 2)}, v[0]);
-    return y * v[1];
-  }, {R({2, 3}), R({4, 5})});
-  gradcheck("copy_into_view", [](const V& v) {
-    Tensor y = v[0].clone();
-    y.narrow(1, 1, 2).copy_(v[1]);
-    return y.exp();
-  }, {R({3, 4}), R({3, 2})});
+  gradcheck("write_through_view",
+            [](const V& v) {
+              Tensor y = v[0] * 1.0;
+              Tensor row = y.select(0, 1);
+              row.mul_(v[1]);  // y[1] *= w
+              Tensor col = y.select(1, 2);  // another view of y sees the write
+              return y.sum() + col.sum() * 3;
+            },
+            {R({3, 4}), R({4})});
+  gradcheck("index_put",
+            [](const V& v) {
+              Tensor y = zeros({4, 5}, kFloat64);
+              y.index_put_({Slice(1, 3), Slice(None, None, 2)}, v[0]);
+              return y * v[1];
+            },
+            {R({2, 3}), R({4, 5})});
+  gradcheck("copy_into_view",
+            [](const V& v) {
+              Tensor y = v[0].clone();
+              y.narrow(1, 1, 2).copy_(v[1]);
+              return y.exp();
+            },
+            {R({3, 4}), R({3, 2})});
 }
 
 TEST(DoubleBackward, SecondDerivatives) {
   // d/dx of (dy/dx . w) by finite differences on the first derivative.
   auto second = [](const std::string& name, std::function<Tensor(const V&)> f, std::vector<Input> in) {
-    gradcheck(name + "_grad", [f](const V& v) {
-      // On the finite-difference path the inputs are plain tensors: make them leaves.
-      EnableGradGuard eg;
-      std::vector<Tensor> xs;
-      for (const auto& t : v) xs.push_back(t.requires_grad() ? t : t.detach().requires_grad_());
-      Tensor y = f(xs);
-      auto gs = grad({y.sum()}, xs, {}, true, true);
-      Tensor s = gs[0].sum() * 0;
-      for (auto& g : gs) s = s + (g * g).sum();
-      return s;
-    }, in);
+    gradcheck(
+        name + "_grad",
+        [f](const V& v) {
+          // On the finite-difference path the inputs are plain tensors: make them leaves.
+          EnableGradGuard eg;
+          std::vector<Tensor> xs;
+          for (const auto& t : v) xs.push_back(t.requires_grad() ? t : t.detach().requires_grad_());
+          Tensor y = f(xs);
+          auto gs = grad({y.sum()}, xs, {}, true, true);
+          Tensor s = gs[0].sum() * 0;
+          for (auto& g : gs) s = s + (g * g).sum();
+          return s;
+        },
+        in);
   };
   second("tanh", [](const V& v) { return v[0].tanh(); }, {R({3, 4})});
   second("sigmoid", [](const V& v) { return v[0].sigmoid(); }, {R({3, 4})});
@@ -261,7 +304,8 @@ TEST(Autograd, LayerNormBackwardIsCompact) {
     const std::vector<int64_t> dims = two ? std::vector<int64_t>{1, 2} : std::vector<int64_t>{2};
     SCOPED_TRACE("case " + std::to_string(c));
     manual_seed(rng());
-    Tensor x0 = randn({n, d1, d2}, xt), w0 = randn(ns, kFloat64), b0 = randn(ns, kFloat64), g = randn({n, d1, d2}, kFloat64);
+    Tensor x0 = randn({n, d1, d2}, xt), w0 = randn(ns, kFloat64), b0 = randn(ns, kFloat64),
+           g = randn({n, d1, d2}, kFloat64);
     auto grads = [&](bool compact) {
       Tensor x = x0.detach().requires_grad_(), w = w0.detach().requires_grad_(), b = b0.detach().requires_grad_();
       Tensor y = compact ? layer_norm(x, ns, affine ? std::optional<Tensor>(w) : std::nullopt,
@@ -311,10 +355,12 @@ TEST(Autograd, CrossEntropyBackwardIsCompact) {
     const int rank = 1 + it % 3;
     const std::string red = it % 4 == 0 ? "none" : it % 4 == 1 ? "sum" : "mean";
     SCOPED_TRACE("it " + std::to_string(it) + " rank " + std::to_string(rank) + " " + red);
-    std::vector<int64_t> xs = rank == 1 ? std::vector<int64_t>{classes}
+    std::vector<int64_t> xs = rank == 1   ? std::vector<int64_t>{classes}
                               : rank == 2 ? std::vector<int64_t>{n, classes}
                                           : std::vector<int64_t>{n, classes, s};
-    std::vector<int64_t> ts = rank == 1 ? std::vector<int64_t>{} : rank == 2 ? std::vector<int64_t>{n} : std::vector<int64_t>{n, s};
+    std::vector<int64_t> ts = rank == 1   ? std::vector<int64_t>{}
+                              : rank == 2 ? std::vector<int64_t>{n}
+                                          : std::vector<int64_t>{n, s};
     manual_seed(rng());
     Tensor x0 = randn(xs, kFloat64) * 2, t = randint(0, classes, ts);
     auto grads = [&](bool compact, bool second) {
@@ -497,12 +543,16 @@ TEST(Gradcheck, RandomShapesBroadcastingAndNonContiguous) {
     return s;
   };
   auto partner = [&](std::vector<int64_t> s) {  // a shape broadcastable against s
-    for (auto& d : s) if (rnd(0, 2) == 0) d = 1;
+    for (auto& d : s)
+      if (rnd(0, 2) == 0) d = 1;
     if (s.size() > 1 && rnd(0, 2) == 0) s.erase(s.begin());
     return s;
   };
   auto maybe_t = [](const Tensor& t) { return t.dim() >= 2 ? t.transpose(0, t.dim() - 1) : t; };
-  auto rev = [](std::vector<int64_t> s) { std::reverse(s.begin(), s.end()); return s; };
+  auto rev = [](std::vector<int64_t> s) {
+    std::reverse(s.begin(), s.end());
+    return s;
+  };
   for (int trial = 0; trial < 12; ++trial) {
     SCOPED_TRACE("trial " + std::to_string(trial));
     auto s = shape();
@@ -517,10 +567,13 @@ TEST(Gradcheck, RandomShapesBroadcastingAndNonContiguous) {
               {R(sr), R(p), Pos(sr)});
     int64_t d = rnd(0, static_cast<int>(s.size()) - 1);
     bool keep = rnd(0, 1) == 1;
-    gradcheck("reductions", [&](const V& v) {
-      Tensor x = maybe_t(v[0]);
-      return x.sum({d}, keep) + x.mean({d}, keep) * 2 + x.amax({d}, keep) + x.logsumexp({d}, keep) + x.prod({d}, keep);
-    }, {R(sr)});
+    gradcheck("reductions",
+              [&](const V& v) {
+                Tensor x = maybe_t(v[0]);
+                return x.sum({d}, keep) + x.mean({d}, keep) * 2 + x.amax({d}, keep) + x.logsumexp({d}, keep) +
+                       x.prod({d}, keep);
+              },
+              {R(sr)});
     if (s[d] > 1) gradcheck("var", [&](const V& v) { return maybe_t(v[0]).var({d}, 1, keep); }, {R(sr)});
     gradcheck("softmax", [&](const V& v) { return softmax(maybe_t(v[0]), d) * v[1]; }, {R(sr), R(p)});
     int64_t k = rnd(1, 4), b = rnd(1, 3);

@@ -69,7 +69,8 @@ std::string thread_name(int tid) {
 
 // Threads other than the caller that used at least `min_ticks` of CPU between two snapshots
 // ("name[tid] ticks" of each in `who`).
-int busy_others(const std::map<int, long>& a, const std::map<int, long>& b, long min_ticks, std::string* who = nullptr) {
+int busy_others(const std::map<int, long>& a, const std::map<int, long>& b, long min_ticks,
+                std::string* who = nullptr) {
   const int self = static_cast<int>(gettid());
   int busy = 0;
   for (const auto& [tid, t] : b) {
@@ -86,7 +87,8 @@ int busy_others(const std::map<int, long>& a, const std::map<int, long>& b, long
 double process_cpu_seconds() {
   rusage ru{};
   getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + 1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 // GEMMs of every kind kiln runs: a short wide product with a long k (OpenBLAS threaded it on its
@@ -146,11 +148,13 @@ void check_threads(const char* what, int allowed, const std::function<void(const
     EXPECT_EQ(openblas_get_num_threads(), 1) << what;
     // CPU time over wall time: at most `allowed` threads busy at once (with slack for timer
     // granularity and bookkeeping).
-    EXPECT_LE(cpu, allowed * wall * 1.15 + 0.03) << what << ": " << runs << " runs, cpu " << cpu << " s in " << wall << " s";
+    EXPECT_LE(cpu, allowed * wall * 1.15 + 0.03)
+        << what << ": " << runs << " runs, cpu " << cpu << " s in " << wall << " s";
     if (allowed == 1) {
       // Nothing but this thread ran: no TBB worker, no BLAS thread (3 ticks: 30 ms at 100 Hz).
       std::string who;
-      EXPECT_EQ(busy_others(ticks0, ticks1, 3, &who), 0) << what << ": other threads used CPU during " << runs << " runs:" << who;
+      EXPECT_EQ(busy_others(ticks0, ticks1, 3, &who), 0)
+          << what << ": other threads used CPU during " << runs << " runs:" << who;
     }
   });
 }
@@ -205,11 +209,16 @@ TEST(BlasTiles, MatchPlainLoop) {
     std::vector<int64_t> as, bs;  // shapes of a and b
     bool ta = false, tb = false;  // operands given transposed (a non-unit last stride)
   };
-  const std::vector<Case> cases = {
-      {{1, 1}, {1, 1}},           {{8, 4096}, {4096, 256}},       {{300, 700}, {700, 200}, true, false},
-      {{1000, 64}, {64, 48}},     {{257, 33}, {33, 1000}, false, true}, {{33, 4096}, {4096, 17}, true, true},
-      {{5, 0}, {0, 7}},           {{3, 40, 300}, {300, 50}},      {{2, 1, 24, 200}, {1, 3, 200, 72}, false, true},
-      {{16, 64, 96}, {16, 96, 64}}};
+  const std::vector<Case> cases = {{{1, 1}, {1, 1}},
+                                   {{8, 4096}, {4096, 256}},
+                                   {{300, 700}, {700, 200}, true, false},
+                                   {{1000, 64}, {64, 48}},
+                                   {{257, 33}, {33, 1000}, false, true},
+                                   {{33, 4096}, {4096, 17}, true, true},
+                                   {{5, 0}, {0, 7}},
+                                   {{3, 40, 300}, {300, 50}},
+                                   {{2, 1, 24, 200}, {1, 3, 200, 72}, false, true},
+                                   {{16, 64, 96}, {16, 96, 64}}};
   tbb::global_control gc(tbb::global_control::max_allowed_parallelism, 8);
   tbb::task_arena arena(8);
   manual_seed(5);
@@ -229,8 +238,16 @@ TEST(BlasTiles, MatchPlainLoop) {
       const int64_t m = c.as[ra - 2], k = c.as[ra - 1], n = c.bs[rb - 1];
       std::vector<int64_t> os = got.sizes();
       const int64_t batch = got.numel() / std::max<int64_t>(m * n, 1);
-      Tensor ab = contiguous(expand(ac, [&] { auto s = os; s[s.size() - 1] = k; return s; }()));
-      Tensor bb = contiguous(expand(bc, [&] { auto s = os; s[s.size() - 2] = k; return s; }()));
+      Tensor ab = contiguous(expand(ac, [&] {
+        auto s = os;
+        s[s.size() - 1] = k;
+        return s;
+      }()));
+      Tensor bb = contiguous(expand(bc, [&] {
+        auto s = os;
+        s[s.size() - 2] = k;
+        return s;
+      }()));
       auto av = ab.to_vector<double>(), bv = bb.to_vector<double>(), gv = got.to_vector<double>();
       const double tol = dt == kFloat32 ? 5e-5 : dt == kFloat64 ? 1e-12 : dt == DType::Float16 ? 2e-3 : 1e-2;
       for (int64_t q = 0; q < batch; ++q)
@@ -243,8 +260,8 @@ TEST(BlasTiles, MatchPlainLoop) {
               mag += std::abs(x * y);
             }
             ASSERT_NEAR(gv[(q * m + i) * n + j], s, tol * (mag + 1e-30))
-                << dtype_name(dt) << " " << shape_str(make_shape(c.as)) << " @ " << shape_str(make_shape(c.bs)) << " at ["
-                << q << ", " << i << ", " << j << "]";
+                << dtype_name(dt) << " " << shape_str(make_shape(c.as)) << " @ " << shape_str(make_shape(c.bs))
+                << " at [" << q << ", " << i << ", " << j << "]";
           }
     }
   }

@@ -64,7 +64,7 @@ struct FakeMemory : RawMemory {
 
   size_t limit;
   std::map<char*, size_t> segments;  // live segments: base -> bytes
-  size_t used = 0, peak = 0;         // bytes live now, and the most since the last reset
+  size_t used = 0, peak = 0;  // bytes live now, and the most since the last reset
   int64_t allocs = 0, failures = 0, bad_frees = 0;
 };
 
@@ -152,8 +152,8 @@ void expect_stats_match(const Device& d, const Model& m) {
 
 // A request size from 1 B to 30 MiB, log-uniform, with the pools' boundaries often.
 size_t random_size(std::mt19937_64& rng) {
-  static const size_t edges[] = {1,        511,          512,          513,     kMiB - 512,  kMiB,
-                                 kMiB + 1, 10 * kMiB - 1, 10 * kMiB,    10 * kMiB + 1, 20 * kMiB, 30 * kMiB};
+  static const size_t edges[] = {1,        511,           512,       513,           kMiB - 512, kMiB,
+                                 kMiB + 1, 10 * kMiB - 1, 10 * kMiB, 10 * kMiB + 1, 20 * kMiB,  30 * kMiB};
   if (rng() % 8 == 0) return edges[rng() % std::size(edges)];
   const double e = std::uniform_real_distribution<double>(0, std::log2(30.0 * kMiB))(rng);
   return std::clamp<size_t>(static_cast<size_t>(std::exp2(e)), 1, 30 * kMiB);
@@ -227,12 +227,14 @@ uint64_t seed() { return kiln::testing::test_seed(20240917); }
 // the end.
 TEST(CachingAllocator, RandomSequencesMatchTheModel) {
   std::printf("[ alloc ] KILN_TEST_SEED=%llu\n", static_cast<unsigned long long>(seed()));
-  for (uint64_t k = 0; k < 4; ++k) run_random(kiln::testing::splitmix(kiln::testing::splitmix(seed()) + k), kNoLimit, 5000);
+  for (uint64_t k = 0; k < 4; ++k)
+    run_random(kiln::testing::splitmix(kiln::testing::splitmix(seed()) + k), kNoLimit, 5000);
 }
 
 // The same on a 96 MiB device, where many requests need the cache freed and some fail.
 TEST(CachingAllocator, RandomSequencesWithOutOfMemory) {
-  for (uint64_t k = 0; k < 4; ++k) run_random(kiln::testing::splitmix(kiln::testing::splitmix(seed()) + 100 + k), 96 * kMiB, 5000);
+  for (uint64_t k = 0; k < 4; ++k)
+    run_random(kiln::testing::splitmix(kiln::testing::splitmix(seed()) + 100 + k), 96 * kMiB, 5000);
 }
 
 TEST(CachingAllocator, ZeroBytesAndNull) {
@@ -251,10 +253,15 @@ TEST(CachingAllocator, ZeroBytesAndNull) {
 // Small requests (<= 1 MiB) get 2 MiB segments, requests under 10 MiB 20 MiB ones, larger ones
 // their size rounded up to 2 MiB (the request rounded to 512 decides).
 TEST(CachingAllocator, SegmentSizes) {
-  const std::pair<size_t, size_t> cases[] = {
-      {1, 2 * kMiB},           {kMiB, 2 * kMiB},           {kMiB + 1, 20 * kMiB},
-      {10 * kMiB - 512, 20 * kMiB}, {10 * kMiB - 1, 10 * kMiB}, {10 * kMiB, 10 * kMiB}, {10 * kMiB + 1, 12 * kMiB},
-      {30 * kMiB, 30 * kMiB},  {31 * kMiB, 32 * kMiB}};
+  const std::pair<size_t, size_t> cases[] = {{1, 2 * kMiB},
+                                             {kMiB, 2 * kMiB},
+                                             {kMiB + 1, 20 * kMiB},
+                                             {10 * kMiB - 512, 20 * kMiB},
+                                             {10 * kMiB - 1, 10 * kMiB},
+                                             {10 * kMiB, 10 * kMiB},
+                                             {10 * kMiB + 1, 12 * kMiB},
+                                             {30 * kMiB, 30 * kMiB},
+                                             {31 * kMiB, 32 * kMiB}};
   for (auto [request, segment] : cases) {
     Device d;
     d.alloc.allocate(request);
@@ -367,7 +374,7 @@ TEST(CachingAllocator, OutOfMemoryFreesTheCacheAndRetries) {
   {
     Device d(21 * kMiB);
     d.alloc.free(d.alloc.allocate(kMiB + 512 * kKiB));  // a 20 MiB segment, cached
-    EXPECT_NE(d.alloc.allocate(4 * kKiB), nullptr);      // needs 2 MiB more
+    EXPECT_NE(d.alloc.allocate(4 * kKiB), nullptr);  // needs 2 MiB more
     EXPECT_EQ(d.fake->failures, 1);
     const MemoryStats s = d.alloc.stats();
     EXPECT_EQ(s.reserved_bytes, static_cast<int64_t>(2 * kMiB));
@@ -390,7 +397,7 @@ TEST(CachingAllocator, OutOfMemoryFreesTheCacheAndRetries) {
 TEST(CachingAllocator, OutOfMemoryThrowsAndLeavesTheAllocatorUsable) {
   Device d(64 * kMiB);
   void* x = d.alloc.allocate(8 * kMiB);  // a 20 MiB segment
-  void* y = d.alloc.allocate(1000);      // a 2 MiB segment
+  void* y = d.alloc.allocate(1000);  // a 2 MiB segment
   d.alloc.free(d.alloc.allocate(30 * kMiB));  // a 30 MiB segment, cached
   MemoryStats before = d.alloc.stats();
   ASSERT_EQ(before.reserved_bytes, static_cast<int64_t>(52 * kMiB));
@@ -413,7 +420,7 @@ TEST(CachingAllocator, OutOfMemoryThrowsAndLeavesTheAllocatorUsable) {
   EXPECT_EQ(d.fake->failures, 2);
 
   EXPECT_THROW(d.alloc.allocate(42 * kMiB + 1), kiln::Error);  // a 44 MiB segment: 42 MiB are left
-  EXPECT_THROW(d.alloc.allocate(SIZE_MAX), kiln::Error);       // no overflow on absurd sizes
+  EXPECT_THROW(d.alloc.allocate(SIZE_MAX), kiln::Error);  // no overflow on absurd sizes
   before.num_ooms += 2;
   EXPECT_EQ(fields(d.alloc.stats()), fields(before));
 
@@ -479,8 +486,7 @@ TEST(CachingAllocator, Threads) {
         if (!live.empty() && (rng() % 2 || live.size() >= 16)) {
           auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
           const size_t n = marked(it->second);
-          for (size_t k = 0; k < n; ++k)
-            corrupt[t] += it->first[k] != mark || it->first[it->second - 1 - k] != mark;
+          for (size_t k = 0; k < n; ++k) corrupt[t] += it->first[k] != mark || it->first[it->second - 1 - k] != mark;
           d.alloc.free(it->first);
           live.erase(it);
           ++frees[t];

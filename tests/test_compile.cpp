@@ -255,7 +255,8 @@ void check_training_step(MakeOpt make_opt, int steps) {
 }  // namespace
 
 TEST(Compile, TrainingStepAdamMatchesEager) {
-  check_training_step([](std::vector<Tensor> p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{1e-2}); }, 12);
+  check_training_step([](std::vector<Tensor> p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{1e-2}); },
+                      12);
 }
 
 TEST(Compile, TrainingStepSgdMomentumMatchesEager) {
@@ -615,11 +616,11 @@ TEST(CompileSymbols, RandomProgramsOverRelatedDynamicSizes) {
       Tensor x = a;
       for (int op : ops) {
         switch (op) {
-          case 0: x = x + b; break;                                         // needs equal sizes (or 1)
-          case 1: x = x.view({-1, 2}).sum({1}); break;                      // needs an even size
-          case 2: x = x.view({-1, 4}).amax({1}) * 0.5; break;                // needs a multiple of 4
+          case 0: x = x + b; break;  // needs equal sizes (or 1)
+          case 1: x = x.view({-1, 2}).sum({1}); break;  // needs an even size
+          case 2: x = x.view({-1, 4}).amax({1}) * 0.5; break;  // needs a multiple of 4
           case 3: x = x * b.sum(); break;
-          case 4: x = x.view({2, -1}).t().contiguous().view({-1}); break;   // interleaves halves
+          case 4: x = x.view({2, -1}).t().contiguous().view({-1}); break;  // interleaves halves
           case 5: x = x - x.mean(); break;
           case 6: x = x.reshape({-1, 2}).reshape({-1}) * b.view({-1, 2}).sum({1}).sum(); break;
           case 7: x = x.tanh() + b.view({-1, 2}).amin({1}).mean(); break;

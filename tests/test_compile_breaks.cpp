@@ -19,7 +19,6 @@ using namespace kiln;
 
 namespace {
 
-
 void expect_equal(const Tensor& a, const Tensor& b) {
   ASSERT_EQ(a.sizes(), b.sizes());
   EXPECT_EQ(a.to_vector<double>(), b.to_vector<double>());
@@ -262,10 +261,10 @@ TEST(CompileBreaks, BackwardLeftToTheCallerThroughABreak) {
 
 TEST(CompileBreaks, TwoBreaksAndValuesCarriedBetweenSegments) {
   auto fn = [](const Tensor& x, const Tensor& y) {
-    Tensor h = (x * 3).sin();                         // carried: used before and after break 0
-    int64_t n = (h > 0).sum().item<int64_t>();         // break 0
+    Tensor h = (x * 3).sin();  // carried: used before and after break 0
+    int64_t n = (h > 0).sum().item<int64_t>();  // break 0
     Tensor z = h.slice(0, 0, std::max<int64_t>(n, 1)) * y.slice(0, 0, std::max<int64_t>(n, 1));
-    bool big = (z.sum() > 0).item<bool>();             // break 1
+    bool big = (z.sum() > 0).item<bool>();  // break 1
     return big ? (z + h.sum()).exp() : z - h.mean();
   };
   auto f = compile(fn);

@@ -16,10 +16,10 @@ using namespace kiln;
 TEST(CompileSymInt, ShapesFromSymSizesStaySymbolic) {
   auto fn = [](const Tensor& x) {
     SymInt n = x.sym_size(0);
-    Tensor pos = arange_symint(n).to(kFloat32).unsqueeze(1);            // [n, 1]
-    Tensor pad = zeros_symint({n, 2});                                   // [n, 2]
-    Tensor both = cat({x + pos, pad}, 1);                                // [n, 5]
-    Tensor half = both.narrow_symint(0, 0, n - 1);                       // drop the last row
+    Tensor pos = arange_symint(n).to(kFloat32).unsqueeze(1);  // [n, 1]
+    Tensor pad = zeros_symint({n, 2});  // [n, 2]
+    Tensor both = cat({x + pos, pad}, 1);  // [n, 5]
+    Tensor half = both.narrow_symint(0, 0, n - 1);  // drop the last row
     Tensor flat = half.reshape_symint({(n - 1) * 5});
     Tensor ones = ones_symint({SymInt(2), (n - 1) * 5});
     return (flat.expand_symint({SymInt(2), (n - 1) * 5}) * ones).sum({0});

@@ -124,8 +124,8 @@ TEST(Views, AliasAndWriteThrough) {
 
 TEST(Views, ViewOfViewWritesThrough) {
   Tensor base = zeros({4, 5});
-  Tensor a = base.slice(0, 1, 3);   // rows 1..2
-  Tensor b = a.slice(1, 2, 5, 2);   // cols 2, 4
+  Tensor a = base.slice(0, 1, 3);  // rows 1..2
+  Tensor b = a.slice(1, 2, 5, 2);  // cols 2, 4
   b.fill_(7);
   std::vector<float> v = base.to_vector<float>();
   for (int i = 0; i < 4; ++i)
@@ -172,9 +172,7 @@ TEST(Layouts, SameStructureDifferentStridesGiveRightAnswers) {
   Tensor wide = arange(16).to(kFloat32).reshape({4, 4});
   Tensor sliced = wide.slice(1, 0, 3);
   for (int rep = 0; rep < 2; ++rep) {
-    EXPECT_EQ((dense * 2 + 1).to_vector<float>(),
-              (std::vector<float>{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23}));
-    EXPECT_EQ((sliced * 2 + 1).to_vector<float>(),
-              (std::vector<float>{1, 3, 5, 9, 11, 13, 17, 19, 21, 25, 27, 29}));
+    EXPECT_EQ((dense * 2 + 1).to_vector<float>(), (std::vector<float>{1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23}));
+    EXPECT_EQ((sliced * 2 + 1).to_vector<float>(), (std::vector<float>{1, 3, 5, 9, 11, 13, 17, 19, 21, 25, 27, 29}));
   }
 }

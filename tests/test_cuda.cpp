@@ -108,8 +108,8 @@ int64_t eval_index(const kiln::jit::Kernel& k, kiln::jit::ExprId id, const std::
 struct Bound {
   std::vector<char*> host;
   std::vector<const kiln::Storage*> storage;  // inputs: their storage (copied whole to the device)
-  std::vector<size_t> offset;                 // inputs: byte offset of element 0 in it
-  std::vector<std::vector<char>> owned;       // outputs, then scratch
+  std::vector<size_t> offset;  // inputs: byte offset of element 0 in it
+  std::vector<std::vector<char>> owned;  // outputs, then scratch
   std::vector<int64_t> ip;
   std::vector<double> fp;
   int64_t extent = 0, work = 1;
@@ -124,7 +124,9 @@ Bound bind(const kiln::jit::Group& g, const Lowered& L) {
     bd.offset.push_back(off);
     bd.host.push_back(static_cast<char*>(in->storage->data) + off);
   }
-  for (kiln::Node* o : g.outputs) bd.owned.emplace_back(std::max<size_t>(1, static_cast<size_t>(kiln::numel(o->shape).as_int()) * kiln::itemsize(o->dtype)));
+  for (kiln::Node* o : g.outputs)
+    bd.owned.emplace_back(
+        std::max<size_t>(1, static_cast<size_t>(kiln::numel(o->shape).as_int()) * kiln::itemsize(o->dtype)));
   kiln::jit::BoundArgs args;
   kiln::jit::bind_args(L, g, ins, args);  // the executor's own binding of the argument recipe
   bd.ip = args.ip;
@@ -179,8 +181,9 @@ std::vector<std::vector<char>> download(const Bound& bd, const DeviceArgs& d) {
   size_t first = bd.storage.size();
   for (size_t i = 0; i < bd.owned.size(); ++i) {
     r.emplace_back(bd.owned[i].size());
-    cu::check(cu::api().memcpy_dtoh(r.back().data(), reinterpret_cast<CUdeviceptr>(d.buffers[first + i]), r.back().size()),
-              "cuMemcpyDtoH");
+    cu::check(
+        cu::api().memcpy_dtoh(r.back().data(), reinterpret_cast<CUdeviceptr>(d.buffers[first + i]), r.back().size()),
+        "cuMemcpyDtoH");
   }
   return r;
 }
@@ -214,9 +217,10 @@ std::string compare_buffers(kiln::DType dt, const std::vector<char>& gpu, const 
       // layer_norm's outputs) keeps an absolute rounding error up to ~n * eps of its summands
       // (summed in another order on each side), which no relative bound on the tiny result
       // covers: float64 allows 16 n eps (summands up to ~16; 25829 of them: 9e-11).
-      const double atol = sizeof(T) == 4 || f32_math
-                              ? 1e-5
-                              : std::max(1e-12, 16.0 * static_cast<double>(reduced) * std::numeric_limits<double>::epsilon());
+      const double atol =
+          sizeof(T) == 4 || f32_math
+              ? 1e-5
+              : std::max(1e-12, 16.0 * static_cast<double>(reduced) * std::numeric_limits<double>::epsilon());
       double scale = 0;
       for (size_t i = 0; i < n; ++i)
         if (std::isfinite(static_cast<double>(c[i]))) scale = std::max(scale, std::abs(static_cast<double>(c[i])));
@@ -224,7 +228,8 @@ std::string compare_buffers(kiln::DType dt, const std::vector<char>& gpu, const 
       for (size_t i = 0; i < n; ++i) {
         double a = g[i], b = c[i];
         if ((std::isnan(a) && std::isnan(b)) || a == b) continue;
-        if (std::isfinite(a) && std::isfinite(b) && std::abs(a - b) <= atol + allow_abs + allow_rel * std::abs(b)) continue;
+        if (std::isfinite(a) && std::isfinite(b) && std::abs(a - b) <= atol + allow_abs + allow_rel * std::abs(b))
+          continue;
         if (!std::isfinite(a) || !std::isfinite(b)) {
           os << "element " << i << ": gpu " << a << ", cpu " << b;
           return os.str();
@@ -263,7 +268,9 @@ std::string compare_buffers(kiln::DType dt, const std::vector<char>& gpu, const 
 }
 
 std::atomic<int> g_symbols{0};
-std::string fresh_symbol(const char* what) { return std::string("kiln_cudatest_") + what + "_" + std::to_string(g_symbols++); }
+std::string fresh_symbol(const char* what) {
+  return std::string("kiln_cudatest_") + what + "_" + std::to_string(g_symbols++);
+}
 
 Backend* gpu_backend() { return kiln::jit::find_backend(kiln::DeviceType::CUDA, kiln::jit::Tier::Optimizing); }
 Backend* cpu_backend() { return kiln::jit::find_backend(kiln::DeviceType::CPU, kiln::jit::Tier::Optimizing); }
@@ -349,28 +356,48 @@ OpsKernel make_ops_kernel() {
     e.a = a;
     return k.add(e);
   };
-  const O unary_ops[] = {O::Neg, O::Abs, O::Exp, O::Exp2, O::Expm1, O::Log, O::Log2, O::Log1p, O::Sqrt, O::Rsqrt,
-                         O::Reciprocal, O::Sin, O::Cos, O::Tan, O::Atan, O::Tanh, O::Sigmoid, O::Relu, O::Erf,
-                         O::Floor, O::Ceil, O::Round, O::Sign, O::IsNan, O::IsFinite, O::LogicalNot, O::BitwiseNot};
-  const O binary_ops[] = {O::Add, O::Sub, O::Mul, O::Div, O::Pow, O::Maximum, O::Minimum, O::Atan2,
-                          O::Remainder, O::Fmod, O::Eq, O::Ne, O::Lt, O::Le, O::Gt, O::Ge, O::LogicalAnd,
-                          O::LogicalOr, O::LogicalXor, O::BitwiseAnd, O::BitwiseOr, O::BitwiseXor};
+  const O unary_ops[] = {O::Neg,   O::Abs,  O::Exp,     O::Exp2,       O::Expm1,      O::Log,       O::Log2,
+                         O::Log1p, O::Sqrt, O::Rsqrt,   O::Reciprocal, O::Sin,        O::Cos,       O::Tan,
+                         O::Atan,  O::Tanh, O::Sigmoid, O::Relu,       O::Erf,        O::Floor,     O::Ceil,
+                         O::Round, O::Sign, O::IsNan,   O::IsFinite,   O::LogicalNot, O::BitwiseNot};
+  const O binary_ops[] = {O::Add,        O::Sub,        O::Mul,       O::Div,       O::Pow,        O::Maximum,
+                          O::Minimum,    O::Atan2,      O::Remainder, O::Fmod,      O::Eq,         O::Ne,
+                          O::Lt,         O::Le,         O::Gt,        O::Ge,        O::LogicalAnd, O::LogicalOr,
+                          O::LogicalXor, O::BitwiseAnd, O::BitwiseOr, O::BitwiseXor};
   auto float_only = [](O op) {
     switch (op) {
-      case O::Exp: case O::Exp2: case O::Expm1: case O::Log: case O::Log2: case O::Log1p: case O::Sqrt:
-      case O::Rsqrt: case O::Reciprocal: case O::Sin: case O::Cos: case O::Tan: case O::Atan: case O::Tanh:
-      case O::Sigmoid: case O::Erf: case O::Div: case O::Pow: case O::Atan2: case O::Remainder: case O::Fmod:
-        return true;
+      case O::Exp:
+      case O::Exp2:
+      case O::Expm1:
+      case O::Log:
+      case O::Log2:
+      case O::Log1p:
+      case O::Sqrt:
+      case O::Rsqrt:
+      case O::Reciprocal:
+      case O::Sin:
+      case O::Cos:
+      case O::Tan:
+      case O::Atan:
+      case O::Tanh:
+      case O::Sigmoid:
+      case O::Erf:
+      case O::Div:
+      case O::Pow:
+      case O::Atan2:
+      case O::Remainder:
+      case O::Fmod: return true;
       default: return false;
     }
   };
   auto boolean = [](O op) {
     return op == O::IsNan || op == O::IsFinite || op == O::LogicalNot || op == O::Eq || op == O::Ne || op == O::Lt ||
-           op == O::Le || op == O::Gt || op == O::Ge || op == O::LogicalAnd || op == O::LogicalOr || op == O::LogicalXor;
+           op == O::Le || op == O::Gt || op == O::Ge || op == O::LogicalAnd || op == O::LogicalOr ||
+           op == O::LogicalXor;
   };
   // y is read at another index: pairs of different edge values meet.
-  const kiln::jit::ExprId q = k.iop(E::Kind::IMod, k.iop(E::Kind::IAdd, k.iop(E::Kind::IMul, p, k.iconst(7)), k.iconst(3)),
-                                   k.param(0));
+  const kiln::jit::ExprId q =
+      k.iop(E::Kind::IMod, k.iop(E::Kind::IAdd, k.iop(E::Kind::IMul, p, k.iconst(7)), k.iconst(3)), k.param(0));
   for (int ti = 0; ti < 5; ++ti) {
     const kiln::DType t = kOpsTypes[ti];
     const bool fl = kiln::is_floating(t), bl = t == kiln::DType::Bool;
@@ -381,7 +408,8 @@ OpsKernel make_ops_kernel() {
       if (bl && !(op == O::LogicalNot || op == O::BitwiseNot || op == O::Sign || op == O::IsNan || op == O::IsFinite ||
                   op == O::Abs || op == O::Neg || op == O::Floor))
         continue;
-      push(std::string(kiln::op_name(op)) + ":" + kiln::dtype_name(t), boolean(op) ? kiln::DType::Bool : t, un(op, boolean(op) ? kiln::DType::Bool : t, x));
+      push(std::string(kiln::op_name(op)) + ":" + kiln::dtype_name(t), boolean(op) ? kiln::DType::Bool : t,
+           un(op, boolean(op) ? kiln::DType::Bool : t, x));
     }
     for (O op : binary_ops) {
       if (!fl && float_only(op)) continue;
@@ -431,8 +459,9 @@ OpsKernel make_ops_kernel() {
     const kiln::DType vt = src == 0 ? kiln::DType::Float32 : kiln::DType::Int64;
     const kiln::jit::ExprId v = load(src == 0 ? 0 : 6, idx);
     for (O op : acc_ops) {
-      kiln::DType at = src == 1 ? kiln::DType::Int64
-                                : (op == O::Sum || op == O::Prod) ? kiln::DType::Float64 : kiln::DType::Float32;
+      kiln::DType at = src == 1                          ? kiln::DType::Int64
+                       : (op == O::Sum || op == O::Prod) ? kiln::DType::Float64
+                                                         : kiln::DType::Float32;
       const int a = static_cast<int>(k.accs.size());
       k.accs.push_back({op, at, vt});
       S init{S::Kind::AccInit};
@@ -479,10 +508,10 @@ OpsKernel make_ops_kernel() {
 // Host inputs of the every-op kernel: edge values in x, the same set rotated in y.
 std::vector<std::vector<char>> ops_inputs() {
   const int64_t n = OpsKernel::n;
-  const double f[] = {0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.75, 1e-3, 100.0, -100.0, 1e30, kNaN,
-                      kInf, -kInf, 2.5, 88.5, -0.75, 7.0, 1e-40, 0.3, -3.0, 1e300, 12.25, -1e-5};
-  const int64_t i[] = {0, 1, -1, 7, -7, 2, 3, -3, 100, -100, 2147483647, -2147483647 - 1,
-                       123456789, -5, 64, 5, 9, -2, 1000, 13, INT64_MAX, INT64_MIN, 31, -64};
+  const double f[] = {0.0,  -0.0,  1.0, -1.0, 0.5,   -2.5, 3.75,  1e-3, 100.0, -100.0, 1e30,  kNaN,
+                      kInf, -kInf, 2.5, 88.5, -0.75, 7.0,  1e-40, 0.3,  -3.0,  1e300,  12.25, -1e-5};
+  const int64_t i[] = {0,         1,  -1, 7, -7, 2,  3,    -3, 100,       -100,      2147483647, -2147483647 - 1,
+                       123456789, -5, 64, 5, 9,  -2, 1000, 13, INT64_MAX, INT64_MIN, 31,         -64};
   std::vector<std::vector<char>> v;
   auto fill = [&](auto tag, auto gen) {
     using T = decltype(tag);
@@ -539,8 +568,10 @@ TEST(CudaDriver, CheckNamesTheError) {
     std::string m = e.what();
     EXPECT_NE(m.find("cuMemAlloc"), std::string::npos) << m;
     // Without a driver there are no error names: the number is given instead.
-    if (cu::available()) EXPECT_NE(m.find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << m;
-    else EXPECT_NE(m.find("2"), std::string::npos) << m;
+    if (cu::available())
+      EXPECT_NE(m.find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << m;
+    else
+      EXPECT_NE(m.find("2"), std::string::npos) << m;
   }
   EXPECT_NO_THROW(cu::check(CUDA_SUCCESS, "nothing"));
 }
@@ -581,15 +612,16 @@ TEST(CudaNvrtc, RandomGraphKernelsCompile) {
         EXPECT_FALSE(bin.empty());
       } catch (const std::exception& e) {
         ADD_FAILURE() << "graph " << g << " (" << p.header << "): " << e.what() << "\nloop IR:\n"
-                      << L->kernel.str() << "\nCUDA source:\n" << src;
+                      << L->kernel.str() << "\nCUDA source:\n"
+                      << src;
         return;
       }
       ops_of(L->kernel, ops);
       ++kernels;
     }
   }
-  std::printf("[ cuda ] NVRTC compiled %d kernels for sm_%d (median %.1f ms, max %.1f ms); %d groups not lowered\n", kernels,
-              cc, median(ms), ms.empty() ? 0 : *std::max_element(ms.begin(), ms.end()), rejected);
+  std::printf("[ cuda ] NVRTC compiled %d kernels for sm_%d (median %.1f ms, max %.1f ms); %d groups not lowered\n",
+              kernels, cc, median(ms), ms.empty() ? 0 : *std::max_element(ms.begin(), ms.end()), rejected);
   for (auto& [why, n] : rejections) std::printf("[ cuda ]   not lowered x%d: %s\n", n, why.c_str());
   print_ops("ops compiled", ops);
   EXPECT_GT(kernels, 0);
@@ -599,10 +631,13 @@ TEST(CudaNvrtc, RandomGraphKernelsCompile) {
 // output dtypes lowering produces, compiles.
 TEST(CudaNvrtc, CombineKernelsCompile) {
   SKIP_WITHOUT_NVRTC();
-  using kiln::OpKind;
   using kiln::DType;
-  struct C { OpKind op; DType acc, out; };
-  const C cases[] = {{OpKind::Sum, DType::Float64, DType::Float32}, {OpKind::Sum, DType::Int64, DType::Int64},
+  using kiln::OpKind;
+  struct C {
+    OpKind op;
+    DType acc, out;
+  };
+  const C cases[] = {{OpKind::Sum, DType::Float64, DType::Float32},  {OpKind::Sum, DType::Int64, DType::Int64},
                      {OpKind::Prod, DType::Float64, DType::Float64}, {OpKind::Amax, DType::Float32, DType::Float32},
                      {OpKind::Amin, DType::Int64, DType::Int32},     {OpKind::ArgMax, DType::Float64, DType::Int64},
                      {OpKind::ArgMin, DType::Int64, DType::Int64},   {OpKind::Amax, DType::Int64, DType::Bool}};
@@ -614,7 +649,8 @@ TEST(CudaNvrtc, CombineKernelsCompile) {
     EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, sym, 90)) << src;
     if (c.op == OpKind::ArgMax || c.op == OpKind::ArgMin) continue;
     // Split column reductions: a warp per column over the chunks' partials.
-    const std::string csrc = kiln::jit::emit_cuda(kiln::jit::combine_kernel(c.op, c.acc, c.out, true), sym + "_columns", &lanes);
+    const std::string csrc =
+        kiln::jit::emit_cuda(kiln::jit::combine_kernel(c.op, c.acc, c.out, true), sym + "_columns", &lanes);
     EXPECT_EQ(lanes, 32) << sym;
     EXPECT_NO_THROW(kiln::cu::nvrtc_compile(csrc, sym + "_columns", 90)) << csrc;
   }
@@ -651,7 +687,8 @@ TEST(CudaNvrtc, EveryOpCompiles) {
   OpsKernel ok = make_ops_kernel();
   const std::string src = kiln::jit::emit_cuda(ok.k, "kiln_every_op");
   try {
-    EXPECT_FALSE(kiln::cu::nvrtc_compile(src, "kiln_every_op", cu::available() ? cu::compute_capability(0) : 90).empty());
+    EXPECT_FALSE(
+        kiln::cu::nvrtc_compile(src, "kiln_every_op", cu::available() ? cu::compute_capability(0) : 90).empty());
   } catch (const std::exception& e) {
     FAIL() << e.what() << "\n" << src;
   }
@@ -670,7 +707,8 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
   SKIP_WITHOUT_NVRTC();
   using kiln::kernels::DeviceKernelInstance;
   std::map<int, std::vector<DeviceKernelInstance>> groups;
-  for (const DeviceKernelInstance& k : kiln::kernels::all_device_kernels()) groups[static_cast<int>(k.kernel)].push_back(k);
+  for (const DeviceKernelInstance& k : kiln::kernels::all_device_kernels())
+    groups[static_cast<int>(k.kernel)].push_back(k);
   EXPECT_EQ(groups.size(), 15u);
   size_t total = 0;
   for (auto& [kind, ks] : groups) {
@@ -688,9 +726,12 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
     }
   }
   const DeviceKernelInstance one{kiln::kernels::DeviceKernel::ScatterWrite, kiln::kFloat16, kiln::kInt32};
-  EXPECT_FALSE(kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), kiln::kernels::device_kernel_name(one), 90).empty());
+  EXPECT_FALSE(
+      kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), kiln::kernels::device_kernel_name(one), 90)
+          .empty());
   std::printf("[ cuda ] %zu device kernel instances compiled for sm_90\n", total);
-  EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 3 * 2 * 4 + 3 * 2);  // copies, indexing, cumsum, claims, int ops, attention
+  EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 3 * 2 * 4 +
+                       3 * 2);  // copies, indexing, cumsum, claims, int ops, attention
 }
 
 TEST(CudaNvrtc, CompileErrorQuotesTheLog) {
@@ -784,7 +825,8 @@ TEST(CudaBackend, RegisteredForTheDevice) {
   kiln::jit::Tiering t = kiln::jit::tiering_for(kiln::DeviceType::CUDA);
   EXPECT_EQ(t.optimizing, b);
   EXPECT_EQ(kiln::jit::target_for(kiln::DeviceType::CUDA).name, b->target().name);
-  std::printf("[ cuda ] backend %s, target %s, cache id %s\n", b->name(), b->target().name.c_str(), b->cache_id().c_str());
+  std::printf("[ cuda ] backend %s, target %s, cache id %s\n", b->name(), b->target().name.c_str(),
+              b->cache_id().c_str());
 }
 
 TEST(CudaDifferential, RandomGraphsMatchLlvm) {
@@ -811,7 +853,8 @@ TEST(CudaDifferential, RandomGraphsMatchLlvm) {
         ++rejected;
         continue;
       }
-      std::string where = "KILN_TEST_SEED=" + std::to_string(seed) + " graph " + std::to_string(g) + " (" + p.header + ")";
+      std::string where =
+          "KILN_TEST_SEED=" + std::to_string(seed) + " graph " + std::to_string(g) + " (" + p.header + ")";
       try {
         Bound bd = bind(st.group, *L);
         DeviceArgs dev;
@@ -842,7 +885,9 @@ TEST(CudaDifferential, RandomGraphsMatchLlvm) {
           std::string m = compare_buffers(dt, got[i], bd.owned[i], g_diff, f32_math, reduced, allow_abs, allow_rel);
           if (!m.empty()) {
             ADD_FAILURE() << where << ": buffer " << first + i << " (" << kiln::dtype_name(dt) << "): " << m
-                          << "\ngraph:\n" << p.str() << "loop IR:\n" << L->kernel.str() << "\nCUDA source:\n"
+                          << "\ngraph:\n"
+                          << p.str() << "loop IR:\n"
+                          << L->kernel.str() << "\nCUDA source:\n"
                           << kiln::jit::emit_cuda(L->kernel, sym);
             ++failures;
             break;
@@ -859,13 +904,16 @@ TEST(CudaDifferential, RandomGraphsMatchLlvm) {
       reductions += !L->kernel.accs.empty();
     }
   }
-  std::printf("[ cuda ] %d kernels compared GPU vs LLVM (%d with reductions: %d split, %d column; %d empty launches); "
-              "%d groups not lowered\n", kernels, reductions, splits, columns, launched_empty, rejected);
+  std::printf(
+      "[ cuda ] %d kernels compared GPU vs LLVM (%d with reductions: %d split, %d column; %d empty launches); "
+      "%d groups not lowered\n",
+      kernels, reductions, splits, columns, launched_empty, rejected);
   std::printf("[ cuda ] compile (NVRTC + module load) per kernel: median %.1f ms, max %.1f ms\n", median(compile_ms),
               compile_ms.empty() ? 0 : *std::max_element(compile_ms.begin(), compile_ms.end()));
-  std::printf("[ cuda ] %lld elements (%lld floating), %lld floating elements differ; worst relative difference %.3g (%s)\n",
-              static_cast<long long>(g_diff.elements), static_cast<long long>(g_diff.float_elements),
-              static_cast<long long>(g_diff.differing), g_diff.worst, g_diff.worst_where.c_str());
+  std::printf(
+      "[ cuda ] %lld elements (%lld floating), %lld floating elements differ; worst relative difference %.3g (%s)\n",
+      static_cast<long long>(g_diff.elements), static_cast<long long>(g_diff.float_elements),
+      static_cast<long long>(g_diff.differing), g_diff.worst, g_diff.worst_where.c_str());
   print_ops("ops run", ops);
   EXPECT_GT(kernels, 0);
 }
@@ -943,9 +991,18 @@ TEST(CudaBackend, EveryOpMatchesLlvm) {
             const size_t w = kiln::itemsize(dt);
             same = std::memcmp(got[t].data() + at * w, bd.owned[t].data() + at * w, w) == 0;
             int64_t x = 0, y = 0;
-            if (w == 1) x = static_cast<uint8_t>(got[t][at]), y = static_cast<uint8_t>(bd.owned[t][at]);
-            else if (w == 4) { int32_t u, v; std::memcpy(&u, got[t].data() + at * 4, 4); std::memcpy(&v, bd.owned[t].data() + at * 4, 4); x = u; y = v; }
-            else { std::memcpy(&x, got[t].data() + at * 8, 8); std::memcpy(&y, bd.owned[t].data() + at * 8, 8); }
+            if (w == 1)
+              x = static_cast<uint8_t>(got[t][at]), y = static_cast<uint8_t>(bd.owned[t][at]);
+            else if (w == 4) {
+              int32_t u, v;
+              std::memcpy(&u, got[t].data() + at * 4, 4);
+              std::memcpy(&v, bd.owned[t].data() + at * 4, 4);
+              x = u;
+              y = v;
+            } else {
+              std::memcpy(&x, got[t].data() + at * 8, 8);
+              std::memcpy(&y, bd.owned[t].data() + at * 8, 8);
+            }
             a = static_cast<double>(x), b = static_cast<double>(y);
           }
         }
@@ -973,8 +1030,10 @@ TEST(CudaBackend, EveryOpMatchesLlvm) {
       }
     }
   }
-  std::printf("[ cuda ] every-op kernel: %d results differ beyond the bounds, %d transcendental results differ "
-              "within 16 ulp (worst %.2f ulp: %s)\n", bad, inexact, worst_ulps, worst.c_str());
+  std::printf(
+      "[ cuda ] every-op kernel: %d results differ beyond the bounds, %d transcendental results differ "
+      "within 16 ulp (worst %.2f ulp: %s)\n",
+      bad, inexact, worst_ulps, worst.c_str());
 }
 
 // An in-memory blob store (the disk cache's BlobStore stand-in).
@@ -1024,7 +1083,8 @@ TEST(CudaBackend, ImageRoundTrip) {
       gpu->launch(*fresh, launch_of(bd, a.buffers.data()));
       gpu->launch(*loaded, launch_of(bd, b.buffers.data()));
       std::vector<std::vector<char>> ra = download(bd, a), rb = download(bd, b);
-      for (size_t i = 0; i < ra.size(); ++i) EXPECT_EQ(ra[i], rb[i]) << "buffer " << i << " differs after the round trip (" << p.header << ")";
+      for (size_t i = 0; i < ra.size(); ++i)
+        EXPECT_EQ(ra[i], rb[i]) << "buffer " << i << " differs after the round trip (" << p.header << ")";
     }
   }
   EXPECT_GT(tried, 0);
@@ -1032,9 +1092,11 @@ TEST(CudaBackend, ImageRoundTrip) {
   // Not an image: a clear error.
   EXPECT_THROW(gpu->load("not an image", "kiln_x", store), kiln::Error);
   // A truncated CUBIN: the driver's error, as kiln::Error.
-  EXPECT_THROW(gpu->load("kiln-cuda-image 2 1 0 0 1 cubin\n\x7f" "ELF garbage", "kiln_x", store), kiln::Error);
+  EXPECT_THROW(gpu->load("kiln-cuda-image 2 1 0 0 1 cubin\n\x7f"
+                         "ELF garbage",
+                         "kiln_x", store),
+               kiln::Error);
 }
-
 
 // The disk cache on the GPU, across processes: this binary re-run as a child (the
 // CudaCacheChild test, which only runs with KILN_CUDA_CACHE_CHILD=1) in a fresh
@@ -1055,9 +1117,9 @@ TEST(CudaCacheChild, Workload) {
     h = (h ^ b) * 1099511628211ull;
   }
   const kiln::jit::CacheStats st = kiln::jit::cache_stats();
-  std::printf("child: hash %llu sum %.9g compiles %llu disk_hits %llu rebuilds %llu\n", static_cast<unsigned long long>(h),
-              s.item<double>(), static_cast<unsigned long long>(st.compiles), static_cast<unsigned long long>(st.disk_hits),
-              static_cast<unsigned long long>(st.disk_rebuilds));
+  std::printf("child: hash %llu sum %.9g compiles %llu disk_hits %llu rebuilds %llu\n",
+              static_cast<unsigned long long>(h), s.item<double>(), static_cast<unsigned long long>(st.compiles),
+              static_cast<unsigned long long>(st.disk_hits), static_cast<unsigned long long>(st.disk_rebuilds));
 }
 
 TEST(CudaBackend, DiskCacheColdWarmCorrupted) {
@@ -1073,7 +1135,8 @@ TEST(CudaBackend, DiskCacheColdWarmCorrupted) {
   auto run = [&] {
     // This binary, by its resolved path (in the shell, /proc/self/exe would be the shell).
     static const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
-    const std::string cmd = "KILN_CUDA_CACHE_CHILD=1 KILN_CACHE_DIR=" + dir + " '" + self + "' --gtest_filter=CudaCacheChild.Workload 2>&1";
+    const std::string cmd =
+        "KILN_CUDA_CACHE_CHILD=1 KILN_CACHE_DIR=" + dir + " '" + self + "' --gtest_filter=CudaCacheChild.Workload 2>&1";
     Run r;
     FILE* p = popen(cmd.c_str(), "r");
     char buf[4096];
@@ -1083,8 +1146,8 @@ TEST(CudaBackend, DiskCacheColdWarmCorrupted) {
     if (at != std::string::npos) {
       char h[64] = {0};
       double sum = 0;
-      std::sscanf(r.out.c_str() + at, "child: hash %63s sum %lf compiles %lf disk_hits %lf rebuilds %lf", h, &sum, &r.compiles,
-                  &r.disk_hits, &r.rebuilds);
+      std::sscanf(r.out.c_str() + at, "child: hash %63s sum %lf compiles %lf disk_hits %lf rebuilds %lf", h, &sum,
+                  &r.compiles, &r.disk_hits, &r.rebuilds);
       r.hash = h;
     }
     return r;
@@ -1111,8 +1174,9 @@ TEST(CudaBackend, DiskCacheColdWarmCorrupted) {
   EXPECT_EQ(bad.compiles, cold.compiles) << bad.out;  // every kernel rejected its entry and was rebuilt
   EXPECT_EQ(bad.rebuilds, bad.compiles) << bad.out;
   EXPECT_EQ(bad.disk_hits, 0) << bad.out;
-  std::printf("[ cuda ] disk cache: %g kernels compiled cold, %g loaded warm; %d entries corrupted, %g rejected and rebuilt\n",
-              cold.compiles, warm.disk_hits, corrupted, bad.rebuilds);
+  std::printf(
+      "[ cuda ] disk cache: %g kernels compiled cold, %g loaded warm; %d entries corrupted, %g rejected and rebuilt\n",
+      cold.compiles, warm.disk_hits, corrupted, bad.rebuilds);
 }
 
 }  // namespace
@@ -1129,7 +1193,8 @@ TEST(CudaBackend, GemmBiasReluEpilogueMatchesTheCpu) {
     kiln::manual_seed(4);
     auto n = std::make_shared<kiln::nn::Sequential>(std::vector<std::shared_ptr<kiln::nn::Module>>{
         std::make_shared<kiln::nn::Linear>(48, 96), std::make_shared<kiln::nn::ReLU>(),
-        std::make_shared<kiln::nn::Linear>(96, 80), std::make_shared<kiln::nn::ReLU>(), std::make_shared<kiln::nn::Linear>(80, 5)});
+        std::make_shared<kiln::nn::Linear>(96, 80), std::make_shared<kiln::nn::ReLU>(),
+        std::make_shared<kiln::nn::Linear>(80, 5)});
     n->to(dev);
     return n;
   };
@@ -1143,7 +1208,8 @@ TEST(CudaBackend, GemmBiasReluEpilogueMatchesTheCpu) {
     Tensor eager = gpu_net->forward(x.cuda());
     Tensor compiled = f(x.cuda());
     kiln::eval({eager, compiled});
-    EXPECT_GE(kiln::jit::gemm_epilogue_runs() - before, 6u) << "rows " << rows << ": 3 epilogues each, eager and compiled";
+    EXPECT_GE(kiln::jit::gemm_epilogue_runs() - before, 6u)
+        << "rows " << rows << ": 3 epilogues each, eager and compiled";
     expect_close(eager.cpu(), want, 1e-4, 1e-5);
     expect_close(compiled.cpu(), want, 1e-4, 1e-5);
   }

@@ -49,7 +49,8 @@ void expect_close(const Tensor& got, const Tensor& want, double rtol, double ato
     } else if (std::isinf(w[i])) {
       EXPECT_EQ(g[i], w[i]) << what << " [" << i << "]";
     } else {
-      EXPECT_LE(std::abs(g[i] - w[i]), rtol * std::abs(w[i]) + atol) << what << " [" << i << "]: got " << g[i] << ", want " << w[i];
+      EXPECT_LE(std::abs(g[i] - w[i]), rtol * std::abs(w[i]) + atol)
+          << what << " [" << i << "]: got " << g[i] << ", want " << w[i];
     }
     if (::testing::Test::HasFailure()) return;
   }
@@ -65,7 +66,11 @@ double rtol_of(kiln::DType d, bool reduced) {
   return 0;
 }
 double atol_of(kiln::DType d) {
-  return d == kiln::kFloat64 ? 1e-12 : d == kiln::kFloat32 ? 1e-6 : d == kiln::kFloat16 ? 1e-2 : d == kiln::kBFloat16 ? 6e-2 : 0;
+  return d == kiln::kFloat64    ? 1e-12
+         : d == kiln::kFloat32  ? 1e-6
+         : d == kiln::kFloat16  ? 1e-2
+         : d == kiln::kBFloat16 ? 6e-2
+                                : 0;
 }
 
 }  // namespace
@@ -75,8 +80,9 @@ TEST(CudaDevice, WithoutGpuEveryRequestIsAClearError) {
   EXPECT_EQ(kiln::cuda::device_count(), 0);
   kiln::cuda::synchronize();  // nothing to wait for: no error
   Tensor x = kiln::ones({3});
-  for (auto make : std::vector<std::function<Tensor()>>{[] { return kiln::zeros({2}, kiln::kFloat32, kiln::cuda()); },
-                                                         [&] { return x.cuda(); }, [&] { return x.to(kiln::cuda(1)); }}) {
+  for (auto make :
+       std::vector<std::function<Tensor()>>{[] { return kiln::zeros({2}, kiln::kFloat32, kiln::cuda()); },
+                                            [&] { return x.cuda(); }, [&] { return x.to(kiln::cuda(1)); }}) {
     try {
       make();
       ADD_FAILURE() << "expected kiln::Error";
@@ -187,7 +193,8 @@ TEST(CudaDevice, IntegerAndBoolOpsAreExact) {
   Tensor a = kiln::randint(-50, 50, {7, 9});
   Tensor b = kiln::randint(1, 9, {7, 9});
   Tensor ad = a.cuda(), bd = b.cuda();
-  EXPECT_EQ(kiln::remainder(ad * bd - 3, bd).cpu().to_vector<int64_t>(), kiln::remainder(a * b - 3, b).to_vector<int64_t>());
+  EXPECT_EQ(kiln::remainder(ad * bd - 3, bd).cpu().to_vector<int64_t>(),
+            kiln::remainder(a * b - 3, b).to_vector<int64_t>());
   EXPECT_EQ((ad > bd).cpu().to_vector<uint8_t>(), (a > b).to_vector<uint8_t>());
   EXPECT_EQ(ad.sum({1}).cpu().to_vector<int64_t>(), a.sum({1}).to_vector<int64_t>());
   EXPECT_EQ(ad.argmax(1).cpu().to_vector<int64_t>(), a.argmax(1).to_vector<int64_t>());
@@ -203,7 +210,8 @@ TEST(CudaDevice, IntegerAndBoolOpsAreExact) {
   Tensor fd = f.cuda();
   EXPECT_NEAR(fd.sum().item<double>(), f.sum().item<double>(), 1e-9 * f.abs().sum().item<double>());
   EXPECT_EQ(fd.argmax().item<int64_t>(), f.argmax().item<int64_t>());
-  Tensor withnan = kiln::where(kiln::rand({700, 300}) > 0.999, std::numeric_limits<double>::quiet_NaN(), f.narrow(0, 0, 700).narrow(1, 0, 300));
+  Tensor withnan = kiln::where(kiln::rand({700, 300}) > 0.999, std::numeric_limits<double>::quiet_NaN(),
+                               f.narrow(0, 0, 700).narrow(1, 0, 300));
   EXPECT_TRUE(std::isnan(withnan.cuda().amax().item<double>()) == std::isnan(withnan.amax().item<double>()));
   EXPECT_EQ(withnan.cuda().argmax().item<int64_t>(), withnan.argmax().item<int64_t>());
 }
@@ -221,8 +229,8 @@ TEST(CudaDevice, MatmulOnCublasMatchesTheCpu) {
     Tensor want = kiln::matmul(a, b);
     Tensor got = kiln::matmul(a.cuda(), b.cuda());
     expect_close(got, want, rtol_of(dt, true), atol_of(dt) * (K + 1) * 10,
-                 "matmul " + std::to_string(c) + " B=" + std::to_string(B) + " M=" + std::to_string(M) + " K=" +
-                     std::to_string(K) + " N=" + std::to_string(N) + (ta ? " A^T" : "") + (tb ? " B^T" : ""));
+                 "matmul " + std::to_string(c) + " B=" + std::to_string(B) + " M=" + std::to_string(M) +
+                     " K=" + std::to_string(K) + " N=" + std::to_string(N) + (ta ? " A^T" : "") + (tb ? " B^T" : ""));
     if (HasFailure()) return;
   }
   // Heads transposed out of a projection ([B, T, H, D] -> [B, H, T, D]: batch dims that do not
@@ -330,7 +338,8 @@ TEST(CudaDevice, RowKernelsAroundTheRowCacheMatchTheCpu) {
     // Rows past the column split (256) too: the weight and bias gradients then run as chunks.
     const int64_t rows = rng() % 3 ? std::uniform_int_distribution<int64_t>(1, 70)(rng) : 300;
     kiln::manual_seed(rng());
-    Tensor x = kiln::randn({rows, cols}), w = kiln::randn({cols}) * 0.1 + 1, b = kiln::randn({cols}) * 0.1, gy = kiln::randn({rows, cols});
+    Tensor x = kiln::randn({rows, cols}), w = kiln::randn({cols}) * 0.1 + 1, b = kiln::randn({cols}) * 0.1,
+           gy = kiln::randn({rows, cols});
     auto run = [&](kiln::Device dev) {
       Tensor xd = x.to(dev).detach().requires_grad_(), wd = w.to(dev).detach().requires_grad_(),
              bd = b.to(dev).detach().requires_grad_();
@@ -342,7 +351,8 @@ TEST(CudaDevice, RowKernelsAroundTheRowCacheMatchTheCpu) {
     const std::string what = "rows " + std::to_string(rows) + " x cols " + std::to_string(cols);
     for (size_t k = 0; k < c.size(); ++k) {
       // The weight and bias gradients sum up to 300 rows: atol scaled by the rows.
-      expect_close(g[k], c[k], 1e-4, k == 2 || k == 3 ? 1e-6 * static_cast<double>(rows) : 1e-6, what + ", output " + std::to_string(k));
+      expect_close(g[k], c[k], 1e-4, k == 2 || k == 3 ? 1e-6 * static_cast<double>(rows) : 1e-6,
+                   what + ", output " + std::to_string(k));
       EXPECT_EQ(g[k].to_vector<float>(), g2[k].to_vector<float>()) << what << ": a second run differs, output " << k;
     }
   }
@@ -362,15 +372,17 @@ TEST(CudaDevice, ColumnReductionsOverManyRowsMatchTheCpu) {
     const bool three = round % 3 == 2;  // [a, b, cols] reduced over {0, 1}
     const kiln::DType dt = round % 4 == 3 ? kiln::kFloat64 : kiln::kFloat32;
     kiln::manual_seed(rng());
-    std::vector<int64_t> shape = three ? std::vector<int64_t>{rows / 16 + 1, 16, cols} : std::vector<int64_t>{rows, cols};
+    std::vector<int64_t> shape =
+        three ? std::vector<int64_t>{rows / 16 + 1, 16, cols} : std::vector<int64_t>{rows, cols};
     std::vector<int64_t> dims = three ? std::vector<int64_t>{0, 1} : std::vector<int64_t>{0};
     Tensor x = kiln::randn(shape, dt), y = kiln::randn({cols}, dt);
     Tensor xi = kiln::randint(-50, 50, shape, kiln::kInt64);
     auto run = [&](kiln::Device dev) {
       Tensor a = x.to(dev), b = y.to(dev), ai = xi.to(dev);
       Tensor z = kiln::tanh(a * b + 0.5);
-      std::vector<Tensor> outs = {z.sum(dims), (a * a).mean(dims, true), z.amax(dims), (z - b).amin(dims),
-                                  (z * 0.01 + 1).prod(0), z * 3, (ai * 3).sum(dims), ai.amax(dims)};
+      std::vector<Tensor> outs = {
+          z.sum(dims), (a * a).mean(dims, true), z.amax(dims), (z - b).amin(dims), (z * 0.01 + 1).prod(0),
+          z * 3,       (ai * 3).sum(dims),       ai.amax(dims)};
       kiln::eval(outs);
       std::vector<Tensor> r;
       for (Tensor& t : outs) r.push_back(t.cpu());
@@ -382,7 +394,12 @@ TEST(CudaDevice, ColumnReductionsOverManyRowsMatchTheCpu) {
     what += "] " + std::string(kiln::dtype_name(dt));
     for (size_t k = 0; k < c.size(); ++k) {
       const bool ints = c[k].dtype() == kiln::kInt64;
-      const double rtol = ints ? 0 : dt == kiln::kFloat64 ? 1e-10 : 1e-4, atol = ints ? 0 : dt == kiln::kFloat64 ? 1e-9 : 1e-5;
+      const double rtol = ints                   ? 0
+                          : dt == kiln::kFloat64 ? 1e-10
+                                                 : 1e-4,
+                   atol = ints                   ? 0
+                          : dt == kiln::kFloat64 ? 1e-9
+                                                 : 1e-5;
       expect_close(g[k], c[k], rtol, atol, what + ", output " + std::to_string(k));
       EXPECT_EQ(g[k].to_vector<double>(), g2[k].to_vector<double>()) << what << ": a second run differs, output " << k;
     }
@@ -396,7 +413,9 @@ TEST(CudaDevice, SecondGpuMatchesTheCpu) {
   if (kiln::cuda::device_count() < 2) GTEST_SKIP() << "one GPU";
   kiln::manual_seed(kiln::testing::test_seed(23));
   Tensor x = kiln::randn({300, 70}), y = kiln::randn({70});
-  auto f = [](const Tensor& a, const Tensor& b) { return std::vector<Tensor>{kiln::tanh(a * b + 1).sum({1}), kiln::softmax(a, 1)}; };
+  auto f = [](const Tensor& a, const Tensor& b) {
+    return std::vector<Tensor>{kiln::tanh(a * b + 1).sum({1}), kiln::softmax(a, 1)};
+  };
   auto want = f(x, y);
   Tensor x1 = x.to(kiln::cuda(1)), y1 = y.to(kiln::cuda(1));
   auto got = f(x1, y1);
@@ -499,14 +518,22 @@ TEST(CudaDevice, BadIndicesAreErrorsAndTheDeviceKeepsWorking) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   };
-  expect_error([&] { return kiln::index_select(x, 0, bad); }, "index_select: index 12 is out of bounds for dimension 0 with size 10");
-  expect_error([&] { return kiln::gather(x, 0, bad); }, "gather: index 12 is out of bounds for dimension 0 with size 10");
-  expect_error([&] { return kiln::scatter(x, 0, bad, src); }, "scatter: index 12 is out of bounds for dimension 0 with size 10");
-  expect_error([&] { return kiln::scatter_add(x, 0, neg, src); }, "scatter_add: index -1 is out of bounds for dimension 0 with size 10");
-  expect_error([&] { return kiln::index_add(x, 0, bad, src); }, "index_add: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::index_select(x, 0, bad); },
+               "index_select: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::gather(x, 0, bad); },
+               "gather: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::scatter(x, 0, bad, src); },
+               "scatter: index 12 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::scatter_add(x, 0, neg, src); },
+               "scatter_add: index -1 is out of bounds for dimension 0 with size 10");
+  expect_error([&] { return kiln::index_add(x, 0, bad, src); },
+               "index_add: index 12 is out of bounds for dimension 0 with size 10");
   Tensor m = kiln::zeros({3, 4}, kiln::kInt64, kiln::cuda());
-  expect_error([&] { return kiln::index_add(m, 1, neg, kiln::ones({3, 2}, kiln::kInt64, kiln::cuda())).to(kiln::kFloat32); },
-               "index_add: index -1 is out of bounds for dimension 1 with size 4");
+  expect_error(
+      [&] {
+        return kiln::index_add(m, 1, neg, kiln::ones({3, 2}, kiln::kInt64, kiln::cuda())).to(kiln::kFloat32);
+      },
+      "index_add: index -1 is out of bounds for dimension 1 with size 4");
   Tensor good = kiln::from_vector(std::vector<int64_t>{9, 0, 3}).cuda();
   EXPECT_EQ(kiln::index_select(x, 0, good).cpu().to_vector<float>(), (std::vector<float>{9, 0, 3}));
   EXPECT_EQ(kiln::scatter_add(x, 0, good, kiln::ones({3}, kiln::kFloat32, kiln::cuda())).sum().item<float>(), 48.0f);
@@ -524,7 +551,8 @@ struct Pair {
 // Random values of dtype `dt`: integers in [-300, 300], floats ~ N(0, 100^2) rounded to the
 // dtype, bools; `small`: integers in [-8, 8] (sums of them are exact in every dtype here).
 Tensor random_of(kiln::DType dt, const std::vector<int64_t>& shape, bool small = false) {
-  Tensor r = small ? kiln::randint(-8, 9, shape, kiln::kInt64).to(kiln::kFloat64) : kiln::randn(shape, kiln::kFloat64) * 100;
+  Tensor r =
+      small ? kiln::randint(-8, 9, shape, kiln::kInt64).to(kiln::kFloat64) : kiln::randn(shape, kiln::kFloat64) * 100;
   return dt == kiln::kBool ? (r > 0) : r.to(dt);
 }
 
@@ -604,7 +632,8 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
     std::vector<int64_t> shape;
     for (int64_t i = 0; i < rank; ++i) shape.push_back(1 + static_cast<int64_t>(rng() % 6));
     const int64_t d = static_cast<int64_t>(rng() % rank);
-    const std::string what = "case " + std::to_string(c) + " " + kiln::dtype_name(dt) + " " + str(shape) + " dim " + std::to_string(d);
+    const std::string what =
+        "case " + std::to_string(c) + " " + kiln::dtype_name(dt) + " " + str(shape) + " dim " + std::to_string(d);
     Pair x = make(dt, shape, rng);
     // gather / scatter / scatter_add: index sizes within x's (dim d: up to 2 more) and src's.
     std::vector<int64_t> is = shape;
@@ -613,7 +642,8 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
     expect_same(kiln::gather(x.dev, d, idx.dev), kiln::gather(x.cpu, d, idx.cpu), what + " gather");
     if (is[d] <= shape[d]) {
       Pair src = make(dt, is, rng);
-      expect_same(kiln::scatter(x.dev, d, idx.dev, src.dev), kiln::scatter(x.cpu, d, idx.cpu, src.cpu), what + " scatter");
+      expect_same(kiln::scatter(x.dev, d, idx.dev, src.dev), kiln::scatter(x.cpu, d, idx.cpu, src.cpu),
+                  what + " scatter");
     }
     Pair xs = make(dt, shape, rng, true), srcs = make(dt, is, rng, true);
     expect_same(kiln::scatter_add(xs.dev, d, idx.dev, srcs.dev), kiln::scatter_add(xs.cpu, d, idx.cpu, srcs.cpu),
@@ -656,7 +686,10 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
     if (!kiln::is_floating(cw.dtype())) {
       expect_same(cg, cw, what + " cumsum");
     } else {
-      const double rtol = dt == kiln::kFloat64 ? 1e-12 : dt == kiln::kFloat32 ? 1e-6 : dt == kiln::kFloat16 ? 1e-3 : 8e-3;
+      const double rtol = dt == kiln::kFloat64   ? 1e-12
+                          : dt == kiln::kFloat32 ? 1e-6
+                          : dt == kiln::kFloat16 ? 1e-3
+                                                 : 8e-3;
       expect_close(cg.cpu(), cw, rtol, 0, what + " cumsum");
     }
     if (HasFailure()) return;
@@ -666,27 +699,31 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
     Tensor x = kiln::randn({6, 5}, dt), src = kiln::randn({40, 5}, dt);
     Tensor idx = kiln::randint(0, 6, {40, 5}), idx1 = kiln::randint(0, 6, {40});
     const double atol = dt == kiln::kFloat32 ? 1e-5 : 1e-12;
-    expect_close(kiln::scatter_add(x.cuda(), 0, idx.cuda(), src.cuda()).cpu(), kiln::scatter_add(x, 0, idx, src), 0, atol,
-                 std::string("scatter_add ") + kiln::dtype_name(dt));
+    expect_close(kiln::scatter_add(x.cuda(), 0, idx.cuda(), src.cuda()).cpu(), kiln::scatter_add(x, 0, idx, src), 0,
+                 atol, std::string("scatter_add ") + kiln::dtype_name(dt));
     expect_close(kiln::index_add(x.cuda(), 0, idx1.cuda(), src.cuda()).cpu(), kiln::index_add(x, 0, idx1, src), 0, atol,
                  std::string("index_add ") + kiln::dtype_name(dt));
   }
   // Casts to and from the 16-bit floats: rounding to nearest even, overflow, subnormals, NaN.
   const float inf = INFINITY, nan = NAN;
-  std::vector<float> special = {0.0f, -0.0f, 1.0f, -1.5f, 3.14159265f, 65504.0f, 65519.0f, 65520.0f, -70000.0f, 1e-8f,
-                                2.9802322e-8f, 5.9604645e-8f, 8.940697e-8f, 6.1e-5f, 1e-30f, 1e30f, -3.4e38f, 1.00048828125f,
-                                1.0009765625f, 257.0f, 259.0f, 0.1f, inf, -inf, nan};
+  std::vector<float> special = {
+      0.0f,      -0.0f,          1.0f,          -1.5f,         3.14159265f,  65504.0f, 65519.0f, 65520.0f,
+      -70000.0f, 1e-8f,          2.9802322e-8f, 5.9604645e-8f, 8.940697e-8f, 6.1e-5f,  1e-30f,   1e30f,
+      -3.4e38f,  1.00048828125f, 1.0009765625f, 257.0f,        259.0f,       0.1f,     inf,      -inf,
+      nan};
   Tensor f = kiln::cat({kiln::from_vector(special), kiln::randn({500}) * 1000, kiln::randn({500}) * 1e-5f});
   for (kiln::DType to : {kiln::kFloat16, kiln::kBFloat16}) {
     Tensor fd = f.cuda();
     expect_same(fd.to(to), f.to(to), std::string("float32 to ") + kiln::dtype_name(to));
-    expect_same(fd.to(kiln::kFloat64).to(to), f.to(kiln::kFloat64).to(to), std::string("float64 to ") + kiln::dtype_name(to));
-    expect_same(fd.to(to).to(kiln::kFloat32), f.to(to).to(kiln::kFloat32), std::string("back from ") + kiln::dtype_name(to));
+    expect_same(fd.to(kiln::kFloat64).to(to), f.to(kiln::kFloat64).to(to),
+                std::string("float64 to ") + kiln::dtype_name(to));
+    expect_same(fd.to(to).to(kiln::kFloat32), f.to(to).to(kiln::kFloat32),
+                std::string("back from ") + kiln::dtype_name(to));
     Tensor h = f.to(to), hd = h.cuda();
     for (kiln::DType other : dtypes) {
       if (other == to) continue;
       Tensor src = other == kiln::kBool || kiln::is_integral(other) ? kiln::randint(-70000, 70000, {300}).to(other)
-                                                                     : random_of(other, {300});
+                                                                    : random_of(other, {300});
       expect_same(src.cuda().to(to), src.to(to), std::string(kiln::dtype_name(other)) + " to " + kiln::dtype_name(to));
       if (other != kiln::kInt32 && other != kiln::kInt64)  // (float to int of inf/NaN is undefined)
         expect_same(hd.to(other), h.to(other), std::string(kiln::dtype_name(to)) + " to " + kiln::dtype_name(other));
@@ -723,7 +760,8 @@ TEST(CudaDevice, IntegerRemainderFmodPowMatchTheCpu) {
     ASSERT_EQ(d.cpu.dtype(), dt) << what;
     expect_same(kiln::remainder(a.dev, d.dev), kiln::remainder(a.cpu, d.cpu), what + " remainder");
     expect_same(kiln::fmod(a.dev, d.dev), kiln::fmod(a.cpu, d.cpu), what + " fmod");
-    expect_same(kiln::remainder(d.dev, a.dev.abs() + 1), kiln::remainder(d.cpu, a.cpu.abs() + 1), what + " remainder by positive");
+    expect_same(kiln::remainder(d.dev, a.dev.abs() + 1), kiln::remainder(d.cpu, a.cpu.abs() + 1),
+                what + " remainder by positive");
     Tensor e = kiln::randint(0, 70, sb, dt);  // large enough to overflow and wrap
     expect_same(kiln::pow(a.dev, e.cuda()), kiln::pow(a.cpu, e), what + " pow");
     Tensor one = kiln::randint(0, 2, sa, dt) * 2 - 1, en = kiln::randint(-9, 10, sb, dt);
@@ -752,14 +790,16 @@ TEST(CudaDevice, IntegerRemainderFmodPowMatchTheCpu) {
     }
   };
   for (kiln::DType dt : {kiln::kInt32, kiln::kInt64}) {
-    Tensor x = kiln::from_vector(std::vector<int64_t>{5, -3, 4}).to(dt), z = kiln::from_vector(std::vector<int64_t>{1, 0, 2}).to(dt);
+    Tensor x = kiln::from_vector(std::vector<int64_t>{5, -3, 4}).to(dt),
+           z = kiln::from_vector(std::vector<int64_t>{1, 0, 2}).to(dt);
     Tensor n = kiln::from_vector(std::vector<int64_t>{2, -1, 3}).to(dt);
     for (bool dev : {false, true}) {
       auto on = [&](const Tensor& t) { return dev ? t.cuda() : t; };
       const std::string where = std::string(kiln::dtype_name(dt)) + (dev ? " cuda" : " cpu");
       expect_error([&] { return kiln::remainder(on(x), on(z)); }, "remainder: integer division by zero", where);
       expect_error([&] { return kiln::fmod(on(x), on(z)); }, "fmod: integer division by zero", where);
-      expect_error([&] { return kiln::pow(on(x), on(n)); }, "pow: integers to negative integer powers are not allowed", where);
+      expect_error([&] { return kiln::pow(on(x), on(n)); }, "pow: integers to negative integer powers are not allowed",
+                   where);
     }
     expect_same(kiln::remainder(x.cuda(), n.cuda()), kiln::remainder(x, n), "after the errors");
     expect_same(kiln::pow(x.cuda(), n.abs().cuda()), kiln::pow(x, n.abs()), "after the errors");
@@ -794,7 +834,7 @@ TEST(CudaDevice, PipelinedLaunchesKeepTheirOrder) {
     for (int i = 0; i < calls; ++i) {
       x = (x + 1).eval();  // reads the previous call's output
       if (i % 500 == 250) x = kiln::matmul(x.reshape({1, 16}), eye).reshape({16}).eval();  // cuBLAS on the stream
-      if (i % 700 == 350) x = x.cpu().cuda();                                              // copies both ways
+      if (i % 700 == 350) x = x.cpu().cuda();  // copies both ways
       if (i % 1000 == 999) EXPECT_EQ(x[3].item<float>(), start + static_cast<float>(i + 1)) << "after call " << i;
     }
     Tensor y = kiln::full({16}, start).cuda();

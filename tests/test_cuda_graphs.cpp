@@ -97,7 +97,8 @@ TEST(CudaGraphs, TrainingStepReplayEqualsRunsWithoutGraphs) {
     kiln::manual_seed(3);
     Setup s;
     s.net = std::make_shared<kiln::nn::Sequential>(std::vector<std::shared_ptr<kiln::nn::Module>>{
-        std::make_shared<kiln::nn::Linear>(16, 64), std::make_shared<kiln::nn::Tanh>(), std::make_shared<kiln::nn::Linear>(64, 4)});
+        std::make_shared<kiln::nn::Linear>(16, 64), std::make_shared<kiln::nn::Tanh>(),
+        std::make_shared<kiln::nn::Linear>(64, 4)});
     s.net->to(kiln::cuda());
     kiln::optim::AdamOptions o;
     o.lr = 1e-2;
@@ -113,7 +114,8 @@ TEST(CudaGraphs, TrainingStepReplayEqualsRunsWithoutGraphs) {
   };
   Setup g = make(), n = make(), e = make();
   auto fg = kiln::compile([&](const Tensor& x, const Tensor& y) { return step(g, x, y); }, options("step", true));
-  auto fn = kiln::compile([&](const Tensor& x, const Tensor& y) { return step(n, x, y); }, options("step_plain", false));
+  auto fn =
+      kiln::compile([&](const Tensor& x, const Tensor& y) { return step(n, x, y); }, options("step_plain", false));
   kiln::manual_seed(kiln::testing::test_seed(12));
   Tensor x = kiln::randn({128, 16}).cuda().eval(), y = kiln::randn({128, 4}).cuda().eval();
   std::vector<const void*> where;
@@ -189,7 +191,12 @@ TEST(CudaGraphs, SimulationTicksInPlaceAndFedBack) {
 TEST(CudaGraphs, StateSharedWithTheCallerIsNotOverwritten) {
   NEED_GPU();
   Tensor w = kiln::ones({256}).cuda().eval();
-  auto f = kiln::compile([&](const Tensor& g) { w.sub_(g * 0.5); return w.sum(); }, options("sgd", true));
+  auto f = kiln::compile(
+      [&](const Tensor& g) {
+        w.sub_(g * 0.5);
+        return w.sum();
+      },
+      options("sgd", true));
   Tensor g = kiln::ones({256}).cuda().eval();
   for (int i = 0; i < 4; ++i) f(g);  // recorded at the second call, replayed from the third
   EXPECT_GE(f.stats().graph_replays, 1);
@@ -256,7 +263,8 @@ TEST(CudaGraphs, NewSizesAtTheLimitUpdateGraphsInPlace) {
   for (int r = 0; r < 3; ++r)
     for (int64_t n : {5, 7, 9, 11}) {
       Tensor x = kiln::randn({n, 16}).cuda().eval();
-      for (int k = 0; k < 2; ++k) expect_same_bits(f(x, w), plain(x, w), "size " + std::to_string(n) + " round " + std::to_string(r));
+      for (int k = 0; k < 2; ++k)
+        expect_same_bits(f(x, w), plain(x, w), "size " + std::to_string(n) + " round " + std::to_string(r));
       ASSERT_LE(f.stats().graphs_kept, 2);
     }
   const auto s = f.stats();

@@ -100,16 +100,15 @@ const std::vector<std::vector<Sizes>> kNets = {{{256, 64}, {256}, {256, 256}, {2
                                                {{7, 3}, {7}, {1, 7}, {1}, {5, 1}, {5}, {}}};
 using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor>&)>;
 std::vector<std::pair<const char*, MakeOpt>> optimizers() {
-  return {
-      {"Adam", [](std::vector<Tensor>& p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{1e-3}); }},
-      {"AdamW", [](std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamOptions{1e-3}); }},
-      {"SGD", [](std::vector<Tensor>& p) {
-         optim::SGDOptions o;
-         o.lr = 0.05;
-         o.momentum = 0.9;
-         o.weight_decay = 1e-4;
-         return std::make_unique<optim::SGD>(p, o);
-       }}};
+  return {{"Adam", [](std::vector<Tensor>& p) { return std::make_unique<optim::Adam>(p, optim::AdamOptions{1e-3}); }},
+          {"AdamW", [](std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamOptions{1e-3}); }},
+          {"SGD", [](std::vector<Tensor>& p) {
+             optim::SGDOptions o;
+             o.lr = 0.05;
+             o.momentum = 0.9;
+             o.weight_decay = 1e-4;
+             return std::make_unique<optim::SGD>(p, o);
+           }}};
 }
 
 TEST_F(Horizontal, AdamSgdAdamWUpdatesAreTwoKernels) {
@@ -122,7 +121,8 @@ TEST_F(Horizontal, AdamSgdAdamWUpdatesAreTwoKernels) {
         auto [ref, got] = both([&] { return optimizer_steps(dt, shapes, seed, make, nullptr); });
         got = optimizer_steps(dt, shapes, seed, make, &launched);
         expect_all_close(got, ref, dt);
-        EXPECT_LE(launched, 2u) << "an optimizer step's updates should be the 0-d scalars kernel and one horizontal kernel";
+        EXPECT_LE(launched, 2u)
+            << "an optimizer step's updates should be the 0-d scalars kernel and one horizontal kernel";
       }
 }
 
@@ -139,7 +139,8 @@ TEST_F(Horizontal, OptimizerUpdatesOnTheGpu) {
         uint64_t launched = 0;
         std::vector<Tensor> ref = optimizer_steps(dt, shapes, seed, make, nullptr);
         std::vector<Tensor> got = optimizer_steps(dt, shapes, seed, make, &launched, gpu);
-        for (size_t i = 0; i < got.size(); ++i) expect_close(got[i], ref[i], dt == kFloat64 ? 1e-12 : 1e-6, dt == kFloat64 ? 1e-14 : 1e-7);
+        for (size_t i = 0; i < got.size(); ++i)
+          expect_close(got[i], ref[i], dt == kFloat64 ? 1e-12 : 1e-6, dt == kFloat64 ? 1e-14 : 1e-7);
         EXPECT_LE(launched, 2u);
       }
 }
@@ -185,7 +186,8 @@ void random_independent_kernels(Device dev, uint64_t seed) {
       std::vector<Tensor> xs, ys;
       for (const Case& k : cases) {
         Tensor x = randn(k.shape, dt);
-        if (nonfinite && x.numel() > 0) x = where(x > 1.5, full({}, INFINITY, dt), where(x < -1.5, full({}, NAN, dt), x));
+        if (nonfinite && x.numel() > 0)
+          x = where(x > 1.5, full({}, INFINITY, dt), where(x < -1.5, full({}, NAN, dt), x));
         x = x.eval();
         if (k.transposed) x = randn({k.shape[1], k.shape[0]}, dt).eval().t();
         Tensor y = k.broadcast_row && !k.shape.empty() ? randn({k.shape.back()}, dt).eval() : randn(k.shape, dt).eval();
@@ -236,9 +238,9 @@ TEST_F(Horizontal, DependentKernelsStayApart) {
     auto [ref, got] = both([&] {
       manual_seed(7);
       Tensor a = randn({300, 17}, dt).eval(), b = randn({64}, dt).eval();
-      Tensor s = a.sum();           // a split reduction: a kernel of its own
-      Tensor u = tanh(b) * s;       // reads the reduction: after it
-      Tensor v = exp(a * 0.1);      // independent of both
+      Tensor s = a.sum();  // a split reduction: a kernel of its own
+      Tensor u = tanh(b) * s;  // reads the reduction: after it
+      Tensor v = exp(a * 0.1);  // independent of both
       Tensor w = u.sum() + v.mean();  // reads both
       return std::vector<Tensor>{u, v, w};
     });

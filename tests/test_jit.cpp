@@ -142,19 +142,22 @@ TEST(JitDifferential, RandomGraphsMatchInterpreter) {
   kiln::set_executor(kiln::jit::jit_executor());
   kiln::jit::CacheStats s1 = kiln::jit::cache_stats();
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  const double compiles = static_cast<double>(s1.compiles - s0.compiles), loads = static_cast<double>(s1.disk_hits - s0.disk_hits);
-  std::printf("[ jit ] %d graphs in %.1f s; %d values > 32768 elements, %d empty; kernels: %.0f compiled (%.1f ms "
-              "each), %.0f from disk (%.2f ms each), %llu in-process hits\n",
-              checked, secs, static_cast<int>(large), static_cast<int>(empty), compiles,
-              compiles > 0 ? (s1.compile_ms - s0.compile_ms) / compiles : 0.0, loads,
-              loads > 0 ? (s1.load_ms - s0.load_ms) / loads : 0.0, static_cast<unsigned long long>(s1.hits - s0.hits));
+  const double compiles = static_cast<double>(s1.compiles - s0.compiles),
+               loads = static_cast<double>(s1.disk_hits - s0.disk_hits);
+  std::printf(
+      "[ jit ] %d graphs in %.1f s; %d values > 32768 elements, %d empty; kernels: %.0f compiled (%.1f ms "
+      "each), %.0f from disk (%.2f ms each), %llu in-process hits\n",
+      checked, secs, static_cast<int>(large), static_cast<int>(empty), compiles,
+      compiles > 0 ? (s1.compile_ms - s0.compile_ms) / compiles : 0.0, loads,
+      loads > 0 ? (s1.load_ms - s0.load_ms) / loads : 0.0, static_cast<unsigned long long>(s1.hits - s0.hits));
   {
     std::lock_guard<std::mutex> lock(g_stats_mu);
-    std::printf("[ jit ] compared %lld elements (%lld floating, %lld of them required bit-exact); %lld inexact "
-                "elements differed, worst |jit - interp| = %.3g x (rtol|x| + atol), %.3g x the tolerance used\n",
-                static_cast<long long>(g_cmp.elements), static_cast<long long>(g_cmp.float_elements),
-                static_cast<long long>(g_cmp.exact_float_elements), static_cast<long long>(g_cmp.inexact_differing),
-                g_cmp.worst_vs_stated, g_cmp.worst_vs_used);
+    std::printf(
+        "[ jit ] compared %lld elements (%lld floating, %lld of them required bit-exact); %lld inexact "
+        "elements differed, worst |jit - interp| = %.3g x (rtol|x| + atol), %.3g x the tolerance used\n",
+        static_cast<long long>(g_cmp.elements), static_cast<long long>(g_cmp.float_elements),
+        static_cast<long long>(g_cmp.exact_float_elements), static_cast<long long>(g_cmp.inexact_differing),
+        g_cmp.worst_vs_stated, g_cmp.worst_vs_used);
     if (!g_cmp.worst.empty()) std::printf("[ jit ] worst element: %s\n", g_cmp.worst.c_str());
   }
   std::string seen;
@@ -171,7 +174,6 @@ TEST(JitDifferential, RandomGraphsMatchInterpreter) {
     }
   }
 }
-
 
 // Graphs that made LLVM 16's x86 backend fail from a cold cache on AVX-512 hosts (seed 15
 // family 348: isnan of 3/7-wide rows stored as bool bytes in a layer_norm kernel): the SLP
@@ -194,7 +196,6 @@ TEST(JitDifferential, BoolLaneBroadcastsCompile) {
   kiln::set_executor(kiln::jit::jit_executor());
 }
 
-
 // Long chains: the scheduler stores a value every 128 fused ops ("kernel depth limit").
 TEST(JitDifferential, LongChains) {
   SKIP_UNDER_INTERP_REGISTRATION();
@@ -203,8 +204,10 @@ TEST(JitDifferential, LongChains) {
     InputSpec a{kF32, {37, 129}, 0, 0, false, false, 11}, b{kF32, {129}, 0, 0, false, false, 12};
     Tensor x = make_input(a), y = make_input(b), v = x;
     for (int k = 0; k < 400; ++k) {
-      if (transcendental) v = kiln::tanh(kiln::add(kiln::mul(v, 0.5), y));  // contracting: errors stay ~ulp
-      else switch (r.range(0, 4)) {  // exactly rounded ops only
+      if (transcendental)
+        v = kiln::tanh(kiln::add(kiln::mul(v, 0.5), y));  // contracting: errors stay ~ulp
+      else
+        switch (r.range(0, 4)) {  // exactly rounded ops only
           case 0: v = kiln::mul(v, -0.5); break;
           case 1: v = kiln::add(v, y); break;
           case 2: v = kiln::maximum(v, kiln::neg(y)); break;
@@ -221,7 +224,8 @@ TEST(JitDifferential, LongChains) {
     std::vector<double> got = build(tr).to_vector<double>();
     ASSERT_EQ(ref.size(), got.size());
     for (size_t i = 0; i < ref.size(); ++i)
-      EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i]) + 1e-5) << (tr ? "tanh chain" : "exact chain") << ", row " << i;
+      EXPECT_NEAR(got[i], ref[i], 1e-4 * std::abs(ref[i]) + 1e-5)
+          << (tr ? "tanh chain" : "exact chain") << ", row " << i;
   }
 }
 
@@ -251,7 +255,8 @@ TEST(JitConcurrency, ThreadsShareTheCodeCache) {
     for (int t = 0; t < 8; ++t)
       threads.emplace_back([&, t] {
         for (int it = 0; it < 24; ++it) {
-          size_t i = (static_cast<size_t>(t) * 5 + static_cast<size_t>(it) * 3 + static_cast<size_t>(round)) % progs.size();
+          size_t i =
+              (static_cast<size_t>(t) * 5 + static_cast<size_t>(it) * 3 + static_cast<size_t>(round)) % progs.size();
           std::string err;
           try {
             std::vector<Result> got = evaluate(progs[i]);
@@ -265,15 +270,16 @@ TEST(JitConcurrency, ThreadsShareTheCodeCache) {
           runs++;
           if (!err.empty()) {
             std::lock_guard<std::mutex> lock(mu);
-            failures.push_back("thread " + std::to_string(t) + ", round " + std::to_string(round) + ": " + err +
-                               "\n" + progs[i].str());
+            failures.push_back("thread " + std::to_string(t) + ", round " + std::to_string(round) + ": " + err + "\n" +
+                               progs[i].str());
           }
         }
       });
     for (auto& th : threads) th.join();
   }
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("[ jit ] %d graph runs on 8 threads (3 rounds over %zu graphs) in %.2f s\n", runs.load(), progs.size(), secs);
+  std::printf("[ jit ] %d graph runs on 8 threads (3 rounds over %zu graphs) in %.2f s\n", runs.load(), progs.size(),
+              secs);
   EXPECT_TRUE(failures.empty()) << failures.size() << " failures; first:\n" << (failures.empty() ? "" : failures[0]);
 }
 
@@ -298,7 +304,8 @@ std::string sibling(const char* name) {
 
 // `prefix`: shell commands run before the child in the same shell (limits, traps, timeout).
 Child run_child(const std::string& env, const std::string& args, const std::string& prefix = "") {
-  std::string cmd = prefix + "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" + sibling(KILN_JIT_CACHE_CHILD) + "' " + args + " 2>&1";
+  std::string cmd = prefix + "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" + sibling(KILN_JIT_CACHE_CHILD) +
+                    "' " + args + " 2>&1";
   Child c;
   FILE* f = popen(cmd.c_str(), "r");
   if (!f) return c;
@@ -437,10 +444,11 @@ TEST(JitDiskCache, ColdWarmCorrupted) {
   EXPECT_EQ(off.num("disk_hits"), 0) << show(off);
   EXPECT_EQ(off.kv["cache_dir"], "") << show(off);
 
-  std::printf("[ jit ] %g kernels: cold compile %.2f ms/kernel (LLVM O3 + object + load), warm load %.3f ms/kernel "
-              "(read + verify + link); warm workload %.1f ms vs cold %.1f ms\n",
-              kernels, cold.num("compile_ms") / kernels, warm.num("load_ms") / std::max(1.0, warm.num("disk_hits")),
-              warm.num("jit_ms"), cold.num("jit_ms"));
+  std::printf(
+      "[ jit ] %g kernels: cold compile %.2f ms/kernel (LLVM O3 + object + load), warm load %.3f ms/kernel "
+      "(read + verify + link); warm workload %.1f ms vs cold %.1f ms\n",
+      kernels, cold.num("compile_ms") / kernels, warm.num("load_ms") / std::max(1.0, warm.num("disk_hits")),
+      warm.num("jit_ms"), cold.num("jit_ms"));
 }
 
 // Entry paths that cannot be read as files: a FIFO (opening it must not block) and a
@@ -524,7 +532,8 @@ TEST(JitConcurrency, ThreadsCompileConcurrently) {
   Child many = run_child("KILN_CACHE_DIR=off", "threads");
   EXPECT_EQ(many.rc, 0) << many.out;
   EXPECT_EQ(many.num("ok"), 1) << many.out;
-  EXPECT_EQ(many.num("compiles"), one.num("compiles")) << "a structure was compiled twice (or not at all):\n" << many.out;
+  EXPECT_EQ(many.num("compiles"), one.num("compiles")) << "a structure was compiled twice (or not at all):\n"
+                                                       << many.out;
   EXPECT_GT(many.num("hits"), 0) << many.out;
   EXPECT_EQ(many.out.find("[kiln:jit]"), std::string::npos) << many.out;
 }
@@ -570,7 +579,10 @@ TEST(JitReproducible, ColdWarmAndTiersGiveSameBits) {
   struct Cleanup {
     std::vector<std::string>* d;
     ~Cleanup() {
-      for (auto& x : *d) { std::error_code ec; std::filesystem::remove_all(x, ec); }
+      for (auto& x : *d) {
+        std::error_code ec;
+        std::filesystem::remove_all(x, ec);
+      }
     }
   } cleanup{&dirs};
   auto fresh_dir = [&] {
@@ -582,8 +594,8 @@ TEST(JitReproducible, ColdWarmAndTiersGiveSameBits) {
   using Lines = std::map<std::string, std::string>;  // "graph pass output" -> "dtype numel hash"
   auto run = [&](const std::string& name, const std::string& env) -> Lines {
     const std::string out = fresh_dir() + "/out.txt";
-    std::string cmd = "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" + sibling(KILN_JIT_REPRO_CHILD) + "' " + out +
-                      " 0 " + std::to_string(graphs) + " 2>&1";
+    std::string cmd = "env -u KILN_JIT -u KILN_DUMP -u KILN_LOG " + env + " '" + sibling(KILN_JIT_REPRO_CHILD) + "' " +
+                      out + " 0 " + std::to_string(graphs) + " 2>&1";
     auto t0 = std::chrono::steady_clock::now();
     FILE* f = popen(cmd.c_str(), "r");
     std::string text;
@@ -610,8 +622,10 @@ TEST(JitReproducible, ColdWarmAndTiersGiveSameBits) {
   Lines ref = run("cold (tiered, empty cache)", "KILN_CACHE_DIR=" + cold_dir);
   ASSERT_GT(ref.size(), static_cast<size_t>(graphs));
   std::vector<std::pair<std::string, Lines>> others;
-  others.emplace_back("second cold (tiered, empty cache)", run("second cold (tiered, empty cache)", "KILN_CACHE_DIR=" + fresh_dir()));
-  others.emplace_back("warm (tiered, LLVM from disk)", run("warm (tiered, LLVM from disk)", "KILN_CACHE_DIR=" + cold_dir));
+  others.emplace_back("second cold (tiered, empty cache)",
+                      run("second cold (tiered, empty cache)", "KILN_CACHE_DIR=" + fresh_dir()));
+  others.emplace_back("warm (tiered, LLVM from disk)",
+                      run("warm (tiered, LLVM from disk)", "KILN_CACHE_DIR=" + cold_dir));
   others.emplace_back("KILN_JIT=asmjit", run("KILN_JIT=asmjit", "KILN_CACHE_DIR=off KILN_JIT=asmjit"));
   others.emplace_back("KILN_JIT=llvm", run("KILN_JIT=llvm", "KILN_CACHE_DIR=off KILN_JIT=llvm"));
   const uint64_t seed = test_seed();
@@ -689,13 +703,15 @@ TEST(JitCodegen, PointwiseChainIsVectorized) {
   std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg);
   ASSERT_EQ(steps.size(), 1u) << kiln::jit::describe(steps);
   std::string ir;
-  kiln::jit::compile_to_object(kiln::jit::lower(steps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel, "kiln_test_vec_sum", &ir);
+  kiln::jit::compile_to_object(kiln::jit::lower(steps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel,
+                               "kiln_test_vec_sum", &ir);
   EXPECT_TRUE(std::regex_search(ir, std::regex("<(2|4|8|16) x (float|double)>"))) << "row sum not vectorized:\n" << ir;
   // A row max reduces in vector registers (maxnum), in float32.
   Tensor m = kiln::amax(kiln::mul(x, x), {1});
   std::vector<kiln::jit::Step> msteps = kiln::jit::schedule(make_segment({m}));
   ASSERT_EQ(msteps.size(), 1u) << kiln::jit::describe(msteps);
-  kiln::jit::compile_to_object(kiln::jit::lower(msteps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel, "kiln_test_vec_max", &ir);
+  kiln::jit::compile_to_object(kiln::jit::lower(msteps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU))->kernel,
+                               "kiln_test_vec_max", &ir);
   EXPECT_TRUE(std::regex_search(ir, std::regex("maxnum\\.v(4|8|16)f32"))) << "row max not vectorized:\n" << ir;
 }
 
@@ -735,23 +751,40 @@ TEST(JitCodegen, MaskLaneReadsCompileForAvx512) {
     std::string cat, inter;
     for (int i = 0; i < 2 * half; ++i) cat += std::string(i ? ", " : "") + "i32 " + std::to_string(i);
     for (int i = 0; i < half; ++i)
-      for (int j : {i, half + i, 2 * half + i}) inter += std::string(inter.empty() ? "" : ", ") + "i32 " + std::to_string(j);
+      for (int j : {i, half + i, 2 * half + i})
+        inter += std::string(inter.empty() ? "" : ", ") + "i32 " + std::to_string(j);
     const std::string vH = "<" + H + " x i8>", vW = "<" + W + " x i8>", v3 = "<" + std::to_string(3 * half) + " x i8>";
     return "define void @kiln_test_lanes(ptr %p, ptr %q, i1 %b) {\nentry:\n"
-           "  %v = load <" + N + " x " + src.elem + ">, ptr %p, align 4\n" + cmp +
+           "  %v = load <" +
+           N + " x " + src.elem + ">, ptr %p, align 4\n" + cmp +
            "  %other = zext i1 %b to i8\n"
-           "  %lane = extractelement <" + N + " x i1> %m, i64 " + std::to_string(lane) + "\n"
+           "  %lane = extractelement <" +
+           N + " x i1> %m, i64 " + std::to_string(lane) +
+           "\n"
            "  %byte = zext i1 %lane to i8\n"
-           "  %i0 = insertelement " + vH + " poison, i8 %other, i64 0\n"
-           "  %s0 = shufflevector " + vH + " %i0, " + vH + " poison, <" + H + " x i32> zeroinitializer\n"
-           "  %i1 = insertelement " + vH + " poison, i8 %byte, i64 0\n"
-           "  %s1 = shufflevector " + vH + " %i1, " + vH + " poison, <" + H + " x i32> zeroinitializer\n"
-           "  %cat = shufflevector " + vH + " %s0, " + vH + " %s1, <" + W + " x i32> <" + cat + ">\n"
-           "  %inter = shufflevector " + vW + " %cat, " + vW + " zeroinitializer, <" + std::to_string(3 * half) +
-           " x i32> <" + inter + ">\n"
+           "  %i0 = insertelement " +
+           vH +
+           " poison, i8 %other, i64 0\n"
+           "  %s0 = shufflevector " +
+           vH + " %i0, " + vH + " poison, <" + H +
+           " x i32> zeroinitializer\n"
+           "  %i1 = insertelement " +
+           vH +
+           " poison, i8 %byte, i64 0\n"
+           "  %s1 = shufflevector " +
+           vH + " %i1, " + vH + " poison, <" + H +
+           " x i32> zeroinitializer\n"
+           "  %cat = shufflevector " +
+           vH + " %s0, " + vH + " %s1, <" + W + " x i32> <" + cat +
+           ">\n"
+           "  %inter = shufflevector " +
+           vW + " %cat, " + vW + " zeroinitializer, <" + std::to_string(3 * half) + " x i32> <" + inter +
+           ">\n"
            "  br label %store\n"
            "store:\n"
-           "  store " + v3 + " %inter, ptr %q, align 1\n"
+           "  store " +
+           v3 +
+           " %inter, ptr %q, align 1\n"
            "  ret void\n}\n";
   };
   int compiled = 0;
@@ -896,7 +929,8 @@ TEST(JitGemm, EpilogueFusedAndRight) {
   auto interp = kiln::interpreter();
   for (DType dt : {kF32, kF64}) {
     for (int64_t m : {1, 7, 33, 130, 1000}) {
-      Tensor x = kiln::randn({m, 48}, dt).eval(), w = kiln::randn({40, 48}, dt).eval(), b = kiln::randn({40}, dt).eval();
+      Tensor x = kiln::randn({m, 48}, dt).eval(), w = kiln::randn({40, 48}, dt).eval(),
+             b = kiln::randn({40}, dt).eval();
       auto f = [&] { return kiln::tanh(kiln::add(kiln::matmul(x, w.t()), b)) * 2.0; };
       uint64_t before = kiln::jit::gemm_epilogue_runs();
       Tensor got = f().eval();
@@ -907,11 +941,11 @@ TEST(JitGemm, EpilogueFusedAndRight) {
       auto a = got.to_vector<double>(), e = want.to_vector<double>();
       double tol = dt == kF32 ? 1e-5 : 1e-12;
       ASSERT_EQ(a.size(), e.size());
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol + tol * std::abs(e[i])) << "m=" << m << " i=" << i;
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(a[i], e[i], tol + tol * std::abs(e[i])) << "m=" << m << " i=" << i;
     }
   }
 }
-
 
 // Reductions that keep the contiguous last dim (column sums of a batch: bias gradients, means
 // over a batch) lower to column tiles with per-column accumulators; against the interpreter
@@ -919,7 +953,8 @@ TEST(JitGemm, EpilogueFusedAndRight) {
 // Sums accumulate rows in order in double, like the interpreter: float32 results agree to
 // 1e-6 relative (the final rounding), float64 to 1e-12, max/min and ints exactly.
 // fn's tensors computed on the JIT executor, then on the reference interpreter.
-std::pair<std::vector<Tensor>, std::vector<Tensor>> jit_and_interpreter(const std::function<std::vector<Tensor>()>& fn) {
+std::pair<std::vector<Tensor>, std::vector<Tensor>> jit_and_interpreter(
+    const std::function<std::vector<Tensor>()>& fn) {
   std::vector<Tensor> got = fn();
   kiln::eval(got);
   kiln::set_executor(kiln::interpreter());
@@ -978,19 +1013,20 @@ TEST(JitGemm, EpilogueWritesOverADeadProductOnly) {
     for (const Case& c : cases) {
       const uint64_t runs = kiln::jit::gemm_epilogue_runs(), in_place = kiln::jit::gemm_epilogue_in_place_runs();
       auto [got, want] = jit_and_interpreter(c.fn);
-      const std::string where = std::string(c.name) + " m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n);
+      const std::string where =
+          std::string(c.name) + " m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n);
       if (kiln::jit::gemm_epilogue_runs() > runs)  // (when the schedule put the pointwise kernel right after the GEMM)
         EXPECT_EQ(kiln::jit::gemm_epilogue_in_place_runs() - in_place, c.in_place ? 1u : 0u) << where;
       const double tol = dt == kF32 ? 1e-5 : 1e-12;
       for (size_t t = 0; t < got.size(); ++t) {
         auto a = got[t].to_vector<double>(), e = want[t].to_vector<double>();
         ASSERT_EQ(a.size(), e.size()) << where;
-        for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol + tol * std::abs(e[i])) << where << " output " << t << " i=" << i;
+        for (size_t i = 0; i < a.size(); ++i)
+          ASSERT_NEAR(a[i], e[i], tol + tol * std::abs(e[i])) << where << " output " << t << " i=" << i;
       }
     }
   }
 }
-
 
 // A value a GEMM's epilogue stores (a layer's dz = dh * (1 - h^2), read by the next GEMM) is read
 // back by the kernel that sums it over the batch (the bias gradient), not recomputed from the
@@ -1005,7 +1041,8 @@ TEST(JitGemm, BiasGradientReadsTheStoredEpilogue) {
                   n = 1 + static_cast<int64_t>(rng() % 200), p = 1 + static_cast<int64_t>(rng() % 40);
     Tensor x = kiln::randn({m, k}).eval(), w = kiln::randn({n, k}).eval(), h = kiln::tanh(kiln::randn({m, n})).eval();
     Tensor w2 = kiln::randn({p, n}).eval();
-    const std::string where = "m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n) + " p=" + std::to_string(p);
+    const std::string where =
+        "m=" + std::to_string(m) + " k=" + std::to_string(k) + " n=" + std::to_string(n) + " p=" + std::to_string(p);
     auto f = [&] {
       Tensor dh = kiln::matmul(x, w.t());
       Tensor dz = kiln::mul(dh, kiln::sub(1.0, kiln::mul(h, h)));
@@ -1022,8 +1059,10 @@ TEST(JitGemm, BiasGradientReadsTheStoredEpilogue) {
         ++sums;
         const auto& g = st.group;
         EXPECT_EQ(std::count(g.nodes.begin(), g.nodes.end(), dz), 0) << where << ": dz recomputed by the sum's kernel";
-        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), dz), 1) << where << ": the sum's kernel does not read dz";
-        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), dh), 0) << where << ": the sum's kernel reads the product";
+        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), dz), 1)
+            << where << ": the sum's kernel does not read dz";
+        EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), dh), 0)
+            << where << ": the sum's kernel reads the product";
         EXPECT_EQ(std::count(g.inputs.begin(), g.inputs.end(), hn), 0) << where << ": the sum's kernel reads h";
       }
       EXPECT_EQ(sums, 1) << where;
@@ -1037,7 +1076,8 @@ TEST(JitGemm, BiasGradientReadsTheStoredEpilogue) {
         double scale = std::abs(e[i]);
         if (t == 2)  // column i's sum: rounding of its terms, each within float32 of dz
           for (int64_t r = 0; r < m; ++r) scale = std::max(scale, std::abs(dz[static_cast<size_t>(r * n) + i]));
-        ASSERT_NEAR(a[i], e[i], 1e-5 + 1e-5 * (t == 2 ? scale * static_cast<double>(m) : scale)) << where << " output " << t << " i=" << i;
+        ASSERT_NEAR(a[i], e[i], 1e-5 + 1e-5 * (t == 2 ? scale * static_cast<double>(m) : scale))
+            << where << " output " << t << " i=" << i;
       }
     }
   }
@@ -1056,10 +1096,12 @@ TEST(JitCodegen, RowKernelsKeepStagesInTheRowCache) {
   for (int it = 0; it < 8; ++it) {
     const bool fits = it < 6;
     const int64_t rows = it % 3 == 2 ? 1 + static_cast<int64_t>(rng() % 4) : 8 + static_cast<int64_t>(rng() % 24);
-    const int64_t cols = fits ? 2 + static_cast<int64_t>(rng() % 3000) : t.row_cache + 1 + static_cast<int64_t>(rng() % 64);
+    const int64_t cols =
+        fits ? 2 + static_cast<int64_t>(rng() % 3000) : t.row_cache + 1 + static_cast<int64_t>(rng() % 64);
     const DType dt = it % 2 ? kF64 : kF32;
     SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << kiln::dtype_name(dt));
-    Tensor x = kiln::randn({rows, cols}, dt).eval(), w = kiln::randn({cols}, dt).eval(), b = kiln::randn({cols}, dt).eval();
+    Tensor x = kiln::randn({rows, cols}, dt).eval(), w = kiln::randn({cols}, dt).eval(),
+           b = kiln::randn({cols}, dt).eval();
     auto f = [&] { return std::vector<Tensor>{kiln::softmax(kiln::gelu(kiln::layer_norm(x, {cols}, w, b)), -1)}; };
     kiln::eval(f());  // compiled
     kiln::jit::wait_background_compiles();
@@ -1068,7 +1110,8 @@ TEST(JitCodegen, RowKernelsKeepStagesInTheRowCache) {
     const kiln::jit::CacheStats s1 = kiln::jit::cache_stats();
     const uint64_t launches = s1.quick_runs + s1.optimized_runs - s0.quick_runs - s0.optimized_runs;
     // (a few long rows split each reduction across threads instead: kernels per stage)
-    if (rows >= 8) EXPECT_EQ(launches, 1u) << "one row kernel (rows longer than the cache: stages merged over stored values)";
+    if (rows >= 8)
+      EXPECT_EQ(launches, 1u) << "one row kernel (rows longer than the cache: stages merged over stored values)";
     auto a = got[0].to_vector<double>(), e = want[0].to_vector<double>();
     ASSERT_EQ(a.size(), e.size());
     const double tol = dt == kF32 ? 2e-6 : 1e-13;
@@ -1105,7 +1148,8 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
     const int64_t rows = 2 + static_cast<int64_t>(rng() % 40), cols = 2 + static_cast<int64_t>(rng() % 2000);
     const DType dt = it % 2 ? kF64 : kF32;
     SCOPED_TRACE(::testing::Message() << rows << " x " << cols << " " << kiln::dtype_name(dt));
-    Tensor x = kiln::randn({rows, cols}, dt).eval(), w = kiln::randn({cols}, dt).eval(), b = kiln::randn({cols}, dt).eval();
+    Tensor x = kiln::randn({rows, cols}, dt).eval(), w = kiln::randn({cols}, dt).eval(),
+           b = kiln::randn({cols}, dt).eval();
     Tensor gy = kiln::randn({rows, cols}, dt).eval();
     auto f = [&] {
       Tensor xr = x.detach().requires_grad_(), wr = w.detach().requires_grad_(), br = b.detach().requires_grad_();
@@ -1131,7 +1175,8 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
       return n;
     };
     EXPECT_EQ(stored(kept) + 2, stored(plain)) << "gelu and exp stay in the row kernel\n"
-                                               << kiln::jit::describe(kept) << "\n" << kiln::jit::describe(plain);
+                                               << kiln::jit::describe(kept) << "\n"
+                                               << kiln::jit::describe(plain);
     std::set<const kiln::Node*> read, needed;
     for (size_t i = 0; i < seg.nodes.size(); ++i)
       if (seg.needed[i]) needed.insert(seg.nodes[i]);
@@ -1142,7 +1187,8 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
       if (st.kind == kiln::jit::Step::Kind::Kernel)
         for (size_t o = 0; o < st.group.outputs.size(); ++o)
           if (st.group.why[o] == "expensive value read by a reduction and another op")
-            EXPECT_TRUE(read.count(st.group.outputs[o]) || needed.count(st.group.outputs[o])) << "stored, read by no other step";
+            EXPECT_TRUE(read.count(st.group.outputs[o]) || needed.count(st.group.outputs[o]))
+                << "stored, read by no other step";
     const auto [got, want] = jit_and_interpreter(f);
     for (size_t k = 0; k < got.size(); ++k) {
       auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
@@ -1157,10 +1203,14 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
 
 TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  struct Case { std::vector<int64_t> shape; std::vector<int64_t> dims; bool keep; };
-  const std::vector<Case> cases = {
-      {{1000, 64}, {0}, false}, {{37, 65}, {0}, true}, {{2, 1000}, {0}, false}, {{1, 200}, {0}, false},
-      {{5, 7, 9}, {0, 1}, false}, {{4, 33, 130}, {1}, true}, {{3, 6, 70}, {0}, false}, {{300, 12}, {0}, false}};
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<int64_t> dims;
+    bool keep;
+  };
+  const std::vector<Case> cases = {{{1000, 64}, {0}, false}, {{37, 65}, {0}, true},      {{2, 1000}, {0}, false},
+                                   {{1, 200}, {0}, false},   {{5, 7, 9}, {0, 1}, false}, {{4, 33, 130}, {1}, true},
+                                   {{3, 6, 70}, {0}, false}, {{300, 12}, {0}, false}};
   int columns_lowered = 0;
   for (DType dt : {kF32, kF64, DType::Int32}) {
     for (const Case& c : cases) {
@@ -1178,7 +1228,9 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
       };
       kiln::Segment seg = make_segment({kiln::sum(x, c.dims, c.keep)});
       for (const auto& st : kiln::jit::schedule(seg))
-        if (st.kind == kiln::jit::Step::Kind::Kernel && kiln::jit::lower(st.group, kiln::jit::target_for(kiln::DeviceType::CPU))->column) ++columns_lowered;
+        if (st.kind == kiln::jit::Step::Kind::Kernel &&
+            kiln::jit::lower(st.group, kiln::jit::target_for(kiln::DeviceType::CPU))->column)
+          ++columns_lowered;
       const auto [got, want] = jit_and_interpreter(f);
       for (size_t k = 0; k < got.size(); ++k) {
         auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
@@ -1186,11 +1238,13 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
         double tol = (k == 1 || k == 2 || dt == DType::Int32) ? 0 : dt == kF32 ? 1e-6 : 1e-12;
         for (size_t i = 0; i < a.size(); ++i) {
           if (std::isnan(e[i])) {
-            ASSERT_TRUE(std::isnan(a[i])) << "output " << k << " shape " << kiln::shape_str(kiln::make_shape(c.shape)) << " i=" << i;
+            ASSERT_TRUE(std::isnan(a[i]))
+                << "output " << k << " shape " << kiln::shape_str(kiln::make_shape(c.shape)) << " i=" << i;
             continue;
           }
-          ASSERT_NEAR(a[i], e[i], tol * (1 + std::abs(e[i]))) << "output " << k << " " << kiln::dtype_name(dt) << " shape "
-                                                              << kiln::shape_str(kiln::make_shape(c.shape)) << " i=" << i;
+          ASSERT_NEAR(a[i], e[i], tol * (1 + std::abs(e[i])))
+              << "output " << k << " " << kiln::dtype_name(dt) << " shape "
+              << kiln::shape_str(kiln::make_shape(c.shape)) << " i=" << i;
         }
       }
     }
@@ -1207,9 +1261,15 @@ TEST(JitCodegen, ColumnReductionsMatchInterpreter) {
 // thread and on eight (the chunks follow the sizes alone).
 TEST(JitCodegen, ColumnChunksMatchInterpreterOnAnyThreadCount) {
   SKIP_UNDER_INTERP_REGISTRATION();
-  struct Case { std::vector<int64_t> shape; std::vector<int64_t> dims; bool keep; };
+  struct Case {
+    std::vector<int64_t> shape;
+    std::vector<int64_t> dims;
+    bool keep;
+  };
   std::mt19937_64 rng(test_seed() ^ 0xc0c0ull);
-  auto r = [&](int64_t lo, int64_t hi) { return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1)); };
+  auto r = [&](int64_t lo, int64_t hi) {
+    return lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  };
   const std::vector<Case> cases = {{{r(1024, 5000), r(9, 300)}, {0}, false},
                                    {{r(1024, 3000), r(1, 8)}, {0}, true},
                                    {{r(2, 4), r(512, 1500), r(20, 90)}, {0, 1}, false},
@@ -1227,7 +1287,8 @@ TEST(JitCodegen, ColumnChunksMatchInterpreterOnAnyThreadCount) {
       }
       auto f = [&] {
         Tensor y = kiln::mul(x, 2.0);  // stored over the whole domain by the same kernel
-        return std::vector<Tensor>{y, kiln::sum(y, c.dims, c.keep), kiln::amax(x, c.dims, c.keep), kiln::amin(x, c.dims, c.keep),
+        return std::vector<Tensor>{y, kiln::sum(y, c.dims, c.keep), kiln::amax(x, c.dims, c.keep),
+                                   kiln::amin(x, c.dims, c.keep),
                                    kiln::prod(kiln::add(kiln::mul(kiln::to(x, kF64), 1e-4), 1.0), c.dims, c.keep)};
       };
       {
@@ -1254,9 +1315,14 @@ TEST(JitCodegen, ColumnChunksMatchInterpreterOnAnyThreadCount) {
         auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
         auto a1 = one[k].to_vector<double>(), a8 = eight[k].to_vector<double>();
         ASSERT_EQ(a.size(), e.size()) << where;
-        const double tol = k == 2 || k == 3 ? 0 : k == 4 ? 1e-12 : dt == DType::Int32 ? 0 : dt == kF32 ? 1e-6 : 1e-12;  // output 4 is float64
+        const double tol = k == 2 || k == 3     ? 0
+                           : k == 4             ? 1e-12
+                           : dt == DType::Int32 ? 0
+                           : dt == kF32         ? 1e-6
+                                                : 1e-12;  // output 4 is float64
         for (size_t i = 0; i < a.size(); ++i) {
-          ASSERT_EQ(std::memcmp(&a1[i], &a8[i], sizeof(double)), 0) << where << " output " << k << " i=" << i << ": " << a1[i] << " vs " << a8[i];
+          ASSERT_EQ(std::memcmp(&a1[i], &a8[i], sizeof(double)), 0)
+              << where << " output " << k << " i=" << i << ": " << a1[i] << " vs " << a8[i];
           if (std::isnan(e[i])) {
             ASSERT_TRUE(std::isnan(a[i])) << where << " output " << k << " i=" << i;
             continue;
@@ -1307,7 +1373,8 @@ TEST(JitCodegen, ColumnKernelsMakeOnePassOverTheRows) {
       auto a = got[k].to_vector<double>(), e = want[k].to_vector<double>();
       ASSERT_EQ(a.size(), e.size());
       const double tol = k == 3 ? 0 : dt == kF32 ? 1e-6 : 1e-12;
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol * (1 + std::abs(e[i]))) << "output " << k << " i=" << i;
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(a[i], e[i], tol * (1 + std::abs(e[i]))) << "output " << k << " i=" << i;
     }
   }
   EXPECT_GT(fused, 0) << "no column kernel lowered";
@@ -1363,12 +1430,15 @@ TEST(JitCodegen, SmallStridesAreKernelConstants) {
   Tensor f = kiln::sum(d * kiln::div(1.0, r2 * kiln::sqrt(r2)).unsqueeze(-1), {1});
   const auto steps = kiln::jit::schedule(make_segment({f}));
   ASSERT_EQ(steps.size(), 1u) << kiln::jit::describe(steps);
-  std::shared_ptr<kiln::jit::Lowered> L = kiln::jit::lower(steps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU));
+  std::shared_ptr<kiln::jit::Lowered> L =
+      kiln::jit::lower(steps[0].group, kiln::jit::target_for(kiln::DeviceType::CPU));
   for (const kiln::jit::ArgSource& a : L->iparams)
-    EXPECT_NE(a.kind, kiln::jit::ArgSource::Kind::InputStride) << "a stride of 3 passed at run time:\n" << L->kernel.str();
+    EXPECT_NE(a.kind, kiln::jit::ArgSource::Kind::InputStride) << "a stride of 3 passed at run time:\n"
+                                                               << L->kernel.str();
   std::string ir;
   kiln::jit::compile_to_object(L->kernel, "kiln_test_small_stride", &ir);
-  EXPECT_TRUE(std::regex_search(ir, std::regex("load <(6|12|24|48) x float>"))) << "no interleaved x, y, z loads:\n" << ir;
+  EXPECT_TRUE(std::regex_search(ir, std::regex("load <(6|12|24|48) x float>"))) << "no interleaved x, y, z loads:\n"
+                                                                                << ir;
 
   std::mt19937_64 rng(test_seed() ^ 0x5733ull);
   for (int it = 0; it < 24; ++it) {
@@ -1377,10 +1447,11 @@ TEST(JitCodegen, SmallStridesAreKernelConstants) {
     Tensor q = kiln::randn({n, s}, kF32).eval();
     Tensor wide = kiln::randn({n, 3 * s + 1}, kF32).eval();
     auto fn = [&] {
-      Tensor dq = q.unsqueeze(0) - q.unsqueeze(1);                     // [n, n, s]: strides s, 0 | 0, s
+      Tensor dq = q.unsqueeze(0) - q.unsqueeze(1);  // [n, n, s]: strides s, 0 | 0, s
       Tensor e = kiln::exp(kiln::mul(kiln::sum(dq * dq, {-1}), -0.1));
-      Tensor cols = wide.slice(1, 0, std::nullopt, s);                  // every s-th column: stride s
-      return std::vector<Tensor>{kiln::sum(dq * e.unsqueeze(-1), {1}), kiln::tanh(cols) * 2 + 1, kiln::sum(cols * cols, {0})};
+      Tensor cols = wide.slice(1, 0, std::nullopt, s);  // every s-th column: stride s
+      return std::vector<Tensor>{kiln::sum(dq * e.unsqueeze(-1), {1}), kiln::tanh(cols) * 2 + 1,
+                                 kiln::sum(cols * cols, {0})};
     };
     const auto [got, want] = jit_and_interpreter(fn);
     for (size_t k = 0; k < got.size(); ++k) {
@@ -1388,7 +1459,8 @@ TEST(JitCodegen, SmallStridesAreKernelConstants) {
       ASSERT_EQ(a.size(), e.size());
       // Sums of float32 in another order (the JIT reassociates, in double): 1e-5 relative to
       // the sum's magnitude bound; pointwise values are the same operations, 1 ulp apart at most.
-      for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-5 * (1 + std::abs(e[i]))) << "output " << k << " i=" << i;
+      for (size_t i = 0; i < a.size(); ++i)
+        ASSERT_NEAR(a[i], e[i], 1e-5 * (1 + std::abs(e[i]))) << "output " << k << " i=" << i;
     }
   }
 }
@@ -1411,18 +1483,18 @@ TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
       v[rng() % v.size()] = -0.0;
       x = kiln::to(kiln::from_vector(v, shape), dt).eval();
     }
-    SCOPED_TRACE(::testing::Message() << kiln::dtype_name(dt) << " " << kiln::shape_str(kiln::make_shape(shape)) << " dim "
-                                      << d1 << (keep ? " keepdim" : ""));
+    SCOPED_TRACE(::testing::Message() << kiln::dtype_name(dt) << " " << kiln::shape_str(kiln::make_shape(shape))
+                                      << " dim " << d1 << (keep ? " keepdim" : ""));
     auto f = [&] {
       std::vector<Tensor> out;
-      out.push_back(kiln::sum(x, {d1}, keep));                          // inline when shape[d1] <= 4
-      out.push_back(kiln::sum(x, {r - 1}, true) * 2 + 1);               // inline, then a consumer
-      out.push_back(kiln::sum(x, {r - 2, r - 1}, false));               // inline when the two multiply to <= 4
+      out.push_back(kiln::sum(x, {d1}, keep));  // inline when shape[d1] <= 4
+      out.push_back(kiln::sum(x, {r - 1}, true) * 2 + 1);  // inline, then a consumer
+      out.push_back(kiln::sum(x, {r - 2, r - 1}, false));  // inline when the two multiply to <= 4
       Tensor y = kiln::to(x, dt == DType::Int32 ? kF64 : dt);
-      out.push_back(kiln::sum(y, {0}));                                 // reduction, short kept last dim unrolled
+      out.push_back(kiln::sum(y, {0}));  // reduction, short kept last dim unrolled
       out.push_back(kiln::amax(y, {r - 2}, keep));
       out.push_back(kiln::argmin(y, r - 2, keep));
-      out.push_back(kiln::softmax(y, r - 2));                           // a stage reading the unrolled amax and sum
+      out.push_back(kiln::softmax(y, r - 2));  // a stage reading the unrolled amax and sum
       return out;
     };
     const auto [got, want] = jit_and_interpreter(f);
@@ -1439,7 +1511,8 @@ TEST(JitCodegen, SmallSumsInlineAndShortKeptDimsUnroll) {
           continue;
         }
         ASSERT_NEAR(a[i], e[i], tol * (1 + std::abs(e[i]))) << "i=" << i;
-        if (k < 3 && e[i] == 0) ASSERT_EQ(std::signbit(a[i]), std::signbit(e[i])) << "i=" << i << " (a sum's zero sign)";
+        if (k < 3 && e[i] == 0)
+          ASSERT_EQ(std::signbit(a[i]), std::signbit(e[i])) << "i=" << i << " (a sum's zero sign)";
       }
     }
   }

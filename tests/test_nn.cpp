@@ -171,7 +171,8 @@ TEST(Optim, SGDMomentumMatchesPyTorchFormulas) {
     run_parity(
         [&](std::vector<Tensor> p) -> std::unique_ptr<optim::Optimizer> {
           return std::make_unique<optim::SGD>(
-              p, optim::SGDOptions{.lr = 0.05, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = nesterov});
+              p, optim::SGDOptions{
+                     .lr = 0.05, .momentum = 0.9, .dampening = 0, .weight_decay = 0.01, .nesterov = nesterov});
         },
         [&](std::vector<double>& w, std::vector<double> g, int step) {
           for (int i = 0; i < 6; ++i) {
@@ -196,8 +197,10 @@ TEST(Optim, AdamAndAdamWMatchPyTorchFormulas) {
         },
         [&](std::vector<double>& w, std::vector<double> g, int t) {
           for (int i = 0; i < 6; ++i) {
-            if (decoupled) w[i] *= 1 - lr * wd;
-            else g[i] += wd * w[i];
+            if (decoupled)
+              w[i] *= 1 - lr * wd;
+            else
+              g[i] += wd * w[i];
             m[i] = b1 * m[i] + (1 - b1) * g[i];
             v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
             double bc1 = 1 - std::pow(b1, t), bc2 = 1 - std::pow(b2, t);
@@ -235,8 +238,8 @@ TEST(Optim, ClipGradNormAndSchedulers) {
 
 TEST(Optim, TrainingReducesLoss) {
   manual_seed(9);
-  nn::Sequential net({std::make_shared<nn::Linear>(2, 16), std::make_shared<nn::Tanh>(),
-                      std::make_shared<nn::Linear>(16, 1)});
+  nn::Sequential net(
+      {std::make_shared<nn::Linear>(2, 16), std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(16, 1)});
   optim::Adam opt(net.parameters(), {.lr = 0.01});
   Tensor x = randn({64, 2});
   Tensor y = (x.select(1, 0) * x.select(1, 1)).unsqueeze(1);

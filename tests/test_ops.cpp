@@ -63,8 +63,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Conv2d,
                                            ConvCase{1, 6, 5, 5, 3, 1, 1, 1, 1, 0, 0, 1, 1, 3}));
 
 TEST(Conv2d, BadArgumentsThrow) {
-  EXPECT_THROW(conv2d(ones({1, 3, 5, 5}), ones({4, 2, 3, 3})), Error);           // channels
-  EXPECT_THROW(conv2d(ones({1, 3, 2, 2}), ones({4, 3, 3, 3})), Error);           // kernel too big
+  EXPECT_THROW(conv2d(ones({1, 3, 5, 5}), ones({4, 2, 3, 3})), Error);  // channels
+  EXPECT_THROW(conv2d(ones({1, 3, 2, 2}), ones({4, 3, 3, 3})), Error);  // kernel too big
   EXPECT_THROW(conv2d(ones({1, 4, 5, 5}), ones({3, 2, 3, 3}), std::nullopt, {1}, {0}, {1}, 2), Error);
 }
 

@@ -19,7 +19,8 @@ const std::vector<double> kA = {0.3, -0.7, 1.1, 0.25, -0.4, 0.9}, kB = {1.2, 0.8
 const double kC = 0.2;
 
 Tensor loss_of(const Tensor& w, size_t off) {
-  std::vector<double> a(kA.begin() + off, kA.begin() + off + w.numel()), b(kB.begin() + off, kB.begin() + off + w.numel());
+  std::vector<double> a(kA.begin() + off, kA.begin() + off + w.numel()),
+      b(kB.begin() + off, kB.begin() + off + w.numel());
   Tensor ta = from_vector(a, w.sizes()), tb = from_vector(b, w.sizes());
   return (ta * w + tb * w.square() / 2 + kC * w.pow(3) / 3).sum();
 }
@@ -37,8 +38,10 @@ struct TwoParams {
   void backward() { (loss_of(w, 0) + loss_of(b, 4)).backward(); }
   void expect_matches(int step) {
     auto gw = w.to_vector<double>(), gb = b.to_vector<double>();
-    for (size_t i = 0; i < gw.size(); ++i) ASSERT_NEAR(gw[i], rw[i], 1e-13 + 1e-12 * std::abs(rw[i])) << "step " << step;
-    for (size_t i = 0; i < gb.size(); ++i) ASSERT_NEAR(gb[i], rb[i], 1e-13 + 1e-12 * std::abs(rb[i])) << "step " << step;
+    for (size_t i = 0; i < gw.size(); ++i)
+      ASSERT_NEAR(gw[i], rw[i], 1e-13 + 1e-12 * std::abs(rw[i])) << "step " << step;
+    for (size_t i = 0; i < gb.size(); ++i)
+      ASSERT_NEAR(gb[i], rb[i], 1e-13 + 1e-12 * std::abs(rb[i])) << "step " << step;
   }
 };
 
@@ -52,8 +55,10 @@ struct RefAdam {
     v.resize(w.size());
     for (size_t i = 0; i < w.size(); ++i) {
       if (wd != 0) {
-        if (decoupled) w[i] *= 1 - lr * wd;
-        else g[i] += wd * w[i];
+        if (decoupled)
+          w[i] *= 1 - lr * wd;
+        else
+          g[i] += wd * w[i];
       }
       m[i] = b1 * m[i] + (1 - b1) * g[i];
       v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
@@ -72,8 +77,10 @@ struct RefSGD {
     for (size_t i = 0; i < w.size(); ++i) {
       if (wd != 0) g[i] += wd * w[i];
       if (momentum != 0) {
-        if (buf.size() < w.size()) buf.push_back(g[i]);
-        else buf[i] = momentum * buf[i] + (1 - dampening) * g[i];
+        if (buf.size() < w.size())
+          buf.push_back(g[i]);
+        else
+          buf[i] = momentum * buf[i] + (1 - dampening) * g[i];
         g[i] = nesterov ? g[i] + momentum * buf[i] : buf[i];
       }
       w[i] -= lr * g[i];
@@ -90,8 +97,10 @@ TEST(ParamGroups, AdamAndAdamWTwoGroupsMatchPyTorchFormulas) {
     std::vector<optim::AdamParamGroup> groups = {{{p.w}, {.weight_decay = 0.1}},
                                                  {{p.b}, {.lr = 0.05, .beta1 = 0.8, .weight_decay = 0.0}}};
     std::unique_ptr<optim::Optimizer> opt;
-    if (decoupled) opt = std::make_unique<optim::AdamW>(groups, defaults);
-    else opt = std::make_unique<optim::Adam>(groups, defaults);
+    if (decoupled)
+      opt = std::make_unique<optim::AdamW>(groups, defaults);
+    else
+      opt = std::make_unique<optim::Adam>(groups, defaults);
     RefAdam rw{0.02, 0.9, 0.99, 1e-8, 0.1, decoupled}, rb{0.05, 0.8, 0.99, 1e-8, 0.0, decoupled};
     ASSERT_EQ(opt->param_groups().size(), 2u);
     EXPECT_DOUBLE_EQ(opt->param_groups()[1].get("beta1"), 0.8);
@@ -207,9 +216,9 @@ TEST(ParamGroups, BadGroupsThrow) {
   TwoParams p;
   using G = std::vector<optim::AdamParamGroup>;
   EXPECT_THROW(optim::AdamW(G{{{p.w, p.b}}, {{p.b}}}), Error);  // in two groups
-  EXPECT_THROW(optim::AdamW(G{{{p.w}}, {{}}}), Error);           // empty group
-  EXPECT_THROW(optim::AdamW(G{{{p.w, p.w}}}), Error);             // twice in one group
-  EXPECT_THROW(optim::AdamW(G{}), Error);                         // no groups
+  EXPECT_THROW(optim::AdamW(G{{{p.w}}, {{}}}), Error);  // empty group
+  EXPECT_THROW(optim::AdamW(G{{{p.w, p.w}}}), Error);  // twice in one group
+  EXPECT_THROW(optim::AdamW(G{}), Error);  // no groups
   EXPECT_THROW(optim::Adam(G{{{p.w}, {.beta2 = 1.5}}}), Error);
   EXPECT_THROW(optim::Adam(G{{{p.w}, {.lr = -1}}}), Error);
   EXPECT_THROW(optim::AdamW(G{{{p.w}, {.eps = -1}}}), Error);
@@ -278,7 +287,6 @@ std::pair<std::vector<Tensor>, std::vector<Tensor>> split_decay(const nn::Module
   return {decay, no_decay};
 }
 
-
 using MakeOpt = std::function<std::unique_ptr<optim::Optimizer>(const nn::Module&)>;
 
 // Trains two copies, one step compiled, one eager, changing each group's lr (and an option)
@@ -318,7 +326,8 @@ TEST(ParamGroups, CompiledAdamWStepSeesPerGroupChanges) {
       [](const nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
         auto [decay, no_decay] = split_decay(m);
         return std::make_unique<optim::AdamW>(
-            std::vector<optim::AdamParamGroup>{{decay, {.weight_decay = 0.1}}, {no_decay, {.lr = 3e-2, .weight_decay = 0.0}}},
+            std::vector<optim::AdamParamGroup>{{decay, {.weight_decay = 0.1}},
+                                               {no_decay, {.lr = 3e-2, .weight_decay = 0.0}}},
             optim::AdamOptions{.lr = 1e-2});
       },
       "beta1", 0.5);
@@ -329,7 +338,8 @@ TEST(ParamGroups, CompiledSGDStepSeesPerGroupChanges) {
       [](const nn::Module& m) -> std::unique_ptr<optim::Optimizer> {
         auto [decay, no_decay] = split_decay(m);
         return std::make_unique<optim::SGD>(
-            std::vector<optim::SGDParamGroup>{{decay, {.momentum = 0.9, .weight_decay = 0.01}}, {no_decay, {.lr = 0.2}}},
+            std::vector<optim::SGDParamGroup>{{decay, {.momentum = 0.9, .weight_decay = 0.01}},
+                                              {no_decay, {.lr = 0.2}}},
             optim::SGDOptions{.lr = 0.1});
       },
       "weight_decay", 0.05);
@@ -374,9 +384,9 @@ TEST(ModuleContainers, ModuleListNamesIterationAndStateDict) {
   Tensor x = randn({4, 5});
   expect_close(other(x), net(x), 0, 0);
   // The plain constructor and parameters() through nested lists.
-  nn::ModuleList outer({std::make_shared<nn::Linear>(2, 2), std::make_shared<nn::ModuleList>(
-                                                               std::vector<std::shared_ptr<nn::Module>>{
-                                                                   std::make_shared<nn::Linear>(2, 1, false)})});
+  nn::ModuleList outer({std::make_shared<nn::Linear>(2, 2),
+                        std::make_shared<nn::ModuleList>(
+                            std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::Linear>(2, 1, false)})});
   EXPECT_EQ(names(outer), (std::vector<std::string>{"0.weight", "0.bias", "1.0.weight"}));
   EXPECT_THROW(outer(x), Error);  // no forward
 }
@@ -392,7 +402,8 @@ TEST(ModuleContainers, ModuleDictKeysOrderAndStateDict) {
   EXPECT_EQ(heads.at<nn::Linear>("aux")->weight.sizes(), (std::vector<int64_t>{3, 4}));
   std::vector<std::string> names;
   for (auto& [n, _] : heads.named_parameters()) names.push_back(n);
-  EXPECT_EQ(names, (std::vector<std::string>{"policy.weight", "policy.bias", "value.weight", "value.bias", "aux.weight"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"policy.weight", "policy.bias", "value.weight", "value.bias", "aux.weight"}));
   std::vector<std::string> iterated;
   for (const auto& [k, m] : heads) iterated.push_back(k + ":" + std::to_string(m->parameters().size()));
   EXPECT_EQ(iterated, (std::vector<std::string>{"policy:2", "value:2", "aux:1"}));
@@ -409,7 +420,8 @@ TEST(ModuleContainers, ModuleDictKeysOrderAndStateDict) {
   EXPECT_THROW(heads.at<nn::ReLU>("policy"), Error);
 
   // State dict round trip (in memory) into a model built in another order of keys' values.
-  nn::ModuleDict copy({{"policy", std::make_shared<nn::Linear>(4, 2)}, {"value", std::make_shared<nn::Linear>(4, 1, false)},
+  nn::ModuleDict copy({{"policy", std::make_shared<nn::Linear>(4, 2)},
+                       {"value", std::make_shared<nn::Linear>(4, 1, false)},
                        {"aux", std::make_shared<nn::Linear>(4, 3, false)}});
   copy.load_state_dict(heads.state_dict());
   Tensor x = randn({5, 4});
@@ -418,8 +430,9 @@ TEST(ModuleContainers, ModuleDictKeysOrderAndStateDict) {
   nn::ModuleDict wrong({{"policy", std::make_shared<nn::Linear>(4, 2)}});
   EXPECT_THROW(wrong.load_state_dict(heads.state_dict()), Error);
   // Optimizer groups from a dict: one group per head.
-  optim::SGD opt({{heads["policy"]->parameters(), {.lr = 0.1}}, {heads["value"]->parameters()}, {heads["aux"]->parameters()}},
-                 {.lr = 0.01});
+  optim::SGD opt(
+      {{heads["policy"]->parameters(), {.lr = 0.1}}, {heads["value"]->parameters()}, {heads["aux"]->parameters()}},
+      {.lr = 0.01});
   EXPECT_EQ(opt.param_groups().size(), 3u);
   EXPECT_EQ(opt.params().size(), 4u);
 }

@@ -127,7 +127,11 @@ TEST(Passes, SignedZerosDecideWhichAdditionsAreNoOps) {
     EXPECT_EQ(bits(x * 1 - -0.0)[0], pos0) << "-0 - -0 is +0";
     if (pass == 0) EXPECT_GE(delta(before).noop, 2) << "adding -0 and subtracting +0 are removed";
   }
-  expect_matches_interpreter([&] { return std::vector<Tensor>{x * 1 + 0.0, x * 1 - 0.0, x * 1 + -0.0}; }, "signed zeros");
+  expect_matches_interpreter(
+      [&] {
+        return std::vector<Tensor>{x * 1 + 0.0, x * 1 - 0.0, x * 1 + -0.0};
+      },
+      "signed zeros");
 }
 
 TEST(Passes, ConstantsFoldWithFreshValuesEveryCall) {
@@ -180,7 +184,7 @@ TEST(Passes, RandomGraphsWithDuplicatesMatchInterpreter) {
           case 6: r = (a + 0) / 1; break;
           case 7: r = a.reshape(a.sizes()).contiguous(); break;
           case 8: r = a + kiln::full({}, 0.5, kiln::kFloat32) * kiln::full({}, 4.0, kiln::kFloat32); break;
-          case 9: r = kiln::relu(a) + kiln::relu(a); break;        // a duplicate
+          case 9: r = kiln::relu(a) + kiln::relu(a); break;  // a duplicate
           case 10: r = kiln::maximum(a, b) * kiln::maximum(a, b); break;
           default: r = a.expand(a.sizes()) - 0; break;
         }

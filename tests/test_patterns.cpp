@@ -13,9 +13,9 @@
 #include "tests/unrewritten.h"
 
 using namespace kiln;
-using patterns::register_replacement;
 using kiln::testing::interpreted;
 using kiln::testing::unrewritten;
+using patterns::register_replacement;
 
 namespace {
 
@@ -305,7 +305,8 @@ TEST_F(Patterns, OneHotCrossEntropyBecomesTheGatherForm) {
   }
   // One class in the one-hot (broadcast over x's classes): not the cross-entropy, not rewritten.
   Tensor x = randn({4, 3}), t = zeros({4}, kInt64);
-  auto f = compile([](const Tensor& xi, const Tensor& ti) { return (one_hot(ti, 1).to(kFloat32) * log_softmax(xi, -1)).sum({-1}); });
+  auto f = compile(
+      [](const Tensor& xi, const Tensor& ti) { return (one_hot(ti, 1).to(kFloat32) * log_softmax(xi, -1)).sum({-1}); });
   expect_close(f(x, t), (one_hot(t, 1).to(kFloat32) * log_softmax(x, -1)).sum({-1}), 1e-6, 1e-6);
   auto c = patterns::match_counts();
   EXPECT_EQ(f.stats().pattern_matches, 0);
@@ -333,7 +334,7 @@ TEST_F(Patterns, HandWrittenLayerNormGetsTheCompactBackward) {
     const double eps = it % 2 ? 1e-5 : 1e-6;
     auto ln = [&](const Tensor& xi, const Tensor& wi, const Tensor& bi) {
       Tensor c = xi - xi.mean({-1}, true);
-      Tensor v = form == 0 ? (c * c).mean({-1}, true)
+      Tensor v = form == 0   ? (c * c).mean({-1}, true)
                  : form == 1 ? square(c).mean({-1}, true)
                  : form == 2 ? pow(c, 2.0).mean({-1}, true)
                              : var(xi, {-1}, 0, true);
@@ -441,7 +442,7 @@ TEST_F(Patterns, PadMmOnlyWhereMeasuredFaster) {
   EXPECT_EQ(count(randn({64, 33}), randn({33, 64})), 0);  // the CPU: never
   if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
   const Device g = cuda();
-  EXPECT_EQ(count(randn({64, 33}).to(g).to(kFloat16), randn({33, 64}).to(g).to(kFloat16)), 0);         // small
+  EXPECT_EQ(count(randn({64, 33}).to(g).to(kFloat16), randn({33, 64}).to(g).to(kFloat16)), 0);  // small
   EXPECT_EQ(count(randn({2048, 1024}).to(g).to(kFloat16), randn({1024, 2048}).to(g).to(kFloat16)), 0);  // aligned
   EXPECT_EQ(count(randn({2048, 1001}).to(g), randn({1001, 2048}).to(g)), 0);  // float32 without TF32
   manual_seed(kiln::testing::test_seed(61));

@@ -161,8 +161,10 @@ std::optional<Dims> ref_broadcast(const std::vector<Dims>& shapes) {
     for (size_t d = 0; d < s.size(); ++d) {
       int64_t& o = out[n - s.size() + d];
       if (s[d] == 1) continue;
-      if (o == 1) o = s[d];
-      else if (o != s[d]) return std::nullopt;
+      if (o == 1)
+        o = s[d];
+      else if (o != s[d])
+        return std::nullopt;
     }
   return out;
 }
@@ -552,8 +554,10 @@ Ref r_reduce(const Ref& x, const std::string& op, const Dims& dims, bool keepdim
   int64_t count = 1;
   for (int64_t d = 0; d < x.dim(); ++d) {
     if (red[d]) count *= x.shape[d];
-    if (!red[d]) out_shape.push_back(x.shape[d]);
-    else if (keepdim) out_shape.push_back(1);
+    if (!red[d])
+      out_shape.push_back(x.shape[d]);
+    else if (keepdim)
+      out_shape.push_back(1);
   }
   const int64_t n_out = numel_of(out_shape);
   std::vector<double> acc(n_out, op == "sum" || op == "mean" ? 0.0 : kNaN);
@@ -610,8 +614,9 @@ bool check_tensor(const Tensor& t, const Ref& r, const std::string& what, const 
   for (size_t i = 0; i < want.size(); ++i) {
     if (i >= got.size() || !same_value(got[i], want[i])) {
       ADD_FAILURE() << what << " (" << dname(r.dtype) << str(r.shape) << "): element " << i << " is "
-                    << (i < got.size() ? got[i] : kNaN) << ", expected " << want[i] << "\n  got:      "
-                    << values_str(got) << "\n  expected: " << values_str(want) << "\n  ops:\n" << log;
+                    << (i < got.size() ? got[i] : kNaN) << ", expected " << want[i]
+                    << "\n  got:      " << values_str(got) << "\n  expected: " << values_str(want) << "\n  ops:\n"
+                    << log;
       return false;
     }
   }
@@ -677,7 +682,8 @@ void check_aliasing(const std::vector<Held>& hs, const std::string& log) {
       if (as[i].kiln[k] - as[j].kiln[0] != (as[i].ref[k] - as[j].ref[0]) * as[i].item) {
         ADD_FAILURE() << *as[i].name << ": element " << k << " is not where a view of " << *as[j].name
                       << " puts it (kiln memory offset " << (as[i].kiln[k] - as[j].kiln[0]) / as[i].item
-                      << ", expected " << (as[i].ref[k] - as[j].ref[0]) << ")\n  ops:\n" << log;
+                      << ", expected " << (as[i].ref[k] - as[j].ref[0]) << ")\n  ops:\n"
+                      << log;
         break;
       }
     }
@@ -689,7 +695,8 @@ void check_aliasing(const std::vector<Held>& hs, const std::string& log) {
       for (intptr_t a : as[j].kiln)
         if (mine.count(a)) {
           ADD_FAILURE() << *as[j].name << " shares memory with " << *as[i].name
-                        << " although one of them is a copy\n  ops:\n" << log;
+                        << " although one of them is a copy\n  ops:\n"
+                        << log;
           return;
         }
     }
@@ -780,7 +787,7 @@ struct Input {
   Tensor t;
   std::vector<double> vals;  // logical values, row-major
   std::string how;
-  Ref ref;                   // the same layout over a model of the hidden storage
+  Ref ref;  // the same layout over a model of the hidden storage
 };
 
 // `given`: use these logical values (then never expanded).
@@ -871,7 +878,9 @@ struct Arg {
     std::ostringstream os;
     if (is_scalar) {
       os << (sdtype == kBool ? (sval != 0 ? "true" : "false") : std::to_string(sval))
-         << (sdtype == kBool ? " (bool)" : sdtype == kI64 ? " (int)" : " (double)");
+         << (sdtype == kBool  ? " (bool)"
+             : sdtype == kI64 ? " (int)"
+                              : " (double)");
     } else {
       os << dname(dtype) << ::str(shape) << " " << in.how << " " << values_str(in.vals);
     }
@@ -1007,8 +1016,10 @@ void view_step(Rng& rng, Held& p, bool allow_expand, std::string& log) {
       Dims sizes;
       if (n < 4 && rng.coin(0.3)) sizes.push_back(rng.coin(0.1) ? 0 : rng.range(1, 3));
       for (int64_t s : r.shape) {
-        if (s == 1) sizes.push_back(rng.pick<int64_t>({1, 2, 3, -1, 3, 2, 0}));
-        else sizes.push_back(rng.coin(0.3) ? -1 : s);
+        if (s == 1)
+          sizes.push_back(rng.pick<int64_t>({1, 2, 3, -1, 3, 2, 0}));
+        else
+          sizes.push_back(rng.coin(0.3) ? -1 : s);
       }
       const bool bad = rng.coin(0.05) && n > 0;
       if (bad) {
@@ -1139,9 +1150,12 @@ void view_step(Rng& rng, Held& p, bool allow_expand, std::string& log) {
 std::vector<double> distinct_values(Rng& rng, int64_t n, DType dt) {
   std::vector<double> v(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    if (dt == kBool) v[i] = rng.coin() ? 1 : 0;
-    else if (is_float(dt)) v[i] = static_cast<double>(i - n / 2) * 0.25 + 0.5;
-    else v[i] = static_cast<double>(i + 1);
+    if (dt == kBool)
+      v[i] = rng.coin() ? 1 : 0;
+    else if (is_float(dt))
+      v[i] = static_cast<double>(i - n / 2) * 0.25 + 0.5;
+    else
+      v[i] = static_cast<double>(i + 1);
   }
   return v;
 }
@@ -1169,8 +1183,8 @@ Held make_base(Rng& rng, const Dims& shape, DType dt, std::vector<double> vals, 
 
 enum class Bin { Add, Sub, Mul, Div, Maximum, Minimum, Eq, Ne, Lt, Le, Gt, Ge, Where, AddAlpha, SubAlpha, Count };
 const char* bin_name(Bin b) {
-  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne",
-                                "lt", "le", "gt", "ge", "where", "add(alpha)", "sub(alpha)"};
+  static const char* names[] = {"add", "sub", "mul", "div", "maximum", "minimum",    "eq",        "ne",
+                                "lt",  "le",  "gt",  "ge",  "where",   "add(alpha)", "sub(alpha)"};
   return names[static_cast<int>(b)];
 }
 
@@ -1196,10 +1210,8 @@ Tensor run_binary(Bin op, const std::vector<Arg>& a, Scalar alpha, bool use_oper
     case Bin::Div:
       return use_operator ? apply2(a[0], a[1], [](const auto& x, const auto& y) { return x / y; })
                           : apply2(a[0], a[1], [](const auto& x, const auto& y) { return kiln::div(x, y); });
-    case Bin::Maximum:
-      return apply2(a[0], a[1], [](const auto& x, const auto& y) { return kiln::maximum(x, y); });
-    case Bin::Minimum:
-      return apply2(a[0], a[1], [](const auto& x, const auto& y) { return kiln::minimum(x, y); });
+    case Bin::Maximum: return apply2(a[0], a[1], [](const auto& x, const auto& y) { return kiln::maximum(x, y); });
+    case Bin::Minimum: return apply2(a[0], a[1], [](const auto& x, const auto& y) { return kiln::minimum(x, y); });
     case Bin::Eq:
       return use_operator ? apply2(a[0], a[1], [](const auto& x, const auto& y) { return x == y; })
                           : apply2(a[0], a[1], [](const auto& x, const auto& y) { return kiln::eq(x, y); });
@@ -1348,7 +1360,8 @@ TEST(RandomViews, ChainsMatchReference) {
     const DType dt = rng.pick({kBool, kI32, kI64, kF32, kF64, kF32, kI64});
     const Dims shape = random_shape(rng);
     Held cur = make_base(rng, shape, dt, distinct_values(rng, numel_of(shape), dt), "base", /*any_layout=*/true);
-    log = "  " + cur.name + " = " + std::string(dname(dt)) + str(shape) + (cur.t.is_materialized() ? " (evaluated)" : " (lazy)") + "\n";
+    log = "  " + cur.name + " = " + std::string(dname(dt)) + str(shape) +
+          (cur.t.is_materialized() ? " (evaluated)" : " (lazy)") + "\n";
     cur.name = "base";
     std::vector<Held> hist{cur};
     const int steps = static_cast<int>(rng.range(1, 6));
@@ -1367,7 +1380,8 @@ TEST(RandomViews, ChainsMatchReference) {
     for (size_t i : order) {
       const Held& h = hist[i];
       if (!check_tensor(h.t, h.r, h.name, log)) return;
-      EXPECT_EQ(h.t.is_contiguous(), r_is_contiguous(h.r)) << h.name << " strides " << str(h.t.strides()) << "\n" << log;
+      EXPECT_EQ(h.t.is_contiguous(), r_is_contiguous(h.r)) << h.name << " strides " << str(h.t.strides()) << "\n"
+                                                           << log;
       Tensor c = h.t.contiguous();
       EXPECT_TRUE(c.is_contiguous()) << h.name << ".contiguous()\n" << log;
       if (!check_tensor(c, h.r, h.name + ".contiguous()", log)) return;
@@ -1402,7 +1416,7 @@ void inplace_step(Rng& rng, Held& h, std::string& log) {
   const DType dt = h.r.dtype;
   const std::vector<double> old = h.r.values();
   std::vector<int64_t> woffs = h.r.offsets();  // buffer positions written ...
-  std::vector<double> wvals = old;             // ... and their new values
+  std::vector<double> wvals = old;  // ... and their new values
   bool throws = false;
   std::function<void()> call;
   std::ostringstream os;
@@ -1432,8 +1446,8 @@ void inplace_step(Rng& rng, Held& h, std::string& log) {
         if (use_alpha) alpha = rng.pick<int64_t>({2, -1, 3});
         throws = bad_shape || !ref_can_cast(res, dt) || (op == Op::Sub && (dt == kBool || o.dtype == kBool));
         static const char* names[] = {"add_", "sub_", "mul_", "div_"};
-        os << "." << names[static_cast<int>(op)] << "(" << o.str() << (use_alpha ? ", alpha=" + std::to_string(alpha) : "")
-           << ")";
+        os << "." << names[static_cast<int>(op)] << "(" << o.str()
+           << (use_alpha ? ", alpha=" + std::to_string(alpha) : "") << ")";
         if (!throws) {
           const std::vector<double> b = o.at(h.r.shape);
           for (size_t k = 0; k < old.size(); ++k) {
@@ -1445,8 +1459,10 @@ void inplace_step(Rng& rng, Held& h, std::string& log) {
         call = [&h, op, o, use_alpha, alpha] {
           switch (op) {
             case Op::Add:
-              if (use_alpha) h.t.add_(o.in.t, alpha);
-              else h.t.add_(o.in.t);
+              if (use_alpha)
+                h.t.add_(o.in.t, alpha);
+              else
+                h.t.add_(o.in.t);
               break;
             case Op::Sub: h.t.sub_(o.in.t); break;
             case Op::Mul: h.t.mul_(o.in.t); break;
@@ -1520,7 +1536,8 @@ void inplace_step(Rng& rng, Held& h, std::string& log) {
           items.push_back(idx_of(Idx::Ell));
           for (int64_t d = n - (k - before); d < n; ++d) consume(d);
         }
-        if (rng.coin(0.2)) items.insert(items.begin() + rng.range(0, static_cast<int64_t>(items.size())), idx_of(Idx::None));
+        if (rng.coin(0.2))
+          items.insert(items.begin() + rng.range(0, static_cast<int64_t>(items.size())), idx_of(Idx::None));
         const Ref sub = r_index(h.r, items);
         woffs = sub.offsets();
         wvals.clear();

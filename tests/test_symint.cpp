@@ -18,9 +18,7 @@ const SymInt s0 = SymInt::symbol("s0");
 const SymInt s1 = SymInt::symbol("s1");
 const SymInt s2 = SymInt::symbol("s2");
 
-void expect_same(const SymInt& a, const SymInt& b) {
-  EXPECT_TRUE(a.same_as(b)) << a.str() << " vs " << b.str();
-}
+void expect_same(const SymInt& a, const SymInt& b) { EXPECT_TRUE(a.same_as(b)) << a.str() << " vs " << b.str(); }
 
 // Runs f and returns the kiln::Error message (fails if nothing is thrown).
 std::string error_of(const std::function<void()>& f) {
@@ -308,7 +306,9 @@ TEST(SymInt, RandomizedAgainstDirectEvaluation) {
     expect_same(n.sym + prev.sym, prev.sym + n.sym);
     expect_same(n.sym * prev.sym, prev.sym * n.sym);
     expect_same(kiln::sym_max(n.sym, prev.sym), kiln::sym_max(prev.sym, n.sym));
-    for (const Env& env : envs) ASSERT_EQ(n.sym.evaluate(env), n.eval(env)) << "s0=" << env.at("s0") << " s1=" << env.at("s1") << " s2=" << env.at("s2");
+    for (const Env& env : envs)
+      ASSERT_EQ(n.sym.evaluate(env), n.eval(env))
+          << "s0=" << env.at("s0") << " s1=" << env.at("s1") << " s2=" << env.at("s2");
     // Comparisons, when decided, must hold at every point.
     auto check = [&](std::optional<bool> r, auto truth) {
       if (!r) return;
@@ -367,9 +367,9 @@ TEST(SymFacts, DivisibilityFoldsModAndFloorDiv) {
   EXPECT_EQ(f.decide(kiln::mod(s0, 4), SymRel::Eq), std::nullopt);
   f.add(kiln::mod(s0, 4), SymRel::Eq);
   EXPECT_EQ(f.simplify(kiln::mod(s0, 4)).maybe_int(), 0);
-  EXPECT_EQ(f.simplify(kiln::mod(s0, 2)).maybe_int(), 0);           // 2 divides 4
-  EXPECT_EQ(f.simplify(kiln::mod(3 * s0 + 8, 4)).maybe_int(), 0);   // term by term
-  expect_same(f.simplify(kiln::mod(s0, 8)), kiln::mod(s0, 8));      // 8 does not divide 4
+  EXPECT_EQ(f.simplify(kiln::mod(s0, 2)).maybe_int(), 0);  // 2 divides 4
+  EXPECT_EQ(f.simplify(kiln::mod(3 * s0 + 8, 4)).maybe_int(), 0);  // term by term
+  expect_same(f.simplify(kiln::mod(s0, 8)), kiln::mod(s0, 8));  // 8 does not divide 4
   expect_same(f.simplify(kiln::floordiv(s0, 4) * 4), s0);
   expect_same(f.simplify(kiln::floordiv(s0, 4) * 8 + s1), 2 * s0 + s1);
   expect_same(f.simplify(kiln::floordiv(s0, 4) * 2), kiln::floordiv(s0, 4) * 2);  // not exact

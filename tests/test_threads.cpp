@@ -81,8 +81,10 @@ TEST(Threads, OverlappingPendingGraphs) {
     Tensor x = (base * 2 + 1).tanh();
     std::vector<std::vector<float>> got(kThreads);
     run_threads([&](int t) {
-      if (t % 2) got[t] = (x * 3).sum({1}).to_vector<float>();
-      else got[t] = x.eval().to_vector<float>();
+      if (t % 2)
+        got[t] = (x * 3).sum({1}).to_vector<float>();
+      else
+        got[t] = x.eval().to_vector<float>();
     });
     for (int t = 0; t < kThreads; ++t) ASSERT_EQ(got[t], t % 2 ? want_y : want_x) << "run " << run << " thread " << t;
     EXPECT_EQ(x.to_vector<float>(), want_x);

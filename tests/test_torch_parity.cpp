@@ -117,8 +117,7 @@ std::string run_case(const json& j) {
   } else {
     expected.push_back(&out);
   }
-  if (outs.size() != expected.size())
-    return cat("expected ", expected.size(), " outputs, got ", outs.size());
+  if (outs.size() != expected.size()) return cat("expected ", expected.size(), " outputs, got ", outs.size());
   kiln::eval(outs);
   bool loose = loose_op(c.op);
   std::string r;
@@ -164,8 +163,7 @@ std::string run_grad_case(const json& j) {
   } else {
     for (const auto& n : c.names) inputs.push_back(&c.named.at(n));
   }
-  if (grads.size() != inputs.size())
-    return cat("corpus has ", grads.size(), " grads for ", inputs.size(), " inputs");
+  if (grads.size() != inputs.size()) return cat("corpus has ", grads.size(), " grads for ", inputs.size(), " inputs");
   struct Want {
     Tensor leaf;
     const json* exp;
@@ -276,21 +274,23 @@ CorpusResult run_corpus(const std::filesystem::path& path,
       err = cat("exception: ", e.what());
     }
     ++r.total;
-    if (err->empty()) ++r.passed;
-    else r.failures.push_back(id + ": " + *err);
+    if (err->empty())
+      ++r.passed;
+    else
+      r.failures.push_back(id + ": " + *err);
   }
   return r;
 }
 
 // The corpus path, or skips (fails under KILN_REQUIRE_PARITY=1) when it is missing.
-#define KILN_PARITY_CORPUS(path)                                          \
-  std::string msg_;                                                       \
-  bool required_ = false;                                                 \
-  auto path = corpus_or_message(msg_, required_);                         \
-  if (!path) {                                                            \
-    if (required_) FAIL() << msg_ << "; KILN_REQUIRE_PARITY=1";           \
-    GTEST_SKIP() << msg_;                                                 \
-  }                                                                       \
+#define KILN_PARITY_CORPUS(path)                                \
+  std::string msg_;                                             \
+  bool required_ = false;                                       \
+  auto path = corpus_or_message(msg_, required_);               \
+  if (!path) {                                                  \
+    if (required_) FAIL() << msg_ << "; KILN_REQUIRE_PARITY=1"; \
+    GTEST_SKIP() << msg_;                                       \
+  }                                                             \
   ASSERT_TRUE(std::ifstream(*path)) << "cannot open " << *path
 
 }  // namespace
@@ -300,7 +300,8 @@ namespace {
 // summary line and the failures, and fails the test on any failure.
 void check_corpus(const std::filesystem::path& path, bool grads, bool compiled) {
   const kiln::Device dev = kiln::testing::test_device();
-  if (dev != kiln::cpu() && !kiln::cuda::is_available()) GTEST_SKIP() << "KILN_TEST_DEVICE=" << dev.str() << ": no usable CUDA device";
+  if (dev != kiln::cpu() && !kiln::cuda::is_available())
+    GTEST_SKIP() << "KILN_TEST_DEVICE=" << dev.str() << ": no usable CUDA device";
   g_compiled = compiled;
   CorpusResult r = run_corpus(path, [grads](const json& j) -> std::optional<std::string> {
     if (!grads) return run_case(j);
@@ -324,8 +325,8 @@ std::filesystem::path api_corpus() {
   std::filesystem::path src = s && *s ? std::filesystem::path(s) : std::filesystem::path(KILN_TEST_SOURCE_DIR);
   return src / "tests" / "parity" / "api_parity.jsonl";
 }
-#define KILN_API_CORPUS(path)                                          \
-  auto path = api_corpus();                                            \
+#define KILN_API_CORPUS(path)                                                      \
+  auto path = api_corpus();                                                        \
   ASSERT_TRUE(std::filesystem::exists(path)) << "missing project corpus " << path; \
   ASSERT_TRUE(std::ifstream(path)) << "cannot open " << path
 

@@ -47,7 +47,8 @@ std::optional<fs::path> find_corpus(std::string& tried) {
     tried += (tried.empty() ? "" : ", ") + p.string();
     return fs::exists(p);
   };
-  if (const char* e = std::getenv("KILN_PROGRAMS_FILE"); e && *e) return check(e) ? std::optional<fs::path>(e) : std::nullopt;
+  if (const char* e = std::getenv("KILN_PROGRAMS_FILE"); e && *e)
+    return check(e) ? std::optional<fs::path>(e) : std::nullopt;
   if (const char* s = std::getenv("KILN_SOURCE_DIR"); s && *s)
     if (fs::path p = fs::path(s) / ".." / rel; check(p)) return p;
   for (const char* up : {"..", "../..", "../../.."})
@@ -119,7 +120,7 @@ struct Result {
 struct Worker {
   pid_t pid = -1;
   int fd = -1;
-  std::deque<size_t> queue;   // programs not yet reported, in order
+  std::deque<size_t> queue;  // programs not yet reported, in order
   std::optional<size_t> current;
   std::chrono::steady_clock::time_point started;
   std::string buf;
@@ -261,9 +262,12 @@ TEST(TorchPrograms, Replay) {
   for (size_t i : sel) {
     const Result& r = res[i];
     std::string id = json::parse(lines[i]).at("id").get<std::string>();
-    if (!r.done) fails.push_back(id + ": no result");
-    else if (r.pass) ++pass;
-    else fails.push_back(id + ": " + r.msg);
+    if (!r.done)
+      fails.push_back(id + ": no result");
+    else if (r.pass)
+      ++pass;
+    else
+      fails.push_back(id + ": " + r.msg);
     if (r.poly) {
       ++poly;
       reused += r.reused ? 1 : 0;
@@ -273,11 +277,10 @@ TEST(TorchPrograms, Replay) {
       cov_reused += r.reused ? 1 : 0;
     }
   }
-  std::cout << "torch-programs: " << pass << " of " << sel.size() << " programs pass every mode (" << secs
-            << " s, " << jobs << " workers)\n"
-            << "third size served by the symbolic entry: " << reused << " of " << poly
-            << " size-polymorphic programs (" << (poly ? 100.0 * static_cast<double>(reused) / static_cast<double>(poly) : 100.0)
-            << "%)\n"
+  std::cout << "torch-programs: " << pass << " of " << sel.size() << " programs pass every mode (" << secs << " s, "
+            << jobs << " workers)\n"
+            << "third size served by the symbolic entry: " << reused << " of " << poly << " size-polymorphic programs ("
+            << (poly ? 100.0 * static_cast<double>(reused) / static_cast<double>(poly) : 100.0) << "%)\n"
             << "  ... of the " << cov << " whose third set changes only dims the second set changed: " << cov_reused
             << " (" << (cov ? 100.0 * static_cast<double>(cov_reused) / static_cast<double>(cov) : 100.0)
             << "%); the others must recompile (a dim first changing at the third set is specialized, as in "
@@ -294,7 +297,8 @@ TEST(TorchPrograms, Replay) {
   for (auto& [k, v] : why) ranked.push_back({v.size(), k});
   std::sort(ranked.rbegin(), ranked.rend());
   for (size_t k = 0; k < ranked.size() && k < 40; ++k)
-    std::cout << "  new compile for the third size (" << ranked[k].first << "): " << why[ranked[k].second][0].substr(0, 300) << "\n";
+    std::cout << "  new compile for the third size (" << ranked[k].first
+              << "): " << why[ranked[k].second][0].substr(0, 300) << "\n";
   for (size_t k = 0; k < fails.size() && k < 60; ++k) std::cout << "  FAIL " << fails[k].substr(0, 600) << "\n";
   if (const char* rep = std::getenv("KILN_REPLAY_REPORT")) {  // every failure, whole
     std::ofstream f(rep);

@@ -37,16 +37,23 @@ struct Fn {
 std::vector<Fn> functions() {
   return {
       {"exp", [](const kiln::Tensor& x) { return kiln::exp(x); }, [](long double v) { return std::exp(v); }, -80, 80},
-      {"exp2", [](const kiln::Tensor& x) { return kiln::exp2(x); }, [](long double v) { return std::exp2(v); }, -120, 120},
-      {"expm1", [](const kiln::Tensor& x) { return kiln::expm1(x); }, [](long double v) { return std::expm1(v); }, -20, 80},
-      {"log", [](const kiln::Tensor& x) { return kiln::log(x); }, [](long double v) { return std::log(v); }, 1e-30, 1e30, true},
-      {"log2", [](const kiln::Tensor& x) { return kiln::log2(x); }, [](long double v) { return std::log2(v); }, 1e-30, 1e30, true},
-      {"log1p", [](const kiln::Tensor& x) { return kiln::log1p(x); }, [](long double v) { return std::log1p(v); }, -0.99, 1e4},
+      {"exp2", [](const kiln::Tensor& x) { return kiln::exp2(x); }, [](long double v) { return std::exp2(v); }, -120,
+       120},
+      {"expm1", [](const kiln::Tensor& x) { return kiln::expm1(x); }, [](long double v) { return std::expm1(v); }, -20,
+       80},
+      {"log", [](const kiln::Tensor& x) { return kiln::log(x); }, [](long double v) { return std::log(v); }, 1e-30,
+       1e30, true},
+      {"log2", [](const kiln::Tensor& x) { return kiln::log2(x); }, [](long double v) { return std::log2(v); }, 1e-30,
+       1e30, true},
+      {"log1p", [](const kiln::Tensor& x) { return kiln::log1p(x); }, [](long double v) { return std::log1p(v); },
+       -0.99, 1e4},
       {"sin", [](const kiln::Tensor& x) { return kiln::sin(x); }, [](long double v) { return std::sin(v); }, -100, 100},
       {"cos", [](const kiln::Tensor& x) { return kiln::cos(x); }, [](long double v) { return std::cos(v); }, -100, 100},
       {"tan", [](const kiln::Tensor& x) { return kiln::tan(x); }, [](long double v) { return std::tan(v); }, -1.5, 1.5},
-      {"atan", [](const kiln::Tensor& x) { return kiln::atan(x); }, [](long double v) { return std::atan(v); }, -1e4, 1e4},
-      {"tanh", [](const kiln::Tensor& x) { return kiln::tanh(x); }, [](long double v) { return std::tanh(v); }, -20, 20},
+      {"atan", [](const kiln::Tensor& x) { return kiln::atan(x); }, [](long double v) { return std::atan(v); }, -1e4,
+       1e4},
+      {"tanh", [](const kiln::Tensor& x) { return kiln::tanh(x); }, [](long double v) { return std::tanh(v); }, -20,
+       20},
       {"erf", [](const kiln::Tensor& x) { return kiln::erf(x); }, [](long double v) { return std::erf(v); }, -6, 6},
   };
 }
@@ -94,17 +101,24 @@ void check_all(kiln::DType dt) {
 // AVX2) against the scalar call each element gets alone (a one-element tensor), per function.
 TEST(VectorMath, EveryWidthGivesTheSameBits) {
   std::vector<float> xs(1027);
-  for (size_t i = 0; i < xs.size(); ++i) xs[i] = static_cast<float>(std::ldexp(std::sin(i * 0.731) , static_cast<int>(i % 9) - 4));
+  for (size_t i = 0; i < xs.size(); ++i)
+    xs[i] = static_cast<float>(std::ldexp(std::sin(i * 0.731), static_cast<int>(i % 9) - 4));
   using Op = std::function<kiln::Tensor(const kiln::Tensor&)>;
   auto pos = [](const kiln::Tensor& t) { return kiln::add(kiln::abs(t), 0.25); };
-  const std::vector<std::pair<std::string, Op>> ops = {
-      {"exp", [](auto& t) { return kiln::exp(t); }},     {"exp2", [](auto& t) { return kiln::exp2(t); }},
-      {"expm1", [](auto& t) { return kiln::expm1(t); }}, {"log", [&](auto& t) { return kiln::log(pos(t)); }},
-      {"log2", [&](auto& t) { return kiln::log2(pos(t)); }}, {"log1p", [&](auto& t) { return kiln::log1p(pos(t)); }},
-      {"sin", [](auto& t) { return kiln::sin(t); }},     {"cos", [](auto& t) { return kiln::cos(t); }},
-      {"tan", [](auto& t) { return kiln::tan(t); }},     {"atan", [](auto& t) { return kiln::atan(t); }},
-      {"tanh", [](auto& t) { return kiln::tanh(t); }},   {"erf", [](auto& t) { return kiln::erf(t); }},
-      {"pow", [&](auto& t) { return kiln::pow(pos(t), t); }}, {"atan2", [&](auto& t) { return kiln::atan2(t, pos(t)); }}};
+  const std::vector<std::pair<std::string, Op>> ops = {{"exp", [](auto& t) { return kiln::exp(t); }},
+                                                       {"exp2", [](auto& t) { return kiln::exp2(t); }},
+                                                       {"expm1", [](auto& t) { return kiln::expm1(t); }},
+                                                       {"log", [&](auto& t) { return kiln::log(pos(t)); }},
+                                                       {"log2", [&](auto& t) { return kiln::log2(pos(t)); }},
+                                                       {"log1p", [&](auto& t) { return kiln::log1p(pos(t)); }},
+                                                       {"sin", [](auto& t) { return kiln::sin(t); }},
+                                                       {"cos", [](auto& t) { return kiln::cos(t); }},
+                                                       {"tan", [](auto& t) { return kiln::tan(t); }},
+                                                       {"atan", [](auto& t) { return kiln::atan(t); }},
+                                                       {"tanh", [](auto& t) { return kiln::tanh(t); }},
+                                                       {"erf", [](auto& t) { return kiln::erf(t); }},
+                                                       {"pow", [&](auto& t) { return kiln::pow(pos(t), t); }},
+                                                       {"atan2", [&](auto& t) { return kiln::atan2(t, pos(t)); }}};
   const kiln::Tensor x = kiln::from_vector(xs);
   for (const auto& [name, op] : ops) {
     const std::vector<float> got = op(x).to_vector<float>();
@@ -145,17 +159,18 @@ TEST(VectorMath, SaturatedTanhAndErfAreExactlyOne) {
 
 // float32 exp and erf over floats of every magnitude and sign (every 251st bit pattern from a
 // seeded offset, 17M points, and every float near where the result saturates): within 1.02 ulp
-// (erf: 1.03; both measured over every float) where they are kiln's own (AVX-512 hosts, vmath16.h), else the general bound;
-// NaN for NaN, overflow exactly where the correctly rounded result is inf.
-// Kernels (which inline kiln's own functions on AVX-512 hosts) also give the bits of the scalar
-// form (vmath::f32) for every point.
-void check_everywhere(const std::string& name, kiln::vmath::Fn fn, const std::function<kiln::Tensor(const kiln::Tensor&)>& op,
-                      double (*ref)(double), double own_bound, float edge) {
+// (erf: 1.03; both measured over every float) where they are kiln's own (AVX-512 hosts, vmath16.h), else the general
+// bound; NaN for NaN, overflow exactly where the correctly rounded result is inf. Kernels (which inline kiln's own
+// functions on AVX-512 hosts) also give the bits of the scalar form (vmath::f32) for every point.
+void check_everywhere(const std::string& name, kiln::vmath::Fn fn,
+                      const std::function<kiln::Tensor(const kiln::Tensor&)>& op, double (*ref)(double),
+                      double own_bound, float edge) {
   const double bound = kiln::vmath::have_vector16() ? own_bound : kMaxUlp;
   const uint32_t stride = 251;
   const uint32_t offset = static_cast<uint32_t>(kiln::testing::test_seed(7) % stride);
   std::vector<float> xs;
-  for (uint64_t b = offset; b < (uint64_t{1} << 32); b += stride) xs.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (uint64_t b = offset; b < (uint64_t{1} << 32); b += stride)
+    xs.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
   for (float v = edge * 0.999f; v < edge * 1.001f; v = std::nextafter(v, edge * 2)) xs.push_back(v);
   for (float v : {0.f, -0.f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
                   std::numeric_limits<float>::denorm_min(), -std::numeric_limits<float>::denorm_min()})
@@ -189,12 +204,16 @@ void check_everywhere(const std::string& name, kiln::vmath::Fn fn, const std::fu
 }
 
 TEST(VectorMath, ExpWithinOneUlpEverywhere) {
-  check_everywhere("exp", kiln::vmath::Fn::Exp, [](const kiln::Tensor& x) { return kiln::exp(x); }, [](double v) { return std::exp(v); }, 1.02,
-                   88.7228394f);  // exp overflows from here on
+  check_everywhere(
+      "exp", kiln::vmath::Fn::Exp, [](const kiln::Tensor& x) { return kiln::exp(x); },
+      [](double v) { return std::exp(v); }, 1.02,
+      88.7228394f);  // exp overflows from here on
 }
 TEST(VectorMath, ErfWithinOneUlpEverywhere) {
-  check_everywhere("erf", kiln::vmath::Fn::Erf, [](const kiln::Tensor& x) { return kiln::erf(x); }, [](double v) { return std::erf(v); }, 1.03,
-                   3.91920590f);  // erf rounds to 1 from here on
+  check_everywhere(
+      "erf", kiln::vmath::Fn::Erf, [](const kiln::Tensor& x) { return kiln::erf(x); },
+      [](double v) { return std::erf(v); }, 1.03,
+      3.91920590f);  // erf rounds to 1 from here on
 }
 
 TEST(VectorMath, Float32WithinStatedUlp) { check_all<float>(kiln::DType::Float32); }

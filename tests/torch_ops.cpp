@@ -20,9 +20,12 @@ std::string quote_nonfinite_tokens(const std::string& s) {
     char c = s[i];
     if (in_str) {
       out += c;
-      if (esc) esc = false;
-      else if (c == '\\') esc = true;
-      else if (c == '"') in_str = false;
+      if (esc)
+        esc = false;
+      else if (c == '\\')
+        esc = true;
+      else if (c == '"')
+        in_str = false;
       ++i;
       continue;
     }
@@ -233,10 +236,14 @@ struct Binary {
   std::function<Tensor(const Tensor&, Scalar)> ts;
   std::function<Tensor(Scalar, const Tensor&)> st;
 };
-#define KILN_PARITY_BIN(name, fn)                                             \
-  {name, Binary{[](const Tensor& a, const Tensor& b) { return kiln::fn(a, b); }, \
-                [](const Tensor& a, Scalar b) { return kiln::fn(a, b); },        \
-                [](Scalar a, const Tensor& b) { return kiln::fn(a, b); }}}
+#define KILN_PARITY_BIN(name, fn)                                      \
+  {                                                                    \
+    name, Binary {                                                     \
+      [](const Tensor& a, const Tensor& b) { return kiln::fn(a, b); }, \
+          [](const Tensor& a, Scalar b) { return kiln::fn(a, b); },    \
+          [](Scalar a, const Tensor& b) { return kiln::fn(a, b); }     \
+    }                                                                  \
+  }
 const std::map<std::string, Binary>& binary_ops() {
   static const std::map<std::string, Binary> m = {
       KILN_PARITY_BIN("add", add),
@@ -287,13 +294,53 @@ Tensor apply_binary(const std::string& op, const Binary& f, const Arg& a, const 
 
 // Ops compared with the looser tolerance (reductions, matmul and composites).
 bool loose_op(const std::string& op) {
-  static const std::set<std::string> s = {
-      "sum", "mean", "prod", "amax", "amin", "max", "min", "argmax", "argmin", "all", "any", "var", "std",
-      "logsumexp", "norm", "vector_norm", "linalg_vector_norm", "linalg.vector_norm", "linalg_norm",
-      "linalg.norm", "cumsum", "matmul", "mm", "bmm", "linear", "outer", "ger", "dot", "softmax", "log_softmax",
-      "layer_norm", "cross_entropy", "mse_loss", "smooth_l1_loss", "sdpa", "scaled_dot_product_attention",
-      "conv2d", "contiguous_chain", "mlp_mse", "mlp_xent", "index_add", "scatter_add", "linspace", "cumprod",
-      "einsum", "cdist", "index_put"};
+  static const std::set<std::string> s = {"sum",
+                                          "mean",
+                                          "prod",
+                                          "amax",
+                                          "amin",
+                                          "max",
+                                          "min",
+                                          "argmax",
+                                          "argmin",
+                                          "all",
+                                          "any",
+                                          "var",
+                                          "std",
+                                          "logsumexp",
+                                          "norm",
+                                          "vector_norm",
+                                          "linalg_vector_norm",
+                                          "linalg.vector_norm",
+                                          "linalg_norm",
+                                          "linalg.norm",
+                                          "cumsum",
+                                          "matmul",
+                                          "mm",
+                                          "bmm",
+                                          "linear",
+                                          "outer",
+                                          "ger",
+                                          "dot",
+                                          "softmax",
+                                          "log_softmax",
+                                          "layer_norm",
+                                          "cross_entropy",
+                                          "mse_loss",
+                                          "smooth_l1_loss",
+                                          "sdpa",
+                                          "scaled_dot_product_attention",
+                                          "conv2d",
+                                          "contiguous_chain",
+                                          "mlp_mse",
+                                          "mlp_xent",
+                                          "index_add",
+                                          "scatter_add",
+                                          "linspace",
+                                          "cumprod",
+                                          "einsum",
+                                          "cdist",
+                                          "index_put"};
   return s.count(op) > 0;
 }
 
@@ -431,16 +478,17 @@ std::vector<Tensor> run_op(const Ctx& c) {
       return one(kiln::to(kiln::to(x, t), x.dtype()));
     return one(kiln::to(x, t));
   }
-  static const std::map<std::string, DType> casts = {{"float", kiln::kFloat32}, {"double", kiln::kFloat64},
-                                                     {"half", kiln::kFloat16},  {"bfloat16", kiln::kBFloat16},
-                                                     {"int", kiln::kInt32},     {"long", kiln::kInt64},
-                                                     {"bool", kiln::kBool}};
+  static const std::map<std::string, DType> casts = {
+      {"float", kiln::kFloat32}, {"double", kiln::kFloat64}, {"half", kiln::kFloat16}, {"bfloat16", kiln::kBFloat16},
+      {"int", kiln::kInt32},     {"long", kiln::kInt64},     {"bool", kiln::kBool}};
   if (auto it = casts.find(op); it != casts.end()) return one(kiln::to(c.tensor(0), it->second));
   if (op == "clamp" || op == "clip" || op == "clamp_min" || op == "clamp_max") {
     Tensor x = c.tensor(0);
     Arg mn, mx;
-    if (op == "clamp_min") mn = c.arg(1, {"min"});
-    else if (op == "clamp_max") mx = c.arg(1, {"max"});
+    if (op == "clamp_min")
+      mn = c.arg(1, {"min"});
+    else if (op == "clamp_max")
+      mx = c.arg(1, {"max"});
     else {
       mn = c.arg(1, {"min"});
       mx = c.arg(2, {"max"});
@@ -523,8 +571,10 @@ std::vector<Tensor> run_op(const Ctx& c) {
   if (op == "any") return one(kiln::any(c.tensor(0), dims_or_all(c.dims()), c.b("keepdim", false)));
   if (op == "var" || op == "std") {
     double corr = 1;
-    if (c.has("correction")) corr = c.d("correction", 1);
-    else if (c.has("unbiased")) corr = c.b("unbiased", true) ? 1 : 0;
+    if (c.has("correction"))
+      corr = c.d("correction", 1);
+    else if (c.has("unbiased"))
+      corr = c.b("unbiased", true) ? 1 : 0;
     Tensor x = c.tensor(0);
     auto d = dims_or_all(c.dims());
     bool k = c.b("keepdim", false);
@@ -538,9 +588,12 @@ std::vector<Tensor> run_op(const Ctx& c) {
     std::string pk = c.key({"ord", "p"});
     if (!pk.empty()) {
       const json& v = c.at(pk);
-      if (v.is_string() && lower(v.get<std::string>()) == "fro") p = 2;
-      else if (v.is_string() && lower(v.get<std::string>()) == "nuc") throw Unsupported("norm: nuclear norm");
-      else p = number(v);
+      if (v.is_string() && lower(v.get<std::string>()) == "fro")
+        p = 2;
+      else if (v.is_string() && lower(v.get<std::string>()) == "nuc")
+        throw Unsupported("norm: nuclear norm");
+      else
+        p = number(v);
     }
     return one(kiln::norm(x, p, dims_or_all(c.dims()), c.b("keepdim", false)));
   }
@@ -563,8 +616,8 @@ std::vector<Tensor> run_op(const Ctx& c) {
   if (op == "unsqueeze") return one(kiln::unsqueeze(c.tensor(0), c.i("dim", 0)));
   if (op == "permute") return one(kiln::permute(c.tensor(0), c.ints(c.key({"dims", "dim"}))));
   if (op == "transpose" || op == "swapaxes" || op == "swapdims") {
-    return one(kiln::transpose(c.tensor(0), integer(c.at(c.key({"dim0", "axis0"}))),
-                               integer(c.at(c.key({"dim1", "axis1"})))));
+    return one(
+        kiln::transpose(c.tensor(0), integer(c.at(c.key({"dim0", "axis0"}))), integer(c.at(c.key({"dim1", "axis1"})))));
   }
   if (op == "expand" || op == "broadcast_to") {
     std::string k = c.key({"shape", "size", "sizes"});
@@ -586,8 +639,10 @@ std::vector<Tensor> run_op(const Ctx& c) {
     }
     std::optional<int64_t> st, en;
     if (c.has("start")) st = c.i("start", 0);
-    if (c.has("end")) en = c.i("end", 0);
-    else if (c.has("stop")) en = c.i("stop", 0);
+    if (c.has("end"))
+      en = c.i("end", 0);
+    else if (c.has("stop"))
+      en = c.i("stop", 0);
     return one(x.slice(c.i("dim", 0), st, en, c.i("step", 1)));
   }
   if (op == "narrow") return one(c.tensor(0).narrow(c.i("dim", 0), c.i("start", 0), c.i("length", 0)));
@@ -650,8 +705,10 @@ std::vector<Tensor> run_op(const Ctx& c) {
   }
   if (op == "clamp_min_" || op == "clamp_max_") {
     Tensor y = c.tensor(0).clone();
-    if (op == "clamp_min_") y.clamp_min_(scalar_of(c.at("min")));
-    else y.clamp_max_(scalar_of(c.at("max")));
+    if (op == "clamp_min_")
+      y.clamp_min_(scalar_of(c.at("min")));
+    else
+      y.clamp_max_(scalar_of(c.at("max")));
     return one(y);
   }
   if (op == "masked_fill_") {
@@ -664,9 +721,12 @@ std::vector<Tensor> run_op(const Ctx& c) {
     size_t first = op == "index" ? 1 : 2;
     std::vector<kiln::TensorIndex> idx;
     for (const auto& e : c.at("spec")) {
-      if (e.is_object()) idx.push_back(c.tensor(first + static_cast<size_t>(integer(e.at("tensor")))));
-      else if (e.is_string()) idx.push_back(kiln::Ellipsis);
-      else if (e.is_null()) idx.push_back(kiln::None);
+      if (e.is_object())
+        idx.push_back(c.tensor(first + static_cast<size_t>(integer(e.at("tensor")))));
+      else if (e.is_string())
+        idx.push_back(kiln::Ellipsis);
+      else if (e.is_null())
+        idx.push_back(kiln::None);
       else if (e.is_array()) {
         auto b = [&](size_t k) -> kiln::SliceBound {
           if (k >= e.size() || e[k].is_null()) return kiln::None;
@@ -697,8 +757,8 @@ std::vector<Tensor> run_op(const Ctx& c) {
   if (op == "index_select") return one(kiln::index_select(c.tensor(0), c.i("dim", 0), c.tensor(1, {"index"})));
   if (op == "index_add") {
     Scalar alpha = c.has("alpha") ? scalar_of(c.at("alpha")) : Scalar(int64_t{1});
-    return one(kiln::index_add(c.tensor(0), c.i("dim", 0), c.tensor(1, {"index"}), c.tensor(2, {"source", "src"}),
-                               alpha));
+    return one(
+        kiln::index_add(c.tensor(0), c.i("dim", 0), c.tensor(1, {"index"}), c.tensor(2, {"source", "src"}), alpha));
   }
   if (op == "embedding") {
     c.require_default("max_norm", nullptr);
@@ -727,14 +787,15 @@ std::vector<Tensor> run_op(const Ctx& c) {
     Tensor x = c.tensor(0);
     if (auto t = dtype_attr(c)) x = kiln::to(x, *t);
     int64_t dim;
-    if (c.has("dim")) dim = c.i("dim", 0);
-    else dim = (x.dim() == 0 || x.dim() == 1 || x.dim() == 3) ? 0 : 1;  // PyTorch's legacy implicit dim
+    if (c.has("dim"))
+      dim = c.i("dim", 0);
+    else
+      dim = (x.dim() == 0 || x.dim() == 1 || x.dim() == 3) ? 0 : 1;  // PyTorch's legacy implicit dim
     return one(op == "softmax" ? kiln::softmax(x, dim) : kiln::log_softmax(x, dim));
   }
   if (op == "layer_norm") {
     Tensor x = c.tensor(0);
-    std::vector<int64_t> ns = c.has("normalized_shape") ? c.ints("normalized_shape")
-                                                         : std::vector<int64_t>{x.size(-1)};
+    std::vector<int64_t> ns = c.has("normalized_shape") ? c.ints("normalized_shape") : std::vector<int64_t>{x.size(-1)};
     return one(kiln::layer_norm(x, ns, c.opt_tensor(1, {"weight"}), c.opt_tensor(2, {"bias"}), c.d("eps", 1e-5)));
   }
   if (op == "cross_entropy") {
@@ -848,7 +909,7 @@ std::vector<Tensor> run_op(const Ctx& c) {
 Tol tolerance(const std::string& dtype, bool loose) {
   if (dtype == "float64") return {1e-10, 1e-10};
   if (dtype == "float32") return loose ? Tol{1e-4, 1e-4} : Tol{1e-5, 1e-6};
-  if (dtype == "float16") return {1e-3, 1e-5};   // torch.testing defaults
+  if (dtype == "float16") return {1e-3, 1e-5};  // torch.testing defaults
   if (dtype == "bfloat16") return {1.6e-2, 1e-5};
   return {0, 0};  // integers and bool: exact
 }
@@ -921,9 +982,12 @@ std::string compare(const Tensor& got, const json& exp, bool loose, std::optiona
     for (int64_t i = 0; i < n; ++i) {
       double e = number(*ev[i]), v = g[i];
       bool ok;
-      if (std::isnan(e) || std::isnan(v)) ok = std::isnan(e) && std::isnan(v);
-      else if (std::isinf(e) || std::isinf(v)) ok = e == v;
-      else ok = std::abs(v - e) <= tol.atol + tol.rtol * std::abs(e);
+      if (std::isnan(e) || std::isnan(v))
+        ok = std::isnan(e) && std::isnan(v);
+      else if (std::isinf(e) || std::isinf(v))
+        ok = e == v;
+      else
+        ok = std::abs(v - e) <= tol.atol + tol.rtol * std::abs(e);
       if (!ok) {
         if (first < 0) {
           first = i;

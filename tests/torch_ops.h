@@ -32,7 +32,6 @@ std::string cat(const Args&... args) {
   return os.str();
 }
 
-
 // Python's bare NaN / Infinity / -Infinity tokens as the strings the corpora use.
 std::string quote_nonfinite_tokens(const std::string& s);
 // Lower-case copy.
@@ -68,9 +67,9 @@ Arg arg_of(const json& v);
 struct Ctx {
   std::string op;
   json attrs = json::object();
-  std::vector<Arg> pos;                // positional inputs
-  std::map<std::string, Arg> named;    // inputs given as an object
-  std::vector<std::string> names;      // order of named inputs
+  std::vector<Arg> pos;  // positional inputs
+  std::map<std::string, Arg> named;  // inputs given as an object
+  std::vector<std::string> names;  // order of named inputs
 
   bool has(const std::string& k) const { return attrs.contains(k) && !attrs[k].is_null(); }
   bool present(const std::string& k) const { return attrs.contains(k); }
@@ -78,9 +77,7 @@ struct Ctx {
   int64_t i(const std::string& k, int64_t def) const { return has(k) ? integer(at(k)) : def; }
   double d(const std::string& k, double def) const { return has(k) ? number(at(k)) : def; }
   bool b(const std::string& k, bool def) const { return has(k) ? number(at(k)) != 0 : def; }
-  std::string s(const std::string& k, const std::string& def) const {
-    return has(k) ? at(k).get<std::string>() : def;
-  }
+  std::string s(const std::string& k, const std::string& def) const { return has(k) ? at(k).get<std::string>() : def; }
   // An int or a list of ints.
   std::vector<int64_t> ints(const std::string& k) const {
     const json& v = at(k);

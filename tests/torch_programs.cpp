@@ -9,26 +9,26 @@
 namespace torch_programs {
 namespace {
 
+using kiln::Scalar;
 using torch_ops::Arg;
+using torch_ops::cat;
 using torch_ops::Ctx;
 using torch_ops::Tol;
 using torch_ops::Unsupported;
-using torch_ops::cat;
-using kiln::Scalar;
 
 // Reductions whose corpus attr `dims` is the dispatcher's `dim` ([] = every dim).
 const std::set<std::string>& dim_list_reductions() {
-  static const std::set<std::string> s = {"sum", "mean", "prod", "amax", "amin", "all", "any",
-                                          "std", "var", "logsumexp", "norm"};
+  static const std::set<std::string> s = {"sum", "mean", "prod", "amax",      "amin", "all",
+                                          "any", "std",  "var",  "logsumexp", "norm"};
   return s;
 }
 
 // Ops whose index tensor (attrs `index` / `target`) is a positional argument of the dispatcher,
 // at the position given.
 int index_position(const std::string& op) {
-  static const std::map<std::string, int> m = {{"gather", 1}, {"scatter", 1}, {"scatter_add", 1},
-                                               {"index_select", 1}, {"index_add", 1}, {"embedding", 0},
-                                               {"one_hot", 0}, {"cross_entropy", 1}};
+  static const std::map<std::string, int> m = {{"gather", 1},       {"scatter", 1},      {"scatter_add", 1},
+                                               {"index_select", 1}, {"index_add", 1},    {"embedding", 0},
+                                               {"one_hot", 0},      {"cross_entropy", 1}};
   auto it = m.find(op);
   return it == m.end() ? -1 : it->second;
 }
@@ -59,9 +59,12 @@ std::vector<kiln::TensorIndex> index_items(const json& items) {
   std::vector<kiln::TensorIndex> r;
   for (const auto& it : items) {
     const std::string k = it.at(0).get<std::string>();
-    if (k == "e") r.emplace_back(kiln::Ellipsis);
-    else if (k == "n") r.emplace_back(kiln::None);
-    else if (k == "i") r.emplace_back(it.at(1).get<int64_t>());
+    if (k == "e")
+      r.emplace_back(kiln::Ellipsis);
+    else if (k == "n")
+      r.emplace_back(kiln::None);
+    else if (k == "i")
+      r.emplace_back(it.at(1).get<int64_t>());
     else if (k == "s") {
       auto bound = [](const json& v) -> kiln::SliceBound {
         if (v.is_null()) return kiln::None;
@@ -90,18 +93,24 @@ void run_inplace(const std::string& op, Tensor& t, const std::vector<Arg>& a, co
   if (op == "add_" || op == "sub_") {
     Scalar alpha = attrs.contains("alpha") ? torch_ops::scalar_of(attrs["alpha"]) : Scalar(int64_t{1});
     const Arg& o = other();
-    if (o.kind == Arg::T) op == "add_" ? t.add_(o.t, alpha) : t.sub_(o.t, alpha);
-    else op == "add_" ? t.add_(o.s) : t.sub_(o.s);
+    if (o.kind == Arg::T)
+      op == "add_" ? t.add_(o.t, alpha) : t.sub_(o.t, alpha);
+    else
+      op == "add_" ? t.add_(o.s) : t.sub_(o.s);
   } else if (op == "mul_" || op == "div_") {
     const Arg& o = other();
-    if (o.kind == Arg::T) op == "mul_" ? t.mul_(o.t) : t.div_(o.t);
-    else op == "mul_" ? t.mul_(o.s) : t.div_(o.s);
+    if (o.kind == Arg::T)
+      op == "mul_" ? t.mul_(o.t) : t.div_(o.t);
+    else
+      op == "mul_" ? t.mul_(o.s) : t.div_(o.s);
   } else if (op == "clamp_") {
     t.clamp_(opt_scalar(a.size() > 1 ? a[1] : Arg{}), opt_scalar(a.size() > 2 ? a[2] : Arg{}));
   } else if (op == "fill_") {
     const Arg& o = other();
-    if (o.kind == Arg::T) t.copy_(o.t);
-    else t.fill_(o.s);
+    if (o.kind == Arg::T)
+      t.copy_(o.t);
+    else
+      t.fill_(o.s);
   } else if (op == "zero_") {
     t.zero_();
   } else if (op == "copy_") {
@@ -109,8 +118,10 @@ void run_inplace(const std::string& op, Tensor& t, const std::vector<Arg>& a, co
   } else if (op == "index_put_") {
     const Arg& o = other();
     auto idx = index_items(attrs.at("items"));
-    if (o.kind == Arg::T) t.index_put_(idx, o.t);
-    else t.index_put_(idx, o.s);
+    if (o.kind == Arg::T)
+      t.index_put_(idx, o.t);
+    else
+      t.index_put_(idx, o.s);
   } else {
     throw Unsupported("in-place op '" + op + "'");
   }
@@ -248,7 +259,8 @@ struct Checker {
 
   void outputs(const std::string& mode, size_t s, const std::vector<Tensor>& outs) {
     const json& exp = p.sets.at(s).at("outputs");
-    if (outs.size() != exp.size()) return fail(cat(mode, " set ", s, ": expected ", exp.size(), " results, got ", outs.size()));
+    if (outs.size() != exp.size())
+      return fail(cat(mode, " set ", s, ": expected ", exp.size(), " results, got ", outs.size()));
     kiln::eval(outs);
     for (size_t j = 0; j < outs.size(); ++j) {
       std::string d = torch_ops::compare(outs[j], exp[j], false, tol_of(p.tol.at(j)));
@@ -303,7 +315,8 @@ Outcome replay(const Program& p) {
   }
 
   // 1. eager, every set.
-  for (size_t s = 0; s < nsets; ++s) ck.guarded(cat("eager set ", s), [&] { ck.outputs("eager", s, fn(set_inputs(p, s, false))); });
+  for (size_t s = 0; s < nsets; ++s)
+    ck.guarded(cat("eager set ", s), [&] { ck.outputs("eager", s, fn(set_inputs(p, s, false))); });
 
   // 2. compiled on each set in turn and back; then with every size dynamic from the start.
   ck.guarded("compiled", [&] {
@@ -314,8 +327,7 @@ Outcome replay(const Program& p) {
       ck.outputs(cat("compiled call ", k), order[k], f(set_inputs(p, order[k], false)));
       if (k == 2) {
         o.third_size_reused = f.stats().entries == before_third && f.stats().eager_calls == 0;
-        if (!o.third_size_reused)
-          o.third_size_miss = f.stats().eager_calls ? "runs eager" : f.stats().last_miss;
+        if (!o.third_size_reused) o.third_size_miss = f.stats().eager_calls ? "runs eager" : f.stats().last_miss;
       }
     }
   });
@@ -354,18 +366,20 @@ Outcome replay(const Program& p) {
     const json& g0 = p.sets.at(0).at("gouts");
     for (size_t j = 0; j < g0.size(); ++j)
       if (!g0[j].is_null()) with_gout.push_back(j);
-    auto f = kiln::compile([&](const std::vector<Tensor>& xs, const std::vector<Tensor>& gs) {
-      std::vector<Tensor> outs = run_program(p, xs);
-      Tensor loss;
-      for (size_t k = 0; k < with_gout.size(); ++k) {
-        const Tensor& out = outs.at(with_gout[k]);
-        if (!out.requires_grad()) continue;
-        Tensor term = kiln::sum(kiln::mul(out, gs.at(k)));
-        loss = loss.defined() ? kiln::add(loss, term) : term;
-      }
-      if (loss.defined()) loss.backward();
-      return outs;
-    }, {.name = p.id});
+    auto f = kiln::compile(
+        [&](const std::vector<Tensor>& xs, const std::vector<Tensor>& gs) {
+          std::vector<Tensor> outs = run_program(p, xs);
+          Tensor loss;
+          for (size_t k = 0; k < with_gout.size(); ++k) {
+            const Tensor& out = outs.at(with_gout[k]);
+            if (!out.requires_grad()) continue;
+            Tensor term = kiln::sum(kiln::mul(out, gs.at(k)));
+            loss = loss.defined() ? kiln::add(loss, term) : term;
+          }
+          if (loss.defined()) loss.backward();
+          return outs;
+        },
+        {.name = p.id});
     for (size_t s : order) {
       auto xs = set_inputs(p, s, true);
       std::vector<Tensor> gs;

@@ -8,19 +8,19 @@
 
 namespace torch_programs {
 
-using torch_ops::json;
 using kiln::Tensor;
+using torch_ops::json;
 
 // One program: its ops with their index constants made once, its input sets and results.
 struct Program {
   std::string id;
   bool grad = false;
-  json ops;                               // the ops, as in the corpus
+  json ops;  // the ops, as in the corpus
   std::vector<std::vector<Tensor>> attr_tensors;  // per op: tensors in attrs (index, target…)
-  std::vector<int64_t> outputs;           // value ids of the results
-  std::vector<std::string> tol;           // per result: "f32", "f64" or "exact"
-  json sets;                              // input sets with expected outputs and gradients
-  int64_t nvalues = 0;                    // inputs plus every op output
+  std::vector<int64_t> outputs;  // value ids of the results
+  std::vector<std::string> tol;  // per result: "f32", "f64" or "exact"
+  json sets;  // input sets with expected outputs and gradients
+  int64_t nvalues = 0;  // inputs plus every op output
 };
 
 // Parses one corpus line.
@@ -31,11 +31,11 @@ std::vector<Tensor> run_program(const Program& p, const std::vector<Tensor>& inp
 // What replaying one program found.
 struct Outcome {
   std::vector<std::string> failures;  // "mode: what differed"; empty when every mode passed
-  bool polymorphic = false;            // three input sets of different sizes
-  bool coverable = false;              // ... whose third set changes only dims the second set
-                                       // made symbolic, to sizes >= 2 (others must recompile)
-  bool third_size_reused = false;      // ... and the third set ran on the symbolic entry
-  std::string third_size_miss;         // ... else why its guards missed
+  bool polymorphic = false;  // three input sets of different sizes
+  bool coverable = false;  // ... whose third set changes only dims the second set
+                           // made symbolic, to sizes >= 2 (others must recompile)
+  bool third_size_reused = false;  // ... and the third set ran on the symbolic entry
+  std::string third_size_miss;  // ... else why its guards missed
 };
 
 // Runs every mode on one program (exceptions become failures).

@@ -13,8 +13,10 @@ template <class F>
 auto unrewritten(F fn) {
   patterns::set_enabled(false);
   auto r = fn();
-  if constexpr (std::is_same_v<decltype(r), Tensor>) r.eval();
-  else eval(r);
+  if constexpr (std::is_same_v<decltype(r), Tensor>)
+    r.eval();
+  else
+    eval(r);
   patterns::set_enabled(true);
   return r;
 }

@@ -24,8 +24,8 @@ struct Code {
 
 // The bound arguments of one launch (the kernel ABI's arrays) and its size.
 struct Launch {
-  int64_t extent = 0;          // parallel indices to run: [0, extent)
-  int64_t work = 0;            // elements of the kernel's domain (how much work the launch is)
+  int64_t extent = 0;  // parallel indices to run: [0, extent)
+  int64_t work = 0;  // elements of the kernel's domain (how much work the launch is)
   char* const* buffers = nullptr;
   const int64_t* iparams = nullptr;
   const double* fparams = nullptr;
@@ -43,7 +43,7 @@ class BlobStore {
 
 // How a backend serves a kernel that is not compiled yet.
 enum class Tier : uint8_t {
-  Quick,       // compiles in microseconds; serves a miss at once
+  Quick,  // compiles in microseconds; serves a miss at once
   Optimizing,  // the best code; compiled in the background when a quick tier served first
 };
 

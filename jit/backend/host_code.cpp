@@ -8,7 +8,7 @@
 namespace kiln::jit {
 namespace {
 constexpr int64_t kInlineBelow = 32768;  // elements: a smaller launch runs on the calling thread
-constexpr int64_t kChunkWork = 16384;    // elements per TBB chunk at least
+constexpr int64_t kChunkWork = 16384;  // elements per TBB chunk at least
 }  // namespace
 
 void launch_host(KernelFn fn, const Launch& l) {

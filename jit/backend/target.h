@@ -15,15 +15,15 @@ struct Target {
     HostChunks,  // chunks of consecutive indices on the host's TBB pool
     DeviceGrid,  // one device thread (or block) per index
   };
-  std::string name;                       // part of every kernel key ("cpu", "cuda-sm90")
+  std::string name;  // part of every kernel key ("cpu", "cuda-sm90")
   Parallel parallel = Parallel::HostChunks;
-  int64_t tile = 2048;                    // elements of a long last dim per parallel index
-  int64_t column_tile = 64;               // columns per parallel index of a column reduction
-  int64_t small_inner = 8;                // a last dim up to this size is a compile-time constant
-  int vector_bytes = 32;                  // width of the vector registers code is generated for
-  bool split_reductions = true;           // full reductions as per-chunk partials, combined after
-  int64_t split_chunks = 256;             // most chunks of a split reduction (its parallel extent)
-  int64_t split_chunk_work = 16384;       // fewest elements per chunk
+  int64_t tile = 2048;  // elements of a long last dim per parallel index
+  int64_t column_tile = 64;  // columns per parallel index of a column reduction
+  int64_t small_inner = 8;  // a last dim up to this size is a compile-time constant
+  int vector_bytes = 32;  // width of the vector registers code is generated for
+  bool split_reductions = true;  // full reductions as per-chunk partials, combined after
+  int64_t split_chunks = 256;  // most chunks of a split reduction (its parallel extent)
+  int64_t split_chunk_work = 16384;  // fewest elements per chunk
   // Row reductions whose rows hold at most this many elements (known when the plan is made):
   // the kernel may keep values that several stages of a row use in fast memory (0: never).
   int64_t row_cache = 0;
@@ -31,11 +31,11 @@ struct Target {
   // plan is made: per-(row chunk, column) partials, one index per column of a chunk, combined
   // per column after (0: never; columns then reduce in one index each).
   int64_t column_split_rows = 0;
-  bool merge_row_stages = false;          // ScheduleOptions::merge_row_stages
-  bool half_kernels = false;              // float16/bfloat16 ops fused into kernels (float32 math)
-  bool split_flat = false;                // split over a short last dim: chunks of the flat index
-                                          // (lanes read consecutive elements), not of rows
-  bool column_reductions = true;          // reductions over leading dims with per-column scratch
+  bool merge_row_stages = false;  // ScheduleOptions::merge_row_stages
+  bool half_kernels = false;  // float16/bfloat16 ops fused into kernels (float32 math)
+  bool split_flat = false;  // split over a short last dim: chunks of the flat index
+                            // (lanes read consecutive elements), not of rows
+  bool column_reductions = true;  // reductions over leading dims with per-column scratch
   // Store transcendental values a reduction and another op read (ScheduleOptions); false: also
   // schedule with recomputation and keep whichever schedule's kernels move fewer bytes.
   bool store_expensive = true;

@@ -99,10 +99,12 @@ Branch* BreakStep::find(const std::vector<uint8_t>& bytes, std::vector<int64_t>&
   }
   if (why) {
     Branch* newest = head.load(std::memory_order_acquire);
-    if (same_values) *why = "(" + what + ") after value " + values_str(bytes) + ": " + guard_why;
+    if (same_values)
+      *why = "(" + what + ") after value " + values_str(bytes) + ": " + guard_why;
     else if (newest)
       *why = "(" + what + "): expected " + values_str(newest->bytes) +
-             (count > 1 ? " (or " + std::to_string(count - 1) + (count > 2 ? " other values)" : " other value)") : "") + ", got " + values_str(bytes);
+             (count > 1 ? " (or " + std::to_string(count - 1) + (count > 2 ? " other values)" : " other value)") : "") +
+             ", got " + values_str(bytes);
   }
   return nullptr;
 }

@@ -28,21 +28,21 @@ struct BreakStep;
 // One continuation after a break: the values it was traced for, what it adds to the guards,
 // and the next break or the final segment.
 struct Branch {
-  std::vector<uint8_t> bytes;          // the values read, element by element
+  std::vector<uint8_t> bytes;  // the values read, element by element
   guards::BranchGuards guards;
-  std::unique_ptr<BreakStep> next;     // the next break, or
+  std::unique_ptr<BreakStep> next;  // the next break, or
   std::shared_ptr<detail::Outcome> end;  // the final segment
-  Branch* older = nullptr;             // the branch tried after this one
+  Branch* older = nullptr;  // the branch tried after this one
 };
 
 // One graph break of a traced entry: the segment computing its values, and its continuations.
 struct BreakStep {
   std::shared_ptr<Program> prog;  // inputs: the slots before the break; outputs: values read, then carried
-  size_t num_values = 0;          // leading outputs fn read (compared by bytes)
-  std::vector<DType> dtypes;      // ... their dtypes
-  std::vector<int64_t> numels;    // ... and element counts (for messages)
-  std::string what;               // "item() of sum"
-  std::string signature;          // the segment's structure: a re-trace on the same path matches it
+  size_t num_values = 0;  // leading outputs fn read (compared by bytes)
+  std::vector<DType> dtypes;  // ... their dtypes
+  std::vector<int64_t> numels;  // ... and element counts (for messages)
+  std::string what;  // "item() of sum"
+  std::string signature;  // the segment's structure: a re-trace on the same path matches it
   std::atomic<Branch*> head{nullptr};  // the continuations, most recent first (read without a lock)
   std::vector<std::unique_ptr<Branch>> owned;
 

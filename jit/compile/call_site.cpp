@@ -25,9 +25,10 @@ std::string public_name(const char* frame) {
   name = name.substr(0, name.find('('));
   if (name.rfind("kiln::", 0) != 0) return "";
   name = name.substr(6);
-  static const char* internal[] = {"jit::", "detail::", "guards::", "SymInt", "SymFacts", "sym_", "ShapeOracle",
-                                   "floordiv", "mod", "concrete", "numel", "same_shape", "make_shape", "testing::",
-                                   "(anonymous", "Compiled", "Tensor::node", "materialize", "eval"};
+  static const char* internal[] = {"jit::",    "detail::",     "guards::",    "SymInt",    "SymFacts",
+                                   "sym_",     "ShapeOracle",  "floordiv",    "mod",       "concrete",
+                                   "numel",    "same_shape",   "make_shape",  "testing::", "(anonymous",
+                                   "Compiled", "Tensor::node", "materialize", "eval"};
   for (const char* p : internal)
     if (name.rfind(p, 0) == 0) return "";
   if (name.rfind("Tensor::", 0) == 0) name = "Tensor." + name.substr(8);

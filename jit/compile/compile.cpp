@@ -39,9 +39,9 @@ struct CompiledGrad final : GradNode {
   std::vector<int64_t> syms;
   std::vector<Tensor> saved;
   std::vector<int> slot;  // per `next` edge: index into the program's outputs, or -1 (unused input)
-  std::vector<DType> out_dtypes;                // per differentiable result
-  std::vector<std::vector<int64_t>> out_shapes; // ... its sizes (several results: packed layout)
-  std::vector<int64_t> offsets;                 // ... its offset in the packed gradient
+  std::vector<DType> out_dtypes;  // per differentiable result
+  std::vector<std::vector<int64_t>> out_shapes;  // ... its sizes (several results: packed layout)
+  std::vector<int64_t> offsets;  // ... its offset in the packed gradient
   bool released_ = false;
   std::string fn_name;
 
@@ -99,22 +99,22 @@ struct PackGrad final : GradNode {
 // How a traced call's final program lands: its results, side effects and backward.
 struct Outcome {
   std::shared_ptr<Program> fwd;
-  std::vector<Value> results;        // result template (tensors filled per call)
+  std::vector<Value> results;  // result template (tensors filled per call)
   std::vector<int64_t> out_spec;
-  std::vector<int> result_tensor;    // per result value: fwd output index (-1 scalar)
-  std::vector<int> cap_written;      // per fwd output after the results: captured index written
-  std::vector<int> cap_grad;         // ... captured parameter whose .grad() is set
-  std::vector<int> arg_written;      // ... flat argument written in place
-  std::vector<int> arg_grad;         // ... flat argument whose .grad() a backward in fn added to
-  std::vector<int> cap_grad_cleared; // captured parameters whose .grad() fn cleared
+  std::vector<int> result_tensor;  // per result value: fwd output index (-1 scalar)
+  std::vector<int> cap_written;  // per fwd output after the results: captured index written
+  std::vector<int> cap_grad;  // ... captured parameter whose .grad() is set
+  std::vector<int> arg_written;  // ... flat argument written in place
+  std::vector<int> arg_grad;  // ... flat argument whose .grad() a backward in fn added to
+  std::vector<int> cap_grad_cleared;  // captured parameters whose .grad() fn cleared
   // Autograd (outputs that need grad, backward run later by the caller).
   std::shared_ptr<Program> bwd;
-  std::vector<int> diff_results;     // result values that carry the CompiledGrad
+  std::vector<int> diff_results;  // result values that carry the CompiledGrad
   size_t saved_begin = 0, saved_count = 0;
   std::vector<int> diff_args, diff_caps;  // differentiable inputs, in `next` order
-  std::vector<int> grad_slot;        // per differentiable input: bwd output or -1
-  std::vector<DType> diff_dtypes;    // ... and their dtypes
-  SymInt rng_total;                  // (entries with breaks) numbers the call's random ops reserve
+  std::vector<int> grad_slot;  // per differentiable input: bwd output or -1
+  std::vector<DType> diff_dtypes;  // ... and their dtypes
+  SymInt rng_total;  // (entries with breaks) numbers the call's random ops reserve
 };
 
 namespace {
@@ -122,7 +122,7 @@ namespace {
 // One compiled entry: its guards, and its program or (with graph breaks) its tree of segments.
 struct Entry {
   guards::GuardSet guards;
-  Outcome out;                             // the program (no breaks)
+  Outcome out;  // the program (no breaks)
   std::unique_ptr<jit::BreakStep> breaks;  // the first graph break: its continuations end in Outcomes
 };
 
@@ -136,11 +136,11 @@ TensorImpl* captured_source(const guards::CapturedTensor& c) {
 // symbolic.
 struct Placeholders {
   std::map<std::string, int64_t> hints;  // each symbol's size on the traced call
-  std::vector<Value> trace_args;         // fn's arguments in the trace
+  std::vector<Value> trace_args;  // fn's arguments in the trace
   std::vector<NodePtr> nodes;
   std::vector<Tensor> tensors;
-  std::vector<int> arg;                  // per placeholder: its flat argument index
-  uint64_t start_id = 0;                 // the first node the trace made
+  std::vector<int> arg;  // per placeholder: its flat argument index
+  uint64_t start_id = 0;  // the first node the trace made
 };
 
 // What the phases of a trace hand one another.
@@ -155,14 +155,14 @@ struct TraceState {
   std::vector<NodePtr> tangents, grads;
   std::vector<Tensor> diff_inputs;
   std::vector<guards::CapturedTensor> cgs;  // every captured tensor's guard, in the order the trace read them
-  std::string tag;                          // names the entry in dump files
+  std::string tag;  // names the entry in dump files
 };
 
 // What fn's run leaves to the later phases inside the session (kept until the session stops).
 struct FnRun {
-  std::vector<Value> out;              // what fn returned
+  std::vector<Value> out;  // what fn returned
   std::vector<Tensor> result_tensors;  // its tensor results
-  bool grads_set = false;              // a backward in fn set gradients
+  bool grads_set = false;  // a backward in fn set gradients
 };
 
 // A guard on a tensor as `n` lays it out: dtype, device, constant sizes (no symbols), strides
@@ -195,7 +195,8 @@ class CompiledCore {
     std::vector<int64_t> syms;
     // Fast path: the entry that served the last hit (entries are immutable and never freed;
     // continuations after breaks are only ever added).
-    if (Entry* last = last_hit_.load(std::memory_order_acquire); last && last->guards.check(args, spec, syms, nullptr)) {
+    if (Entry* last = last_hit_.load(std::memory_order_acquire);
+        last && last->guards.check(args, spec, syms, nullptr)) {
       if (!last->breaks) {
         hits_.fetch_add(1, std::memory_order_relaxed);
         return replay(*last, args, syms, out_spec);
@@ -240,9 +241,10 @@ class CompiledCore {
     }
     if (stats_.entries >= opt_.recompile_limit) {
       eager_ = true;
-      std::fprintf(stderr, "[kiln] warning: compile(%s) reached its recompile limit (%d compiles; last miss: %s); "
-                   "running it in lazy eager mode from now on\n", opt_.name.c_str(), opt_.recompile_limit,
-                   first_why.c_str());
+      std::fprintf(stderr,
+                   "[kiln] warning: compile(%s) reached its recompile limit (%d compiles; last miss: %s); "
+                   "running it in lazy eager mode from now on\n",
+                   opt_.name.c_str(), opt_.recompile_limit, first_why.c_str());
       return fall_back_to_eager(lock, args, fn, out_spec);
     }
     auto t0 = std::chrono::steady_clock::now();
@@ -274,18 +276,21 @@ class CompiledCore {
                   why + ")");
     std::vector<Value> out;
     bool served = true;
-    if (!e->breaks) out = replay(*e, args, syms, out_spec);
-    else served = replay_path(*e, args, syms, out, out_spec, &why);
+    if (!e->breaks)
+      out = replay(*e, args, syms, out_spec);
+    else
+      served = replay_path(*e, args, syms, out, out_spec, &why);
     const double total_ms = ms_since(t0);
     stats_.compile_ms += total_ms;
     stats_.entries++;
     if (timed) {
       const jit::CacheStats c = jit::cache_stats();
       jit::log_line("recompiles", "compile(" + opt_.name + "): compile " + std::to_string(stats_.entries) + " took " +
-                                      std::to_string(total_ms) + " ms: tracing and partitioning " + std::to_string(trace_ms) +
-                                      " ms, the first run " + std::to_string(total_ms - trace_ms) + " ms (kernels: " +
-                                      std::to_string(c.disk_hits - cache0.disk_hits) + " loaded from disk in " +
-                                      std::to_string(c.load_ms - cache0.load_ms) + " ms, " +
+                                      std::to_string(total_ms) + " ms: tracing and partitioning " +
+                                      std::to_string(trace_ms) + " ms, the first run " +
+                                      std::to_string(total_ms - trace_ms) +
+                                      " ms (kernels: " + std::to_string(c.disk_hits - cache0.disk_hits) +
+                                      " loaded from disk in " + std::to_string(c.load_ms - cache0.load_ms) + " ms, " +
                                       std::to_string(c.compiles - cache0.compiles) + " compiled in " +
                                       std::to_string(c.compile_ms - cache0.compile_ms) + " ms)");
     }
@@ -366,7 +371,8 @@ class CompiledCore {
       KILN_CHECK(arg >= 0 && static_cast<size_t>(arg) < args.size(), "compile(", opt_.name, "): ", what,
                  " names argument ", arg, ", but fn got ", args.size(), " flattened arguments");
       const Tensor* t = as_tensor(args[static_cast<size_t>(arg)]);
-      KILN_CHECK(t, "compile(", opt_.name, "): ", what, " names argument ", arg, " (dim ", dim, "), which is not a tensor");
+      KILN_CHECK(t, "compile(", opt_.name, "): ", what, " names argument ", arg, " (dim ", dim,
+                 "), which is not a tensor");
       KILN_CHECK(dim >= 0 && dim < t->dim(), "compile(", opt_.name, "): ", what, " names dim ", dim, " of argument ",
                  arg, ", a tensor of rank ", t->dim(), " (expected 0 <= dim < ", t->dim(), ")");
     }
@@ -601,7 +607,8 @@ void CompiledCore::collect_side_effects(TraceState& st, FnRun& run) {
     if (c.written) {
       st.e.out.cap_written.push_back(static_cast<int>(k));
       const auto slot = std::find(ts.slots.begin(), ts.slots.end(), c.node) - ts.slots.begin();
-      if (slot < static_cast<long>(ts.slots.size())) st.write_back.push_back({st.outputs.size(), static_cast<size_t>(slot)});
+      if (slot < static_cast<long>(ts.slots.size()))
+        st.write_back.push_back({st.outputs.size(), static_cast<size_t>(slot)});
       st.outputs.push_back(Tensor(c.impl).node());
     }
   }
@@ -746,8 +753,8 @@ void CompiledCore::partition_backward(TraceState& st, std::set<const Node*>& hig
   jit::PartitionOptions po;
   po.memory_budget = opt_.memory_budget;
   po.save_all = opt_.save_all;
-  jit::Partition part = jit::partition(inputs, st.tangents, st.outputs, st.grads,
-                                       [&](const Node& n) { return node_bytes(n, hints); }, po);
+  jit::Partition part = jit::partition(
+      inputs, st.tangents, st.outputs, st.grads, [&](const Node& n) { return node_bytes(n, hints); }, po);
   st.e.out.saved_begin = st.outputs.size();
   st.e.out.saved_count = part.saved.size();
   for (const auto& s : part.saved) {
@@ -791,8 +798,10 @@ void CompiledCore::chain_breaks(TraceState& st) {
                                st.cgs.begin() + static_cast<long>(cap_end));
     br->guards.relations.assign(relations.begin() + static_cast<long>(tb.relations_before),
                                 relations.begin() + static_cast<long>(rel_end));
-    if (next) br->next = std::move(next);
-    else br->end = end;
+    if (next)
+      br->next = std::move(next);
+    else
+      br->end = end;
     if (!jit::dump_dir().empty())
       jit::dump_file(st.tag + "_break" + std::to_string(j) + ".dot",
                      jit::graph_dot(tb.step->prog->inputs(), tb.step->prog->outputs(), {},
@@ -818,8 +827,9 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
   for (const auto& c : e.guards.captured) add(captured_source(c)->node());
   if (!pending.empty()) materialize(pending);
   std::vector<Tensor> outs = e.out.fwd->run(raw, syms);
-  return land(e.out, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return e.guards.captured[k]; },
-              out_spec);
+  return land(
+      e.out, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return e.guards.captured[k]; },
+      out_spec);
 }
 
 template <class Captured>
@@ -878,8 +888,8 @@ std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& out
       out.impl()->grad_fn = node;
     } else {
       // Several differentiable results: each packs its gradient into the node's flat input.
-      bool same = std::all_of(e.diff_dtypes.begin(), e.diff_dtypes.end(),
-                              [&](DType t) { return t == e.diff_dtypes[0]; });
+      bool same =
+          std::all_of(e.diff_dtypes.begin(), e.diff_dtypes.end(), [&](DType t) { return t == e.diff_dtypes[0]; });
       int64_t total = 0;
       for (int r : e.diff_results) {
         const Tensor& out = std::get<Tensor>(results[r]);
@@ -959,8 +969,8 @@ bool CompiledCore::replay_path(Entry& e, const std::vector<Value>& args, std::ve
     drawn = static_cast<uint64_t>(end->rng_total.evaluate(env));
   }
   detail::rng_reserve(drawn);
-  results = land(*end, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return *captured[k]; },
-                 out_spec);
+  results = land(
+      *end, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return *captured[k]; }, out_spec);
   return true;
 }
 
@@ -1001,7 +1011,8 @@ std::string CompiledCore::path_str(const jit::BreakStep& step, const jit::Branch
 }
 
 std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options) {
-  KILN_CHECK(options.recompile_limit >= 1, "compile: recompile_limit must be at least 1, got ", options.recompile_limit);
+  KILN_CHECK(options.recompile_limit >= 1, "compile: recompile_limit must be at least 1, got ",
+             options.recompile_limit);
   KILN_CHECK(options.memory_budget > 0 && options.memory_budget <= 1, "compile: memory_budget must be in (0, 1], got ",
              options.memory_budget);
   return std::make_shared<CompiledCore>(std::move(options));

@@ -30,18 +30,18 @@
 namespace kiln {
 
 struct CompileOptions {
-  std::string name = "fn";     // names fn in logs and dump files
-  int recompile_limit = 8;     // compiles (entries and continuations) before fn falls back to lazy eager mode
+  std::string name = "fn";  // names fn in logs and dump files
+  int recompile_limit = 8;  // compiles (entries and continuations) before fn falls back to lazy eager mode
   // Sizes: automatic (first call specialized, a size that changes becomes a symbol at any
   // value, 0 and 1 included), always dynamic (every size but 0 and 1 symbolic from the first
   // call), or always static.
   enum class Dynamic { Automatic, Always, Never } dynamic = Dynamic::Automatic;
   std::vector<std::pair<int, int>> mark_dynamic;  // (flat argument, dim): symbolic from the start
-  std::vector<std::pair<int, int>> mark_static;   // (flat argument, dim): always specialized
+  std::vector<std::pair<int, int>> mark_static;  // (flat argument, dim): always specialized
   // Activation memory budget for functions whose outputs need grad: the fraction of the
   // min-cut's saved bytes allowed (more recomputation below 1).
   double memory_budget = 1.0;
-  bool save_all = false;       // save every value backward reads instead of the min-cut (tests)
+  bool save_all = false;  // save every value backward reads instead of the min-cut (tests)
   // On a GPU, replay each entry as a CUDA graph (recorded at its second run) instead of
   // launching its kernels one by one.
   bool cuda_graphs = true;
@@ -52,29 +52,29 @@ struct CompileOptions {
 
 // Counters of one compiled function.
 struct CompileStats {
-  int entries = 0;             // compiles that produced code (entries, and continuations after breaks)
-  int64_t hits = 0;            // calls served by an entry
-  int64_t misses = 0;          // calls that traced
-  int64_t value_misses = 0;    // ... of them, calls whose break values no continuation was traced for
-  int64_t eager_calls = 0;     // calls run in lazy eager mode (past the limit or after a break)
-  double compile_ms = 0;       // total trace + partition + schedule/compile time
-  int64_t saved_bytes = 0;     // newest autograd entry: bytes the forward saves for backward
+  int entries = 0;  // compiles that produced code (entries, and continuations after breaks)
+  int64_t hits = 0;  // calls served by an entry
+  int64_t misses = 0;  // calls that traced
+  int64_t value_misses = 0;  // ... of them, calls whose break values no continuation was traced for
+  int64_t eager_calls = 0;  // calls run in lazy eager mode (past the limit or after a break)
+  double compile_ms = 0;  // total trace + partition + schedule/compile time
+  int64_t saved_bytes = 0;  // newest autograd entry: bytes the forward saves for backward
   int64_t save_all_bytes = 0;  // ... and what saving every value backward reads would cost
-  int recomputed = 0;          // ... forward ops its backward recomputes
-  int pattern_matches = 0;     // newest compile: instances of registered rewrites it replaced (kiln::patterns)
+  int recomputed = 0;  // ... forward ops its backward recomputes
+  int pattern_matches = 0;  // newest compile: instances of registered rewrites it replaced (kiln::patterns)
   std::vector<std::string> symbols;  // newest compile: the size symbols its (final) program uses, after
                                      // simplification with the facts its guards establish
-  int size_relations = 0;      // ... size relations its trace relied on (guards beyond each symbol's lower bound)
-  int64_t graphs = 0;          // CUDA graphs recorded
-  int64_t graph_updates = 0;   // ... of which made by updating a dropped graph's executable in place
-                               // (at cuda_graph_limit, or replacing a graph of the same size)
-  int64_t graph_replays = 0;   // runs served by a CUDA graph
+  int size_relations = 0;  // ... size relations its trace relied on (guards beyond each symbol's lower bound)
+  int64_t graphs = 0;  // CUDA graphs recorded
+  int64_t graph_updates = 0;  // ... of which made by updating a dropped graph's executable in place
+                              // (at cuda_graph_limit, or replacing a graph of the same size)
+  int64_t graph_replays = 0;  // runs served by a CUDA graph
   int64_t ungraphed_runs = 0;  // runs on a GPU that went without a graph (outputs of every graph
                                // still held, state shared elsewhere, recording impossible)
-  int64_t graph_bytes = 0;     // device memory the graphs hold now (their private pools)
-  int64_t graphs_kept = 0;     // CUDA graphs kept now (<= CompileOptions::cuda_graph_limit)
-  std::string last_miss;       // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000",
-                               // "break 0 (item() of sum): expected 3, got 5")
+  int64_t graph_bytes = 0;  // device memory the graphs hold now (their private pools)
+  int64_t graphs_kept = 0;  // CUDA graphs kept now (<= CompileOptions::cuda_graph_limit)
+  std::string last_miss;  // why the newest miss missed ("arg 0 dim 0: expected 4096, got 1000",
+                          // "break 0 (item() of sum): expected 3, got 5")
 };
 
 namespace detail {
@@ -82,11 +82,13 @@ class CompiledCore;
 using TraceFn = std::function<std::vector<Value>(const std::vector<Value>&)>;
 KILN_API std::shared_ptr<CompiledCore> make_compiled_core(CompileOptions options);
 // Runs one call: guards, then replay, trace or eager. `out_spec` receives the result structure.
-KILN_API std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec,
-                                 const TraceFn& fn, std::vector<int64_t>& out_spec);
+KILN_API std::vector<Value> compiled_call(CompiledCore& core, const std::vector<Value>& args,
+                                          const std::vector<int64_t>& spec, const TraceFn& fn,
+                                          std::vector<int64_t>& out_spec);
 KILN_API CompileStats compiled_stats(const CompiledCore& core);
 // Whether some entry's guards admit these arguments (runs the guards only).
-KILN_API bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args, const std::vector<int64_t>& spec);
+KILN_API bool compiled_guards_pass(CompiledCore& core, const std::vector<Value>& args,
+                                   const std::vector<int64_t>& spec);
 
 // A per-thread argument buffer reused across calls (no allocation per call); nested calls
 // (a compiled function called while another runs) get their own.
@@ -122,8 +124,10 @@ struct Flat;
 template <>
 struct Flat<Tensor> {
   static void put(const Tensor& t, std::vector<Value>& out, std::vector<int64_t>&, bool borrow = false) {
-    if (borrow) out.emplace_back(&t);
-    else out.emplace_back(t);
+    if (borrow)
+      out.emplace_back(&t);
+    else
+      out.emplace_back(t);
   }
   static Tensor get(const std::vector<Value>& in, size_t& p, const std::vector<int64_t>&, size_t&) {
     return *as_tensor(in[p++]);
@@ -194,8 +198,7 @@ struct Flat<std::pair<A, B>> {
 template <class F>
 class Compiled {
  public:
-  Compiled(F fn, CompileOptions options)
-      : fn_(std::move(fn)), core_(detail::make_compiled_core(std::move(options))) {}
+  Compiled(F fn, CompileOptions options) : fn_(std::move(fn)), core_(detail::make_compiled_core(std::move(options))) {}
 
   template <class... A>
   auto operator()(A&&... args) {

@@ -12,10 +12,10 @@ namespace kiln::jit {
 struct GraphReplay::Graph {
   std::unique_ptr<DeviceGraph> graph;
   struct In {
-    const void* data = nullptr;            // the address baked in (when not copied)
+    const void* data = nullptr;  // the address baked in (when not copied)
     std::vector<int64_t> strides;
-    std::shared_ptr<Storage> buffer;       // the graph's copy of a moving input
-    size_t bytes = 0;                      // ... bytes copied into it before each replay
+    std::shared_ptr<Storage> buffer;  // the graph's copy of a moving input
+    size_t bytes = 0;  // ... bytes copied into it before each replay
   };
   std::vector<In> ins;
   enum class Src { Owned, Input, WriteBack, Constant };
@@ -25,8 +25,8 @@ struct GraphReplay::Graph {
   };
   std::vector<Out> outs;
   std::vector<std::shared_ptr<Storage>> owned;  // outputs' storage: graph memory, or constants
-  std::vector<bool> handed;                     // per owned: graph memory a replay rewrites
-  int64_t used = 0;   // the run of this instance that used it last
+  std::vector<bool> handed;  // per owned: graph memory a replay rewrites
+  int64_t used = 0;  // the run of this instance that used it last
   int64_t stamp = 0;  // ... and its place among the uses of all graphs of the function
 };
 
@@ -212,7 +212,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
           const Node& src = *outputs_[o];
           const Node& dst = *inputs_[write_to_[o]];
           bool can = src.storage && dst.storage && src.dtype == dst.dtype && dense(src) && dense(dst) &&
-                           src.shape.size() == dst.shape.size() && src.storage != dst.storage;
+                     src.shape.size() == dst.shape.size() && src.storage != dst.storage;
           for (size_t d = 0; can && d < src.shape.size(); ++d) can = src.shape[d].as_int() == dst.shape[d].as_int();
           if (!can) {
             writes[o] = false;
@@ -227,8 +227,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
   const double total_ms = ms_since(t0);
   if (!dg) {
     broken_ = true;
-    if (log_enabled("graphs"))
-      log_line("graphs", "compile(" + policy_.name + "): runs without a CUDA graph: " + why);
+    if (log_enabled("graphs")) log_line("graphs", "compile(" + policy_.name + "): runs without a CUDA graph: " + why);
     return false;
   }
   // Where each output's memory comes from on a replay.
@@ -260,7 +259,8 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
     if (g->outs[o].src == Graph::Src::Input && written_[g->outs[o].index]) {
       broken_ = true;
       if (log_enabled("graphs"))
-        log_line("graphs", "compile(" + policy_.name + "): runs without a CUDA graph: an output aliases state it updates");
+        log_line("graphs",
+                 "compile(" + policy_.name + "): runs without a CUDA graph: an output aliases state it updates");
       return false;
     }
   g->graph = std::move(dg);
@@ -274,10 +274,11 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
     for (const auto& in : g->ins) copied += in.buffer != nullptr;
     log_line("graphs", "compile(" + policy_.name + "): recorded a CUDA graph of " + std::to_string(g->graph->size()) +
                            " operations (" + std::to_string(g->graph->pool_bytes() >> 10) + " KiB of graph memory, " +
-                           std::to_string(copied) + " of " + std::to_string(ins.size()) + " inputs copied in per replay, " +
-                           std::to_string(policy_.write_back.size()) + " tensors updated in place; graph " +
-                           std::to_string(graphs_.size() + 1) + " of this size) in " + std::to_string(total_ms) +
-                           " ms (running the work " + std::to_string(work_ms) + " ms, the rest capture and " +
+                           std::to_string(copied) + " of " + std::to_string(ins.size()) +
+                           " inputs copied in per replay, " + std::to_string(policy_.write_back.size()) +
+                           " tensors updated in place; graph " + std::to_string(graphs_.size() + 1) +
+                           " of this size) in " + std::to_string(total_ms) + " ms (running the work " +
+                           std::to_string(work_ms) + " ms, the rest capture and " +
                            (g->graph->updated() ? "updating a dropped graph in place)" : "instantiation)"));
   }
   make_outputs(*g, ins, out);

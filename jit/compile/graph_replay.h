@@ -32,14 +32,14 @@ namespace kiln::jit {
 
 // Counters shared by the programs of one compiled function (CompileStats reads them).
 struct GraphCounters {
-  std::atomic<int64_t> recorded{0};   // graphs recorded
-  std::atomic<int64_t> updated{0};    // ... of which by updating a dropped graph's executable in place
-  std::atomic<int64_t> replays{0};    // runs served by a graph
+  std::atomic<int64_t> recorded{0};  // graphs recorded
+  std::atomic<int64_t> updated{0};  // ... of which by updating a dropped graph's executable in place
+  std::atomic<int64_t> replays{0};  // runs served by a graph
   std::atomic<int64_t> ungraphed{0};  // runs of graphable instances that went without a graph
   std::atomic<int64_t> pool_bytes{0};  // device memory held by the graphs' private pools now
-  std::atomic<int64_t> kept{0};        // graphs kept now
-  std::atomic<int64_t> clock{0};       // stamps graph uses (least recently used across instances)
-  int64_t limit = 128;                 // graphs kept at most (CompileOptions::cuda_graph_limit)
+  std::atomic<int64_t> kept{0};  // graphs kept now
+  std::atomic<int64_t> clock{0};  // stamps graph uses (least recently used across instances)
+  int64_t limit = 128;  // graphs kept at most (CompileOptions::cuda_graph_limit)
 };
 
 // How a program's instances use graphs.
@@ -104,13 +104,13 @@ class GraphReplay {
   std::vector<Node*> inputs_, outputs_;
   std::vector<std::unique_ptr<Graph>> graphs_;
   std::vector<const void*> last_address_;  // per input, its data address at the last call
-  std::vector<bool> writes_;       // per output: the new value of an input (write_back)
-  std::vector<size_t> write_to_;   // ... of which input
-  std::vector<bool> written_;      // per input: rewritten in place
-  std::vector<bool> moving_;                // per input: its address changed between calls
-  std::unique_ptr<DeviceGraph> spare_;     // the graph wants_record dropped, for record() to reuse
+  std::vector<bool> writes_;  // per output: the new value of an input (write_back)
+  std::vector<size_t> write_to_;  // ... of which input
+  std::vector<bool> written_;  // per input: rewritten in place
+  std::vector<bool> moving_;  // per input: its address changed between calls
+  std::unique_ptr<DeviceGraph> spare_;  // the graph wants_record dropped, for record() to reuse
   int64_t calls_ = 0;
-  bool broken_ = false;                     // recording failed once: never again
+  bool broken_ = false;  // recording failed once: never again
 };
 
 }  // namespace kiln::jit

@@ -93,10 +93,13 @@ class FlowNetwork {
 bool is_reduction(OpKind op) { return op >= OpKind::Sum && op <= OpKind::Cumsum; }
 bool is_comparison(OpKind op) {
   switch (op) {
-    case OpKind::Eq: case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt: case OpKind::Ge:
-      return true;
-    default:
-      return false;
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge: return true;
+    default: return false;
   }
 }
 
@@ -104,13 +107,23 @@ bool is_comparison(OpKind op) {
 
 bool costly_to_recompute(OpKind op) {
   switch (op) {
-    case OpKind::Matmul: case OpKind::Im2Col: case OpKind::Col2Im: case OpKind::Cat: case OpKind::ViewScatter:
-    case OpKind::Attention: case OpKind::AttentionBackward:
-    case OpKind::Gather: case OpKind::Scatter: case OpKind::ScatterAdd: case OpKind::IndexSelect:
-    case OpKind::IndexAdd: case OpKind::ToDevice: case OpKind::RandUniform: case OpKind::RandNormal: case OpKind::RandInt:
-      return true;
-    default:
-      return is_reduction(op);
+    case OpKind::Matmul:
+    case OpKind::Im2Col:
+    case OpKind::Col2Im:
+    case OpKind::Cat:
+    case OpKind::ViewScatter:
+    case OpKind::Attention:
+    case OpKind::AttentionBackward:
+    case OpKind::Gather:
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::IndexSelect:
+    case OpKind::IndexAdd:
+    case OpKind::ToDevice:
+    case OpKind::RandUniform:
+    case OpKind::RandNormal:
+    case OpKind::RandInt: return true;
+    default: return is_reduction(op);
   }
 }
 
@@ -144,8 +157,14 @@ void index_joint(JointGraph& g, const std::vector<NodePtr>& inputs, const std::v
     g.idx[n] = static_cast<int>(g.nodes.size());
     g.nodes.push_back(n);
   };
-  for (const auto& n : inputs) { add_node(n.get()); g.owner[n.get()] = n; }
-  for (const auto& n : tangents) { add_node(n.get()); g.owner[n.get()] = n; }
+  for (const auto& n : inputs) {
+    add_node(n.get());
+    g.owner[n.get()] = n;
+  }
+  for (const auto& n : tangents) {
+    add_node(n.get());
+    g.owner[n.get()] = n;
+  }
   for (Node* n : g.body) {
     add_node(n);
     for (const auto& in : n->inputs) g.owner[in.get()] = in;
@@ -247,7 +266,8 @@ std::set<int> pinned_comparisons(JointGraph& g) {
     bool both = true;
     for (const auto& in : n->inputs) {
       const Node* u = in.get();
-      while (u && is_view_op(u->op) && !u->inputs.empty() && idx.count(u) && !g.is_input[idx[u]]) u = u->inputs[0].get();
+      while (u && is_view_op(u->op) && !u->inputs.empty() && idx.count(u) && !g.is_input[idx[u]])
+        u = u->inputs[0].get();
       both = both && u && idx.count(u) && (g.fwd[idx[u]] || g.is_input[idx[u]]) && !g.tan[idx[u]];
     }
     if (!both) continue;

@@ -19,11 +19,11 @@ struct PartitionOptions {
 };
 
 struct Partition {
-  std::vector<NodePtr> saved;     // forward values (or inputs) the backward reads
-  int64_t saved_bytes = 0;        // their bytes at the traced sizes
-  int64_t save_all_bytes = 0;     // bytes eager autograd would save
-  int recomputed = 0;             // forward ops the backward recomputes
-  int pinned = 0;                 // forward values pinned because the backward compares them
+  std::vector<NodePtr> saved;  // forward values (or inputs) the backward reads
+  int64_t saved_bytes = 0;  // their bytes at the traced sizes
+  int64_t save_all_bytes = 0;  // bytes eager autograd would save
+  int recomputed = 0;  // forward ops the backward recomputes
+  int pinned = 0;  // forward values pinned because the backward compares them
 };
 
 // Partitions the graph behind `fwd_outputs` and `bwd_outputs`, whose leaves are `inputs`

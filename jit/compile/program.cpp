@@ -307,14 +307,22 @@ std::string graph_dot(const std::vector<NodePtr>& inputs, const std::vector<Node
     std::string nm = "n" + std::to_string(names.size());
     names[n] = nm;
     bool is_input = stop.count(n) > 0;
-    os << "  " << nm << " [label=\"" << (is_input ? "input" : n->materialized() ? "constant" : op_name(n->op)) << " "
-       << dtype_name(n->dtype) << " " << shape_str(n->shape)
-       << ((n->op == OpKind::Attention || n->op == OpKind::AttentionBackward) && attention_causal(n->attrs) ? " causal" : "")
+    os << "  " << nm << " [label=\""
+       << (is_input            ? "input"
+           : n->materialized() ? "constant"
+                               : op_name(n->op))
+       << " " << dtype_name(n->dtype) << " " << shape_str(n->shape)
+       << ((n->op == OpKind::Attention || n->op == OpKind::AttentionBackward) && attention_causal(n->attrs) ? " causal"
+                                                                                                            : "")
        << (n->op == OpKind::Attention && attention_mask_input(*n) ? " masked" : "")
-       << ((n->op == OpKind::Attention || n->op == OpKind::AttentionBackward) && attention_dropout(n->attrs) > 0 ? " dropout" : "")
+       << ((n->op == OpKind::Attention || n->op == OpKind::AttentionBackward) && attention_dropout(n->attrs) > 0
+               ? " dropout"
+               : "")
        << "\"";
-    if (highlight.count(n)) os << ", style=filled, fillcolor=orange";
-    else if (is_input) os << ", style=filled, fillcolor=lightblue";
+    if (highlight.count(n))
+      os << ", style=filled, fillcolor=orange";
+    else if (is_input)
+      os << ", style=filled, fillcolor=lightblue";
     os << "];\n";
     return nm;
   };

@@ -53,7 +53,7 @@ class Program {
   Instance& instance(const std::vector<int64_t>& syms);
   void graph_instance(Instance& inst);  // gives `inst` device graphs when the policy and its nodes allow
   std::unique_ptr<DeviceGraph> graph_to_reuse();  // at the limit: the least recently used free graph, taken out
-  Instance* oldest_free_graph();                  // the instance holding the least recently used free graph
+  Instance* oldest_free_graph();  // the instance holding the least recently used free graph
   std::vector<NodePtr> inputs_, outputs_;
   std::vector<Layout> input_layouts_;
   std::vector<std::string> symbols_;

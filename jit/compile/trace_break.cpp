@@ -35,8 +35,7 @@ void TraceSession::take_break(const NodePtr* roots, size_t nroots) {
   // The values asked for, and the segment computing them (stopping at slots and stored values).
   std::vector<NodePtr> values;
   for (size_t r = 0; r < nroots; ++r)
-    if (roots[r] && !roots[r]->materialized() &&
-        std::find(values.begin(), values.end(), roots[r]) == values.end())
+    if (roots[r] && !roots[r]->materialized() && std::find(values.begin(), values.end(), roots[r]) == values.end())
       values.push_back(roots[r]);
   std::vector<Node*> seg = topo_order(values, slot_set_);
   for (Node* n : seg)

@@ -36,7 +36,8 @@ void TraceSession::add_slot(NodePtr traced, NodePtr real) {
   real_.push_back(std::move(real));
 }
 
-void TraceSession::enable_breaks(std::vector<std::string> symbols, std::vector<int64_t> syms, std::vector<NodePtr> real) {
+void TraceSession::enable_breaks(std::vector<std::string> symbols, std::vector<int64_t> syms,
+                                 std::vector<NodePtr> real) {
   breaks_enabled_ = true;
   symbols_ = std::move(symbols);
   syms_ = std::move(syms);
@@ -84,8 +85,10 @@ void TraceSession::on_write(const std::shared_ptr<TensorImpl>& owner) {
   }
   on_read(owner);
   auto c = cap_index_.find(&impl);
-  if (c != cap_index_.end()) captured[c->second].written = true;
-  else created_written.push_back(owner);
+  if (c != cap_index_.end())
+    captured[c->second].written = true;
+  else
+    created_written.push_back(owner);
 }
 
 bool TraceSession::on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) {
@@ -94,8 +97,8 @@ bool TraceSession::on_materialize(const std::vector<Node*>& order, const NodePtr
   if (!traced) return false;  // work recorded before the trace
   std::string last = op_name(order.back()->op);
   if (!breaks_enabled_)
-    throw GraphBreak{"a value was needed while tracing (item(), data(), printing or a data-dependent size; last op: " +
-                     last + ")"};
+    throw GraphBreak{
+        "a value was needed while tracing (item(), data(), printing or a data-dependent size; last op: " + last + ")"};
   int64_t elems = 0;
   for (size_t r = 0; r < nroots; ++r)
     if (roots[r] && !roots[r]->materialized()) elems += numel(roots[r]->shape).evaluate(hints_);
@@ -127,12 +130,11 @@ void TraceSession::assume(const SymInt& e, SymRel rel) {
   relations.push_back({e, rel, by});
   facts_.add(e, rel);
   if (log_enabled("recompiles"))
-    log_line("recompiles", "trace relies on " + e.str() + " " + rel_str(rel) + " 0" +
-                               (by.empty() ? std::string() : " (" + by + ")") +
-                               (rel == SymRel::Eq && e.symbols().size() == 1 &&
-                                        (e - SymInt::symbol(e.symbols()[0])).maybe_int()
-                                    ? ": a size is specialized"
-                                    : ""));
+    log_line("recompiles",
+             "trace relies on " + e.str() + " " + rel_str(rel) + " 0" + (by.empty() ? std::string() : " (" + by + ")") +
+                 (rel == SymRel::Eq && e.symbols().size() == 1 && (e - SymInt::symbol(e.symbols()[0])).maybe_int()
+                      ? ": a size is specialized"
+                      : ""));
   if (log_enabled("symbols"))
     log_line("symbols", "fact " + e.str() + " " + rel_str(rel) + " 0; facts now:\n" + facts_.str());
 }

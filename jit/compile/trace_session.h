@@ -27,7 +27,7 @@ struct GraphBreak {
 struct TracedBreak {
   std::unique_ptr<BreakStep> step;
   std::vector<uint8_t> bytes;
-  size_t captured_before = 0;   // captured tensors read before the break
+  size_t captured_before = 0;  // captured tensors read before the break
   size_t relations_before = 0;  // size relations relied on before it
 };
 
@@ -37,7 +37,7 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   struct Captured {
     std::shared_ptr<TensorImpl> impl;
     int grad_of = -1;  // index of the captured parameter whose .grad() this is
-    NodePtr node;      // its (materialized) node as the trace read it
+    NodePtr node;  // its (materialized) node as the trace read it
     NodePtr node_before;
     std::shared_ptr<TensorImpl> grad_before;
     std::shared_ptr<GradNode> grad_fn_before;
@@ -81,7 +81,7 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
 
   std::vector<Captured> captured;
   std::vector<guards::SizeRelation> relations;
-  std::map<int, bool> placeholder_written;            // flat argument -> written in place
+  std::map<int, bool> placeholder_written;  // flat argument -> written in place
   std::vector<std::weak_ptr<TensorImpl>> created_written;  // tensors made in the trace, then written
   // Program inputs in the order the trace met them: placeholders, captured tensors, and the
   // values each break carries to later segments.

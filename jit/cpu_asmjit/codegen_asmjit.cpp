@@ -65,16 +65,22 @@ int vm_fn(OpKind op) {  // vmath::Fn of op, or -1
 }
 template <class T>
 T vm1(T x, int f) {
-  if constexpr (std::is_same_v<T, float>) return vmath::f32(static_cast<vmath::Fn>(f), x);
-  else return vmath::f64(static_cast<vmath::Fn>(f), x);
+  if constexpr (std::is_same_v<T, float>)
+    return vmath::f32(static_cast<vmath::Fn>(f), x);
+  else
+    return vmath::f64(static_cast<vmath::Fn>(f), x);
 }
 template <class T>
 T vm2(T x, T y, int f) {
-  if constexpr (std::is_same_v<T, float>) return vmath::f32(static_cast<vmath::Fn>(f), x, y);
-  else return vmath::f64(static_cast<vmath::Fn>(f), x, y);
+  if constexpr (std::is_same_v<T, float>)
+    return vmath::f32(static_cast<vmath::Fn>(f), x, y);
+  else
+    return vmath::f64(static_cast<vmath::Fn>(f), x, y);
 }
 template <class T>
-T sigmoid(T x) { return vmath::sigmoid(x); }
+T sigmoid(T x) {
+  return vmath::sigmoid(x);
+}
 template <class T>
 T remainder_py(T x, T y) {
   T r = std::fmod(x, y);
@@ -141,8 +147,8 @@ void sigmoid_vec_f64(double* p) {
 }
 
 // AVX compare predicates.
-constexpr uint32_t kEqOQ = 0x00, kUnord = 0x03, kNleUQ = 0x06, kNeqUQ = 0x04, kTrueUQ = 0x0F, kLtOQ = 0x11, kLeOQ = 0x12,
-                   kGeOQ = 0x1D, kGtOQ = 0x1E;
+constexpr uint32_t kEqOQ = 0x00, kUnord = 0x03, kNleUQ = 0x06, kNeqUQ = 0x04, kTrueUQ = 0x0F, kLtOQ = 0x11,
+                   kLeOQ = 0x12, kGeOQ = 0x1D, kGtOQ = 0x1E;
 
 bool is_index_kind(Expr::Kind k) {
   return k == Expr::Kind::IConst || k == Expr::Kind::Param || k == Expr::Kind::Var || k == Expr::Kind::IAdd ||
@@ -153,7 +159,8 @@ bool is_index_kind(Expr::Kind k) {
 uint32_t shift_of(DType t) {
   switch (t) {
     case DType::Bool: return 0;
-    case DType::Int32: case DType::Float32: return 2;
+    case DType::Int32:
+    case DType::Float32: return 2;
     default: return 3;
   }
 }
@@ -260,8 +267,10 @@ struct Emitter {
     if (it != sconsts.end()) return it->second;
     x86::Xmm r = in_region(0, [&] {
       x86::Xmm x = cc.newXmm();
-      if (f32) cc.vmovss(x, cc.newFloatConst(ConstPoolScope::kLocal, static_cast<float>(v)));
-      else cc.vmovsd(x, cc.newDoubleConst(ConstPoolScope::kLocal, v));
+      if (f32)
+        cc.vmovss(x, cc.newFloatConst(ConstPoolScope::kLocal, static_cast<float>(v)));
+      else
+        cc.vmovsd(x, cc.newDoubleConst(ConstPoolScope::kLocal, v));
       return x;
     });
     sconsts[key] = r;
@@ -274,8 +283,10 @@ struct Emitter {
     if (it != vconsts.end()) return it->second;
     x86::Ymm r = in_region(vloop_level - 1, [&] {
       x86::Ymm y = cc.newYmm();
-      if (vf32) cc.vbroadcastss(y, cc.newFloatConst(ConstPoolScope::kLocal, static_cast<float>(v)));
-      else cc.vbroadcastsd(y, cc.newDoubleConst(ConstPoolScope::kLocal, v));
+      if (vf32)
+        cc.vbroadcastss(y, cc.newFloatConst(ConstPoolScope::kLocal, static_cast<float>(v)));
+      else
+        cc.vbroadcastsd(y, cc.newDoubleConst(ConstPoolScope::kLocal, v));
       return y;
     });
     vconsts[key] = r;
@@ -306,8 +317,10 @@ struct Emitter {
   }
   x86::Gp fcmp_scalar(bool f32, x86::Xmm a, x86::Xmm b, uint32_t pred) {
     x86::Xmm t = cc.newXmm();
-    if (f32) cc.vcmpss(t, a, b, pred);
-    else cc.vcmpsd(t, a, b, pred);
+    if (f32)
+      cc.vcmpss(t, a, b, pred);
+    else
+      cc.vcmpsd(t, a, b, pred);
     x86::Gp r = cc.newGpq();
     cc.vmovd(r.r32(), t);
     cc.and_(r.r32(), 1);
@@ -340,23 +353,29 @@ struct Emitter {
     }
     if (ff && ft) {
       r.x = cc.newXmm();
-      if (to == DType::Float64) cc.vcvtss2sd(r.x, v.x, v.x);
-      else cc.vcvtsd2ss(r.x, v.x, v.x);
+      if (to == DType::Float64)
+        cc.vcvtss2sd(r.x, v.x, v.x);
+      else
+        cc.vcvtsd2ss(r.x, v.x, v.x);
       return r;
     }
     if (ff) {
       r.g = cc.newGpq();
       x86::Gp d = to == DType::Int32 ? r.g.r32() : r.g;  // int32: the 32-bit conversion, as C++ casts
-      if (from == DType::Float32) cc.vcvttss2si(d, v.x);
-      else cc.vcvttsd2si(d, v.x);
+      if (from == DType::Float32)
+        cc.vcvttss2si(d, v.x);
+      else
+        cc.vcvttsd2si(d, v.x);
       r.g = wrap(to, r.g);
       return r;
     }
     if (ft) {
       r.x = cc.newXmm();
       cc.vxorps(r.x, r.x, r.x);
-      if (to == DType::Float32) cc.vcvtsi2ss(r.x, r.x, v.g);
-      else cc.vcvtsi2sd(r.x, r.x, v.g);
+      if (to == DType::Float32)
+        cc.vcvtsi2ss(r.x, r.x, v.g);
+      else
+        cc.vcvtsi2sd(r.x, r.x, v.g);
       return r;
     }
     r.g = cc.newGpq();
@@ -368,8 +387,11 @@ struct Emitter {
     SVal r;
     r.x = cc.newXmm();
     InvokeNode* inv;
-    if (f32) cc.invoke(&inv, reinterpret_cast<uint64_t>(unary_fn<float>(op)), FuncSignatureT<float, float>(CallConvId::kHost));
-    else cc.invoke(&inv, reinterpret_cast<uint64_t>(unary_fn<double>(op)), FuncSignatureT<double, double>(CallConvId::kHost));
+    if (f32)
+      cc.invoke(&inv, reinterpret_cast<uint64_t>(unary_fn<float>(op)), FuncSignatureT<float, float>(CallConvId::kHost));
+    else
+      cc.invoke(&inv, reinterpret_cast<uint64_t>(unary_fn<double>(op)),
+                FuncSignatureT<double, double>(CallConvId::kHost));
     inv->setArg(0, x);
     inv->setRet(0, r.x);
     return r;
@@ -379,9 +401,11 @@ struct Emitter {
     r.x = cc.newXmm();
     InvokeNode* inv;
     if (f32)
-      cc.invoke(&inv, reinterpret_cast<uint64_t>(binary_fn<float>(op)), FuncSignatureT<float, float, float>(CallConvId::kHost));
+      cc.invoke(&inv, reinterpret_cast<uint64_t>(binary_fn<float>(op)),
+                FuncSignatureT<float, float, float>(CallConvId::kHost));
     else
-      cc.invoke(&inv, reinterpret_cast<uint64_t>(binary_fn<double>(op)), FuncSignatureT<double, double, double>(CallConvId::kHost));
+      cc.invoke(&inv, reinterpret_cast<uint64_t>(binary_fn<double>(op)),
+                FuncSignatureT<double, double, double>(CallConvId::kHost));
     inv->setArg(0, x);
     inv->setArg(1, y);
     inv->setRet(0, r.x);
@@ -428,7 +452,9 @@ struct Emitter {
           cc.cmovl(r.g, z);
           return r;
         }
-        case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: return a;
+        case OpKind::Floor:
+        case OpKind::Ceil:
+        case OpKind::Round: return a;
         case OpKind::LogicalNot:
           cc.test(a.g, a.g);
           r.g = bool_of_flag(x86::CondCode::kZ);
@@ -436,10 +462,13 @@ struct Emitter {
         case OpKind::BitwiseNot:
           r.g = cc.newGpq();
           cc.mov(r.g, a.g);
-          if (bl) cc.xor_(r.g, 1);
-          else cc.not_(r.g);
+          if (bl)
+            cc.xor_(r.g, 1);
+          else
+            cc.not_(r.g);
           return r;
-        case OpKind::IsNan: case OpKind::IsFinite:
+        case OpKind::IsNan:
+        case OpKind::IsFinite:
           r.g = cc.newGpq();
           cc.mov(r.g, op == OpKind::IsFinite ? 1 : 0);
           return r;
@@ -450,44 +479,76 @@ struct Emitter {
     bool f32 = t == DType::Float32;
     auto X = [&] { return cc.newXmm(); };
     switch (op) {
-      case OpKind::Neg: r.x = X(); cc.vxorps(r.x, a.x, sconst(f32, -0.0)); return r;
-      case OpKind::Abs: r.x = X(); cc.vandnps(r.x, sconst(f32, -0.0), a.x); return r;
+      case OpKind::Neg:
+        r.x = X();
+        cc.vxorps(r.x, a.x, sconst(f32, -0.0));
+        return r;
+      case OpKind::Abs:
+        r.x = X();
+        cc.vandnps(r.x, sconst(f32, -0.0), a.x);
+        return r;
       case OpKind::Sqrt:
         r.x = X();
-        if (f32) cc.vsqrtss(r.x, a.x, a.x); else cc.vsqrtsd(r.x, a.x, a.x);
+        if (f32)
+          cc.vsqrtss(r.x, a.x, a.x);
+        else
+          cc.vsqrtsd(r.x, a.x, a.x);
         return r;
-      case OpKind::Rsqrt: case OpKind::Reciprocal: {
+      case OpKind::Rsqrt:
+      case OpKind::Reciprocal: {
         x86::Xmm d = a.x;
         if (op == OpKind::Rsqrt) {
           d = X();
-          if (f32) cc.vsqrtss(d, a.x, a.x); else cc.vsqrtsd(d, a.x, a.x);
+          if (f32)
+            cc.vsqrtss(d, a.x, a.x);
+          else
+            cc.vsqrtsd(d, a.x, a.x);
         }
         r.x = X();
-        if (f32) cc.vdivss(r.x, sconst(f32, 1.0), d); else cc.vdivsd(r.x, sconst(f32, 1.0), d);
+        if (f32)
+          cc.vdivss(r.x, sconst(f32, 1.0), d);
+        else
+          cc.vdivsd(r.x, sconst(f32, 1.0), d);
         return r;
       }
       case OpKind::Relu: {  // x if x > 0 or NaN, else +0 (not vmaxss: relu(-0) would be -0)
         x86::Xmm m = X();
-        if (f32) cc.vcmpss(m, a.x, sconst(f32, 0.0), kNleUQ); else cc.vcmpsd(m, a.x, sconst(f32, 0.0), kNleUQ);
+        if (f32)
+          cc.vcmpss(m, a.x, sconst(f32, 0.0), kNleUQ);
+        else
+          cc.vcmpsd(m, a.x, sconst(f32, 0.0), kNleUQ);
         r.x = X();
         cc.vandps(r.x, m, a.x);
         return r;
       }
-      case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: {
+      case OpKind::Floor:
+      case OpKind::Ceil:
+      case OpKind::Round: {
         uint32_t mode = op == OpKind::Floor ? 9 : op == OpKind::Ceil ? 10 : 8;
         r.x = X();
-        if (f32) cc.vroundss(r.x, a.x, a.x, mode); else cc.vroundsd(r.x, a.x, a.x, mode);
+        if (f32)
+          cc.vroundss(r.x, a.x, a.x, mode);
+        else
+          cc.vroundsd(r.x, a.x, a.x, mode);
         return r;
       }
       case OpKind::Sign: {
         x86::Xmm z = sconst(f32, 0.0), one = sconst(f32, 1.0);
         x86::Xmm p = X(), n = X();
-        if (f32) { cc.vcmpss(p, a.x, z, kGtOQ); cc.vcmpss(n, a.x, z, kLtOQ); }
-        else { cc.vcmpsd(p, a.x, z, kGtOQ); cc.vcmpsd(n, a.x, z, kLtOQ); }
+        if (f32) {
+          cc.vcmpss(p, a.x, z, kGtOQ);
+          cc.vcmpss(n, a.x, z, kLtOQ);
+        } else {
+          cc.vcmpsd(p, a.x, z, kGtOQ);
+          cc.vcmpsd(n, a.x, z, kLtOQ);
+        }
         cc.vandps(p, p, one);
         cc.vandps(n, n, one);
         r.x = X();
-        if (f32) cc.vsubss(r.x, p, n); else cc.vsubsd(r.x, p, n);
+        if (f32)
+          cc.vsubss(r.x, p, n);
+        else
+          cc.vsubsd(r.x, p, n);
         return r;
       }
       case OpKind::IsNan: r.g = fcmp_scalar(f32, a.x, a.x, kUnord); return r;
@@ -510,9 +571,12 @@ struct Emitter {
       x86::Gp x = to_bool(t, a), y = to_bool(t, b);
       r.g = cc.newGpq();
       cc.mov(r.g, x);
-      if (op == OpKind::LogicalAnd) cc.and_(r.g, y);
-      else if (op == OpKind::LogicalOr) cc.or_(r.g, y);
-      else cc.xor_(r.g, y);
+      if (op == OpKind::LogicalAnd)
+        cc.and_(r.g, y);
+      else if (op == OpKind::LogicalOr)
+        cc.or_(r.g, y);
+      else
+        cc.xor_(r.g, y);
       return r;
     }
     if (!is_floating(t)) {
@@ -531,18 +595,31 @@ struct Emitter {
       };
       switch (op) {
         case OpKind::Add:
-          return arith([&](x86::Gp d, x86::Gp s) { if (bl) cc.or_(d, s); else cc.add(d, s); });
+          return arith([&](x86::Gp d, x86::Gp s) {
+            if (bl)
+              cc.or_(d, s);
+            else
+              cc.add(d, s);
+          });
         case OpKind::Sub:
           if (bl) break;
           return arith([&](x86::Gp d, x86::Gp s) { cc.sub(d, s); });
         case OpKind::Mul:
-          return arith([&](x86::Gp d, x86::Gp s) { if (bl) cc.and_(d, s); else cc.imul(d, s); });
-        case OpKind::Maximum: case OpKind::Minimum:
+          return arith([&](x86::Gp d, x86::Gp s) {
+            if (bl)
+              cc.and_(d, s);
+            else
+              cc.imul(d, s);
+          });
+        case OpKind::Maximum:
+        case OpKind::Minimum:
           r.g = cc.newGpq();
           cc.mov(r.g, a.g);
           cc.cmp(a.g, b.g);
-          if (op == OpKind::Maximum) cc.cmovl(r.g, b.g);
-          else cc.cmovg(r.g, b.g);
+          if (op == OpKind::Maximum)
+            cc.cmovl(r.g, b.g);
+          else
+            cc.cmovg(r.g, b.g);
           return r;
         case OpKind::Eq: return cmp(x86::CondCode::kE);
         case OpKind::Ne: return cmp(x86::CondCode::kNE);
@@ -560,20 +637,51 @@ struct Emitter {
     bool f32 = t == DType::Float32;
     auto X = [&] { return cc.newXmm(); };
     switch (op) {
-      case OpKind::Add: r.x = X(); if (f32) cc.vaddss(r.x, a.x, b.x); else cc.vaddsd(r.x, a.x, b.x); return r;
-      case OpKind::Sub: r.x = X(); if (f32) cc.vsubss(r.x, a.x, b.x); else cc.vsubsd(r.x, a.x, b.x); return r;
-      case OpKind::Mul: r.x = X(); if (f32) cc.vmulss(r.x, a.x, b.x); else cc.vmulsd(r.x, a.x, b.x); return r;
-      case OpKind::Div: r.x = X(); if (f32) cc.vdivss(r.x, a.x, b.x); else cc.vdivsd(r.x, a.x, b.x); return r;
-      case OpKind::Maximum: case OpKind::Minimum: {
+      case OpKind::Add:
+        r.x = X();
+        if (f32)
+          cc.vaddss(r.x, a.x, b.x);
+        else
+          cc.vaddsd(r.x, a.x, b.x);
+        return r;
+      case OpKind::Sub:
+        r.x = X();
+        if (f32)
+          cc.vsubss(r.x, a.x, b.x);
+        else
+          cc.vsubsd(r.x, a.x, b.x);
+        return r;
+      case OpKind::Mul:
+        r.x = X();
+        if (f32)
+          cc.vmulss(r.x, a.x, b.x);
+        else
+          cc.vmulsd(r.x, a.x, b.x);
+        return r;
+      case OpKind::Div:
+        r.x = X();
+        if (f32)
+          cc.vdivss(r.x, a.x, b.x);
+        else
+          cc.vdivsd(r.x, a.x, b.x);
+        return r;
+      case OpKind::Maximum:
+      case OpKind::Minimum: {
         // NaN in either -> x + y (NaN); else the larger (smaller) one, y on ties, as LLVM's select.
         x86::Xmm m = X(), s = X(), u = X();
         bool mx = op == OpKind::Maximum;
         if (f32) {
-          if (mx) cc.vmaxss(m, a.x, b.x); else cc.vminss(m, a.x, b.x);
+          if (mx)
+            cc.vmaxss(m, a.x, b.x);
+          else
+            cc.vminss(m, a.x, b.x);
           cc.vaddss(s, a.x, b.x);
           cc.vcmpss(u, a.x, b.x, kUnord);
         } else {
-          if (mx) cc.vmaxsd(m, a.x, b.x); else cc.vminsd(m, a.x, b.x);
+          if (mx)
+            cc.vmaxsd(m, a.x, b.x);
+          else
+            cc.vminsd(m, a.x, b.x);
           cc.vaddsd(s, a.x, b.x);
           cc.vcmpsd(u, a.x, b.x, kUnord);
         }
@@ -629,7 +737,8 @@ struct Emitter {
           cc.cmp(d, s);
           cc.cmovg(d, s);
         });
-      case Expr::Kind::IDiv: case Expr::Kind::IMod: {
+      case Expr::Kind::IDiv:
+      case Expr::Kind::IMod: {
         bool div = e.kind == Expr::Kind::IDiv;
         const Expr& d = k.exprs[e.b];
         if (d.kind == Expr::Kind::IConst && d.i > 0 && (d.i & (d.i - 1)) == 0) {
@@ -637,7 +746,8 @@ struct Emitter {
           while ((int64_t{1} << sh) != d.i) ++sh;
           r.g = cc.newGpq();
           cc.mov(r.g, G(e.a));
-          if (div) cc.shr(r.g, sh);
+          if (div)
+            cc.shr(r.g, sh);
           else {
             x86::Gp m = cc.newGpq();
             cc.mov(m, d.i - 1);
@@ -656,11 +766,26 @@ struct Emitter {
         int b = static_cast<int>(e.i);
         x86::Gp ix = G(e.a);
         switch (e.dtype) {
-          case DType::Bool: r.g = cc.newGpq(); cc.movzx(r.g.r32(), elem(b, ix, 1)); return r;
-          case DType::Int32: r.g = cc.newGpq(); cc.movsxd(r.g, elem(b, ix, 4)); return r;
-          case DType::Int64: r.g = cc.newGpq(); cc.mov(r.g, elem(b, ix, 8)); return r;
-          case DType::Float32: r.x = cc.newXmm(); cc.vmovss(r.x, elem(b, ix, 4)); return r;
-          case DType::Float64: r.x = cc.newXmm(); cc.vmovsd(r.x, elem(b, ix, 8)); return r;
+          case DType::Bool:
+            r.g = cc.newGpq();
+            cc.movzx(r.g.r32(), elem(b, ix, 1));
+            return r;
+          case DType::Int32:
+            r.g = cc.newGpq();
+            cc.movsxd(r.g, elem(b, ix, 4));
+            return r;
+          case DType::Int64:
+            r.g = cc.newGpq();
+            cc.mov(r.g, elem(b, ix, 8));
+            return r;
+          case DType::Float32:
+            r.x = cc.newXmm();
+            cc.vmovss(r.x, elem(b, ix, 4));
+            return r;
+          case DType::Float64:
+            r.x = cc.newXmm();
+            cc.vmovsd(r.x, elem(b, ix, 8));
+            return r;
           default: unsupported(std::string("load of ") + dtype_name(e.dtype));
         }
       }
@@ -698,7 +823,8 @@ struct Emitter {
         check_dtype(e.dtype);
         check_dtype(k.exprs[e.a].dtype);
         return convert(sexpr(e.a), k.exprs[e.a].dtype, e.dtype);
-      case Expr::Kind::Acc: case Expr::Kind::AccIndex: break;
+      case Expr::Kind::Acc:
+      case Expr::Kind::AccIndex: break;
     }
     unsupported("accumulator read");
   }
@@ -752,10 +878,19 @@ struct Emitter {
         if (t == DType::Bool) return e.op == OpKind::LogicalNot || e.op == OpKind::BitwiseNot;
         if (t != F) return false;
         switch (e.op) {
-          case OpKind::Neg: case OpKind::Abs: case OpKind::Sqrt: case OpKind::Rsqrt: case OpKind::Reciprocal:
-          case OpKind::Relu: case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: case OpKind::Sign:
-          case OpKind::IsNan: case OpKind::IsFinite: case OpKind::LogicalNot:
-            return true;
+          case OpKind::Neg:
+          case OpKind::Abs:
+          case OpKind::Sqrt:
+          case OpKind::Rsqrt:
+          case OpKind::Reciprocal:
+          case OpKind::Relu:
+          case OpKind::Floor:
+          case OpKind::Ceil:
+          case OpKind::Round:
+          case OpKind::Sign:
+          case OpKind::IsNan:
+          case OpKind::IsFinite:
+          case OpKind::LogicalNot: return true;
           default: return unary_fn<float>(e.op) != nullptr;
         }
       }
@@ -764,19 +899,38 @@ struct Emitter {
         if (!vok(e.a) || !vok(e.b)) return false;
         if (t == DType::Bool) {
           switch (e.op) {
-            case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::LogicalXor: case OpKind::BitwiseAnd:
-            case OpKind::BitwiseOr: case OpKind::BitwiseXor: case OpKind::Add: case OpKind::Mul:
-            case OpKind::Eq: case OpKind::Ne: case OpKind::Maximum: case OpKind::Minimum:
-              return true;
+            case OpKind::LogicalAnd:
+            case OpKind::LogicalOr:
+            case OpKind::LogicalXor:
+            case OpKind::BitwiseAnd:
+            case OpKind::BitwiseOr:
+            case OpKind::BitwiseXor:
+            case OpKind::Add:
+            case OpKind::Mul:
+            case OpKind::Eq:
+            case OpKind::Ne:
+            case OpKind::Maximum:
+            case OpKind::Minimum: return true;
             default: return false;
           }
         }
         if (t != F) return false;
         switch (e.op) {
-          case OpKind::Add: case OpKind::Sub: case OpKind::Mul: case OpKind::Div: case OpKind::Maximum:
-          case OpKind::Minimum: case OpKind::Eq: case OpKind::Ne: case OpKind::Lt: case OpKind::Le: case OpKind::Gt:
-          case OpKind::Ge: case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::LogicalXor:
-            return true;
+          case OpKind::Add:
+          case OpKind::Sub:
+          case OpKind::Mul:
+          case OpKind::Div:
+          case OpKind::Maximum:
+          case OpKind::Minimum:
+          case OpKind::Eq:
+          case OpKind::Ne:
+          case OpKind::Lt:
+          case OpKind::Le:
+          case OpKind::Gt:
+          case OpKind::Ge:
+          case OpKind::LogicalAnd:
+          case OpKind::LogicalOr:
+          case OpKind::LogicalXor: return true;
           default: return binary_fn<float>(e.op) != nullptr;
         }
       }
@@ -862,12 +1016,14 @@ struct Emitter {
       inv->setArg(1, pb);
       inv->setArg(2, n);
     } else if (op == OpKind::Sigmoid) {
-      uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&sigmoid_vec_f32) : reinterpret_cast<uint64_t>(&sigmoid_vec_f64);
+      uint64_t target =
+          vf32 ? reinterpret_cast<uint64_t>(&sigmoid_vec_f32) : reinterpret_cast<uint64_t>(&sigmoid_vec_f64);
       cc.invoke(&inv, target, FuncSignatureT<void, void*>(CallConvId::kHost));
       inv->setArg(0, pa);
     } else if (!b) {
       cc.mov(n, vf32 ? 8 : 4);
-      cc.mov(f, vf32 ? reinterpret_cast<uint64_t>(unary_fn<float>(op)) : reinterpret_cast<uint64_t>(unary_fn<double>(op)));
+      cc.mov(f,
+             vf32 ? reinterpret_cast<uint64_t>(unary_fn<float>(op)) : reinterpret_cast<uint64_t>(unary_fn<double>(op)));
       uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&lanes1<float>) : reinterpret_cast<uint64_t>(&lanes1<double>);
       cc.invoke(&inv, target, FuncSignatureT<void, void*, int64_t, void*>(CallConvId::kHost));
       inv->setArg(0, pa);
@@ -875,7 +1031,8 @@ struct Emitter {
       inv->setArg(2, f);
     } else {
       cc.mov(n, vf32 ? 8 : 4);
-      cc.mov(f, vf32 ? reinterpret_cast<uint64_t>(binary_fn<float>(op)) : reinterpret_cast<uint64_t>(binary_fn<double>(op)));
+      cc.mov(f, vf32 ? reinterpret_cast<uint64_t>(binary_fn<float>(op))
+                     : reinterpret_cast<uint64_t>(binary_fn<double>(op)));
       uint64_t target = vf32 ? reinterpret_cast<uint64_t>(&lanes2<float>) : reinterpret_cast<uint64_t>(&lanes2<double>);
       cc.invoke(&inv, target, FuncSignatureT<void, void*, void*, int64_t, void*>(CallConvId::kHost));
       inv->setArg(0, pa);
@@ -890,7 +1047,10 @@ struct Emitter {
 
   x86::Ymm vcmp(x86::Ymm a, x86::Ymm b, uint32_t pred) {
     x86::Ymm r = cc.newYmm();
-    if (vf32) cc.vcmpps(r, a, b, pred); else cc.vcmppd(r, a, b, pred);
+    if (vf32)
+      cc.vcmpps(r, a, b, pred);
+    else
+      cc.vcmppd(r, a, b, pred);
     return r;
   }
   x86::Ymm vmask(DType t, x86::Ymm v) { return t == DType::Bool ? v : vcmp(v, vconst(0.0), kNeqUQ); }
@@ -917,7 +1077,10 @@ struct Emitter {
       case Expr::Kind::Where: {
         x86::Ymm c = vexpr(e.a), x = vexpr(e.b), y = vexpr(e.c);
         r = Y();
-        if (f) cc.vblendvps(r, y, x, c); else cc.vblendvpd(r, y, x, c);
+        if (f)
+          cc.vblendvps(r, y, x, c);
+        else
+          cc.vblendvpd(r, y, x, c);
         return r;
       }
       case Expr::Kind::Unary: {
@@ -930,17 +1093,36 @@ struct Emitter {
           return r;
         }
         switch (e.op) {
-          case OpKind::Neg: r = Y(); cc.vxorps(r, a, vconst(-0.0)); return r;
-          case OpKind::Abs: r = Y(); cc.vandnps(r, vconst(-0.0), a); return r;
-          case OpKind::Sqrt: r = Y(); if (f) cc.vsqrtps(r, a); else cc.vsqrtpd(r, a); return r;
-          case OpKind::Rsqrt: case OpKind::Reciprocal: {
+          case OpKind::Neg:
+            r = Y();
+            cc.vxorps(r, a, vconst(-0.0));
+            return r;
+          case OpKind::Abs:
+            r = Y();
+            cc.vandnps(r, vconst(-0.0), a);
+            return r;
+          case OpKind::Sqrt:
+            r = Y();
+            if (f)
+              cc.vsqrtps(r, a);
+            else
+              cc.vsqrtpd(r, a);
+            return r;
+          case OpKind::Rsqrt:
+          case OpKind::Reciprocal: {
             x86::Ymm d = a;
             if (e.op == OpKind::Rsqrt) {
               d = Y();
-              if (f) cc.vsqrtps(d, a); else cc.vsqrtpd(d, a);
+              if (f)
+                cc.vsqrtps(d, a);
+              else
+                cc.vsqrtpd(d, a);
             }
             r = Y();
-            if (f) cc.vdivps(r, vconst(1.0), d); else cc.vdivpd(r, vconst(1.0), d);
+            if (f)
+              cc.vdivps(r, vconst(1.0), d);
+            else
+              cc.vdivpd(r, vconst(1.0), d);
             return r;
           }
           case OpKind::Relu: {  // as the scalar form: x if x > 0 or NaN, else +0
@@ -949,10 +1131,15 @@ struct Emitter {
             cc.vandps(r, m, a);
             return r;
           }
-          case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: {
+          case OpKind::Floor:
+          case OpKind::Ceil:
+          case OpKind::Round: {
             uint32_t mode = e.op == OpKind::Floor ? 9 : e.op == OpKind::Ceil ? 10 : 8;
             r = Y();
-            if (f) cc.vroundps(r, a, mode); else cc.vroundpd(r, a, mode);
+            if (f)
+              cc.vroundps(r, a, mode);
+            else
+              cc.vroundpd(r, a, mode);
             return r;
           }
           case OpKind::Sign: {
@@ -960,7 +1147,10 @@ struct Emitter {
             cc.vandps(p, p, vconst(1.0));
             cc.vandps(n, n, vconst(1.0));
             r = Y();
-            if (f) cc.vsubps(r, p, n); else cc.vsubpd(r, p, n);
+            if (f)
+              cc.vsubps(r, p, n);
+            else
+              cc.vsubpd(r, p, n);
             return r;
           }
           case OpKind::IsNan: return vcmp(a, a, kUnord);
@@ -978,32 +1168,71 @@ struct Emitter {
         r = Y();
         if (t == DType::Bool) {
           switch (e.op) {
-            case OpKind::LogicalAnd: case OpKind::BitwiseAnd: case OpKind::Mul: case OpKind::Minimum:
-              cc.vandps(r, a, b); return r;
-            case OpKind::LogicalOr: case OpKind::BitwiseOr: case OpKind::Add: case OpKind::Maximum:
-              cc.vorps(r, a, b); return r;
-            case OpKind::LogicalXor: case OpKind::BitwiseXor: case OpKind::Ne: cc.vxorps(r, a, b); return r;
-            case OpKind::Eq: cc.vxorps(r, a, b); cc.vxorps(r, r, vones()); return r;
+            case OpKind::LogicalAnd:
+            case OpKind::BitwiseAnd:
+            case OpKind::Mul:
+            case OpKind::Minimum: cc.vandps(r, a, b); return r;
+            case OpKind::LogicalOr:
+            case OpKind::BitwiseOr:
+            case OpKind::Add:
+            case OpKind::Maximum: cc.vorps(r, a, b); return r;
+            case OpKind::LogicalXor:
+            case OpKind::BitwiseXor:
+            case OpKind::Ne: cc.vxorps(r, a, b); return r;
+            case OpKind::Eq:
+              cc.vxorps(r, a, b);
+              cc.vxorps(r, r, vones());
+              return r;
             default: unsupported("vector bool op");
           }
         }
         switch (e.op) {
-          case OpKind::Add: if (f) cc.vaddps(r, a, b); else cc.vaddpd(r, a, b); return r;
-          case OpKind::Sub: if (f) cc.vsubps(r, a, b); else cc.vsubpd(r, a, b); return r;
-          case OpKind::Mul: if (f) cc.vmulps(r, a, b); else cc.vmulpd(r, a, b); return r;
-          case OpKind::Div: if (f) cc.vdivps(r, a, b); else cc.vdivpd(r, a, b); return r;
-          case OpKind::Maximum: case OpKind::Minimum: {
+          case OpKind::Add:
+            if (f)
+              cc.vaddps(r, a, b);
+            else
+              cc.vaddpd(r, a, b);
+            return r;
+          case OpKind::Sub:
+            if (f)
+              cc.vsubps(r, a, b);
+            else
+              cc.vsubpd(r, a, b);
+            return r;
+          case OpKind::Mul:
+            if (f)
+              cc.vmulps(r, a, b);
+            else
+              cc.vmulpd(r, a, b);
+            return r;
+          case OpKind::Div:
+            if (f)
+              cc.vdivps(r, a, b);
+            else
+              cc.vdivpd(r, a, b);
+            return r;
+          case OpKind::Maximum:
+          case OpKind::Minimum: {
             bool mx = e.op == OpKind::Maximum;
             x86::Ymm s = Y();
             if (f) {
-              if (mx) cc.vmaxps(r, a, b); else cc.vminps(r, a, b);
+              if (mx)
+                cc.vmaxps(r, a, b);
+              else
+                cc.vminps(r, a, b);
               cc.vaddps(s, a, b);
             } else {
-              if (mx) cc.vmaxpd(r, a, b); else cc.vminpd(r, a, b);
+              if (mx)
+                cc.vmaxpd(r, a, b);
+              else
+                cc.vminpd(r, a, b);
               cc.vaddpd(s, a, b);
             }
             x86::Ymm u = vcmp(a, b, kUnord), out = Y();
-            if (f) cc.vblendvps(out, r, s, u); else cc.vblendvpd(out, r, s, u);
+            if (f)
+              cc.vblendvps(out, r, s, u);
+            else
+              cc.vblendvpd(out, r, s, u);
             return out;
           }
           case OpKind::Eq: return vcmp(a, b, kEqOQ);

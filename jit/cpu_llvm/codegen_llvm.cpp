@@ -54,9 +54,7 @@ std::string g_layout_hint;  // set_jit_data_layout(), read when the JIT is creat
 // them into a kiln::Error thrown out of the compile, which the code cache turns into an
 // interpreter fallback for that kernel (logged once). The compile's own LLVMContext and
 // TargetMachine are lost on that path.
-[[noreturn]] void llvm_fatal(void*, const char* reason, bool) {
-  throw Error(std::string("llvm: ") + reason);
-}
+[[noreturn]] void llvm_fatal(void*, const char* reason, bool) { throw Error(std::string("llvm: ") + reason); }
 
 void init_llvm() {
   static std::once_flag once;
@@ -220,8 +218,9 @@ struct Emitter {
     if (from == to) return v;
     Type* tt = reg_type(to);
     bool ff = is_floating(from), ft = is_floating(to);
-    if (to == DType::Bool) return ff ? b.CreateFCmpUNE(v, ConstantFP::get(v->getType(), 0.0))
-                                     : b.CreateICmpNE(v, ConstantInt::get(v->getType(), 0));
+    if (to == DType::Bool)
+      return ff ? b.CreateFCmpUNE(v, ConstantFP::get(v->getType(), 0.0))
+                : b.CreateICmpNE(v, ConstantInt::get(v->getType(), 0));
     if (from == DType::Bool) return ft ? b.CreateUIToFP(v, tt) : b.CreateZExt(v, tt);
     if (ff && ft) return b.CreateFPCast(v, tt);
     if (ff) return b.CreateFPToSI(v, tt);
@@ -233,7 +232,9 @@ struct Emitter {
     bool fl = is_floating(t);
     switch (op) {
       case OpKind::Neg: return fl ? b.CreateFNeg(x) : b.CreateNeg(x);
-      case OpKind::Abs: return fl ? intrinsic(Intrinsic::fabs, x) : b.CreateSelect(b.CreateICmpSLT(x, ConstantInt::get(x->getType(), 0)), b.CreateNeg(x), x);
+      case OpKind::Abs:
+        return fl ? intrinsic(Intrinsic::fabs, x)
+                  : b.CreateSelect(b.CreateICmpSLT(x, ConstantInt::get(x->getType(), 0)), b.CreateNeg(x), x);
       case OpKind::Sign:
         if (t == DType::Bool) return x;
         if (fl) {
@@ -242,11 +243,13 @@ struct Emitter {
           return b.CreateFSub(pos, neg);  // NaN -> 0, as PyTorch
         } else {
           Value* zero = ConstantInt::get(x->getType(), 0);
-          return b.CreateSub(b.CreateZExt(b.CreateICmpSGT(x, zero), x->getType()), b.CreateZExt(b.CreateICmpSLT(x, zero), x->getType()));
+          return b.CreateSub(b.CreateZExt(b.CreateICmpSGT(x, zero), x->getType()),
+                             b.CreateZExt(b.CreateICmpSLT(x, zero), x->getType()));
         }
       case OpKind::Relu:
         if (fl) return b.CreateSelect(b.CreateFCmpUGT(x, fconst(t, 0)), x, fconst(t, 0));
-        return b.CreateSelect(b.CreateICmpSGT(x, ConstantInt::get(x->getType(), 0)), x, ConstantInt::get(x->getType(), 0));
+        return b.CreateSelect(b.CreateICmpSGT(x, ConstantInt::get(x->getType(), 0)), x,
+                              ConstantInt::get(x->getType(), 0));
       case OpKind::Floor: return fl ? intrinsic(Intrinsic::floor, x) : x;
       case OpKind::Ceil: return fl ? intrinsic(Intrinsic::ceil, x) : x;
       case OpKind::Round: return fl ? intrinsic(Intrinsic::nearbyint, x) : x;
@@ -255,7 +258,8 @@ struct Emitter {
       case OpKind::BitwiseNot: return b.CreateNot(x);
       default: break;
     }
-    if (!fl && (op == OpKind::IsNan || op == OpKind::IsFinite)) return b.getInt1(op == OpKind::IsFinite);  // ints: never NaN
+    if (!fl && (op == OpKind::IsNan || op == OpKind::IsFinite))
+      return b.getInt1(op == OpKind::IsFinite);  // ints: never NaN
     if (!fl) throw Error(std::string("llvm codegen: ") + op_name(op) + " on integers");
     switch (op) {
       case OpKind::Exp: return call_math("exp", t, {x});
@@ -299,7 +303,8 @@ struct Emitter {
           Value* nan = b.CreateOr(is_nan(x), is_nan(y));
           return b.CreateSelect(nan, b.CreateFAdd(x, y), b.CreateSelect(pick, x, y));
         }
-        Value* pick = bl ? (mx ? b.CreateICmpUGT(x, y) : b.CreateICmpULT(x, y)) : (mx ? b.CreateICmpSGT(x, y) : b.CreateICmpSLT(x, y));
+        Value* pick = bl ? (mx ? b.CreateICmpUGT(x, y) : b.CreateICmpULT(x, y))
+                         : (mx ? b.CreateICmpSGT(x, y) : b.CreateICmpSLT(x, y));
         return b.CreateSelect(pick, x, y);
       }
       case OpKind::Remainder: {  // float only (integer forms stay on the checked interpreter)
@@ -428,10 +433,9 @@ struct Emitter {
     switch (a.op) {
       case OpKind::Sum: return fl ? ConstantFP::get(t, 0.0) : ConstantInt::get(t, 0);
       case OpKind::Prod: return fl ? ConstantFP::get(t, 1.0) : ConstantInt::get(t, 1);
-      case OpKind::Amax: case OpKind::ArgMax:
-        return fl ? ConstantFP::getInfinity(t, true) : ConstantInt::get(t, INT64_MIN);
-      default:
-        return fl ? ConstantFP::getInfinity(t, false) : ConstantInt::get(t, INT64_MAX);
+      case OpKind::Amax:
+      case OpKind::ArgMax: return fl ? ConstantFP::getInfinity(t, true) : ConstantInt::get(t, INT64_MIN);
+      default: return fl ? ConstantFP::getInfinity(t, false) : ConstantInt::get(t, INT64_MAX);
     }
   }
 
@@ -465,7 +469,8 @@ struct Emitter {
         break;
       }
       case OpKind::Prod: next = fl ? b.CreateFMul(cur, x) : b.CreateMul(cur, x); break;
-      case OpKind::Amax: case OpKind::Amin: {
+      case OpKind::Amax:
+      case OpKind::Amin: {
         bool mx = a.op == OpKind::Amax;
         if (fl) {
           // maxnum/minnum skip NaNs and reduce in any order (the vectorizer takes them); a NaN
@@ -484,7 +489,8 @@ struct Emitter {
         }
         break;
       }
-      case OpKind::ArgMax: case OpKind::ArgMin: {
+      case OpKind::ArgMax:
+      case OpKind::ArgMin: {
         bool mx = a.op == OpKind::ArgMax;
         Value* idx = expr(s.index);
         Value* cur_i = b.CreateLoad(b.getInt64Ty(), acc_idx[s.acc]);
@@ -570,8 +576,7 @@ struct Emitter {
           break;
         case Stmt::Kind::AccUpdate: acc_update(s); break;
         case Stmt::Kind::AccStore: {
-          Value* v = s.value ? static_cast<Value*>(b.CreateLoad(b.getInt64Ty(), acc_idx[s.acc]))
-                             : acc_value(s.acc);
+          Value* v = s.value ? static_cast<Value*>(b.CreateLoad(b.getInt64Ty(), acc_idx[s.acc])) : acc_value(s.acc);
           b.CreateStore(v, gep(s.buffer, expr(s.index)));
           break;
         }
@@ -602,7 +607,8 @@ struct Emitter {
     for (size_t i = 0; i < k.buffers.size(); ++i) bufs.push_back(&*arg++);
     Value* ip = &*arg++;
     Value* fp = &*arg++;
-    for (int i = 0; i < k.num_params; ++i) iparams.push_back(b.CreateLoad(i64, b.CreateConstInBoundsGEP1_64(i64, ip, i)));
+    for (int i = 0; i < k.num_params; ++i)
+      iparams.push_back(b.CreateLoad(i64, b.CreateConstInBoundsGEP1_64(i64, ip, i)));
     for (int i = 0; i < k.num_fparams; ++i)
       fparams.push_back(b.CreateLoad(b.getDoubleTy(), b.CreateConstInBoundsGEP1_64(b.getDoubleTy(), fp, i)));
     for (const AccSpec& a : k.accs) {
@@ -760,8 +766,10 @@ orc::LLJIT& the_jit() {
     builder.setJITTargetMachineBuilder(host_jtmb());
     // A layout saved by an earlier process spares creating a TargetMachine just for it.
     if (!g_layout_hint.empty()) {
-      if (auto dl = DataLayout::parse(g_layout_hint)) builder.setDataLayout(*dl);
-      else consumeError(dl.takeError());
+      if (auto dl = DataLayout::parse(g_layout_hint))
+        builder.setDataLayout(*dl);
+      else
+        consumeError(dl.takeError());
     }
     builder.setCompileFunctionCreator(
         [](orc::JITTargetMachineBuilder) -> Expected<std::unique_ptr<orc::IRCompileLayer::IRCompiler>> {
@@ -777,7 +785,8 @@ orc::LLJIT& the_jit() {
     for (int i = 0; i < vmath::kCount; ++i)
       for (int lanes : {8, 16})
         if (const void* f = vmath::direct_entry(static_cast<vmath::Fn>(i), lanes))
-          direct[(*j)->mangleAndIntern("kiln_vm" + std::to_string(lanes) + "_" + vmath::name(static_cast<vmath::Fn>(i)) + "f")] =
+          direct[(*j)->mangleAndIntern("kiln_vm" + std::to_string(lanes) + "_" +
+                                       vmath::name(static_cast<vmath::Fn>(i)) + "f")] =
               JITEvaluatedSymbol(pointerToJITTargetAddress(f), JITSymbolFlags::Exported | JITSymbolFlags::Callable);
     if (auto err = (*j)->getMainJITDylib().define(orc::absoluteSymbols(std::move(direct))))
       throw Error("llvm: cannot bind the vector math entry points: " + toString(std::move(err)));
@@ -913,17 +922,21 @@ static void note_for_perf(const std::string& object, const std::string& symbol, 
   }
   static FILE* map = std::fopen(("/tmp/perf-" + std::to_string(::getpid()) + ".map").c_str(), "a");
   if (!map || size == 0) return;
-  std::fprintf(map, "%lx %lx %s\n", reinterpret_cast<unsigned long>(addr), static_cast<unsigned long>(size), symbol.c_str());
+  std::fprintf(map, "%lx %lx %s\n", reinterpret_cast<unsigned long>(addr), static_cast<unsigned long>(size),
+               symbol.c_str());
   std::fflush(map);
 }
 
 KernelFn load_object(const std::string& object, const std::string& symbol) {
   std::lock_guard<std::mutex> lock(g_mu);
   auto& jit = the_jit();
-  if (auto sym = jit.lookup(symbol)) return sym->toPtr<KernelFn>();
-  else consumeError(sym.takeError());
+  if (auto sym = jit.lookup(symbol))
+    return sym->toPtr<KernelFn>();
+  else
+    consumeError(sym.takeError());
   auto buf = MemoryBuffer::getMemBufferCopy(object, symbol);
-  if (auto err = jit.addObjectFile(std::move(buf))) throw Error("llvm: cannot load kernel object: " + toString(std::move(err)));
+  if (auto err = jit.addObjectFile(std::move(buf)))
+    throw Error("llvm: cannot load kernel object: " + toString(std::move(err)));
   auto sym = jit.lookup(symbol);
   if (!sym) throw Error("llvm: kernel symbol missing: " + toString(sym.takeError()));
   note_for_perf(object, symbol, sym->toPtr<const void*>());

@@ -70,7 +70,8 @@ void define_exp(Module& mod) {
   Value* q = B.splat(tables::kQ[4]);
   for (int k = 3; k >= 0; --k) q = B.fma(q, r, B.splat(tables::kQ[k]));
   Value* p = b.CreateFAdd(B.fma(b.CreateFMul(r, r), q, r), B.splat(1.0f));
-  b.CreateRet(B.x86(Intrinsic::x86_avx512_mask_scalef_ps_512, {p, n, B.splat(0.0f), B.all_lanes(), b.getInt32(kCurDirection)}));
+  b.CreateRet(
+      B.x86(Intrinsic::x86_avx512_mask_scalef_ps_512, {p, n, B.splat(0.0f), B.all_lanes(), b.getInt32(kCurDirection)}));
 }
 
 // kernels/cpu/vmath_erf.cpp, erf16.
@@ -82,8 +83,9 @@ void define_erf(Module& mod) {
   using tables::kCoef;
   Value* x = f->getArg(0);
   Value* ax = b.CreateUnaryIntrinsic(Intrinsic::fabs, x);
-  Value* idx = B.x86(Intrinsic::x86_avx512_mask_cvttps2dq_512,
-                     {b.CreateFMul(ax, B.splat(4.0f)), Constant::getNullValue(B.v16i), B.all_lanes(), b.getInt32(kCurDirection)});
+  Value* idx = B.x86(
+      Intrinsic::x86_avx512_mask_cvttps2dq_512,
+      {b.CreateFMul(ax, B.splat(4.0f)), Constant::getNullValue(B.v16i), B.all_lanes(), b.getInt32(kCurDirection)});
   Value* s = b.CreateFSub(ax, B.pick(idx, tables::kCentre));
   Value* q = B.pick(idx, kCoef[tables::C6]);
   for (int k = tables::C5; k >= tables::C2; --k) q = B.fma(q, s, B.pick(idx, kCoef[k]));
@@ -93,7 +95,7 @@ void define_erf(Module& mod) {
   r = b.CreateSelect(b.CreateFCmpOGE(ax, B.splat(tables::kErfOne)), B.splat(1.0f), r);
   // x's sign bit on r (r >= 0 or NaN): the ternary-logic select of the C++ function.
   Value* sign = ConstantVector::getSplat(ElementCount::getFixed(16), b.getInt32(0x80000000u));
-  Value* xi = b.CreateBitCast(x, B.v16i), *ri = b.CreateBitCast(r, B.v16i);
+  Value *xi = b.CreateBitCast(x, B.v16i), *ri = b.CreateBitCast(r, B.v16i);
   Value* out = b.CreateOr(b.CreateAnd(ri, b.CreateNot(sign)), b.CreateAnd(xi, sign));
   b.CreateRet(b.CreateBitCast(out, B.v16f));
 }
@@ -110,8 +112,10 @@ void drop_inline_vector_math(Module& mod) {
   // clash with the process's symbols of the same name.
   for (const char* name : {kExp, kErf})
     if (Function* f = mod.getFunction(name); f && !f->isDeclaration()) {
-      if (f->use_empty()) f->eraseFromParent();
-      else f->setLinkage(GlobalValue::InternalLinkage);
+      if (f->use_empty())
+        f->eraseFromParent();
+      else
+        f->setLinkage(GlobalValue::InternalLinkage);
     }
 }
 

@@ -17,7 +17,6 @@
 namespace kiln::jit {
 namespace {
 
-
 // An image (what compile() stores and load() reads): a one-line header with the argument
 // counts the launch packs and the kind of binary, then the binary (a CUBIN, or PTX text that
 // the driver compiles when NVRTC did not know the GPU's architecture).
@@ -38,15 +37,15 @@ struct CudaCode : Code {
 
 struct Header {
   int buffers = 0, iparams = 0, fparams = 0;
-  int lanes = 1;   // threads per parallel index (32: a warp per index)
+  int lanes = 1;  // threads per parallel index (32: a warp per index)
   int shared = 0;  // dynamic shared memory per block (bytes)
   bool ptx = false;
 };
 
 std::string make_image(const Header& h, const std::string& binary) {
   return std::string(kMagic) + " " + std::to_string(h.buffers) + " " + std::to_string(h.iparams) + " " +
-         std::to_string(h.fparams) + " " + std::to_string(h.lanes) + " " + std::to_string(h.shared) + " " + (h.ptx ? "ptx" : "cubin") +
-         "\n" + binary;
+         std::to_string(h.fparams) + " " + std::to_string(h.lanes) + " " + std::to_string(h.shared) + " " +
+         (h.ptx ? "ptx" : "cubin") + "\n" + binary;
 }
 
 // Splits an image into its header and binary (throws kiln::Error for anything else).
@@ -55,8 +54,8 @@ std::string parse_image(const std::string& image, Header& h) {
   KILN_CHECK(nl != std::string::npos && image.compare(0, sizeof(kMagic) - 1, kMagic) == 0,
              "cuda: not a kiln CUDA image");
   char kind[8] = {0};
-  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams, &h.lanes,
-                  &h.shared, kind) != 6 ||
+  if (std::sscanf(image.c_str() + sizeof(kMagic) - 1, " %d %d %d %d %d %7s", &h.buffers, &h.iparams, &h.fparams,
+                  &h.lanes, &h.shared, kind) != 6 ||
       (h.lanes != 1 && h.lanes != 32 && h.lanes != kCudaWideBlock) || h.shared < 0 || h.shared > (227 << 10))
     throw Error("cuda: bad kiln CUDA image header");
   h.ptx = std::strcmp(kind, "ptx") == 0;
@@ -69,18 +68,18 @@ Target cuda_target(int cc) {
   Target t;
   t.name = "cuda-sm" + std::to_string(cc);
   t.parallel = Target::Parallel::DeviceGrid;
-  t.tile = 1;          // one element of a long last dim per thread
-  t.column_tile = 1;   // one column per thread (neighbouring threads read neighbouring columns)
+  t.tile = 1;  // one element of a long last dim per thread
+  t.column_tile = 1;  // one column per thread (neighbouring threads read neighbouring columns)
   t.small_inner = 8;
   t.vector_bytes = 16;
-  t.split_reductions = true;   // per-chunk partials, combined on the host (as on the CPU)
-  t.split_chunks = 16384;      // a warp per chunk: enough loads in flight to fill the GPU
+  t.split_reductions = true;  // per-chunk partials, combined on the host (as on the CPU)
+  t.split_chunks = 16384;  // a warp per chunk: enough loads in flight to fill the GPU
   t.split_chunk_work = 1024;
-  t.row_cache = 1024;          // rows of up to 1024 elements: values several stages use kept in shared memory
-  t.column_split_rows = 256;   // dw/db of a layer: chunks of rows x neighbouring columns, combined per column
-  t.merge_row_stages = true;   // W3 backward: one row kernel (+ one column kernel), not nine
-  t.half_kernels = true;       // float16/bfloat16: loaded to float32, rounded back after each op, as the CPU
-  t.split_flat = true;         // [N, 3] rows: the warp's lanes over consecutive elements
+  t.row_cache = 1024;  // rows of up to 1024 elements: values several stages use kept in shared memory
+  t.column_split_rows = 256;  // dw/db of a layer: chunks of rows x neighbouring columns, combined per column
+  t.merge_row_stages = true;  // W3 backward: one row kernel (+ one column kernel), not nine
+  t.half_kernels = true;  // float16/bfloat16: loaded to float32, rounded back after each op, as the CPU
+  t.split_flat = true;  // [N, 3] rows: the warp's lanes over consecutive elements
   // Reductions over leading dims as ordinary reductions (a warp per kept element, lanes over
   // the reduced rows): the CPU's column mode accumulates in scratch memory serially per column.
   t.column_reductions = false;
@@ -103,7 +102,8 @@ class CudaBackend final : public Backend {
     int sms = 0;
     CUdevice d = 0;
     cu::check(cu::api().device_get(&d, 0), "cuDeviceGet");
-    cu::check(cu::api().device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d), "cuDeviceGetAttribute");
+    cu::check(cu::api().device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d),
+              "cuDeviceGetAttribute");
     max_blocks_ = std::max(1, sms) * 32;
     target_ = cuda_target(cc_);
   }
@@ -153,12 +153,14 @@ class CudaBackend final : public Backend {
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
     const long long threads = std::max(kCudaBlock, c.lanes);
     const long long blocks = std::min<long long>((l.extent * c.lanes + threads - 1) / threads, max_blocks_);
-    cu::launch_kernel(0, c.fn, static_cast<unsigned>(blocks), static_cast<unsigned>(threads), static_cast<unsigned>(c.shared),
-                      0, l.extent, args, static_cast<int>(nb + ni + nf), c.symbol);
+    cu::launch_kernel(0, c.fn, static_cast<unsigned>(blocks), static_cast<unsigned>(threads),
+                      static_cast<unsigned>(c.shared), 0, l.extent, args, static_cast<int>(nb + ni + nf), c.symbol);
     cu::note_launch(0, c.symbol);
   }
 
-  void dump(const Kernel& k, const std::string& symbol) const override { dump_file(symbol + ".cu", emit_cuda(k, symbol)); }
+  void dump(const Kernel& k, const std::string& symbol) const override {
+    dump_file(symbol + ".cu", emit_cuda(k, symbol));
+  }
 
  private:
   std::shared_ptr<Code> load_binary(const std::string& binary, const std::string& symbol, const Header& h) const {
@@ -173,7 +175,8 @@ class CudaBackend final : public Backend {
     code->lanes = h.lanes;
     std::string data = binary;
     if (h.ptx && (data.empty() || data.back() != '\0')) data.push_back('\0');
-    cu::check(a.module_load_data(&code->module, data.data()), h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");
+    cu::check(a.module_load_data(&code->module, data.data()),
+              h.ptx ? "cuModuleLoadData (PTX)" : "cuModuleLoadData (CUBIN)");
     cu::check(a.module_get_function(&code->fn, code->module, symbol.c_str()), "cuModuleGetFunction");
     code->shared = h.shared;
     if (h.shared > (48 << 10))  // beyond the default limit: opted in per function

@@ -39,7 +39,8 @@ static __device__ __forceinline__ i32 kiln_f2i32(double x) {
 // float16/bfloat16 in memory and float32 in registers, rounded to 16 bits after each op
 // (kiln_rh / kiln_rbf), as the CPU reference kernels compute them: round to nearest even,
 // through the hardware's conversion for float16 and bit arithmetic for bfloat16.
-const char* kHalfPreamble = R"(static __device__ __forceinline__ float kiln_h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+const char* kHalfPreamble =
+    R"(static __device__ __forceinline__ float kiln_h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 static __device__ __forceinline__ u16 kiln_f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 static __device__ __forceinline__ float kiln_rh(float f) { return kiln_h2f(kiln_f2h(f)); }
 static __device__ __forceinline__ float kiln_bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
@@ -59,7 +60,9 @@ const char* ctype(DType t) {
     case DType::Bool: return "bool";
     case DType::Int32: return "i32";
     case DType::Int64: return "i64";
-    case DType::Float16: case DType::BFloat16: case DType::Float32: return "float";
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Float32: return "float";
     case DType::Float64: return "double";
     default: throw Error(std::string("cuda codegen: unsupported dtype ") + dtype_name(t));
   }
@@ -76,9 +79,9 @@ const char* utype(DType t) { return t == DType::Int32 ? "u32" : "u64"; }
 std::string fconst(DType t, double v) {
   std::ostringstream os;
   if (t != DType::Float64) {
-    float f = t == DType::Float16 ? static_cast<float>(Half(static_cast<float>(v)))
-            : t == DType::BFloat16 ? static_cast<float>(BFloat16(static_cast<float>(v)))
-                                   : static_cast<float>(v);
+    float f = t == DType::Float16    ? static_cast<float>(Half(static_cast<float>(v)))
+              : t == DType::BFloat16 ? static_cast<float>(BFloat16(static_cast<float>(v)))
+                                     : static_cast<float>(v);
     uint32_t bits;
     std::memcpy(&bits, &f, 4);
     os << "__int_as_float(" << static_cast<int32_t>(bits) << ")";
@@ -100,12 +103,27 @@ std::string fn(const char* name, DType t) { return std::string(name) + (t == DTy
 
 bool float_only(OpKind op) {
   switch (op) {
-    case OpKind::Exp: case OpKind::Exp2: case OpKind::Expm1: case OpKind::Log: case OpKind::Log2:
-    case OpKind::Log1p: case OpKind::Sqrt: case OpKind::Rsqrt: case OpKind::Reciprocal: case OpKind::Sin:
-    case OpKind::Cos: case OpKind::Tan: case OpKind::Atan: case OpKind::Tanh: case OpKind::Erf:
-    case OpKind::Sigmoid: case OpKind::Div: case OpKind::Pow: case OpKind::Atan2: case OpKind::Remainder:
-    case OpKind::Fmod:
-      return true;
+    case OpKind::Exp:
+    case OpKind::Exp2:
+    case OpKind::Expm1:
+    case OpKind::Log:
+    case OpKind::Log2:
+    case OpKind::Log1p:
+    case OpKind::Sqrt:
+    case OpKind::Rsqrt:
+    case OpKind::Reciprocal:
+    case OpKind::Sin:
+    case OpKind::Cos:
+    case OpKind::Tan:
+    case OpKind::Atan:
+    case OpKind::Tanh:
+    case OpKind::Erf:
+    case OpKind::Sigmoid:
+    case OpKind::Div:
+    case OpKind::Pow:
+    case OpKind::Atan2:
+    case OpKind::Remainder:
+    case OpKind::Fmod: return true;
     default: return false;
   }
 }
@@ -116,7 +134,7 @@ struct Emitter {
   int indent = 1;
   int temps = 0;
   bool warp = false;  // a group of lanes per parallel index (see warp_stmts)
-  int lanes = 1;      // threads per parallel index: 1, a warp (32) or a block (kCudaWideBlock)
+  int lanes = 1;  // threads per parallel index: 1, a warp (32) or a block (kCudaWideBlock)
   std::vector<std::unordered_map<ExprId, std::string>> scopes;
 
   // Row cache (k.row_cache > 0, a warp per row; jit/loop/row_cache.h): a region of shared
@@ -335,7 +353,9 @@ struct Emitter {
     return v;
   }
 
-  static bool nan_flag(const AccSpec& a) { return is_floating(a.dtype) && (a.op == OpKind::Amax || a.op == OpKind::Amin); }
+  static bool nan_flag(const AccSpec& a) {
+    return is_floating(a.dtype) && (a.op == OpKind::Amax || a.op == OpKind::Amin);
+  }
 
   std::string acc_value(int acc) {
     std::string v = "acc" + std::to_string(acc);
@@ -348,7 +368,8 @@ struct Emitter {
     switch (a.op) {
       case OpKind::Sum: return fl ? fconst(a.dtype, 0) : iconst(0);
       case OpKind::Prod: return fl ? fconst(a.dtype, 1) : iconst(1);
-      case OpKind::Amax: case OpKind::ArgMax: return fl ? fconst(a.dtype, -INFINITY) : iconst(INT64_MIN);
+      case OpKind::Amax:
+      case OpKind::ArgMax: return fl ? fconst(a.dtype, -INFINITY) : iconst(INT64_MIN);
       default: return fl ? fconst(a.dtype, INFINITY) : iconst(INT64_MAX);
     }
   }
@@ -367,7 +388,8 @@ struct Emitter {
       case OpKind::Prod:
         line(A + " = " + (fl ? A + " * " + x : "(" + T + ")((u64)" + A + " * (u64)" + x + ")") + ";");
         break;
-      case OpKind::Amax: case OpKind::Amin: {
+      case OpKind::Amax:
+      case OpKind::Amin: {
         bool mx = a.op == OpKind::Amax;
         if (fl) {
           // fmax/fmin skip NaNs; a NaN seen is kept in a flag that acc_value() turns into NaN.
@@ -378,7 +400,8 @@ struct Emitter {
         }
         break;
       }
-      case OpKind::ArgMax: case OpKind::ArgMin: {
+      case OpKind::ArgMax:
+      case OpKind::ArgMin: {
         bool mx = a.op == OpKind::ArgMax;
         std::string idx = expr(s.index);
         std::string I = "acci" + std::to_string(s.acc);
@@ -437,8 +460,10 @@ struct Emitter {
           const AccSpec& a = k.accs[s.acc];
           std::string idx = expr(s.index);
           std::string addr = "&" + elem(s.buffer, idx);
-          if (s.value) line("*(i64*)(" + addr + ") = acci" + std::to_string(s.acc) + ";");
-          else line("*(" + std::string(ctype(a.dtype)) + "*)(" + addr + ") = " + acc_value(s.acc) + ";");
+          if (s.value)
+            line("*(i64*)(" + addr + ") = acci" + std::to_string(s.acc) + ";");
+          else
+            line("*(" + std::string(ctype(a.dtype)) + "*)(" + addr + ") = " + acc_value(s.acc) + ";");
           break;
         }
       }
@@ -514,7 +539,9 @@ struct Emitter {
     return reducing_loop;
   }
 
-  std::string shfl(const std::string& v, const std::string& o) { return "__shfl_xor_sync(0xffffffffu, " + v + ", " + o + ")"; }
+  std::string shfl(const std::string& v, const std::string& o) {
+    return "__shfl_xor_sync(0xffffffffu, " + v + ", " + o + ")";
+  }
 
   // Replaces accumulator `a` (value A, index I) by the other state (ov, oi) when that one comes
   // first in the reduction's order: larger (smaller) value, a NaN before numbers, then the
@@ -525,11 +552,12 @@ struct Emitter {
     const std::string A = "acc" + std::to_string(a), I = "acci" + std::to_string(a);
     std::string better = "(" + ov + (mx ? " > " : " < ") + A + ")", same = "(" + ov + " == " + A + ")";
     if (fl) {
-      better = "((" + isnan_(ov) + " && !" + isnan_(A) + ") || (!" + isnan_(ov) + " && !" + isnan_(A) + " && " + better + "))";
+      better = "((" + isnan_(ov) + " && !" + isnan_(A) + ") || (!" + isnan_(ov) + " && !" + isnan_(A) + " && " +
+               better + "))";
       same = "(" + same + " || (" + isnan_(ov) + " && " + isnan_(A) + "))";
     }
-    line("if (" + oi + " >= 0 && (" + I + " < 0 || " + better + " || (" + same + " && " + oi + " < " + I + "))) { " + A +
-         " = " + ov + "; " + I + " = " + oi + "; }");
+    line("if (" + oi + " >= 0 && (" + I + " < 0 || " + better + " || (" + same + " && " + oi + " < " + I + "))) { " +
+         A + " = " + ov + "; " + I + " = " + oi + "; }");
   }
 
   // acc a = combine(acc a, other), for sums, products and max/min (not arg reductions).
@@ -538,8 +566,12 @@ struct Emitter {
     const bool fl = is_floating(s.dtype);
     const std::string A = "acc" + std::to_string(a), T = ctype(s.dtype);
     switch (s.op) {
-      case OpKind::Sum: line(A + " = " + (fl ? A + " + " + ov : "(" + T + ")((u64)" + A + " + (u64)" + ov + ")") + ";"); break;
-      case OpKind::Prod: line(A + " = " + (fl ? A + " * " + ov : "(" + T + ")((u64)" + A + " * (u64)" + ov + ")") + ";"); break;
+      case OpKind::Sum:
+        line(A + " = " + (fl ? A + " + " + ov : "(" + T + ")((u64)" + A + " + (u64)" + ov + ")") + ";");
+        break;
+      case OpKind::Prod:
+        line(A + " = " + (fl ? A + " * " + ov : "(" + T + ")((u64)" + A + " * (u64)" + ov + ")") + ";");
+        break;
       default: {
         const bool mx = s.op == OpKind::Amax;
         if (fl) {
@@ -581,14 +613,16 @@ struct Emitter {
     ++indent;
     line("__shared__ " + T + " bs[" + W + "]; __shared__ i64 bsi[" + W + "]; __shared__ bool bsn[" + W + "];");
     line("__syncthreads();  // earlier readers of bs are done");
-    line("if (lane % 32 == 0) { bs[lane / 32] = acc" + A + "; bsi[lane / 32] = acci" + A + "; bsn[lane / 32] = " +
-         (flag ? "accnan" + A : std::string("false")) + "; }");
+    line("if (lane % 32 == 0) { bs[lane / 32] = acc" + A + "; bsi[lane / 32] = acci" + A +
+         "; bsn[lane / 32] = " + (flag ? "accnan" + A : std::string("false")) + "; }");
     line("__syncthreads();");
     line("acc" + A + " = bs[0]; acci" + A + " = bsi[0];" + (flag ? " accnan" + A + " = bsn[0];" : ""));
     line("for (int w = 1; w < " + W + "; ++w) {");
     ++indent;
-    if (arg) arg_take(a, "bs[w]", "bsi[w]");
-    else combine_with(a, "bs[w]", flag ? "bsn[w]" : "false");
+    if (arg)
+      arg_take(a, "bs[w]", "bsi[w]");
+    else
+      combine_with(a, "bs[w]", flag ? "bsn[w]" : "false");
     --indent;
     line("}");
     --indent;
@@ -617,9 +651,10 @@ struct Emitter {
       for (int a : up) {  // the state before the loop, combined back after it
         const AccSpec& as = k.accs[a];
         const std::string n = "sv" + std::to_string(temps++), A = std::to_string(a);
-        line("const " + std::string(ctype(as.dtype)) + " " + n + " = acc" + A + "; const i64 " + n + "i = acci" + A + ";" +
-             (nan_flag(as) ? " const bool " + n + "n = accnan" + A + ";" : ""));
-        line("acc" + A + " = " + identity(as) + "; acci" + A + " = -1;" + (nan_flag(as) ? " accnan" + A + " = false;" : ""));
+        line("const " + std::string(ctype(as.dtype)) + " " + n + " = acc" + A + "; const i64 " + n + "i = acci" + A +
+             ";" + (nan_flag(as) ? " const bool " + n + "n = accnan" + A + ";" : ""));
+        line("acc" + A + " = " + identity(as) + "; acci" + A + " = -1;" +
+             (nan_flag(as) ? " accnan" + A + " = false;" : ""));
         saved.push_back(n);
       }
       std::string lo = expr(s.lo), hi = expr(s.hi);
@@ -629,8 +664,9 @@ struct Emitter {
       if (!has_loop(s.body)) line(rc.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
       const auto lc = rc.loops.find(&s);
       if (lc != rc.loops.end()) cur_cache = &lc->second;  // the loop's element in the row cache: rcx
-      block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
-            s.body, cur_cache ? "const int rcx = (int)(" + v + " - " + lo + ");" : "");
+      block(
+          "for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
+          s.body, cur_cache ? "const int rcx = (int)(" + v + " - " + lo + ");" : "");
       cur_cache = nullptr;
       size_t si = 0;
       for (int a : up) {
@@ -638,16 +674,20 @@ struct Emitter {
         if (lanes > 32) block_reduce(a);
         const AccSpec& as = k.accs[a];
         const std::string& n = saved[si++];
-        if (as.op == OpKind::ArgMax || as.op == OpKind::ArgMin) arg_take(a, n, n + "i");
-        else combine_with(a, n, nan_flag(as) ? n + "n" : "false");
+        if (as.op == OpKind::ArgMax || as.op == OpKind::ArgMin)
+          arg_take(a, n, n + "i");
+        else
+          combine_with(a, n, nan_flag(as) ? n + "n" : "false");
       }
     }
   }
 
   std::string emit(const std::string& symbol) {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
-    const size_t arg_bytes = 8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
-    KILN_CHECK(arg_bytes + 16 <= 4096, "cuda: kernel ", symbol, " needs ", arg_bytes, " bytes of arguments (at most 4080)");
+    const size_t arg_bytes =
+        8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
+    KILN_CHECK(arg_bytes + 16 <= 4096, "cuda: kernel ", symbol, " needs ", arg_bytes,
+               " bytes of arguments (at most 4080)");
     bool halves = false;
     for (const BufferSpec& b : k.buffers) halves = halves || half16(b.dtype);
     for (const Expr& e : k.exprs) halves = halves || half16(e.dtype);
@@ -655,14 +695,17 @@ struct Emitter {
     // Arguments by value (copied by the launch, so launches queue without a host wait).
     out << "struct Args_" << symbol << " { char* buffers[" << std::max<size_t>(k.buffers.size(), 1) << "]; i64 iparams["
         << std::max(k.num_params, 1) << "]; double fparams[" << std::max(k.num_fparams, 1) << "]; };\n";
-    out << "extern \"C\" __global__ void __launch_bounds__(" << std::max(kCudaBlock, lanes) << ") " << symbol << "(i64 begin, i64 end, const Args_" << symbol
-        << " args) {\n";
-    line("char* const* buffers = args.buffers; const i64* iparams = args.iparams; const double* fparams = args.fparams;");
+    out << "extern \"C\" __global__ void __launch_bounds__(" << std::max(kCudaBlock, lanes) << ") " << symbol
+        << "(i64 begin, i64 end, const Args_" << symbol << " args) {\n";
+    line(
+        "char* const* buffers = args.buffers; const i64* iparams = args.iparams; const double* fparams = "
+        "args.fparams;");
     for (size_t i = 0; i < k.buffers.size(); ++i) {
       std::string T = mtype(k.buffers[i].dtype);
       line(T + "* __restrict__ b" + std::to_string(i) + " = (" + T + "*)buffers[" + std::to_string(i) + "];");
     }
-    for (int i = 0; i < k.num_params; ++i) line("const i64 ip" + std::to_string(i) + " = iparams[" + std::to_string(i) + "];");
+    for (int i = 0; i < k.num_params; ++i)
+      line("const i64 ip" + std::to_string(i) + " = iparams[" + std::to_string(i) + "];");
     for (int i = 0; i < k.num_fparams; ++i)
       line("const double fp" + std::to_string(i) + " = fparams[" + std::to_string(i) + "];");
     for (size_t a = 0; a < k.accs.size(); ++a) {
@@ -698,8 +741,10 @@ struct Emitter {
     }
     ++indent;
     scopes.emplace_back();
-    if (warp) warp_stmts(k.body);
-    else stmts(k.body);
+    if (warp)
+      warp_stmts(k.body);
+    else
+      stmts(k.body);
     scopes.pop_back();
     --indent;
     line("}");
@@ -717,7 +762,8 @@ std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, in
   // Rows kept in shared memory: 48 KiB a block, split between its warps (four blocks an SM
   // on sm_90; 96 KiB left two, too few warps for the row kernels).
   constexpr int64_t kRowCacheBytes = 48 * 1024;
-  if (e.lanes == 32 && k.row_cache > 0) e.rc = plan_row_cache(k, kRowCacheBytes / (kCudaBlock / 32), /*cache_loads=*/true);
+  if (e.lanes == 32 && k.row_cache > 0)
+    e.rc = plan_row_cache(k, kRowCacheBytes / (kCudaBlock / 32), /*cache_loads=*/true);
   if (lanes) *lanes = e.lanes;
   if (shared_bytes) *shared_bytes = static_cast<int>(e.rc.region * (kCudaBlock / 32));
   return e.emit(symbol);
@@ -727,9 +773,13 @@ bool cuda_supports(OpKind, DType dtype) {
   // Float-only ops on integers never reach a kernel (type promotion makes them float first);
   // emit_cuda still rejects them. 16-bit floats compute in float32, rounded after each op.
   switch (dtype) {
-    case DType::Bool: case DType::Int32: case DType::Int64: case DType::Float16: case DType::BFloat16: case DType::Float32:
-    case DType::Float64:
-      return true;
+    case DType::Bool:
+    case DType::Int32:
+    case DType::Int64:
+    case DType::Float16:
+    case DType::BFloat16:
+    case DType::Float32:
+    case DType::Float64: return true;
   }
   return false;
 }

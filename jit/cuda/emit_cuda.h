@@ -16,9 +16,9 @@ constexpr int kCudaWideBlock = 1024;
 
 // CUDA C++ source for `k` under the name `symbol` (throws kiln::Error for a dtype or op the
 // emitter cannot express: float16/bfloat16 values, float-only ops on integers). *lanes: the
-// threads per parallel index to launch (blocks of max(kCudaBlock, lanes) threads): reduction kernels run a warp per index (32), or a whole
-// block (kCudaWideBlock) when the kernel has few long indices; others a thread (1). *shared_bytes:
-// the dynamic shared memory per block to launch with (the row cache of short-row reductions).
+// threads per parallel index to launch (blocks of max(kCudaBlock, lanes) threads): reduction kernels run a warp per
+// index (32), or a whole block (kCudaWideBlock) when the kernel has few long indices; others a thread (1).
+// *shared_bytes: the dynamic shared memory per block to launch with (the row cache of short-row reductions).
 std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes = nullptr, int* shared_bytes = nullptr);
 
 // Whether emit_cuda can express `op` on `dtype` values (the CUDA target's lowering filter).

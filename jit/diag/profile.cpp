@@ -66,8 +66,9 @@ std::string profile_report() {
   std::snprintf(line, sizeof line, "%10s %8s %12s %11s  %s\n", "total ms", "share", "calls", "mean us", "step");
   out += line;
   for (const auto& [label, e] : rows) {
-    std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12llu %11.2f  %s\n", e.us / 1e3, total > 0 ? 100 * e.us / total : 0.0,
-                  static_cast<unsigned long long>(e.calls), e.us / static_cast<double>(e.calls), label.c_str());
+    std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12llu %11.2f  %s\n", e.us / 1e3,
+                  total > 0 ? 100 * e.us / total : 0.0, static_cast<unsigned long long>(e.calls),
+                  e.us / static_cast<double>(e.calls), label.c_str());
     out += line;
   }
   std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12s %11s  %s\n", total / 1e3, 100.0, "", "", "all steps");

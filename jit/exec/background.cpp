@@ -35,9 +35,9 @@ struct Background {
   std::condition_variable cv;
   std::deque<Job> queue;  // not yet started
   bool draining = false;  // a drain task is enqueued or running
-  int running = 0;        // a job is compiling (0 or 1)
+  int running = 0;  // a job is compiling (0 or 1)
   bool held = false;
-  bool exiting = false;   // shut down: nothing is queued or started any more
+  bool exiting = false;  // shut down: nothing is queued or started any more
 };
 std::atomic<Background*> g_bg{nullptr};
 Background& bg() {

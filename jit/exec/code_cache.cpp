@@ -41,7 +41,8 @@ std::shared_ptr<Code> load_stored(Backend& b, const CompiledKernel& ck) {
   const double ms = ms_since(t0);
   if (log_enabled("codegen"))
     log_line("codegen", std::string(b.name()) + " loaded " + ck.symbol + " from disk in " + std::to_string(ms) +
-                            " ms (reading " + std::to_string(read_ms) + " ms, " + std::to_string(image.size()) + " bytes)");
+                            " ms (reading " + std::to_string(read_ms) + " ms, " + std::to_string(image.size()) +
+                            " bytes)");
   count([&](CacheStats& s) {
     s.disk_hits++;
     s.load_ms += ms;
@@ -84,7 +85,8 @@ std::shared_ptr<Code> compile_quick(Backend& b, const CompiledKernel& ck) {
     return code;
   } catch (const std::exception& e) {
     if (log_enabled("codegen"))
-      log_line("codegen", std::string(b.name()) + " cannot compile " + ck.symbol + " (" + e.what() + "); using the optimizing tier");
+      log_line("codegen", std::string(b.name()) + " cannot compile " + ck.symbol + " (" + e.what() +
+                              "); using the optimizing tier");
     count([](CacheStats& s) { s.quick_fallbacks++; });
     return nullptr;
   }

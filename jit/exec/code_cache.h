@@ -19,26 +19,26 @@ namespace kiln::jit {
 struct CompiledKernel {
   std::shared_ptr<Lowered> lowered;
   std::atomic<const Code*> code{nullptr};  // the code to launch now (a background compile may swap it)
-  std::shared_ptr<Code> quick;             // quick-tier code, if any (stays loaded)
-  std::shared_ptr<Code> optimized;         // optimizing-tier code, once there (stays loaded)
-  std::string symbol;                      // the kernel's name (unique per full key)
-  std::string full_key;                    // the disk key
+  std::shared_ptr<Code> quick;  // quick-tier code, if any (stays loaded)
+  std::shared_ptr<Code> optimized;  // optimizing-tier code, once there (stays loaded)
+  std::string symbol;  // the kernel's name (unique per full key)
+  std::string full_key;  // the disk key
 };
 
 // Counters of the code cache.
 struct CacheStats {
-  uint64_t hits = 0;              // in-process hits
-  uint64_t disk_hits = 0;         // loaded from disk without compiling
-  uint64_t compiles = 0;          // optimizing-tier (LLVM) compilations
-  uint64_t disk_rebuilds = 0;     // corrupted or mismatched disk entries replaced
-  double compile_ms = 0;          // total optimizing-tier compile time
-  double load_ms = 0;             // total time loading disk entries
-  uint64_t quick_compiles = 0;    // kernels compiled by the quick (asmjit) tier
-  double quick_compile_us = 0;    // total quick-tier compile time (code generation and loading)
-  uint64_t quick_fallbacks = 0;   // kernels the quick tier could not compile (the optimizing tier took them)
+  uint64_t hits = 0;  // in-process hits
+  uint64_t disk_hits = 0;  // loaded from disk without compiling
+  uint64_t compiles = 0;  // optimizing-tier (LLVM) compilations
+  uint64_t disk_rebuilds = 0;  // corrupted or mismatched disk entries replaced
+  double compile_ms = 0;  // total optimizing-tier compile time
+  double load_ms = 0;  // total time loading disk entries
+  uint64_t quick_compiles = 0;  // kernels compiled by the quick (asmjit) tier
+  double quick_compile_us = 0;  // total quick-tier compile time (code generation and loading)
+  uint64_t quick_fallbacks = 0;  // kernels the quick tier could not compile (the optimizing tier took them)
   uint64_t background_swaps = 0;  // quick code replaced by optimizing code compiled in the background
-  uint64_t quick_runs = 0;        // kernel launches that ran quick-tier code
-  uint64_t optimized_runs = 0;    // kernel launches that ran optimizing-tier code
+  uint64_t quick_runs = 0;  // kernel launches that ran quick-tier code
+  uint64_t optimized_runs = 0;  // kernel launches that ran optimizing-tier code
 };
 CacheStats cache_stats();
 void reset_cache_stats();

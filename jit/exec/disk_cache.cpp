@@ -39,8 +39,10 @@ std::string hex(uint64_t v) {
 void warn_unwritable(const std::string& what) {
   static std::atomic<bool> said{false};
   if (!said.exchange(true))
-    std::fprintf(stderr, "[kiln] warning: kernel disk cache %s; compiled kernels are not kept across runs (set "
-                 "KILN_CACHE_DIR to a writable directory, or to off)\n", what.c_str());
+    std::fprintf(stderr,
+                 "[kiln] warning: kernel disk cache %s; compiled kernels are not kept across runs (set "
+                 "KILN_CACHE_DIR to a writable directory, or to off)\n",
+                 what.c_str());
   else if (log_enabled("codegen"))
     log_line("codegen", "kernel disk cache " + what);
 }
@@ -135,8 +137,10 @@ void write_entry(const std::string& path, const std::string& full_key, const std
   for (size_t done = 0; done < out.size() && error.empty();) {
     ssize_t n = ::write(fd, out.data() + done, out.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) error = n < 0 ? std::strerror(errno) : "no progress";
-    else done += static_cast<size_t>(n);
+    if (n <= 0)
+      error = n < 0 ? std::strerror(errno) : "no progress";
+    else
+      done += static_cast<size_t>(n);
   }
   if (::close(fd) != 0 && error.empty()) error = std::strerror(errno);
   std::error_code ec;
@@ -157,8 +161,10 @@ std::string cache_dir() {
     const char* v = std::getenv("KILN_CACHE_DIR");
     std::string d;
     if (v && std::string(v) == "off") return d;
-    if (v && *v) d = v;
-    else if (const char* home = std::getenv("HOME")) d = std::string(home) + "/.cache/kiln";
+    if (v && *v)
+      d = v;
+    else if (const char* home = std::getenv("HOME"))
+      d = std::string(home) + "/.cache/kiln";
     if (!d.empty()) {
       std::error_code ec;
       std::filesystem::create_directories(d, ec);
@@ -189,7 +195,9 @@ uint64_t disk_rejections() { return g_rejections.load(std::memory_order_relaxed)
 
 std::string hash_hex(const std::string& s) { return hex(fnv1a(s)); }
 
-std::string DiskBlobStore::entry(const std::string& key) const { return "blob-" + hash_hex(scope_ + "|" + key) + ".bin"; }
+std::string DiskBlobStore::entry(const std::string& key) const {
+  return "blob-" + hash_hex(scope_ + "|" + key) + ".bin";
+}
 bool DiskBlobStore::read(const std::string& key, std::string& value) {
   return disk_read(entry(key), scope_ + "|" + key, value);
 }

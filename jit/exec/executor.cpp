@@ -73,8 +73,9 @@ class JitExecutor final : public Executor {
     } busy(sc);
     std::shared_ptr<const Plan> plan;
     {
-      ProfileScope lookup(profile_enabled() && !seg.nodes.empty() && seg.nodes[0]->device.type == DeviceType::CPU,
-                          [] { return std::string("(executor: segment signature, plan lookup or planning, rewrites)"); });
+      ProfileScope lookup(profile_enabled() && !seg.nodes.empty() && seg.nodes[0]->device.type == DeviceType::CPU, [] {
+        return std::string("(executor: segment signature, plan lookup or planning, rewrites)");
+      });
       plan = plan_for(seg, sc);
     }
     execute(*plan, seg, sc);

@@ -45,7 +45,8 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
   bd.partials.clear();
   bd.device_partials.clear();
   for (Node* in : ins)
-    bd.buffers.push_back(static_cast<char*>(in->storage->data) + in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
+    bd.buffers.push_back(static_cast<char*>(in->storage->data) +
+                         in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
   for (Node* o : g.outputs) {
     int64_t n = numel(o->shape).as_int();
     auto s = Storage::allocate(static_cast<size_t>(n) * itemsize(o->dtype), o->device);
@@ -169,8 +170,8 @@ Launch launch_of(const Binding& bd, int64_t extent, int64_t work = 0) {
 }
 
 // Runs a kernel step; `ins` are the group's canonical inputs, `work` its domain's size.
-void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins,
-                Binding& bd, int64_t work) {
+void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins, Binding& bd,
+                int64_t work) {
   if (!ck) {
     interpret_group(g);
     return;
@@ -214,7 +215,8 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   Group& g = load_group(ks, ext, sc);
   const int64_t rows = m->shape[0].as_int();
   for (auto& in : m->inputs) materialize_view(in.get());
-  m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device), false);
+  m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device),
+                 false);
   const Lowered& L = *ks.ck->lowered;
   Binding& bd = sc.binding;
   bind_kernel(bd, g, L, sc.ins);
@@ -229,10 +231,9 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   }
   const Code& code = launch_code(*ks.ck);
   const Launch l = launch_of(bd, extent);
-  bool done = kernels::matmul_row_blocks(kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]),
-                                         kernels::operand_of(*m->inputs[1]), [&](int64_t r0, int64_t r1) {
-                                           code.backend->run_range(code, r0 * per_row, r1 * per_row, l);
-                                         });
+  bool done = kernels::matmul_row_blocks(
+      kernels::operand_of(*m), kernels::operand_of(*m->inputs[0]), kernels::operand_of(*m->inputs[1]),
+      [&](int64_t r0, int64_t r1) { code.backend->run_range(code, r0 * per_row, r1 * per_row, l); });
   if (!done) return false;
   for (size_t i = 0; i < g.outputs.size(); ++i) g.outputs[i]->set_storage(std::move(bd.out_storage[i]), false);
   g_epilogue_runs.fetch_add(1, std::memory_order_relaxed);
@@ -380,9 +381,7 @@ bool run_step(const Plan& plan, size_t si, const std::vector<Node*>& ext, RunScr
       interpret_node(*n);
       return false;
     }
-    case Step::Kind::View:
-      materialize_view(ext[s.node]);
-      return false;
+    case Step::Kind::View: materialize_view(ext[s.node]); return false;
   }
   return false;
 }
@@ -403,7 +402,8 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
     }
     for (int b : s.batches_after) {
       ProfileScope h(prof, [&] {
-        return "horizontal kernel of " + std::to_string(plan.batches[static_cast<size_t>(b)].members.size()) + " pointwise steps";
+        return "horizontal kernel of " + std::to_string(plan.batches[static_cast<size_t>(b)].members.size()) +
+               " pointwise steps";
       });
       run_horizontal(plan, plan.batches[static_cast<size_t>(b)], ext, sc);
     }

@@ -52,8 +52,8 @@ bool row_cached(const std::vector<Step>& steps, const Target& t) {
   for (const Step& st : steps) {
     const Group& g = st.group;
     if (st.kind != Step::Kind::Kernel || g.reduce_dims.empty()) continue;
-    const bool rows = std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(g.domain.size()) - 1) !=
-                      g.reduce_dims.end();
+    const bool rows = std::find(g.reduce_dims.begin(), g.reduce_dims.end(),
+                                static_cast<int64_t>(g.domain.size()) - 1) != g.reduce_dims.end();
     if (!rows || !row_cache_fits(g, t)) return false;
   }
   return true;
@@ -114,8 +114,8 @@ void choose_target(Planning& p) {
   if (p.tgt && p.device != DeviceType::CPU && p.seg.nodes[0]->device.index != 0) {
     static std::once_flag told;
     std::call_once(told, [&] {
-      log_line("jit", "generated kernels run on " + Device{p.device, 0}.str() + " only; " + p.seg.nodes[0]->device.str() +
-                          " runs its ops one by one through the device runtime");
+      log_line("jit", "generated kernels run on " + Device{p.device, 0}.str() + " only; " +
+                          p.seg.nodes[0]->device.str() + " runs its ops one by one through the device runtime");
     });
     p.tgt = nullptr;
   }
@@ -135,7 +135,8 @@ ScheduleOptions schedule_options(const Target* tgt) {
 
 // The schedule of `p.target`; where the target prefers recomputation, the recomputing schedule
 // when it moves fewer bytes (and, on a host, keeps its reductions' rows in the row cache).
-std::vector<Step> pick_schedule(const Planning& p, const std::vector<const Node*>& stored, const ScheduleOptions& opts) {
+std::vector<Step> pick_schedule(const Planning& p, const std::vector<const Node*>& stored,
+                                const ScheduleOptions& opts) {
   std::vector<Step> steps = schedule(*p.target, stored, opts);
   if (p.tgt && !p.tgt->store_expensive) {
     ScheduleOptions recompute = opts;
@@ -182,7 +183,8 @@ bool compile_steps(Planning& p, ScheduleOptions& opts, std::vector<const Node*>&
       }
       if (attempt < 3)
         for (Node* n : g.nodes)
-          if (classify(*n) == NodeClass::Reduction && std::find(g.outputs.begin(), g.outputs.end(), n) == g.outputs.end()) {
+          if (classify(*n) == NodeClass::Reduction &&
+              std::find(g.outputs.begin(), g.outputs.end(), n) == g.outputs.end()) {
             stored.push_back(n);
             again = true;
           }
@@ -246,8 +248,10 @@ constexpr struct {
 
 void apply_rewrites(const Plan& plan, Segment& seg, RunScratch& sc) {
   Segment& base = patterned(plan, seg, sc);
-  if (plan.rw.identity) sc.ext.assign(base.nodes.begin(), base.nodes.end());
-  else apply_rewrite(plan.rw, base, sc.ext, seg.keep_alive);
+  if (plan.rw.identity)
+    sc.ext.assign(base.nodes.begin(), base.nodes.end());
+  else
+    apply_rewrite(plan.rw, base, sc.ext, seg.keep_alive);
 }
 
 std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes) {

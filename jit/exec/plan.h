@@ -17,22 +17,22 @@ namespace kiln::jit {
 
 struct PlanStep {
   Step::Kind kind;
-  int node = -1;                       // Opaque / View
-  std::vector<int> nodes, outputs;     // Kernel: extended positions (segment, then folded constants)
-  std::vector<int> inputs;             // Kernel: canonical inputs, positions or -(k + 1) = external k
+  int node = -1;  // Opaque / View
+  std::vector<int> nodes, outputs;  // Kernel: extended positions (segment, then folded constants)
+  std::vector<int> inputs;  // Kernel: canonical inputs, positions or -(k + 1) = external k
   std::vector<int64_t> domain, reduce_dims;
-  int64_t work = 1;                    // elements of the domain
+  int64_t work = 1;  // elements of the domain
   bool split = false;
   std::shared_ptr<CompiledKernel> ck;  // null: interpreter fallback
   bool epilogue = false;  // Opaque GEMM: the next (pointwise) step runs on its row blocks;
                           // device split Kernel: the next (0-d) step runs in its combine kernel
-  bool fused = false;     // Kernel: run as the previous step's epilogue
+  bool fused = false;  // Kernel: run as the previous step's epilogue
   bool in_place = false;  // Opaque GEMM with an epilogue: the epilogue's one output is written over
                           // the product (nothing else reads it), element for element
   std::shared_ptr<CompiledKernel> combine;  // device split Kernel: combine + the next step's kernel
-  std::vector<int> batches_after;     // horizontal kernels (Plan::batches) run right after this step
-  bool batched = false;               // Kernel: runs in a horizontal kernel, not in its own slot
-  std::shared_ptr<Lowered> lowered;   // batched: its own lowering (binds its arguments)
+  std::vector<int> batches_after;  // horizontal kernels (Plan::batches) run right after this step
+  bool batched = false;  // Kernel: runs in a horizontal kernel, not in its own slot
+  std::shared_ptr<Lowered> lowered;  // batched: its own lowering (binds its arguments)
   // Opaque GEMM on a device: the next step (+ a row vector, then ReLU if `relu`) runs as the
   // GEMM's epilogue (DeviceRuntime::gemm_bias) producing position `bias_out` from `bias`.
   bool gemm_bias = false, relu = false;
@@ -49,7 +49,7 @@ struct Plan {
   std::vector<int64_t> sig;
   std::vector<Batch> batches;
   Rewrite patterns;  // registered rewrites (lazy eager), re-applied on every run before the passes
-  Rewrite rw;        // graph passes on the segment `patterns` gives, re-applied on every run
+  Rewrite rw;  // graph passes on the segment `patterns` gives, re-applied on every run
   std::vector<Rewrite::Guard> guards;  // the constant values both rely on, in segment positions
   std::vector<PlanStep> steps;
 };
@@ -59,7 +59,7 @@ struct Binding {
   std::vector<char*> buffers;
   BoundArgs args;
   std::vector<std::shared_ptr<Storage>> out_storage;
-  std::vector<std::vector<char>> partials;               // scratch on the host
+  std::vector<std::vector<char>> partials;  // scratch on the host
   std::vector<std::shared_ptr<Storage>> device_partials;  // scratch on a device
   // Scratch buffer `i` (split-reduction partials), wherever it lives.
   char* scratch(size_t i) {

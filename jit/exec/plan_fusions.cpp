@@ -90,11 +90,15 @@ bool bias_epilogue(const Group& g, const Node* m, const Node*& bias, const Node*
   const Node* add = nullptr;
   relu = nullptr;
   for (const Node* n : g.nodes) {
-    if (n->op == OpKind::Add && !add) add = n;
-    else if (n->op == OpKind::Relu && !relu) relu = n;
-    else return false;
+    if (n->op == OpKind::Add && !add)
+      add = n;
+    else if (n->op == OpKind::Relu && !relu)
+      relu = n;
+    else
+      return false;
   }
-  if (!add || add->inputs.size() != 2 || !same_shape(add->shape, m->shape) || add->dtype != DType::Float32) return false;
+  if (!add || add->inputs.size() != 2 || !same_shape(add->shape, m->shape) || add->dtype != DType::Float32)
+    return false;
   if (relu && (relu->inputs[0].get() != add || g.outputs[0] != relu)) return false;
   if (!relu && g.outputs[0] != add) return false;
   const int mi = add->inputs[0].get() == m ? 0 : add->inputs[1].get() == m ? 1 : -1;
@@ -150,11 +154,13 @@ void fuse_gemm_bias(Planning& p) {
 void fuse_split_tails(Planning& p) {
   for (size_t i = 0; p.device != DeviceType::CPU && i + 1 < p.steps.size(); ++i) {
     const std::vector<Step>& steps = p.steps;
-    if (steps[i].kind != Step::Kind::Kernel || steps[i + 1].kind != Step::Kind::Kernel || !p.kernels[i] || !p.kernels[i + 1])
+    if (steps[i].kind != Step::Kind::Kernel || steps[i + 1].kind != Step::Kind::Kernel || !p.kernels[i] ||
+        !p.kernels[i + 1])
       continue;
     const Lowered& L = *p.kernels[i]->lowered;
     const Group& e = steps[i + 1].group;
-    if (!L.split || L.split_columns || L.partial_ops.size() != 1 || !e.domain.empty() || !e.reduce_dims.empty()) continue;
+    if (!L.split || L.split_columns || L.partial_ops.size() != 1 || !e.domain.empty() || !e.reduce_dims.empty())
+      continue;
     const OpKind op = L.partial_ops[0];
     if (is_arg_reduction(op)) continue;
     const Node* red = nullptr;
@@ -221,8 +227,10 @@ Windows horizontal_windows(const Planning& p) {
   }
   auto for_each_read = [&](int i, const auto& f) {
     std::vector<Node*> ins;
-    if (steps[i].kind == Step::Kind::Kernel) ins = canonical_inputs(steps[i].group);
-    else for (const auto& in : steps[i].node->inputs) ins.push_back(in.get());
+    if (steps[i].kind == Step::Kind::Kernel)
+      ins = canonical_inputs(steps[i].group);
+    else
+      for (const auto& in : steps[i].node->inputs) ins.push_back(in.get());
     for (const Node* in : ins)
       for (const Node* v = in;; v = v->inputs[0].get()) {
         auto it = producer.find(v);
@@ -273,7 +281,8 @@ bool add_batch(Planning& p, std::vector<int> members, int t, const Windows& w) {
   b.members = std::move(members);
   p.plan.steps[t].batches_after.push_back(static_cast<int>(p.plan.batches.size()));
   p.plan.batches.push_back(std::move(b));
-  log_fusion("steps " + list + " (independent pointwise kernels) run as one horizontal kernel after step " + std::to_string(t));
+  log_fusion("steps " + list + " (independent pointwise kernels) run as one horizontal kernel after step " +
+             std::to_string(t));
   return true;
 }
 

@@ -16,13 +16,13 @@ struct Planning {
   Segment& seg;
   RunScratch& sc;
   DeviceType device;
-  const Target* tgt = nullptr;       // null: no JIT backend for the device (kernels run on the interpreter)
-  Segment rewritten;                 // the segment after the graph passes, when they rewrote it
-  const Segment* target = nullptr;   // the segment the schedule sees
+  const Target* tgt = nullptr;  // null: no JIT backend for the device (kernels run on the interpreter)
+  Segment rewritten;  // the segment after the graph passes, when they rewrote it
+  const Segment* target = nullptr;  // the segment the schedule sees
   std::unordered_map<const Node*, int> pos;  // node -> extended position, or -(k + 1) for external k
   std::vector<Step> steps;
   std::vector<std::shared_ptr<CompiledKernel>> kernels;  // per step (null: interpreter, or deferred)
-  std::vector<bool> deferred;        // pointwise kernel steps compiled last, alone or in horizontal kernels
+  std::vector<bool> deferred;  // pointwise kernel steps compiled last, alone or in horizontal kernels
 };
 
 // Pointwise kernel steps that may run in a horizontal kernel (compiled last), when the schedule

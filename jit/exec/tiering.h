@@ -6,10 +6,10 @@
 namespace kiln::jit {
 
 struct Tiering {
-  Backend* quick = nullptr;       // serves a miss at once where it supports the kernel
+  Backend* quick = nullptr;  // serves a miss at once where it supports the kernel
   Backend* optimizing = nullptr;  // compiles what the quick tier cannot (and upgrades if set)
-  bool upgrade = false;           // after the quick tier served: optimizing code in the background
-  bool disk_first = true;         // a stored optimizing image beats the quick tier
+  bool upgrade = false;  // after the quick tier served: optimizing code in the background
+  bool disk_first = true;  // a stored optimizing image beats the quick tier
 };
 
 // The policy for `device` under the current KILN_JIT mode (throws kiln::Error when the

@@ -24,23 +24,35 @@ bool cse_candidate(OpKind op) {
   if (op >= OpKind::Neg && op <= OpKind::Cumsum) return true;
   if (is_view_op(op)) return op != OpKind::AsStrided;
   switch (op) {
-    case OpKind::Contiguous: case OpKind::Cat: case OpKind::Gather: case OpKind::Scatter:
-    case OpKind::ScatterAdd: case OpKind::IndexSelect: case OpKind::IndexAdd: case OpKind::Matmul:
-    case OpKind::Im2Col: case OpKind::Attention: case OpKind::AttentionBackward:
-      return true;
-    default:
-      return false;
+    case OpKind::Contiguous:
+    case OpKind::Cat:
+    case OpKind::Gather:
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::IndexSelect:
+    case OpKind::IndexAdd:
+    case OpKind::Matmul:
+    case OpKind::Im2Col:
+    case OpKind::Attention:
+    case OpKind::AttentionBackward: return true;
+    default: return false;
   }
 }
 
 bool foldable(OpKind op) {
   switch (op) {
-    case OpKind::Neg: case OpKind::Abs: case OpKind::Relu: case OpKind::Sqrt: case OpKind::Cast:
-    case OpKind::Add: case OpKind::Sub: case OpKind::Mul: case OpKind::Div: case OpKind::Maximum:
-    case OpKind::Minimum:
-      return true;
-    default:
-      return false;
+    case OpKind::Neg:
+    case OpKind::Abs:
+    case OpKind::Relu:
+    case OpKind::Sqrt:
+    case OpKind::Cast:
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Mul:
+    case OpKind::Div:
+    case OpKind::Maximum:
+    case OpKind::Minimum: return true;
+    default: return false;
   }
 }
 
@@ -75,13 +87,13 @@ T fold_op(OpKind op, T a, T b) {
 
 double fold_value(const Rewrite::Fold& f, const std::vector<Node*>& ext) {
   double a = full_value(*ext[f.args[0]]), b = f.nargs > 1 ? full_value(*ext[f.args[1]]) : 0;
-  if (f.dtype == DType::Float32)
-    return fold_op<float>(f.op, static_cast<float>(a), static_cast<float>(b));
+  if (f.dtype == DType::Float32) return fold_op<float>(f.op, static_cast<float>(a), static_cast<float>(b));
   return fold_op<double>(f.op, a, b);
 }
 
 bool same_layout(const Node& a, const Node& b) {
-  if (!same_shape(a.shape, b.shape) || a.strides.size() != b.strides.size() || !a.offset.same_as(b.offset)) return false;
+  if (!same_shape(a.shape, b.shape) || a.strides.size() != b.strides.size() || !a.offset.same_as(b.offset))
+    return false;
   for (size_t d = 0; d < a.strides.size(); ++d)
     if (!a.strides[d].same_as(b.strides[d])) return false;
   return true;
@@ -96,14 +108,14 @@ struct Analysis {
   const Segment& seg;
   const int n;
   Rewrite rw;
-  std::map<const Node*, int> pos;     // segment node -> position
+  std::map<const Node*, int> pos;  // segment node -> position
   std::map<const Node*, int> extern_id;  // external input -> -(k + 1)
-  std::vector<std::vector<int>> in;   // resolved input references per node
-  std::vector<int> res;               // each node's replacement (itself if kept)
+  std::vector<std::vector<int>> in;  // resolved input references per node
+  std::vector<int> res;  // each node's replacement (itself if kept)
   enum class Fate { Keep, Cse, Fold, Noop };
   std::vector<Fate> fate;
   std::vector<bool> has_view_consumer;
-  std::vector<bool> full_node;        // per extended position: a Full constant
+  std::vector<bool> full_node;  // per extended position: a Full constant
   std::map<std::vector<int64_t>, int> cse_table;
   std::ostringstream log;
 
@@ -196,12 +208,16 @@ struct Analysis {
     auto operand = [&](int k) { return in[i][k]; };
     switch (x.op) {
       case OpKind::Mul:
-        if (full_is(operand(1), 1, guards)) r = operand(0);
-        else if (full_is(operand(0), 1, guards)) r = operand(1);
+        if (full_is(operand(1), 1, guards))
+          r = operand(0);
+        else if (full_is(operand(0), 1, guards))
+          r = operand(1);
         break;
       case OpKind::Add:
-        if (full_is(operand(1), -0.0, guards, true)) r = operand(0);
-        else if (full_is(operand(0), -0.0, guards, true)) r = operand(1);
+        if (full_is(operand(1), -0.0, guards, true))
+          r = operand(0);
+        else if (full_is(operand(0), -0.0, guards, true))
+          r = operand(1);
         break;
       case OpKind::Sub:
         if (full_is(operand(1), 0.0, guards, true)) r = operand(0);
@@ -209,11 +225,11 @@ struct Analysis {
       case OpKind::Div:
         if (full_is(operand(1), 1, guards)) r = operand(0);
         break;
-      case OpKind::Cast: case OpKind::View: case OpKind::Expand: case OpKind::Contiguous:
-        r = operand(0);
-        break;
-      default:
-        return false;
+      case OpKind::Cast:
+      case OpKind::View:
+      case OpKind::Expand:
+      case OpKind::Contiguous: r = operand(0); break;
+      default: return false;
     }
     if (r == kNone || r >= n) return false;
     const Node& y = *ref_node(r);
@@ -238,7 +254,8 @@ struct Analysis {
   bool try_cse(int i) {
     const Node& x = *seg.nodes[i];
     if (!cse_candidate(x.op)) return false;
-    std::vector<int64_t> key{static_cast<int64_t>(x.op), static_cast<int64_t>(x.dtype), static_cast<int64_t>(x.shape.size())};
+    std::vector<int64_t> key{static_cast<int64_t>(x.op), static_cast<int64_t>(x.dtype),
+                             static_cast<int64_t>(x.shape.size())};
     for (const auto& d : x.shape) key.push_back(d.as_int());
     for (const auto& d : x.strides) key.push_back(d.as_int());
     key.push_back(static_cast<int64_t>(x.attrs.ints.size()));
@@ -301,7 +318,8 @@ struct Analysis {
       if (fate[i] == Fate::Noop) ++rw.counts.noop;
     }
     for (int p : rw.order) rw.needed.push_back(needed[p]);
-    rw.identity = rw.order.size() == static_cast<size_t>(n) && rw.edges.empty() && rw.shares.empty() && rw.folds.empty();
+    rw.identity =
+        rw.order.size() == static_cast<size_t>(n) && rw.edges.empty() && rw.shares.empty() && rw.folds.empty();
     if (rw.identity) {
       rw.guards.clear();
       rw.ext_src.clear();

@@ -14,10 +14,11 @@ namespace kiln::jit {
 
 // How many nodes each pass removed.
 struct PassCounts {
-  int64_t cse = 0;     // duplicates of an earlier node
-  int64_t noop = 0;    // identities (x*1, x+0, x-0, x/1, same-shape view/expand, contiguous of contiguous, same-dtype cast)
+  int64_t cse = 0;  // duplicates of an earlier node
+  int64_t noop =
+      0;  // identities (x*1, x+0, x-0, x/1, same-shape view/expand, contiguous of contiguous, same-dtype cast)
   int64_t folded = 0;  // pointwise ops over constants, replaced by one constant
-  int64_t dead = 0;    // nodes nothing used any more
+  int64_t dead = 0;  // nodes nothing used any more
 };
 
 // A recorded rewrite. Positions below the segment size name segment nodes; position
@@ -65,7 +66,7 @@ struct Rewrite {
   std::vector<Edge> edges;
   std::vector<Share> shares;
   std::vector<std::pair<int, int>> ext_src;  // external input -(k + 1): (node, slot) reading it
-  std::vector<int> order;    // positions to schedule, topologically sorted
+  std::vector<int> order;  // positions to schedule, topologically sorted
   std::vector<bool> needed;  // per entry of `order`: keeps its storage after the run
   PassCounts counts;
   // True when the segment runs as it is (nothing to apply).

@@ -39,19 +39,24 @@ bool is_reduction_op(OpKind op) {
 NodeClass classify(const Node& n) {
   // Reducing no dims (a 0-d input) is elementwise: the value itself (or index 0); so is a sum
   // over at most kInlineSum elements (the x, y, z of a vector: lowered as adds, unrolled).
-  if (is_reduction_op(n.op))
-    return n.attrs.ints.empty() || inline_sum(n) ? NodeClass::Pointwise : NodeClass::Reduction;
+  if (is_reduction_op(n.op)) return n.attrs.ints.empty() || inline_sum(n) ? NodeClass::Pointwise : NodeClass::Reduction;
   switch (n.op) {
-    case OpKind::Full: case OpKind::Arange:
-      return NodeClass::Source;
-    case OpKind::View: case OpKind::Permute: case OpKind::Expand: case OpKind::Slice: case OpKind::Select:
-    case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip:
-      return NodeClass::View;
-    case OpKind::Remainder: case OpKind::Fmod: case OpKind::Pow:
+    case OpKind::Full:
+    case OpKind::Arange: return NodeClass::Source;
+    case OpKind::View:
+    case OpKind::Permute:
+    case OpKind::Expand:
+    case OpKind::Slice:
+    case OpKind::Select:
+    case OpKind::Squeeze:
+    case OpKind::Unsqueeze:
+    case OpKind::Flip: return NodeClass::View;
+    case OpKind::Remainder:
+    case OpKind::Fmod:
+    case OpKind::Pow:
       // Integer forms raise kiln::Error on bad values: keep them on the checked reference path.
       return is_floating(n.inputs.empty() ? n.dtype : n.inputs[0]->dtype) ? NodeClass::Pointwise : NodeClass::Opaque;
-    default:
-      break;
+    default: break;
   }
   if (n.op >= OpKind::Neg && n.op <= OpKind::Where) return NodeClass::Pointwise;
   if (n.op == OpKind::Contiguous) return NodeClass::Pointwise;
@@ -86,9 +91,7 @@ struct Scheduler {
   ScheduleOptions opts;
   // The node's class here: 16-bit float values run on the reference kernels unless the target
   // computes them in kernels.
-  NodeClass cls(const Node& n) const {
-    return !opts.half_kernels && touches_half(n) ? NodeClass::Opaque : classify(n);
-  }
+  NodeClass cls(const Node& n) const { return !opts.half_kernels && touches_half(n) ? NodeClass::Opaque : classify(n); }
   std::unordered_map<const Node*, size_t> pos;
   std::unordered_set<const Node*> M;  // nodes that get their own storage
   std::unordered_map<const Node*, std::string> why;  // why a node was materialized
@@ -167,7 +170,8 @@ struct Scheduler {
         if (!seen.insert(i).second || !in_seg(i)) continue;
         const NodeClass c = cls(*i);
         if (c == NodeClass::Opaque && same_shape(i->shape, n->shape)) return true;
-        if (!M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View)) stack.push_back(i);
+        if (!M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View))
+          stack.push_back(i);
       }
     }
     return false;
@@ -197,9 +201,11 @@ struct Scheduler {
       NodeClass c = cls(*n);
       if (seg.needed[i]) require(n, "used outside the segment");
       if (c == NodeClass::Opaque || n->op == OpKind::AsStrided)
-        for (auto& in : n->inputs) require(in.get(), c == NodeClass::Opaque ? "input of a library/reference op" : "input of as_strided");
+        for (auto& in : n->inputs)
+          require(in.get(), c == NodeClass::Opaque ? "input of a library/reference op" : "input of as_strided");
       // Full reductions run split across threads; they are stored, their consumers fused apart.
-      if (c == NodeClass::Reduction && all_reduced(*n) && !n->inputs[0]->shape.empty()) require(n, "full reduction (split)");
+      if (c == NodeClass::Reduction && all_reduced(*n) && !n->inputs[0]->shape.empty())
+        require(n, "full reduction (split)");
     }
     // An expensive value (transcendentals in its fused cone) that a reduction reads and another
     // op reads too would be recomputed in every stage of the kernel: compute it once, store it.
@@ -224,12 +230,22 @@ struct Scheduler {
 
   static bool transcendental(OpKind op) {
     switch (op) {
-      case OpKind::Exp: case OpKind::Exp2: case OpKind::Expm1: case OpKind::Log: case OpKind::Log2:
-      case OpKind::Log1p: case OpKind::Sin: case OpKind::Cos: case OpKind::Tan: case OpKind::Atan:
-      case OpKind::Tanh: case OpKind::Sigmoid: case OpKind::Erf: case OpKind::Pow: case OpKind::Atan2:
-        return true;
-      default:
-        return false;
+      case OpKind::Exp:
+      case OpKind::Exp2:
+      case OpKind::Expm1:
+      case OpKind::Log:
+      case OpKind::Log2:
+      case OpKind::Log1p:
+      case OpKind::Sin:
+      case OpKind::Cos:
+      case OpKind::Tan:
+      case OpKind::Atan:
+      case OpKind::Tanh:
+      case OpKind::Sigmoid:
+      case OpKind::Erf:
+      case OpKind::Pow:
+      case OpKind::Atan2: return true;
+      default: return false;
     }
   }
 
@@ -241,8 +257,9 @@ struct Scheduler {
       if (cls(*n) == NodeClass::Reduction) reds.push_back(n);
     if (reds.empty()) return false;
     Sig sig = sig_of_reduction(*reds.back());
-    bool root_fits = cls(*root) == NodeClass::Reduction ? sig_of_reduction(*root) == sig
-                     : same_shape(root->shape, sig.domain) || fits_reduced(root->shape, sig);
+    bool root_fits = cls(*root) == NodeClass::Reduction
+                         ? sig_of_reduction(*root) == sig
+                         : same_shape(root->shape, sig.domain) || fits_reduced(root->shape, sig);
     bool changed = false;
     for (Node* r : reds) {
       if (r == root) continue;
@@ -472,8 +489,10 @@ std::string describe(const std::vector<Step>& steps) {
     os << "  step " << i << ": ";
     if (s.kind == Step::Kind::Kernel) {
       const Group& g = s.group;
-      os << (g.reduce_dims.empty() ? "pointwise" : g.split ? "split-reduction" : "reduction") << " kernel over "
-         << shape_str(g.domain) << ", " << g.nodes.size() << " ops [";
+      os << (g.reduce_dims.empty() ? "pointwise"
+             : g.split             ? "split-reduction"
+                                   : "reduction")
+         << " kernel over " << shape_str(g.domain) << ", " << g.nodes.size() << " ops [";
       for (size_t k = 0; k < g.nodes.size(); ++k) os << (k ? " " : "") << op_name(g.nodes[k]->op);
       os << "] -> " << g.outputs.size() << " output(s), " << g.inputs.size() << " input(s)";
       std::map<std::string, int> reasons;

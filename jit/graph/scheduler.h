@@ -27,19 +27,19 @@ bool inline_sum(const Node& n);
 
 // One fused kernel: nodes computed inside it (topological order) and those it stores.
 struct Group {
-  std::vector<Node*> nodes;    // every node computed in the kernel
+  std::vector<Node*> nodes;  // every node computed in the kernel
   std::vector<Node*> outputs;  // nodes the kernel writes to memory
-  std::vector<Node*> inputs;   // materialized nodes it reads
-  Shape domain;                // iteration domain (a reduction's input shape, else the output shape)
+  std::vector<Node*> inputs;  // materialized nodes it reads
+  Shape domain;  // iteration domain (a reduction's input shape, else the output shape)
   std::vector<int64_t> reduce_dims;  // reduced dims of `domain` (empty: pointwise)
-  bool split = false;          // full reduction: parallel over chunks, partials combined after
+  bool split = false;  // full reduction: parallel over chunks, partials combined after
   std::vector<std::string> why;  // per output: why it is stored (KILN_LOG=fusion)
 };
 
 // A step of the schedule, run in order.
 struct Step {
   enum class Kind { Kernel, Opaque, View } kind;
-  Group group;       // Kernel
+  Group group;  // Kernel
   Node* node = nullptr;  // Opaque / View
 };
 

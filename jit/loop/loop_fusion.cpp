@@ -26,7 +26,8 @@ bool disjoint(const std::set<int>& a, const std::set<int>& b) {
 
 // Two statements may swap (or share a loop) when neither writes what the other touches.
 bool independent(const Effects& a, const Effects& b) {
-  return !a.other && !b.other && disjoint(a.writes, b.reads) && disjoint(a.writes, b.writes) && disjoint(b.writes, a.reads);
+  return !a.other && !b.other && disjoint(a.writes, b.reads) && disjoint(a.writes, b.writes) &&
+         disjoint(b.writes, a.reads);
 }
 
 struct Fuser {

@@ -23,7 +23,8 @@ ExprId Kernel::iconst(int64_t v) {
   // otherwise multiply).
   auto it = iconsts.find(v);
   if (it != iconsts.end() && static_cast<size_t>(it->second) < exprs.size() &&
-      exprs[static_cast<size_t>(it->second)].kind == Expr::Kind::IConst && exprs[static_cast<size_t>(it->second)].i == v)
+      exprs[static_cast<size_t>(it->second)].kind == Expr::Kind::IConst &&
+      exprs[static_cast<size_t>(it->second)].i == v)
     return it->second;
   Expr e{Expr::Kind::IConst};
   e.i = v;
@@ -49,8 +50,12 @@ ExprId Kernel::iop(Expr::Kind k, ExprId a, ExprId b) {
       case Expr::Kind::IAdd: return iconst(u + v);
       case Expr::Kind::ISub: return iconst(u - v);
       case Expr::Kind::IMul: return iconst(u * v);
-      case Expr::Kind::IDiv: if (v > 0 && u >= 0) return iconst(u / v); break;
-      case Expr::Kind::IMod: if (v > 0 && u >= 0) return iconst(u % v); break;
+      case Expr::Kind::IDiv:
+        if (v > 0 && u >= 0) return iconst(u / v);
+        break;
+      case Expr::Kind::IMod:
+        if (v > 0 && u >= 0) return iconst(u % v);
+        break;
       case Expr::Kind::IMin: return iconst(u < v ? u : v);
       default: break;
     }
@@ -108,7 +113,9 @@ void print_stmts(std::ostringstream& os, const std::vector<Stmt>& ss, int depth)
         break;
       case Stmt::Kind::Store: os << pad << "buf" << s.buffer << "[e" << s.index << "] = e" << s.value << "\n"; break;
       case Stmt::Kind::AccInit: os << pad << "acc" << s.acc << " = identity\n"; break;
-      case Stmt::Kind::AccUpdate: os << pad << "acc" << s.acc << " <- e" << s.value << " (at e" << s.index << ")\n"; break;
+      case Stmt::Kind::AccUpdate:
+        os << pad << "acc" << s.acc << " <- e" << s.value << " (at e" << s.index << ")\n";
+        break;
       case Stmt::Kind::AccStore:
         os << pad << "buf" << s.buffer << "[e" << s.index << "] = acc" << s.acc << (s.value ? ".index" : "") << "\n";
         break;

@@ -18,19 +18,24 @@ using ExprId = int32_t;
 
 struct Expr {
   enum class Kind : uint8_t {
-    IConst,   // int64 constant `i`
-    FConst,   // floating constant `f` of `dtype`
-    Param,    // int64 runtime parameter params[i]
-    FParam,   // double runtime parameter fparams[i]
-    Var,      // loop variable number i (0 = the parallel index p)
-    IAdd, ISub, IMul, IDiv, IMod, IMin,  // int64 index arithmetic on a, b (div/mod: a >= 0, b > 0)
-    Load,     // element of buffer i at int64 index a
-    Unary,    // op(a) (kiln OpKind), result `dtype`
-    Binary,   // op(a, b), result `dtype` (bool for comparisons)
-    Where,    // a ? b : c
-    Cast,     // a converted to `dtype`
-    Acc,      // current value of accumulator i
-    AccIndex, // index held by arg-accumulator i
+    IConst,  // int64 constant `i`
+    FConst,  // floating constant `f` of `dtype`
+    Param,  // int64 runtime parameter params[i]
+    FParam,  // double runtime parameter fparams[i]
+    Var,  // loop variable number i (0 = the parallel index p)
+    IAdd,
+    ISub,
+    IMul,
+    IDiv,
+    IMod,
+    IMin,  // int64 index arithmetic on a, b (div/mod: a >= 0, b > 0)
+    Load,  // element of buffer i at int64 index a
+    Unary,  // op(a) (kiln OpKind), result `dtype`
+    Binary,  // op(a, b), result `dtype` (bool for comparisons)
+    Where,  // a ? b : c
+    Cast,  // a converted to `dtype`
+    Acc,  // current value of accumulator i
+    AccIndex,  // index held by arg-accumulator i
   };
   Kind kind;
   DType dtype = DType::Int64;
@@ -43,19 +48,19 @@ struct Expr {
 // A statement. Loop bodies nest.
 struct Stmt {
   enum class Kind : uint8_t {
-    Loop,       // for var in [lo, hi): body   (innermost loops are vectorization candidates)
-    Store,      // buffer[index] = value
-    AccInit,    // accumulator acc = identity of `op` (Sum/Prod/Amax/Amin/ArgMax/ArgMin)
+    Loop,  // for var in [lo, hi): body   (innermost loops are vectorization candidates)
+    Store,  // buffer[index] = value
+    AccInit,  // accumulator acc = identity of `op` (Sum/Prod/Amax/Amin/ArgMax/ArgMin)
     AccUpdate,  // acc = op(acc, value) (arg-accumulators also track `index`)
-    AccStore,   // buffer[index] = acc value (or its arg index)
+    AccStore,  // buffer[index] = acc value (or its arg index)
   };
   Kind kind;
-  int var = 0;        // Loop
+  int var = 0;  // Loop
   ExprId lo = -1, hi = -1;
   std::vector<Stmt> body;
-  int buffer = 0;     // Store / AccStore
+  int buffer = 0;  // Store / AccStore
   ExprId index = -1, value = -1;
-  int acc = 0;        // Acc*
+  int acc = 0;  // Acc*
 };
 
 // A kernel buffer: element dtype and whether the kernel writes it.
@@ -79,9 +84,9 @@ struct Kernel {
   std::vector<AccSpec> accs;
   int num_params = 0;
   int num_fparams = 0;
-  int num_vars = 1;           // var 0 is the parallel index
+  int num_vars = 1;  // var 0 is the parallel index
   ExprId parallel_extent = -1;  // total range of the parallel index (in params)
-  std::vector<Stmt> body;     // executed for each parallel index
+  std::vector<Stmt> body;  // executed for each parallel index
   // Few parallel indices, each a long reduction (the combine of split partials): a device
   // backend may give each index a whole block of threads.
   bool long_indices = false;

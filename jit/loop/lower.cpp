@@ -163,14 +163,15 @@ struct Lowerer {
   std::shared_ptr<Lowered> L = std::make_shared<Lowered>();
   Kernel& K = L->kernel;
   std::vector<Node*> ins;
-  std::unordered_map<const Node*, int> node_idx, input_idx, acc_of;  // acc_of: accumulator (scratch buffer in column mode)
+  std::unordered_map<const Node*, int> node_idx, input_idx,
+      acc_of;  // acc_of: accumulator (scratch buffer in column mode)
   std::unordered_map<const Node*, std::vector<int>> unrolled_accs;  // per element of an unrolled kept last dim
   ExprId kept_linear = -1;  // column mode: linear index over the kept dims
   std::map<std::tuple<int, int, int>, ExprId> iparam_ids, fparam_ids;
   std::map<std::pair<const Node*, std::vector<ExprId>>, ExprId> memo;
-  std::vector<ExprId> dom;           // domain sizes
-  std::vector<ExprId> kept_idx;      // reduction groups: index exprs of kept dims (by domain dim)
-  std::vector<bool> reduced;         // per domain dim
+  std::vector<ExprId> dom;  // domain sizes
+  std::vector<ExprId> kept_idx;  // reduction groups: index exprs of kept dims (by domain dim)
+  std::vector<bool> reduced;  // per domain dim
 
   Lowerer(const Group& grp, const Target& target) : g(grp), tgt(target) {
     ins = canonical_inputs(g);
@@ -261,7 +262,10 @@ struct Lowerer {
     std::vector<ExprId> r(n->shape.size());
     for (size_t d = n->shape.size(); d-- > 0;) {
       ExprId s = size_of(n, d);
-      if (is_one(n->shape[d])) { r[d] = K.iconst(0); continue; }
+      if (is_one(n->shape[d])) {
+        r[d] = K.iconst(0);
+        continue;
+      }
       r[d] = d == 0 ? lin : K.iop(Expr::Kind::IMod, lin, s);
       lin = K.iop(Expr::Kind::IDiv, lin, s);
     }
@@ -402,15 +406,19 @@ struct Lowerer {
         return r;
       case OpKind::Flip:
         r = idx;
-        for (int64_t d : v) r[d] = K.iop(Expr::Kind::ISub, K.iop(Expr::Kind::ISub, size_of(in, d), K.iconst(1)), idx[d]);
+        for (int64_t d : v)
+          r[d] = K.iop(Expr::Kind::ISub, K.iop(Expr::Kind::ISub, size_of(in, d), K.iconst(1)), idx[d]);
         return r;
       case OpKind::View: {
         // Reshapes that only add or drop size-1 dims map indices directly.
         std::vector<size_t> a, b;
-        for (size_t d = 0; d < n->shape.size(); ++d) if (!is_one(n->shape[d])) a.push_back(d);
-        for (size_t d = 0; d < in->shape.size(); ++d) if (!is_one(in->shape[d])) b.push_back(d);
+        for (size_t d = 0; d < n->shape.size(); ++d)
+          if (!is_one(n->shape[d])) a.push_back(d);
+        for (size_t d = 0; d < in->shape.size(); ++d)
+          if (!is_one(in->shape[d])) b.push_back(d);
         bool direct = a.size() == b.size();
-        for (size_t j = 0; direct && j < a.size(); ++j) direct = sym_eq(n->shape[a[j]], in->shape[b[j]]).value_or(false);
+        for (size_t j = 0; direct && j < a.size(); ++j)
+          direct = sym_eq(n->shape[a[j]], in->shape[b[j]]).value_or(false);
         if (direct) {
           r.assign(in->shape.size(), K.iconst(0));
           for (size_t j = 0; j < a.size(); ++j) r[b[j]] = idx[a[j]];
@@ -418,8 +426,7 @@ struct Lowerer {
         }
         return delinearize(in, linearize(n, idx));
       }
-      default:
-        throw LowerError(std::string("cannot fold view ") + op_name(n->op));
+      default: throw LowerError(std::string("cannot fold view ") + op_name(n->op));
     }
   }
 
@@ -439,7 +446,8 @@ struct Lowerer {
         continue;
       }
       if (auto u = unrolled_accs.find(r); u != unrolled_accs.end() && d + 1 == n) {  // the copy read
-        if (j >= idx.size() || K.exprs[idx[j]].kind != Expr::Kind::IConst) throw LowerError("reduction read at another index");
+        if (j >= idx.size() || K.exprs[idx[j]].kind != Expr::Kind::IConst)
+          throw LowerError("reduction read at another index");
         const int64_t c = K.exprs[idx[j]].i;
         if (c < 0 || c >= static_cast<int64_t>(u->second.size())) throw LowerError("reduction read at another index");
         acc = u->second[static_cast<size_t>(c)];
@@ -489,7 +497,8 @@ struct Lowerer {
   ExprId out_offset(const Node* o, const std::vector<ExprId>& idx) {
     if (o->shape.size() == idx.size() && same_shape(o->shape, g.domain)) return linearize_dom(idx);
     std::vector<ExprId> oi;
-    if (o->shape.size() == idx.size()) oi = idx;
+    if (o->shape.size() == idx.size())
+      oi = idx;
     else
       for (size_t d = 0; d < idx.size(); ++d)
         if (!reduced[d]) oi.push_back(idx[d]);
@@ -518,24 +527,33 @@ struct Lowerer {
     for (Node* o : g.outputs) K.buffers.push_back({o->dtype, true});
     auto si = small_inner(g.domain, tgt);
     for (size_t d = 0; d < n; ++d) {
-      if (is_one(g.domain[d])) dom.push_back(K.iconst(1));
-      else if (d + 1 == n && si) dom.push_back(K.iconst(*si));
-      else dom.push_back(ip(ArgSource::Kind::DomainSize, static_cast<int>(d)));
+      if (is_one(g.domain[d]))
+        dom.push_back(K.iconst(1));
+      else if (d + 1 == n && si)
+        dom.push_back(K.iconst(*si));
+      else
+        dom.push_back(ip(ArgSource::Kind::DomainSize, static_cast<int>(d)));
     }
     reduced.assign(n, false);
     for (int64_t d : g.reduce_dims) reduced[d] = true;
     for (const Node* x : g.nodes)
       if (!tgt.supports(x->op, x->dtype))
-        throw LowerError(std::string("target ") + tgt.name + " has no " + op_name(x->op) + " on " + dtype_name(x->dtype));
+        throw LowerError(std::string("target ") + tgt.name + " has no " + op_name(x->op) + " on " +
+                         dtype_name(x->dtype));
     if (g.split && !tgt.split_reductions) throw LowerError("target " + tgt.name + " has no split reductions");
     ExprId p = K.var(0);
     const bool split_columns = column_split_fits(g, tgt), host = tgt.parallel == Target::Parallel::HostChunks;
-    if (g.reduce_dims.empty()) lower_pointwise(p);
-    else if (g.split) lower_split(p);
-    else if (split_columns && host && lower_column_chunks(p)) {}
-    else if (split_columns && !host) lower_split_columns(p);
-    else if (column_reduction()) lower_columns(p);
-    else lower_reduction(p);
+    if (g.reduce_dims.empty())
+      lower_pointwise(p);
+    else if (g.split)
+      lower_split(p);
+    else if (split_columns && host && lower_column_chunks(p)) {
+    } else if (split_columns && !host)
+      lower_split_columns(p);
+    else if (column_reduction())
+      lower_columns(p);
+    else
+      lower_reduction(p);
     if (!L->split && !L->column && unrolled_accs.empty() && row_cache_fits(g, tgt)) K.row_cache = tgt.row_cache;
     fuse_sibling_loops(K);
     K.name = "kiln_k";
@@ -546,7 +564,10 @@ struct Lowerer {
   void decompose(ExprId flat, const std::vector<size_t>& dims, std::vector<ExprId>& idx) {
     for (size_t k = dims.size(); k-- > 0;) {
       size_t d = dims[k];
-      if (k == 0) { idx[d] = flat; break; }
+      if (k == 0) {
+        idx[d] = flat;
+        break;
+      }
       idx[d] = K.iop(Expr::Kind::IMod, flat, dom[d]);
       flat = K.iop(Expr::Kind::IDiv, flat, dom[d]);
     }
@@ -609,7 +630,11 @@ struct Lowerer {
     return is_floating(in) ? DType::Float64 : DType::Int64;
   }
 
-  Stmt acc_init(int acc) { Stmt s{Stmt::Kind::AccInit}; s.acc = acc; return s; }
+  Stmt acc_init(int acc) {
+    Stmt s{Stmt::Kind::AccInit};
+    s.acc = acc;
+    return s;
+  }
   Stmt acc_update(int acc, ExprId v, ExprId index) {
     Stmt s{Stmt::Kind::AccUpdate};
     s.acc = acc;
@@ -717,8 +742,10 @@ struct Lowerer {
     std::vector<ExprId> oi;
     bool keep = o->shape.size() == idx.size();
     for (size_t d = 0; d < idx.size(); ++d) {
-      if (!reduced[d]) oi.push_back(idx[d]);
-      else if (keep) oi.push_back(K.iconst(0));
+      if (!reduced[d])
+        oi.push_back(idx[d]);
+      else if (keep)
+        oi.push_back(K.iconst(0));
     }
     return oi;
   }
@@ -727,7 +754,8 @@ struct Lowerer {
   // dims one column at a time would walk memory across rows with a serial accumulator.
   bool column_reduction() const {
     const size_t n = g.domain.size();
-    if (!tgt.column_reductions || n < 2 || reduced[n - 1] || small_inner(g.domain, tgt) || is_one(g.domain[n - 1])) return false;
+    if (!tgt.column_reductions || n < 2 || reduced[n - 1] || small_inner(g.domain, tgt) || is_one(g.domain[n - 1]))
+      return false;
     for (const Node* r : reductions())
       if (is_arg_reduction(r->op)) return false;
     return true;
@@ -743,7 +771,8 @@ struct Lowerer {
 
   // How many column_tile-wide tiles the last dim has.
   ExprId column_tiles() {
-    return K.iop(Expr::Kind::IDiv, add(dom[g.domain.size() - 1], K.iconst(tgt.column_tile - 1)), K.iconst(tgt.column_tile));
+    return K.iop(Expr::Kind::IDiv, add(dom[g.domain.size() - 1], K.iconst(tgt.column_tile - 1)),
+                 K.iconst(tgt.column_tile));
   }
 
   // Index q over (outer kept dims x column tiles): idx takes the outer dims and, for the last,
@@ -779,7 +808,10 @@ struct Lowerer {
   // NaN-propagating max/min), in the buffer's dtype.
   ExprId accumulate(int buf, ExprId at, OpKind op, ExprId value) {
     Expr e{Expr::Kind::Binary};
-    e.op = op == OpKind::Sum ? OpKind::Add : op == OpKind::Prod ? OpKind::Mul : op == OpKind::Amax ? OpKind::Maximum : OpKind::Minimum;
+    e.op = op == OpKind::Sum    ? OpKind::Add
+           : op == OpKind::Prod ? OpKind::Mul
+           : op == OpKind::Amax ? OpKind::Maximum
+                                : OpKind::Minimum;
     e.dtype = K.buffers[buf].dtype;
     e.a = buffer_load(buf, at);
     e.b = cast(value, e.dtype);
@@ -826,8 +858,8 @@ struct Lowerer {
       acc_of[r] = sb;  // visible to later stages only
       body.insert(body.end(), stage.begin(), stage.end());
     }
-    std::vector<Node*> part =
-        store_domain_outputs(idx, red, body, [&](std::vector<Stmt> b) { return std::vector<Stmt>{columns(std::move(b))}; });
+    std::vector<Node*> part = store_domain_outputs(
+        idx, red, body, [&](std::vector<Stmt> b) { return std::vector<Stmt>{columns(std::move(b))}; });
     std::vector<Stmt> tail;
     for (Node* o : part) {
       std::vector<ExprId> oi = reduced_output_index(o, idx);
@@ -1016,7 +1048,8 @@ Kernel combine_kernel(OpKind op, DType acc, DType out, bool columns) {
   K.num_vars = 2;
   K.parallel_extent = columns ? K.param(1) : K.iconst(1);
   K.long_indices = !columns;  // one output: a block of lanes; per column: a warp each
-  const ExprId at = columns ? K.iop(Expr::Kind::IAdd, K.iop(Expr::Kind::IMul, K.var(1), K.param(1)), K.var(0)) : K.var(1);
+  const ExprId at =
+      columns ? K.iop(Expr::Kind::IAdd, K.iop(Expr::Kind::IMul, K.var(1), K.param(1)), K.var(0)) : K.var(1);
   auto load = [&](int b, DType t) {
     Expr e{Expr::Kind::Load};
     e.dtype = t;
@@ -1088,10 +1121,12 @@ void bind_args(const Lowered& L, const Group& g, const std::vector<Node*>& ins, 
   if (L.split_columns) {  // about split_chunks * 8 indices in all, at least 32 rows each
     rows = 1;
     for (size_t d = 0; d < g.domain.size(); ++d) {
-      const bool red = std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) != g.reduce_dims.end();
+      const bool red =
+          std::find(g.reduce_dims.begin(), g.reduce_dims.end(), static_cast<int64_t>(d)) != g.reduce_dims.end();
       (red ? rows : out.columns) *= g.domain[d].as_int();
     }
-    if (L.column_chunks) {  // at most kColumnChunks chunks of at least kColumnChunkRows rows (by size alone: the same sums on any thread count)
+    if (L.column_chunks) {  // at most kColumnChunks chunks of at least kColumnChunkRows rows (by size alone: the same
+                            // sums on any thread count)
       chunk = std::max<int64_t>(kColumnChunkRows, (rows + kColumnChunks - 1) / kColumnChunks);
     } else {
       const int64_t want = std::max<int64_t>(1, L.split_chunks * 8 / std::max<int64_t>(out.columns, 1));

@@ -14,13 +14,14 @@ namespace kiln::jit {
 // Where one runtime argument of a kernel comes from, for a group of the recorded structure.
 struct ArgSource {
   enum class Kind : uint8_t {
-    DomainSize,   // domain size of dim a
-    NodeSize,     // size of dim b of group node a
+    DomainSize,  // domain size of dim a
+    NodeSize,  // size of dim b of group node a
     InputStride,  // stride of dim b of input a
-    FullValue,    // node a's fill value (double / exact int)
-    AttrF0, AttrF1,  // node a's f0 / f1
-    Chunks,       // number of parallel chunks (split reductions)
-    ChunkSize,    // rows (or elements) per chunk
+    FullValue,  // node a's fill value (double / exact int)
+    AttrF0,
+    AttrF1,  // node a's f0 / f1
+    Chunks,  // number of parallel chunks (split reductions)
+    ChunkSize,  // rows (or elements) per chunk
   } kind;
   int a = 0, b = 0;
 };
@@ -39,21 +40,21 @@ struct Lowered {
   std::vector<ArgSource> iparams, fparams;
   int num_inputs = 0, num_outputs = 0;  // buffers: inputs, then outputs, then partials
   bool split = false;
-  bool split_flat = false;              // split over the flat index of every dim (a short last dim)
-  bool split_columns = false;           // split over rows of a column reduction: partials per (chunk, column)
-  bool column = false;                  // column reduction: one scratch buffer per reduction, kept-numel accumulators
-  bool column_chunks = false;           // split_columns on a host: row chunks x column tiles, partials per (chunk, column)
-  std::vector<OpKind> partial_ops;      // split: reduction op per output (partials combined after)
+  bool split_flat = false;  // split over the flat index of every dim (a short last dim)
+  bool split_columns = false;  // split over rows of a column reduction: partials per (chunk, column)
+  bool column = false;  // column reduction: one scratch buffer per reduction, kept-numel accumulators
+  bool column_chunks = false;  // split_columns on a host: row chunks x column tiles, partials per (chunk, column)
+  std::vector<OpKind> partial_ops;  // split: reduction op per output (partials combined after)
   int64_t split_chunks = 256, split_chunk_work = 16384;  // split: the target's chunking
 };
 
 // Runtime arguments of a lowered kernel bound to one group (by the recipe in Lowered).
 struct BoundArgs {
   std::vector<int64_t> ip;  // int64 parameters
-  std::vector<double> fp;   // double parameters
-  int64_t chunks = 1;       // split reductions: chunks of the parallel range (partials)
-  int64_t columns = 1;      // split column reductions: kept elements (partials per chunk)
-  int64_t scratch = 1;      // elements (8 bytes each) of every scratch buffer
+  std::vector<double> fp;  // double parameters
+  int64_t chunks = 1;  // split reductions: chunks of the parallel range (partials)
+  int64_t columns = 1;  // split column reductions: kept elements (partials per chunk)
+  int64_t scratch = 1;  // elements (8 bytes each) of every scratch buffer
 };
 // Binds `L`'s arguments for group `g`, whose canonical inputs are `ins`, into `out` (cleared
 // first, capacity kept).

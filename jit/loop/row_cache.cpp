@@ -24,8 +24,10 @@ bool has_loop(const std::vector<Stmt>& ss) {
 bool worth_caching(const Expr& x, bool cache_loads) {
   switch (x.kind) {
     case Expr::Kind::Load: return cache_loads;
-    case Expr::Kind::Unary: case Expr::Kind::Binary: case Expr::Kind::Where: case Expr::Kind::Cast:
-      return true;
+    case Expr::Kind::Unary:
+    case Expr::Kind::Binary:
+    case Expr::Kind::Where:
+    case Expr::Kind::Cast: return true;
     default: return false;  // index arithmetic, constants, accumulators: cheaper than a read back
   }
 }
@@ -59,14 +61,21 @@ struct Planner {
 
   RowCachePlan plan(int64_t budget) {
     RowCachePlan p;
-    struct Found { size_t loop; ExprId id; };
+    struct Found {
+      size_t loop;
+      ExprId id;
+    };
     std::vector<const Stmt*> loops;
     for (const Stmt& s : k.body)
       if (s.kind == Stmt::Kind::Loop && !has_loop(s.body)) loops.push_back(&s);
-    struct Candidate { size_t writer; ExprId wid; std::vector<std::pair<size_t, ExprId>> readers; };
+    struct Candidate {
+      size_t writer;
+      ExprId wid;
+      std::vector<std::pair<size_t, ExprId>> readers;
+    };
     std::vector<Candidate> cands;
     std::unordered_map<std::string, size_t> cand_of;  // canon -> candidate
-    std::unordered_map<std::string, Found> seen;       // canon -> first loop computing it
+    std::unordered_map<std::string, Found> seen;  // canon -> first loop computing it
     for (size_t li = 0; li < loops.size(); ++li) {
       const Stmt& L = *loops[li];
       const std::string range = canon(L.lo, L.var) + "|" + canon(L.hi, L.var);
@@ -99,9 +108,10 @@ struct Planner {
     // reads it when that value is computed from the read one (the read, kept in a register,
     // comes first in the iteration): layer_norm -> gelu -> softmax keeps x, x - mean, gelu(.)
     // and exp(.) in one slot in turn.
-    std::stable_sort(cands.begin(), cands.end(), [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
+    std::stable_sort(cands.begin(), cands.end(),
+                     [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
     std::vector<size_t> free_after;  // per slot: last reader loop
-    std::vector<ExprId> last_read;   // per slot: what that loop reads from it
+    std::vector<ExprId> last_read;  // per slot: what that loop reads from it
     std::map<ExprId, std::vector<char>> reads_of;  // per value read last from a slot: who reads it
     auto uses = [&](ExprId e, ExprId r) {
       if (r < 0) return false;
@@ -117,7 +127,8 @@ struct Planner {
         if (r.first >= last) last = r.first, last_id = r.second;
       int slot = -1;
       for (size_t sl = 0; sl < p.slots.size() && slot < 0; ++sl)
-        if (p.slots[sl] == t && (free_after[sl] < c.writer || (free_after[sl] == c.writer && uses(c.wid, last_read[sl]))))
+        if (p.slots[sl] == t &&
+            (free_after[sl] < c.writer || (free_after[sl] == c.writer && uses(c.wid, last_read[sl]))))
           slot = static_cast<int>(sl);
       if (slot < 0) {
         const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(t));

@@ -20,9 +20,9 @@ struct RowCachePlan {
     std::unordered_map<ExprId, int> reads, writes;
   };
   std::map<const Stmt*, LoopCache> loops;
-  std::vector<DType> slots;           // each slot's element type (slot_type of its values)
-  std::vector<int64_t> slot_offset;   // bytes into the region
-  int64_t region = 0;                 // bytes of one row's region
+  std::vector<DType> slots;  // each slot's element type (slot_type of its values)
+  std::vector<int64_t> slot_offset;  // bytes into the region
+  int64_t region = 0;  // bytes of one row's region
   bool empty() const { return slots.empty(); }
 };
 

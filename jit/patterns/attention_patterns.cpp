@@ -31,9 +31,12 @@ const Node* arange_at(const Node* n, int64_t dim) {
 // test over a [tq, tk] grid: true for tril's keep, false for triu(1)'s (its negation).
 std::optional<bool> triangle_test(const Node* n, const SymInt& tq, const SymInt& tk) {
   bool keep;
-  if (n->op == OpKind::Le && is_full(n->inputs[1].get(), 0)) keep = true;
-  else if (n->op == OpKind::Ge && is_full(n->inputs[1].get(), 1)) keep = false;
-  else return std::nullopt;
+  if (n->op == OpKind::Le && is_full(n->inputs[1].get(), 0))
+    keep = true;
+  else if (n->op == OpKind::Ge && is_full(n->inputs[1].get(), 1))
+    keep = false;
+  else
+    return std::nullopt;
   const Node* diff = n->inputs[0].get();
   if (diff->op != OpKind::Sub) return std::nullopt;
   const Node* cols = arange_at(diff->inputs[0].get(), 0);
@@ -65,8 +68,7 @@ std::optional<bool> causal(const Node* n, const SymInt& tq, const SymInt& tk) {
       if (!is_full(n->inputs[2].get(), 0) || ones->op != OpKind::Full || ones->attrs.f0 == 0) return std::nullopt;
       return triangle_test(n->inputs[0].get(), tq, tk);
     }
-    default:
-      return std::nullopt;
+    default: return std::nullopt;
   }
 }
 
@@ -154,26 +156,27 @@ void register_attention_patterns() {
     for (auto [sc, sname] : scales)
       for (auto [m, mname] : masks)
         for (bool drop : {false, true}) {
-        auto shape = [&](int64_t rows, int64_t cols) {
-          std::vector<int64_t> s(static_cast<size_t>(rank - 2), 2);
-          s.push_back(rows);
-          s.push_back(cols);
-          return s;
-        };
-        Ts ex = {empty(shape(3, 4)), empty(shape(5, 4)), empty(shape(5, 4))};
-        if (m == Mask::Add) ex.push_back(empty({3, 5}));
-        if (m == Mask::Fill || m == Mask::Keep) ex.push_back(empty({3, 5}, kBool));
-        // 0.37 and 0.75: a scale and a keep probability no other constant of the graph has (they
-        // are wildcards).
-        Ss scalars = sc == Scale::None ? Ss{} : Ss{0.37};
-        if (drop) scalars.push_back(0.75);
-        register_replacement(
-            std::string("sdpa_") + sname + mname + (drop ? "_dropout" : "") + "_rank" + std::to_string(rank),
-            [sc, m, drop](const Ts& t, const Ss& s) { return search(t, s, sc, m, drop); },
-            [sc, m, drop](const Ts& t, const Ss& s) { return replace(t, s, sc, m, drop); }, std::move(ex),
-            std::move(scalars), [m, drop](const Ts& t, const Ss& s) {
-              return mask_ok(t, m) && worth_fusing(t) && (!drop || (keep_of(s) > 0 && keep_of(s) < 1));
-            });
+          auto shape = [&](int64_t rows, int64_t cols) {
+            std::vector<int64_t> s(static_cast<size_t>(rank - 2), 2);
+            s.push_back(rows);
+            s.push_back(cols);
+            return s;
+          };
+          Ts ex = {empty(shape(3, 4)), empty(shape(5, 4)), empty(shape(5, 4))};
+          if (m == Mask::Add) ex.push_back(empty({3, 5}));
+          if (m == Mask::Fill || m == Mask::Keep) ex.push_back(empty({3, 5}, kBool));
+          // 0.37 and 0.75: a scale and a keep probability no other constant of the graph has (they
+          // are wildcards).
+          Ss scalars = sc == Scale::None ? Ss{} : Ss{0.37};
+          if (drop) scalars.push_back(0.75);
+          register_replacement(
+              std::string("sdpa_") + sname + mname + (drop ? "_dropout" : "") + "_rank" + std::to_string(rank),
+              [sc, m, drop](const Ts& t, const Ss& s) { return search(t, s, sc, m, drop); },
+              [sc, m, drop](const Ts& t, const Ss& s) { return replace(t, s, sc, m, drop); }, std::move(ex),
+              std::move(scalars),
+              [m, drop](const Ts& t, const Ss& s) {
+                return mask_ok(t, m) && worth_fusing(t) && (!drop || (keep_of(s) > 0 && keep_of(s) < 1));
+              });
         }
 }
 

@@ -5,9 +5,9 @@
 namespace kiln::jit {
 
 void register_attention_patterns();  // attention_patterns.cpp
-void register_loss_patterns();       // loss_patterns.cpp
-void register_gemm_patterns();       // gemm_patterns.cpp
-void register_norm_patterns();       // norm_patterns.cpp
+void register_loss_patterns();  // loss_patterns.cpp
+void register_gemm_patterns();  // gemm_patterns.cpp
+void register_norm_patterns();  // norm_patterns.cpp
 
 void register_builtin_patterns() {
   using patterns::register_replacement;

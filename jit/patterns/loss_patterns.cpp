@@ -19,11 +19,13 @@ const Node* one_hot_scatter(const Tensor& oh, const Tensor& x) {
   if (c->op != OpKind::Cast) return nullptr;
   const Node* s = c->inputs[0].get();
   const int64_t last = static_cast<int64_t>(x.dim()) - 1;
-  if (s->op != OpKind::Scatter || s->attrs.ints.empty() || s->attrs.ints[0] != last || s->shape.size() != x.shape().size())
+  if (s->op != OpKind::Scatter || s->attrs.ints.empty() || s->attrs.ints[0] != last ||
+      s->shape.size() != x.shape().size())
     return nullptr;
   const Node* zeros = s->inputs[0].get();
   const Node* ones = s->inputs[2].get();
-  if (zeros->op != OpKind::Full || zeros->attrs.f0 != 0 || ones->op != OpKind::Full || ones->attrs.f0 != 1) return nullptr;
+  if (zeros->op != OpKind::Full || zeros->attrs.f0 != 0 || ones->op != OpKind::Full || ones->attrs.f0 != 1)
+    return nullptr;
   if (s->inputs[1]->op != OpKind::Unsqueeze) return nullptr;
   for (size_t d = 0; d < s->shape.size(); ++d)
     if (!provably_equal(s->shape[d], x.shape()[d])) return nullptr;
@@ -48,17 +50,18 @@ void register_loss_patterns() {
     set_gradient_forms_only(name);
   }
   for (int rank = 2; rank <= 3; ++rank) {
-      std::vector<int64_t> shape(static_cast<size_t>(rank - 1), 2);
-      shape.push_back(5);
-      register_replacement(
-          std::string("cross_entropy_one_hot_rank") + std::to_string(rank),
-          [](const Ts& t, const Ss&) { return sum(mul(t[0], log_softmax(t[1], -1)), {-1}); },
-          [](const Ts& t, const Ss&) {
-            const Node* s = one_hot_scatter(t[0], t[1]);
-            Tensor idx = Tensor::from_node(s->inputs[1]);  // t.unsqueeze(-1)
-            return squeeze(gather(log_softmax(t[1], -1), -1, idx), -1);
-          },
-          {empty(shape), empty(shape)}, {}, [](const Ts& t, const Ss&) { return one_hot_scatter(t[0], t[1]) != nullptr; });
+    std::vector<int64_t> shape(static_cast<size_t>(rank - 1), 2);
+    shape.push_back(5);
+    register_replacement(
+        std::string("cross_entropy_one_hot_rank") + std::to_string(rank),
+        [](const Ts& t, const Ss&) { return sum(mul(t[0], log_softmax(t[1], -1)), {-1}); },
+        [](const Ts& t, const Ss&) {
+          const Node* s = one_hot_scatter(t[0], t[1]);
+          Tensor idx = Tensor::from_node(s->inputs[1]);  // t.unsqueeze(-1)
+          return squeeze(gather(log_softmax(t[1], -1), -1, idx), -1);
+        },
+        {empty(shape), empty(shape)}, {},
+        [](const Ts& t, const Ss&) { return one_hot_scatter(t[0], t[1]) != nullptr; });
   }
 }
 

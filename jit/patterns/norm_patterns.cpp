@@ -64,7 +64,8 @@ void register_norm_patterns() {
               },
               [affine](const Ts& t, const Ss& s) {
                 const int64_t d = t[0].shape().back().as_int();
-                return affine ? layer_norm(t[0], {d}, t[1], t[2], s[0]) : layer_norm(t[0], {d}, std::nullopt, std::nullopt, s[0]);
+                return affine ? layer_norm(t[0], {d}, t[1], t[2], s[0])
+                              : layer_norm(t[0], {d}, std::nullopt, std::nullopt, s[0]);
               },
               examples, {kEps, static_cast<double>(kDim)},
               // The means divide by the last dim of x (a constant size), eps is not negative.

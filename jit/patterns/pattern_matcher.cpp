@@ -31,13 +31,13 @@ namespace {
 // One traced form of a rewrite: the search function's graph over leaves, without gradients or
 // with the gradients of the tensor inputs in `diff` (then the last leaf is the tangent).
 struct Variant {
-  std::vector<NodePtr> leaves;   // tensor inputs, then the tangent (joint variants)
+  std::vector<NodePtr> leaves;  // tensor inputs, then the tangent (joint variants)
   std::vector<NodePtr> outputs;  // the result, then the gradients of the inputs in `diff`
   std::vector<int> diff;
-  std::unordered_map<const Node*, int> leaf_of;    // pattern leaf -> its index
+  std::unordered_map<const Node*, int> leaf_of;  // pattern leaf -> its index
   std::unordered_map<const Node*, int> scalar_of;  // pattern constant -> the scalar it stands for
-  size_t size = 0;                                 // op nodes
-  size_t nscalars = 0;                             // scalar wildcards
+  size_t size = 0;  // op nodes
+  size_t nscalars = 0;  // scalar wildcards
   int float_leaf = -1;  // the first floating input: casts and draws to its dtype follow the bound input's
   // A joint form without its result among the outputs: for graphs where nothing reads the
   // result (a loss whose gradient does not need the value), only the gradients.
@@ -117,7 +117,6 @@ void not_pending(const std::vector<Node*>& nodes) {
     }
 }
 
-
 Variant trace_variant(const Registered& r, const std::vector<int>& diff) {
   Untraced untraced;
   Variant v;
@@ -184,10 +183,18 @@ Variant trace_variant(const Registered& r, const std::vector<int>& diff) {
 
 bool commutative(OpKind op) {
   switch (op) {
-    case OpKind::Add: case OpKind::Mul: case OpKind::Maximum: case OpKind::Minimum: case OpKind::Eq:
-    case OpKind::Ne: case OpKind::LogicalAnd: case OpKind::LogicalOr: case OpKind::LogicalXor:
-    case OpKind::BitwiseAnd: case OpKind::BitwiseOr: case OpKind::BitwiseXor:
-      return true;
+    case OpKind::Add:
+    case OpKind::Mul:
+    case OpKind::Maximum:
+    case OpKind::Minimum:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::LogicalAnd:
+    case OpKind::LogicalOr:
+    case OpKind::LogicalXor:
+    case OpKind::BitwiseAnd:
+    case OpKind::BitwiseOr:
+    case OpKind::BitwiseXor: return true;
     default: return false;
   }
 }
@@ -195,9 +202,13 @@ bool commutative(OpKind op) {
 // Ops whose attributes hold sizes or random state that a structural match cannot compare.
 bool unmatchable(OpKind op) {
   switch (op) {
-    case OpKind::RandNormal: case OpKind::RandInt: case OpKind::AsStrided:
-    case OpKind::ViewScatter: case OpKind::Im2Col: case OpKind::Col2Im: case OpKind::ToDevice:
-      return true;
+    case OpKind::RandNormal:
+    case OpKind::RandInt:
+    case OpKind::AsStrided:
+    case OpKind::ViewScatter:
+    case OpKind::Im2Col:
+    case OpKind::Col2Im:
+    case OpKind::ToDevice: return true;
     default: return false;
   }
 }
@@ -206,13 +217,31 @@ bool unmatchable(OpKind op) {
 // pattern's rank only. Pointwise ops match at any rank.
 bool rank_bound(OpKind op) {
   switch (op) {
-    case OpKind::Sum: case OpKind::Prod: case OpKind::Amax: case OpKind::Amin: case OpKind::ArgMax:
-    case OpKind::ArgMin: case OpKind::Cumsum: case OpKind::View: case OpKind::Permute: case OpKind::Expand:
-    case OpKind::Slice: case OpKind::Select: case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip:
-    case OpKind::Cat: case OpKind::Gather: case OpKind::Scatter: case OpKind::ScatterAdd: case OpKind::IndexSelect:
-    case OpKind::IndexAdd: case OpKind::Matmul: case OpKind::Contiguous: case OpKind::Attention:
-    case OpKind::AttentionBackward:
-      return true;
+    case OpKind::Sum:
+    case OpKind::Prod:
+    case OpKind::Amax:
+    case OpKind::Amin:
+    case OpKind::ArgMax:
+    case OpKind::ArgMin:
+    case OpKind::Cumsum:
+    case OpKind::View:
+    case OpKind::Permute:
+    case OpKind::Expand:
+    case OpKind::Slice:
+    case OpKind::Select:
+    case OpKind::Squeeze:
+    case OpKind::Unsqueeze:
+    case OpKind::Flip:
+    case OpKind::Cat:
+    case OpKind::Gather:
+    case OpKind::Scatter:
+    case OpKind::ScatterAdd:
+    case OpKind::IndexSelect:
+    case OpKind::IndexAdd:
+    case OpKind::Matmul:
+    case OpKind::Contiguous:
+    case OpKind::Attention:
+    case OpKind::AttentionBackward: return true;
     default: return false;
   }
 }
@@ -229,15 +258,15 @@ struct Target {
   std::unordered_map<const Node*, std::vector<Node*>> consumers;
   std::unordered_set<const Node*> roots;
   std::vector<Node*> order;
-  std::set<OpKind> ops;    // every op the graph holds
-  uint64_t first_id = 0;   // older nodes are never rewritten
-  uint64_t fresh_id = 0;   // nodes made by this pass are not matched again
+  std::set<OpKind> ops;  // every op the graph holds
+  uint64_t first_id = 0;  // older nodes are never rewritten
+  uint64_t fresh_id = 0;  // nodes made by this pass are not matched again
 };
 
 struct Binding {
   std::unordered_map<const Node*, Node*> map;  // pattern node -> target node
-  std::vector<const Node*> follow;             // matched casts/draws of the floating input's dtype
-  std::vector<NodePtr> views;                  // views of stored data made to bind inputs (below)
+  std::vector<const Node*> follow;  // matched casts/draws of the floating input's dtype
+  std::vector<NodePtr> views;  // views of stored data made to bind inputs (below)
   std::vector<Node*> leaves;
   std::vector<double> scalars;
   std::vector<bool> scalar_bound;
@@ -248,8 +277,7 @@ class Matcher {
   Matcher(const Variant& v, const Target& t) : v_(v), t_(t) {}
 
   bool match(const Node* p, Node* t, Binding& b) const {
-    if (auto it = b.map.find(p); it != b.map.end())
-      return it->second == t || same_stored_view(it->second, t, b);
+    if (auto it = b.map.find(p); it != b.map.end()) return it->second == t || same_stored_view(it->second, t, b);
     if (auto l = v_.leaf_of.find(p); l != v_.leaf_of.end()) {
       b.leaves[l->second] = t;
       b.map[p] = t;
@@ -268,17 +296,21 @@ class Matcher {
       return match_stored_permute(p, t, b);
     if (t->op != p->op || unmatchable(p->op) || t->materialized() || t->id < t_.first_id || t->id >= t_.fresh_id ||
         t->inputs.size() != p->inputs.size() || (rank_bound(p->op) && t->shape.size() != p->shape.size()) ||
-        (p->op != OpKind::Full && t->attrs.ints != p->attrs.ints))  // (a constant's value is f0; ints repeat an integer's)
+        (p->op != OpKind::Full &&
+         t->attrs.ints != p->attrs.ints))  // (a constant's value is f0; ints repeat an integer's)
       return false;
     // (a cast or draw to the pattern's floating dtype is one to the matched inputs' floating dtype:
     // checked in match_at once the inputs are bound)
     if (p->op == OpKind::Cast || p->op == OpKind::RandUniform) {
-      if (v_.float_leaf >= 0 && p->dtype == v_.leaves[static_cast<size_t>(v_.float_leaf)]->dtype) b.follow.push_back(t);
-      else if (p->dtype != t->dtype) return false;
+      if (v_.float_leaf >= 0 && p->dtype == v_.leaves[static_cast<size_t>(v_.float_leaf)]->dtype)
+        b.follow.push_back(t);
+      else if (p->dtype != t->dtype)
+        return false;
     }
     // (a uniform draw matches any draw of its range: its numbers are its own, a replacement draws others)
     if ((p->op == OpKind::Full || p->op == OpKind::Arange || p->op == OpKind::RandUniform) &&
-        (p->attrs.f0 != t->attrs.f0 || p->attrs.f1 != t->attrs.f1 || !p->attrs.sizes.empty() || !t->attrs.sizes.empty()))
+        (p->attrs.f0 != t->attrs.f0 || p->attrs.f1 != t->attrs.f1 || !p->attrs.sizes.empty() ||
+         !t->attrs.sizes.empty()))
       return false;
     b.map[p] = t;
     if (commutative(p->op) && p->inputs.size() == 2) {
@@ -656,9 +688,10 @@ size_t replace_instances(const std::vector<std::shared_ptr<const Registered>>& r
           reg.counts[r->name]++;
         }
         if (log_enabled("patterns"))
-          log_line("patterns", where + ": " + r->name + " replaced " + std::to_string(v.size) + " ops at " +
-                                   op_name(anchor->op) + " #" + std::to_string(anchor->id) +
-                                   (v.diff.empty() ? "" : " (with the gradients of " + std::to_string(v.diff.size()) + " inputs)"));
+          log_line("patterns",
+                   where + ": " + r->name + " replaced " + std::to_string(v.size) + " ops at " + op_name(anchor->op) +
+                       " #" + std::to_string(anchor->id) +
+                       (v.diff.empty() ? "" : " (with the gradients of " + std::to_string(v.diff.size()) + " inputs)"));
         t = index(roots, first_id, fresh_id);
         i = t.order.size();
         break;
@@ -766,7 +799,8 @@ Rewrite segment_patterns(const Segment& seg) {
   // Constants a match relied on (a scale, a mask value) are guarded: another value is another plan.
   for (const Node* c : constants) {
     auto it = at.find(c);
-    if (it == at.end() || it->second < 0 || it->second >= N) return refuse("a match relied on a constant computed before the segment");
+    if (it == at.end() || it->second < 0 || it->second >= N)
+      return refuse("a match relied on a constant computed before the segment");
     rw.guards.push_back(guard_on(*c, it->second));
   }
   rw.identity = false;
@@ -786,11 +820,13 @@ void set_gradient_forms_only(const std::string& name) {
 
 namespace kiln::patterns {
 
-void register_replacement(const std::string& name, PatternFn search, PatternFn replace, std::vector<Tensor> example_tensors,
-                          std::vector<double> example_scalars, ExtraCheck extra_check) {
+void register_replacement(const std::string& name, PatternFn search, PatternFn replace,
+                          std::vector<Tensor> example_tensors, std::vector<double> example_scalars,
+                          ExtraCheck extra_check) {
   KILN_CHECK(!name.empty(), "patterns: register_replacement needs a name");
   KILN_CHECK(search && replace, "patterns: register_replacement('", name, "') needs a search and a replace function");
-  KILN_CHECK(!example_tensors.empty(), "patterns: register_replacement('", name, "') needs at least one example tensor");
+  KILN_CHECK(!example_tensors.empty(), "patterns: register_replacement('", name,
+             "') needs at least one example tensor");
   for (size_t i = 0; i < example_tensors.size(); ++i)
     KILN_CHECK(example_tensors[i].defined(), "patterns: example tensor ", i, " of '", name, "' is undefined");
   auto r = std::make_shared<jit::Registered>();
@@ -828,8 +864,10 @@ void register_replacement(const std::string& name, PatternFn search, PatternFn r
   jit::Registry& reg = jit::registry();
   std::lock_guard<std::mutex> lock(reg.mu);
   auto it = std::find_if(reg.rewrites.begin(), reg.rewrites.end(), [&](const auto& x) { return x->name == name; });
-  if (it != reg.rewrites.end()) *it = std::move(r);
-  else reg.rewrites.push_back(std::move(r));
+  if (it != reg.rewrites.end())
+    *it = std::move(r);
+  else
+    reg.rewrites.push_back(std::move(r));
   jit::g_generation++;
 }
 

@@ -88,12 +88,16 @@ void exp_inplace(T* x, int64_t n) {
   constexpr int64_t lanes = std::is_same_v<T, float> ? 8 : 4;
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    if constexpr (std::is_same_v<T, float>) vmath::apply8f(vmath::Fn::Exp, x + i, nullptr);
-    else vmath::apply4d(vmath::Fn::Exp, x + i, nullptr);
+    if constexpr (std::is_same_v<T, float>)
+      vmath::apply8f(vmath::Fn::Exp, x + i, nullptr);
+    else
+      vmath::apply4d(vmath::Fn::Exp, x + i, nullptr);
   }
   for (; i < n; ++i) {
-    if constexpr (std::is_same_v<T, float>) x[i] = vmath::f32(vmath::Fn::Exp, x[i]);
-    else x[i] = vmath::f64(vmath::Fn::Exp, x[i]);
+    if constexpr (std::is_same_v<T, float>)
+      x[i] = vmath::f32(vmath::Fn::Exp, x[i]);
+    else
+      x[i] = vmath::f64(vmath::Fn::Exp, x[i]);
   }
 }
 
@@ -139,7 +143,7 @@ inline int64_t visible(bool causal, int64_t i, int64_t j0, int64_t cols) {
 // row's accumulator and leaves the block's unnormalized probabilities in `row`.
 template <class T>
 inline void forward_row_impl(T* row, int64_t valid, int64_t cols, const T* mrow, int64_t msj, T& m, T& l, T* acc,
-                        int64_t d) {
+                             int64_t d) {
   const T ninf = -std::numeric_limits<T>::infinity();
   if (mrow)
     for (int64_t c = 0; c < valid; ++c) row[c] += mrow[c * msj];
@@ -229,8 +233,8 @@ void forward(const Operand& out, const Operand& qo, const Operand& ko, const Ope
         for (int64_t rr = 0; rr < rows; ++rr) {
           const int64_t i = i0 + rr;
           const int64_t valid = visible(causal, i, j0, cols);
-          forward_row(s.data() + rr * cols, valid, cols, mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr,
-                      g.mask_sj, m[rr], l[rr], acc.data() + rr * d, d);
+          forward_row(s.data() + rr * cols, valid, cols, mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj,
+                      m[rr], l[rr], acc.data() + rr * d, d);
           // (the row sum l is the softmax's, before dropout; dropped entries add nothing to acc)
           if (drop) drop->apply(s.data() + rr * cols, valid, static_cast<uint64_t>((b * tq + i) * tk + j0));
         }
@@ -258,8 +262,8 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
   const std::vector<int64_t> oq = g.offsets(qo), ok = g.offsets(ko), ov = g.offsets(vo), of = g.offsets(fwd),
                              og = g.offsets(gout), oo = g.offsets(out);
   const size_t r = out.sizes.size();
-  const int64_t ors = out.strides[r - 2], frs = fwd.strides[r - 2], fcs = fwd.strides[r - 1],
-                grs = gout.strides[r - 2], gcs = gout.strides[r - 1];
+  const int64_t ors = out.strides[r - 2], frs = fwd.strides[r - 2], fcs = fwd.strides[r - 1], grs = gout.strides[r - 2],
+                gcs = gout.strides[r - 1];
   auto run = [&](int64_t b) {
     const Rows<T> q(qo, oq[b], tq, d), k(ko, ok[b], tk, d), v(vo, ov[b], tk, d);
     // dO, the row log-sum-exp and delta_i = dO_i·O_i - dLSE_i.
@@ -289,12 +293,11 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
         for (int64_t rr = 0; rr < rows; ++rr) {
           const int64_t i = i0 + rr;
           probabilities_row(p.data() + rr * cols, visible(causal, i, j0, cols), cols,
-                                mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, lse[i]);
+                            mb ? mb + i * g.mask_si + j0 * g.mask_sj : nullptr, g.mask_sj, lse[i]);
         }
         // dv += p'ᵀ·dO; dp = (dO·vᵀ)' ; ds = p·(dp - delta)·scale; dq += ds·k; dk += dsᵀ·q, where x' is x
         // with the dropout mask applied (none: x' = x).
-        gemm_block<T>(false, true, rows, cols, d, T(1), go.data() + i0 * d, d, v.row(j0), v.ld, T(0), dp.data(),
-                      cols);
+        gemm_block<T>(false, true, rows, cols, d, T(1), go.data() + i0 * d, d, v.row(j0), v.ld, T(0), dp.data(), cols);
         const T* pv = p.data();
         if (drop) {
           std::copy(p.begin(), p.begin() + rows * cols, pkept.begin());
@@ -308,8 +311,7 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
         gemm_block<T>(true, false, cols, d, rows, T(1), pv, cols, go.data() + i0 * d, d, T(1), dv.data(), d);
         for (int64_t rr = 0; rr < rows; ++rr)
           score_grad_row(dp.data() + rr * cols, p.data() + rr * cols, cols, delta[i0 + rr], scale);
-        gemm_block<T>(false, false, rows, d, cols, T(1), dp.data(), cols, k.row(j0), k.ld, T(1),
-                      dq.data() + i0 * d, d);
+        gemm_block<T>(false, false, rows, d, cols, T(1), dp.data(), cols, k.row(j0), k.ld, T(1), dq.data() + i0 * d, d);
         gemm_block<T>(true, false, cols, d, rows, T(1), dp.data(), cols, q.row(i0), q.ld, T(1), dk.data(), d);
       }
       for (int64_t c = 0; c < cols; ++c)
@@ -339,8 +341,10 @@ std::optional<DropoutMask> mask_of(const AttentionDropout& d) {
 void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
                bool causal, double scale, const AttentionDropout& drop) {
   check_float(out.dtype, "attention");
-  if (out.dtype == DType::Float32) forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale), mask_of(drop));
-  else forward<double>(out, q, k, v, mask, causal, scale, mask_of(drop));
+  if (out.dtype == DType::Float32)
+    forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale), mask_of(drop));
+  else
+    forward<double>(out, q, k, v, mask, causal, scale, mask_of(drop));
 }
 
 void attention_backward(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand& fwd,
@@ -349,7 +353,8 @@ void attention_backward(const Operand& out, const Operand& q, const Operand& k, 
   check_float(out.dtype, "attention_backward");
   if (out.dtype == DType::Float32)
     backward<float>(out, q, k, v, fwd, gout, mask, causal, static_cast<float>(scale), mask_of(drop));
-  else backward<double>(out, q, k, v, fwd, gout, mask, causal, scale, mask_of(drop));
+  else
+    backward<double>(out, q, k, v, fwd, gout, mask, causal, scale, mask_of(drop));
 }
 
 }  // namespace kiln::kernels

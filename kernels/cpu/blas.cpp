@@ -101,12 +101,15 @@ struct Mat {
 template <class T, class S>
 Mat<T> prepare(const S* p, int64_t rows, int64_t cols, int64_t rs, int64_t cs, std::vector<T>& buf) {
   if constexpr (std::is_same_v<T, S>) {
-    if (cs == 1 && (rows == 1 || rs >= std::max<int64_t>(cols, 1))) return {p, CblasNoTrans, std::max<int64_t>({rs, cols, 1})};
-    if (rs == 1 && (cols == 1 || cs >= std::max<int64_t>(rows, 1))) return {p, CblasTrans, std::max<int64_t>({cs, rows, 1})};
+    if (cs == 1 && (rows == 1 || rs >= std::max<int64_t>(cols, 1)))
+      return {p, CblasNoTrans, std::max<int64_t>({rs, cols, 1})};
+    if (rs == 1 && (cols == 1 || cs >= std::max<int64_t>(rows, 1)))
+      return {p, CblasTrans, std::max<int64_t>({cs, rows, 1})};
   }
   buf.resize(static_cast<size_t>(rows * cols));
   for (int64_t i = 0; i < rows; ++i)
-    for (int64_t j = 0; j < cols; ++j) buf[i * cols + j] = static_cast<T>(static_cast<compute_t<S>>(p[i * rs + j * cs]));
+    for (int64_t j = 0; j < cols; ++j)
+      buf[i * cols + j] = static_cast<T>(static_cast<compute_t<S>>(p[i * rs + j * cs]));
   return {buf.data(), CblasNoTrans, std::max<int64_t>(cols, 1)};
 }
 
@@ -158,10 +161,12 @@ constexpr int64_t kTilesPerThread = 2;
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 Grid plan(int64_t m, int64_t n, int64_t k, int64_t batch, int threads) {
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(std::max<int64_t>(k, 1));
+  const double flops =
+      2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(std::max<int64_t>(k, 1));
   const double total = flops * static_cast<double>(batch);
   int64_t want = 1;
-  if (threads > 1) want = static_cast<int64_t>(std::clamp(total / kTileFlops, 1.0, static_cast<double>(kTilesPerThread * threads)));
+  if (threads > 1)
+    want = static_cast<int64_t>(std::clamp(total / kTileFlops, 1.0, static_cast<double>(kTilesPerThread * threads)));
   Grid best{want > 1 ? batch : 1, 1, 1, m, n};
   const int64_t per = ceil_div(want, batch);  // tiles wanted per product
   if (per <= 1) return best;
@@ -194,7 +199,8 @@ Grid plan(int64_t m, int64_t n, int64_t k, int64_t batch, int threads) {
 // out = a·b over the batch dims (a and b broadcast to out's), in tiles over TBB; after all of a
 // row block's columns are computed, `epilogue(r0, r1)` (2-D only) runs on its rows.
 template <class S>
-void gemm_tiled(const Operand& out, const Operand& a, const Operand& b, const std::function<void(int64_t, int64_t)>* epilogue) {
+void gemm_tiled(const Operand& out, const Operand& a, const Operand& b,
+                const std::function<void(int64_t, int64_t)>* epilogue) {
   using T = std::conditional_t<std::is_same_v<S, double>, double, float>;  // compute type
   const size_t r = out.sizes.size();
   const int64_t m = out.sizes[r - 2], n = out.sizes[r - 1], k = a.sizes[r - 1];
@@ -269,8 +275,9 @@ void matmul_int(const Operand& out, const Operand& a, const Operand& b) {
                   for (int64_t j = 0; j < n; ++j) {
                     uint64_t acc = 0;
                     for (int64_t l = 0; l < k; ++l)
-                      acc += static_cast<uint64_t>(static_cast<int64_t>(ap[i * a.strides[r - 2] + l * a.strides[r - 1]]) *
-                                                   static_cast<int64_t>(bp[l * b.strides[r - 2] + j * b.strides[r - 1]]));
+                      acc +=
+                          static_cast<uint64_t>(static_cast<int64_t>(ap[i * a.strides[r - 2] + l * a.strides[r - 1]]) *
+                                                static_cast<int64_t>(bp[l * b.strides[r - 2] + j * b.strides[r - 1]]));
                     cp[i * out.strides[r - 2] + j * out.strides[r - 1]] = static_cast<T>(acc);
                   }
               }
@@ -289,17 +296,21 @@ void gemm_block(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, cons
 const char* sgemm_library() { return onednn().sgemm ? "onednn" : "openblas"; }
 template void gemm_block<float>(bool, bool, int64_t, int64_t, int64_t, float, const float*, int64_t, const float*,
                                 int64_t, float, float*, int64_t);
-template void gemm_block<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t,
-                                 const double*, int64_t, double, double*, int64_t);
+template void gemm_block<double>(bool, bool, int64_t, int64_t, int64_t, double, const double*, int64_t, const double*,
+                                 int64_t, double, double*, int64_t);
 
 bool matmul_row_blocks(const Operand& out, const Operand& a, const Operand& b,
                        const std::function<void(int64_t, int64_t)>& epilogue) {
   if (out.sizes.size() != 2 || a.sizes.size() != 2 || b.sizes.size() != 2) return false;
-  if (out.dtype != a.dtype || out.dtype != b.dtype || out.strides[1] != 1 || out.strides[0] < out.sizes[1]) return false;
+  if (out.dtype != a.dtype || out.dtype != b.dtype || out.strides[1] != 1 || out.strides[0] < out.sizes[1])
+    return false;
   if (out.sizes[0] == 0) return true;
-  if (out.dtype == DType::Float32) gemm_tiled<float>(out, a, b, &epilogue);
-  else if (out.dtype == DType::Float64) gemm_tiled<double>(out, a, b, &epilogue);
-  else return false;
+  if (out.dtype == DType::Float32)
+    gemm_tiled<float>(out, a, b, &epilogue);
+  else if (out.dtype == DType::Float64)
+    gemm_tiled<double>(out, a, b, &epilogue);
+  else
+    return false;
   return true;
 }
 

@@ -44,7 +44,8 @@ void scatter(OpKind op, const Operand& out, const Operand& index, const Operand&
   // duplicate indices resolve deterministically: last write wins, adds accumulate).
   const int64_t size = out.sizes.empty() ? 1 : out.sizes[dim];
   const int64_t os = out.strides.empty() ? 0 : out.strides[dim];
-  std::vector<int64_t> ost = out.strides.empty() ? std::vector<int64_t>(index.sizes.size(), 0) : without(out.strides, dim);
+  std::vector<int64_t> ost =
+      out.strides.empty() ? std::vector<int64_t>(index.sizes.size(), 0) : without(out.strides, dim);
   const bool add = op == OpKind::ScatterAdd;
   dispatch_dtype(out.dtype, [&](auto tag) {
     using T = decltype(tag);

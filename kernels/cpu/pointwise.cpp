@@ -23,7 +23,8 @@ void generate(const Operand& out, F&& f) {  // out[i] = f(i) over the contiguous
   auto run = [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) o[i] = f(i);
   };
-  if (n < kParallelThreshold) run(0, n);
+  if (n < kParallelThreshold)
+    run(0, n);
   else
     parallel_for(tbb::blocked_range<int64_t>(0, n, 16384),
                  [&](const tbb::blocked_range<int64_t>& r) { run(r.begin(), r.end()); });
@@ -31,8 +32,10 @@ void generate(const Operand& out, F&& f) {  // out[i] = f(i) over the contiguous
 
 template <class T>
 T from_double(double v) {
-  if constexpr (std::is_same_v<T, bool>) return v != 0;
-  else return static_cast<T>(static_cast<compute_t<T>>(v));
+  if constexpr (std::is_same_v<T, bool>)
+    return v != 0;
+  else
+    return static_cast<T>(static_cast<compute_t<T>>(v));
 }
 
 }  // namespace
@@ -76,8 +79,10 @@ void random(OpKind op, const Operand& out, const Attrs& a) {
     } else {
       // Uniform with as many random bits as the dtype's mantissa holds, so rounding never
       // reaches the upper bound.
-      int bits = out.dtype == DType::Float64 ? 53 : out.dtype == DType::Float32 ? 24
-                 : out.dtype == DType::Float16 ? 11 : 8;
+      int bits = out.dtype == DType::Float64   ? 53
+                 : out.dtype == DType::Float32 ? 24
+                 : out.dtype == DType::Float16 ? 11
+                                               : 8;
       double low = a.f0, span = a.f1 - a.f0, scale = std::ldexp(1.0, -bits);
       generate<T>(out, [=](int64_t i) {
         double u = static_cast<double>(philox_u64(key, ctr + i) >> (64 - bits)) * scale;
@@ -112,42 +117,59 @@ void unary_typed(OpKind op, const Operand& out, const Operand& in) {
   switch (op) {
     case OpKind::Neg: m([](C x) { return static_cast<C>(-x); }); return;
     case OpKind::Abs:
-      if constexpr (fl) m([](C x) { return std::abs(x); });
-      else m([](C x) { return static_cast<C>(x < 0 ? -x : x); });
+      if constexpr (fl)
+        m([](C x) { return std::abs(x); });
+      else
+        m([](C x) { return static_cast<C>(x < 0 ? -x : x); });
       return;
     case OpKind::Sign:
-      if constexpr (std::is_same_v<C, bool>) m([](C x) { return x; });
-      else if constexpr (fl) m([](C x) { return static_cast<C>((C(0) < x) - (x < C(0))); });  // NaN -> 0, as PyTorch
-      else m([](C x) { return static_cast<C>((C(0) < x) - (x < C(0))); });
+      if constexpr (std::is_same_v<C, bool>)
+        m([](C x) { return x; });
+      else if constexpr (fl)
+        m([](C x) { return static_cast<C>((C(0) < x) - (x < C(0))); });  // NaN -> 0, as PyTorch
+      else
+        m([](C x) { return static_cast<C>((C(0) < x) - (x < C(0))); });
       return;
     case OpKind::Relu:
-      if constexpr (fl) m([](C x) { return (std::isnan(x) || x > 0) ? x : C(0); });
-      else m([](C x) { return x > 0 ? x : C(0); });
+      if constexpr (fl)
+        m([](C x) { return (std::isnan(x) || x > 0) ? x : C(0); });
+      else
+        m([](C x) { return x > 0 ? x : C(0); });
       return;
     case OpKind::Floor:
     case OpKind::Ceil:
     case OpKind::Round:
       if constexpr (fl) {
-        if (op == OpKind::Floor) m([](C x) { return std::floor(x); });
-        else if (op == OpKind::Ceil) m([](C x) { return std::ceil(x); });
-        else m([](C x) { return std::nearbyint(x); });
+        if (op == OpKind::Floor)
+          m([](C x) { return std::floor(x); });
+        else if (op == OpKind::Ceil)
+          m([](C x) { return std::ceil(x); });
+        else
+          m([](C x) { return std::nearbyint(x); });
       } else {
         m([](C x) { return x; });
       }
       return;
     case OpKind::IsNan:
-      if constexpr (fl) mb([](C x) { return std::isnan(x); });
-      else mb([](C) { return false; });
+      if constexpr (fl)
+        mb([](C x) { return std::isnan(x); });
+      else
+        mb([](C) { return false; });
       return;
     case OpKind::IsFinite:
-      if constexpr (fl) mb([](C x) { return std::isfinite(x); });
-      else mb([](C) { return true; });
+      if constexpr (fl)
+        mb([](C x) { return std::isfinite(x); });
+      else
+        mb([](C) { return true; });
       return;
     case OpKind::LogicalNot: mb([](C x) { return x == C(0); }); return;
     case OpKind::BitwiseNot:
-      if constexpr (std::is_same_v<C, bool>) m([](C x) { return !x; });
-      else if constexpr (std::is_integral_v<C>) m([](C x) { return static_cast<C>(~x); });
-      else throw Error("bitwise_not: floating point input");
+      if constexpr (std::is_same_v<C, bool>)
+        m([](C x) { return !x; });
+      else if constexpr (std::is_integral_v<C>)
+        m([](C x) { return static_cast<C>(~x); });
+      else
+        throw Error("bitwise_not: floating point input");
       return;
     default: break;
   }
@@ -177,9 +199,12 @@ void unary_typed(OpKind op, const Operand& out, const Operand& in) {
 
 template <class TO, class TI>
 TO convert(TI x) {
-  if constexpr (std::is_same_v<TO, bool>) return static_cast<compute_t<TI>>(x) != 0;
-  else if constexpr (std::is_same_v<TI, bool>) return static_cast<TO>(static_cast<compute_t<TO>>(x ? 1 : 0));
-  else return static_cast<TO>(static_cast<compute_t<TO>>(static_cast<compute_t<TI>>(x)));
+  if constexpr (std::is_same_v<TO, bool>)
+    return static_cast<compute_t<TI>>(x) != 0;
+  else if constexpr (std::is_same_v<TI, bool>)
+    return static_cast<TO>(static_cast<compute_t<TO>>(x ? 1 : 0));
+  else
+    return static_cast<TO>(static_cast<compute_t<TO>>(static_cast<compute_t<TI>>(x)));
 }
 
 }  // namespace
@@ -247,34 +272,49 @@ void binary_typed(OpKind op, const Operand& out, const Operand& a, const Operand
   };
   switch (op) {
     case OpKind::Add:
-      if constexpr (is_bool) m([](C x, C y) { return x || y; });
-      else m([](C x, C y) { return static_cast<C>(x + y); });
+      if constexpr (is_bool)
+        m([](C x, C y) { return x || y; });
+      else
+        m([](C x, C y) { return static_cast<C>(x + y); });
       return;
     case OpKind::Sub: m([](C x, C y) { return static_cast<C>(x - y); }); return;
     case OpKind::Mul:
-      if constexpr (is_bool) m([](C x, C y) { return x && y; });
-      else m([](C x, C y) { return static_cast<C>(x * y); });
+      if constexpr (is_bool)
+        m([](C x, C y) { return x && y; });
+      else
+        m([](C x, C y) { return static_cast<C>(x * y); });
       return;
     case OpKind::Div:
-      if constexpr (fl) m([](C x, C y) { return x / y; });
-      else break;
+      if constexpr (fl)
+        m([](C x, C y) { return x / y; });
+      else
+        break;
       return;
     case OpKind::Maximum:
-      if constexpr (fl) m([](C x, C y) { return (std::isnan(x) || std::isnan(y)) ? x + y : (x > y ? x : y); });
-      else m([](C x, C y) { return x > y ? x : y; });
+      if constexpr (fl)
+        m([](C x, C y) { return (std::isnan(x) || std::isnan(y)) ? x + y : (x > y ? x : y); });
+      else
+        m([](C x, C y) { return x > y ? x : y; });
       return;
     case OpKind::Minimum:
-      if constexpr (fl) m([](C x, C y) { return (std::isnan(x) || std::isnan(y)) ? x + y : (x < y ? x : y); });
-      else m([](C x, C y) { return x < y ? x : y; });
+      if constexpr (fl)
+        m([](C x, C y) { return (std::isnan(x) || std::isnan(y)) ? x + y : (x < y ? x : y); });
+      else
+        m([](C x, C y) { return x < y ? x : y; });
       return;
     case OpKind::Pow:
-      if constexpr (fl) m([](C x, C y) { return vm(vmath::Fn::Pow, x, y); });
-      else if constexpr (is_bool) m([](C x, C y) { return x || !y; });
-      else m([](C x, C y) { return int_pow<C>(x, y); });
+      if constexpr (fl)
+        m([](C x, C y) { return vm(vmath::Fn::Pow, x, y); });
+      else if constexpr (is_bool)
+        m([](C x, C y) { return x || !y; });
+      else
+        m([](C x, C y) { return int_pow<C>(x, y); });
       return;
     case OpKind::Atan2:
-      if constexpr (fl) m([](C x, C y) { return vm(vmath::Fn::Atan2, x, y); });
-      else break;
+      if constexpr (fl)
+        m([](C x, C y) { return vm(vmath::Fn::Atan2, x, y); });
+      else
+        break;
       return;
     case OpKind::Remainder:
       if constexpr (fl) {
@@ -291,17 +331,20 @@ void binary_typed(OpKind op, const Operand& out, const Operand& a, const Operand
           if (r != 0 && ((y < 0) != (r < 0))) r = static_cast<C>(r + y);
           return r;
         });
-      } else break;
+      } else
+        break;
       return;
     case OpKind::Fmod:
-      if constexpr (fl) m([](C x, C y) { return std::fmod(x, y); });
+      if constexpr (fl)
+        m([](C x, C y) { return std::fmod(x, y); });
       else if constexpr (!is_bool) {
         m([](C x, C y) {
           if (y == 0) throw Error("fmod: integer division by zero");
           if (y == -1) return C(0);  // (the minimum % -1 traps on x86; PyTorch gives 0)
           return static_cast<C>(x % y);
         });
-      } else break;
+      } else
+        break;
       return;
     case OpKind::Eq: mb([](C x, C y) { return x == y; }); return;
     case OpKind::Ne: mb([](C x, C y) { return x != y; }); return;
@@ -313,16 +356,22 @@ void binary_typed(OpKind op, const Operand& out, const Operand& a, const Operand
     case OpKind::LogicalOr: mb([](C x, C y) { return x != C(0) || y != C(0); }); return;
     case OpKind::LogicalXor: mb([](C x, C y) { return (x != C(0)) != (y != C(0)); }); return;
     case OpKind::BitwiseAnd:
-      if constexpr (!fl) m([](C x, C y) { return static_cast<C>(x & y); });
-      else break;
+      if constexpr (!fl)
+        m([](C x, C y) { return static_cast<C>(x & y); });
+      else
+        break;
       return;
     case OpKind::BitwiseOr:
-      if constexpr (!fl) m([](C x, C y) { return static_cast<C>(x | y); });
-      else break;
+      if constexpr (!fl)
+        m([](C x, C y) { return static_cast<C>(x | y); });
+      else
+        break;
       return;
     case OpKind::BitwiseXor:
-      if constexpr (!fl) m([](C x, C y) { return static_cast<C>(x ^ y); });
-      else break;
+      if constexpr (!fl)
+        m([](C x, C y) { return static_cast<C>(x ^ y); });
+      else
+        break;
       return;
     default: break;
   }

@@ -69,9 +69,12 @@ void reduce_typed(OpKind op, const Operand& out, const Operand& in, const std::v
                     C v = static_cast<C>(x[roffs[k]]);
                     bool better;
                     if constexpr (std::is_floating_point_v<C>) {
-                      if (std::isnan(bv)) better = false;
-                      else if (std::isnan(v)) better = true;
-                      else better = op == OpKind::ArgMax ? v > bv : v < bv;
+                      if (std::isnan(bv))
+                        better = false;
+                      else if (std::isnan(v))
+                        better = true;
+                      else
+                        better = op == OpKind::ArgMax ? v > bv : v < bv;
                     } else {
                       better = op == OpKind::ArgMax ? v > bv : v < bv;
                     }
@@ -84,13 +87,17 @@ void reduce_typed(OpKind op, const Operand& out, const Operand& in, const std::v
                   continue;
                 }
                 Acc acc;
-                if (op == OpKind::Sum) acc = 0;
-                else if (op == OpKind::Prod) acc = 1;
+                if (op == OpKind::Sum)
+                  acc = 0;
+                else if (op == OpKind::Prod)
+                  acc = 1;
                 else if (roffs.empty())  // an empty dim (softmax's shift): the identity, as the JIT's
                   acc = std::numeric_limits<Acc>::has_infinity
                             ? (op == OpKind::Amax ? -1 : 1) * std::numeric_limits<Acc>::infinity()
-                            : op == OpKind::Amax ? std::numeric_limits<Acc>::lowest() : std::numeric_limits<Acc>::max();
-                else acc = static_cast<Acc>(static_cast<C>(x[roffs[0]]));
+                        : op == OpKind::Amax ? std::numeric_limits<Acc>::lowest()
+                                             : std::numeric_limits<Acc>::max();
+                else
+                  acc = static_cast<Acc>(static_cast<C>(x[roffs[0]]));
                 for (size_t k = 0; k < roffs.size(); ++k) {
                   Acc v = static_cast<Acc>(static_cast<C>(x[roffs[k]]));
                   switch (op) {
@@ -99,12 +106,14 @@ void reduce_typed(OpKind op, const Operand& out, const Operand& in, const std::v
                     case OpKind::Amax:
                       if constexpr (std::is_floating_point_v<Acc>) {
                         if (std::isnan(v) || v > acc) acc = v;
-                      } else if (v > acc) acc = v;
+                      } else if (v > acc)
+                        acc = v;
                       break;
                     case OpKind::Amin:
                       if constexpr (std::is_floating_point_v<Acc>) {
                         if (std::isnan(v) || v < acc) acc = v;
-                      } else if (v < acc) acc = v;
+                      } else if (v < acc)
+                        acc = v;
                       break;
                     default: break;
                   }

@@ -20,7 +20,10 @@ struct Operand {
     for (int64_t s : sizes) n *= s;
     return n;
   }
-  template <class T> T* ptr() const { return reinterpret_cast<T*>(data); }
+  template <class T>
+  T* ptr() const {
+    return reinterpret_cast<T*>(data);
+  }
   // This operand's strides right-aligned to `out_sizes`, with 0 for broadcast dims.
   std::vector<int64_t> broadcast_strides(const std::vector<int64_t>& out_sizes) const {
     std::vector<int64_t> st(out_sizes.size(), 0);

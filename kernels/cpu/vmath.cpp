@@ -26,8 +26,8 @@ using V4d2 = __m256d (*)(__m256d, __m256d);
 using V16f1 = __m512 (*)(__m512);
 using V16f2 = __m512 (*)(__m512, __m512);
 
-const char* const kNames[kCount] = {"exp",  "exp2", "expm1", "log",  "log2", "log1p", "sin",
-                                    "cos",  "tan",  "atan",  "tanh", "erf",  "pow",   "atan2"};
+const char* const kNames[kCount] = {"exp", "exp2", "expm1", "log",  "log2", "log1p", "sin",
+                                    "cos", "tan",  "atan",  "tanh", "erf",  "pow",   "atan2"};
 
 // The AVX2 variants, resolved once: libmvec first, then SLEEF's GNU-ABI build (the same order
 // as the LLVM JIT's symbol search used to have; both are link dependencies of libkiln).
@@ -70,7 +70,8 @@ struct Table {
     __builtin_cpu_init();
     avx2 = __builtin_cpu_supports("avx2");
     if (!avx2) return;
-    void* libs[] = {dlopen("libmvec.so.1", RTLD_NOW | RTLD_GLOBAL), dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL)};
+    void* libs[] = {dlopen("libmvec.so.1", RTLD_NOW | RTLD_GLOBAL),
+                    dlopen("libsleefgnuabi.so.3", RTLD_NOW | RTLD_GLOBAL)};
     auto find = [&](const std::string& name) -> void* {
       for (void* lib : libs)
         if (void* f = lib ? dlsym(lib, name.c_str()) : nullptr) return f;
@@ -232,17 +233,17 @@ void apply4d(Fn f, double* x, const double* y) {
 // GetForCurrentProcess, jit/cpu_llvm/codegen_llvm.cpp), so they keep default visibility
 // (KILN_API) although libkiln hides everything else; kernels from the disk cache name them too.
 using kiln::vmath::Fn;
-#define KILN_VM_UNARY(NAME, FN)                                                                            \
-  extern "C" KILN_API float kiln_vm_##NAME##f(float x) { return kiln::vmath::f32(Fn::FN, x); }             \
-  extern "C" KILN_API double kiln_vm_##NAME(double x) { return kiln::vmath::f64(Fn::FN, x); }              \
-  extern "C" KILN_API __attribute__((target("avx2"))) __m256 kiln_vm8_##NAME##f(__m256 x) {                \
-    return kiln::vmath::vec8(Fn::FN, x, x);                                                                \
-  }                                                                                                        \
-  extern "C" KILN_API __attribute__((target("avx2"))) __m256d kiln_vm4_##NAME(__m256d x) {                 \
-    return kiln::vmath::vec4(Fn::FN, x, x);                                                                \
-  }                                                                                                        \
-  extern "C" KILN_API __attribute__((target("avx512f"))) __m512 kiln_vm16_##NAME##f(__m512 x) {            \
-    return kiln::vmath::vec16(Fn::FN, x, x);                                                               \
+#define KILN_VM_UNARY(NAME, FN)                                                                 \
+  extern "C" KILN_API float kiln_vm_##NAME##f(float x) { return kiln::vmath::f32(Fn::FN, x); }  \
+  extern "C" KILN_API double kiln_vm_##NAME(double x) { return kiln::vmath::f64(Fn::FN, x); }   \
+  extern "C" KILN_API __attribute__((target("avx2"))) __m256 kiln_vm8_##NAME##f(__m256 x) {     \
+    return kiln::vmath::vec8(Fn::FN, x, x);                                                     \
+  }                                                                                             \
+  extern "C" KILN_API __attribute__((target("avx2"))) __m256d kiln_vm4_##NAME(__m256d x) {      \
+    return kiln::vmath::vec4(Fn::FN, x, x);                                                     \
+  }                                                                                             \
+  extern "C" KILN_API __attribute__((target("avx512f"))) __m512 kiln_vm16_##NAME##f(__m512 x) { \
+    return kiln::vmath::vec16(Fn::FN, x, x);                                                    \
   }
 #define KILN_VM_BINARY(NAME, FN)                                                                           \
   extern "C" KILN_API float kiln_vm_##NAME##f(float x, float y) { return kiln::vmath::f32(Fn::FN, x, y); } \

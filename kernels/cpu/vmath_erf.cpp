@@ -40,8 +40,8 @@ __attribute__((target("avx512f"))) __m512 erf16(__m512 x) {
   const __mmask16 one = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(kErfOne), _CMP_GE_OQ);
   r = _mm512_mask_mov_ps(r, one, _mm512_set1_ps(1.0f));
   // erf is odd: x's sign bit on |erf(|x|)| (bitwise select, imm 0xd8 = sign ? x : r).
-  return _mm512_castsi512_ps(_mm512_ternarylogic_epi32(_mm512_castps_si512(r), _mm512_castps_si512(x),
-                                                       _mm512_set1_epi32(INT32_MIN), 0xd8));
+  return _mm512_castsi512_ps(
+      _mm512_ternarylogic_epi32(_mm512_castps_si512(r), _mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN), 0xd8));
 }
 
 }  // namespace kiln::vmath

@@ -355,7 +355,8 @@ const char* attention_template(DeviceKernel k) {
   }
 }
 
-const DType kAll[] = {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64};
+const DType kAll[] = {DType::Bool,     DType::Int32,   DType::Int64,  DType::Float16,
+                      DType::BFloat16, DType::Float32, DType::Float64};
 const DType kIndex[] = {DType::Int32, DType::Int64};
 
 }  // namespace
@@ -366,7 +367,8 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::Gather: return std::string("kiln_gather_") + dtype_name(k.a) + "_" + dtype_name(k.b);
     case DeviceKernel::ScatterAdd: return std::string("kiln_scatter_add_") + dtype_name(k.a) + "_" + dtype_name(k.b);
     case DeviceKernel::ScatterClaim: return std::string("kiln_scatter_claim_") + dtype_name(k.b);
-    case DeviceKernel::ScatterWrite: return std::string("kiln_scatter_write_") + dtype_name(k.a) + "_" + dtype_name(k.b);
+    case DeviceKernel::ScatterWrite:
+      return std::string("kiln_scatter_write_") + dtype_name(k.a) + "_" + dtype_name(k.b);
     case DeviceKernel::Cumsum: return std::string("kiln_cumsum_") + dtype_name(k.a);
     case DeviceKernel::Remainder: return std::string("kiln_remainder_") + dtype_name(k.a);
     case DeviceKernel::Fmod: return std::string("kiln_fmod_") + dtype_name(k.a);
@@ -377,7 +379,8 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::AttentionForwardTiled:
     case DeviceKernel::AttentionBackwardQTiled:
     case DeviceKernel::AttentionBackwardKVTiled:
-      return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) + "_h" + std::to_string(k.head);
+      return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) + "_h" +
+             std::to_string(k.head);
   }
   return "";
 }
@@ -390,12 +393,14 @@ std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
   const bool attention = !ks.empty() && is_attention_kernel(ks[0].kernel);
   std::string s = attention ? attention_kernel_source() : kSource;
   for (const DeviceKernelInstance& k : ks) {
-    if (is_attention_kernel(k.kernel) != attention) throw Error("device kernels: attention and other kernels in one program");
+    if (is_attention_kernel(k.kernel) != attention)
+      throw Error("device kernels: attention and other kernels in one program");
     if (attention)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
            device_type(k.a) + ", " + std::to_string(k.head) + ")\n";
     else
-      s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + device_type(k.a) + ", " + device_type(k.b) + ")\n";
+      s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + device_type(k.a) + ", " +
+           device_type(k.b) + ")\n";
   }
   return s;
 }
@@ -405,7 +410,8 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
   for (DType a : kAll) {
     for (DType b : kAll) v.push_back({DeviceKernel::Copy, a, b});
     for (DType i : kIndex)
-      for (DeviceKernel k : {DeviceKernel::Gather, DeviceKernel::ScatterAdd, DeviceKernel::ScatterWrite}) v.push_back({k, a, i});
+      for (DeviceKernel k : {DeviceKernel::Gather, DeviceKernel::ScatterAdd, DeviceKernel::ScatterWrite})
+        v.push_back({k, a, i});
     v.push_back({DeviceKernel::Cumsum, a, DType::Int64});
   }
   for (DType i : kIndex) {
@@ -413,11 +419,12 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
     for (DeviceKernel k : {DeviceKernel::Remainder, DeviceKernel::Fmod, DeviceKernel::Pow}) v.push_back({k, i});
   }
   v.push_back({DeviceKernel::Pow, DType::Bool});
-  for (DeviceKernel k : {DeviceKernel::AttentionForward, DeviceKernel::AttentionBackwardQ, DeviceKernel::AttentionBackwardKV})
+  for (DeviceKernel k :
+       {DeviceKernel::AttentionForward, DeviceKernel::AttentionBackwardQ, DeviceKernel::AttentionBackwardKV})
     for (DType t : {DType::Float32, DType::Float64})
       for (int head : {32, 64, 128, 256}) v.push_back({k, t, DType::Int64, head});
-  for (DeviceKernel k :
-       {DeviceKernel::AttentionForwardTiled, DeviceKernel::AttentionBackwardQTiled, DeviceKernel::AttentionBackwardKVTiled})
+  for (DeviceKernel k : {DeviceKernel::AttentionForwardTiled, DeviceKernel::AttentionBackwardQTiled,
+                         DeviceKernel::AttentionBackwardKVTiled})
     for (int head : {32, 64}) v.push_back({k, DType::Float32, DType::Int64, head});
   return v;
 }

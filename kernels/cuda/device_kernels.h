@@ -1,6 +1,6 @@
 // The CUDA device runtime's kernels for the ops that are not generated (copies, casts, cat,
-// view_scatter, indexing, cumsum, integer remainder / fmod / pow): one CUDA C++ template source without includes, compiled by
-// NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops).
+// view_scatter, indexing, cumsum, integer remainder / fmod / pow): one CUDA C++ template source without includes,
+// compiled by NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -14,18 +14,18 @@ namespace kiln::kernels {
 // passed by value) with a grid-stride loop; indexing and integer kernels report a bad index or
 // value into the device's error record (first error wins) and skip the element.
 enum class DeviceKernel {
-  Copy,          // out[i] = convert(in[i]) (a: out dtype, b: in dtype)
-  Gather,        // out[i] = x[... idx[i] ...] (gather, index_select; a: data, b: index)
-  ScatterAdd,    // out[... idx[i] ...] += src[i] atomically (scatter_add, index_add)
+  Copy,  // out[i] = convert(in[i]) (a: out dtype, b: in dtype)
+  Gather,  // out[i] = x[... idx[i] ...] (gather, index_select; a: data, b: index)
+  ScatterAdd,  // out[... idx[i] ...] += src[i] atomically (scatter_add, index_add)
   ScatterClaim,  // winner[dest] = max i writing dest (scatter's last-write-wins order; b: index)
   ScatterWrite,  // out[dest] = src[i] where i is dest's winner
-  Cumsum,        // one thread per row, sequential in float64 / int64 like the CPU (a: data)
-  Remainder,     // integer out[i] = a[i] mod b[i], y's sign; reports division by zero (a: dtype)
-  Fmod,          // integer out[i] = a[i] % b[i], x's sign; reports division by zero (a: dtype)
-  Pow,           // integer / bool out[i] = a[i] ** b[i]; reports negative exponents (a: dtype)
+  Cumsum,  // one thread per row, sequential in float64 / int64 like the CPU (a: data)
+  Remainder,  // integer out[i] = a[i] mod b[i], y's sign; reports division by zero (a: dtype)
+  Fmod,  // integer out[i] = a[i] % b[i], x's sign; reports division by zero (a: dtype)
+  Pow,  // integer / bool out[i] = a[i] ** b[i]; reports negative exponents (a: dtype)
   // Fused attention (kernels/cuda/attention_kernels.h; a: float32/float64, head: bucket).
-  AttentionForward,     // packed output rows + log-sum-exp
-  AttentionBackwardQ,   // dq rows of the stacked gradient
+  AttentionForward,  // packed output rows + log-sum-exp
+  AttentionBackwardQ,  // dq rows of the stacked gradient
   AttentionBackwardKV,  // dk and dv rows of the stacked gradient
   // The same three as 64 x 64 tiles (float32, head sizes up to 64; opt into > 48 KiB of shared memory).
   AttentionForwardTiled,

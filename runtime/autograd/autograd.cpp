@@ -166,8 +166,10 @@ void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain
                   std::unordered_map<GradNode*, Tensor>* capture) {
   std::optional<NoGradGuard> no_grad;
   std::optional<EnableGradGuard> with_grad;
-  if (create_graph) with_grad.emplace();
-  else no_grad.emplace();
+  if (create_graph)
+    with_grad.emplace();
+  else
+    no_grad.emplace();
 
   // Dependencies: how many edges point at each node.
   std::unordered_map<GradNode*, int> deps;
@@ -193,8 +195,10 @@ void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain
   std::unordered_map<GradNode*, Tensor> buffer;
   auto accumulate = [&](GradNode* n, const Tensor& g) {
     auto it = buffer.find(n);
-    if (it == buffer.end() || !it->second.defined()) buffer[n] = g;
-    else it->second = add(it->second, g);
+    if (it == buffer.end() || !it->second.defined())
+      buffer[n] = g;
+    else
+      it->second = add(it->second, g);
   };
   for (const auto& [e, g] : roots)
     if (e.fn) accumulate(e.fn.get(), g);
@@ -219,8 +223,10 @@ void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain
     for (size_t i = 0; i < n->next.size(); ++i) {
       GradNode* nx = n->next[i].fn.get();
       if (!nx) continue;
-      if (i < grads.size() && grads[i].defined()) accumulate(nx, grads[i]);
-      else buffer.try_emplace(nx);  // keep an (undefined) slot so the node still runs
+      if (i < grads.size() && grads[i].defined())
+        accumulate(nx, grads[i]);
+      else
+        buffer.try_emplace(nx);  // keep an (undefined) slot so the node still runs
       if (--deps[nx] == 0) ready.push_back(nx);
     }
   }
@@ -240,8 +246,8 @@ Tensor default_grad(const Tensor& out, const Tensor* given) {
 }
 
 std::vector<std::pair<Edge, Tensor>> make_roots(const std::vector<Tensor>& outputs, const std::vector<Tensor>& gouts) {
-  KILN_CHECK(gouts.empty() || gouts.size() == outputs.size(), "backward: got ", gouts.size(),
-             " gradients for ", outputs.size(), " outputs");
+  KILN_CHECK(gouts.empty() || gouts.size() == outputs.size(), "backward: got ", gouts.size(), " gradients for ",
+             outputs.size(), " outputs");
   std::vector<std::pair<Edge, Tensor>> roots;
   for (size_t i = 0; i < outputs.size(); ++i) {
     KILN_CHECK(outputs[i].requires_grad(), "backward: output ", i,

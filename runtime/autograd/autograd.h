@@ -42,12 +42,12 @@ class EnableGradGuard {
 // accumulated into .grad(). With create_graph the results are themselves differentiable.
 // allow_unused: an input the outputs do not depend on gives an undefined tensor (else Error).
 KILN_API std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
-                         const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
-                         bool create_graph = false, bool allow_unused = false);
+                                  const std::vector<Tensor>& grad_outputs = {}, bool retain_graph = false,
+                                  bool create_graph = false, bool allow_unused = false);
 
 // Backpropagates from several outputs at once (see Tensor::backward).
 KILN_API void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
-              bool retain_graph = false, bool create_graph = false);
+                       bool retain_graph = false, bool create_graph = false);
 
 // An edge of the backward graph: which node, and which of its outputs.
 struct Edge {

@@ -12,15 +12,31 @@ namespace kiln::detail {
 
 bool is_differentiable(OpKind op) {
   switch (op) {
-    case OpKind::Leaf: case OpKind::Full: case OpKind::Arange: case OpKind::RandUniform:
-    case OpKind::RandNormal: case OpKind::RandInt: case OpKind::IsNan: case OpKind::IsFinite:
-    case OpKind::LogicalNot: case OpKind::BitwiseNot: case OpKind::Eq: case OpKind::Ne: case OpKind::Lt:
-    case OpKind::Le: case OpKind::Gt: case OpKind::Ge: case OpKind::LogicalAnd: case OpKind::LogicalOr:
-    case OpKind::LogicalXor: case OpKind::BitwiseAnd: case OpKind::BitwiseOr: case OpKind::BitwiseXor:
-    case OpKind::ArgMax: case OpKind::ArgMin:
-      return false;
-    default:
-      return true;
+    case OpKind::Leaf:
+    case OpKind::Full:
+    case OpKind::Arange:
+    case OpKind::RandUniform:
+    case OpKind::RandNormal:
+    case OpKind::RandInt:
+    case OpKind::IsNan:
+    case OpKind::IsFinite:
+    case OpKind::LogicalNot:
+    case OpKind::BitwiseNot:
+    case OpKind::Eq:
+    case OpKind::Ne:
+    case OpKind::Lt:
+    case OpKind::Le:
+    case OpKind::Gt:
+    case OpKind::Ge:
+    case OpKind::LogicalAnd:
+    case OpKind::LogicalOr:
+    case OpKind::LogicalXor:
+    case OpKind::BitwiseAnd:
+    case OpKind::BitwiseOr:
+    case OpKind::BitwiseXor:
+    case OpKind::ArgMax:
+    case OpKind::ArgMin: return false;
+    default: return true;
   }
 }
 
@@ -30,7 +46,10 @@ Tensor sum_to(const Tensor& g, const Shape& shape) {
   std::vector<int64_t> dims;
   size_t lead = gs.size() - shape.size();
   for (size_t i = 0; i < gs.size(); ++i) {
-    if (i < lead) { dims.push_back(static_cast<int64_t>(i)); continue; }
+    if (i < lead) {
+      dims.push_back(static_cast<int64_t>(i));
+      continue;
+    }
     if (is_one(shape[i - lead])) {  // summed, whatever gs[i] is: nothing to ask
       if (!is_one(gs[i])) dims.push_back(static_cast<int64_t>(i));
       continue;
@@ -112,13 +131,13 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     case OpKind::Sigmoid: return {mul(g, mul(out, sub(1, out)))};
     case OpKind::Relu: return {where(gt(out, 0), g, 0)};
     case OpKind::Erf: return {mul(g, mul(exp(neg(mul(x, x))), 2.0 / std::sqrt(M_PI)))};
-    case OpKind::Floor: case OpKind::Ceil: case OpKind::Round: case OpKind::Sign:
-      return {zeros_of(x)};
-    case OpKind::ToDevice:
-      return {to(g, x.device())};
+    case OpKind::Floor:
+    case OpKind::Ceil:
+    case OpKind::Round:
+    case OpKind::Sign: return {zeros_of(x)};
+    case OpKind::ToDevice: return {to(g, x.device())};
     case OpKind::Cast:
-    case OpKind::Contiguous:
-      return {is_floating(x.dtype()) ? cast(g, x.dtype()) : Tensor()};
+    case OpKind::Contiguous: return {is_floating(x.dtype()) ? cast(g, x.dtype()) : Tensor()};
     // ---- binary ----
     case OpKind::Add: return {st(g, 0), st(g, 1)};
     case OpKind::Sub: return {st(g, 0), st(neg(g), 1)};
@@ -153,8 +172,7 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       Tensor trunc = where(lt(q, 0), ceil(q), floor(q));
       return {st(g, 0), st(neg(mul(g, trunc)), 1)};
     }
-    case OpKind::Where:
-      return {Tensor(), sum_to(where(x, g, 0), in[1].shape()), sum_to(where(x, 0, g), in[2].shape())};
+    case OpKind::Where: return {Tensor(), sum_to(where(x, g, 0), in[1].shape()), sum_to(where(x, 0, g), in[2].shape())};
     // ---- reductions ----
     case OpKind::Sum: return {expand_reduced(g, x, a.ints)};
     case OpKind::Prod: {
@@ -178,9 +196,15 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       return {flip(cumsum(flip(g, {d}), d), {d})};
     }
     // ---- views ----
-    case OpKind::View: case OpKind::Permute: case OpKind::Expand: case OpKind::Slice: case OpKind::Select:
-    case OpKind::Squeeze: case OpKind::Unsqueeze: case OpKind::Flip: case OpKind::AsStrided:
-      return {inverse_view(op, a, x, g)};
+    case OpKind::View:
+    case OpKind::Permute:
+    case OpKind::Expand:
+    case OpKind::Slice:
+    case OpKind::Select:
+    case OpKind::Squeeze:
+    case OpKind::Unsqueeze:
+    case OpKind::Flip:
+    case OpKind::AsStrided: return {inverse_view(op, a, x, g)};
     // ---- copies ----
     case OpKind::Cat: {
       std::vector<Tensor> r;
@@ -203,8 +227,7 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     }
     // ---- indexing ----
     case OpKind::Gather: return {scatter_add(zeros_of(x), a.ints[0], in[1], g), Tensor()};
-    case OpKind::Scatter:
-      return {scatter(g, a.ints[0], in[1], 0), Tensor(), gather(g, a.ints[0], in[1])};
+    case OpKind::Scatter: return {scatter(g, a.ints[0], in[1], 0), Tensor(), gather(g, a.ints[0], in[1])};
     case OpKind::ScatterAdd: return {g, Tensor(), gather(g, a.ints[0], in[1])};
     case OpKind::IndexSelect: return {index_add(zeros_of(x), a.ints[0], in[1], g), Tensor()};
     case OpKind::IndexAdd: return {g, Tensor(), index_select(g, a.ints[0], in[1])};
@@ -216,7 +239,8 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       const Tensor& b = in[1];
       const Shape& bs = b.shape();
       const auto& bst = b.node()->strides;
-      const bool b_transposed = x.dim() == 2 && b.dim() == 2 && is_one(bst[0]) && !is_one(bs[1]) && provably_equal(bst[1], bs[0]);
+      const bool b_transposed =
+          x.dim() == 2 && b.dim() == 2 && is_one(bst[0]) && !is_one(bs[1]) && provably_equal(bst[1], bs[0]);
       Tensor gb = b_transposed ? transpose(matmul(transpose(g, -2, -1), x), -2, -1) : matmul(transpose(x, -2, -1), g);
       return {matmul(g, transpose(b, -2, -1)), gb};
     }
@@ -246,10 +270,10 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       return r3;
     }
     case OpKind::AttentionBackward:
-      throw Error("vjp: the fused attention's gradient has no gradient of its own (double backward through "
-                  "scaled_dot_product_attention is not supported)");
-    default:
-      throw Error(cat("vjp: no gradient rule for ", op_name(op)));
+      throw Error(
+          "vjp: the fused attention's gradient has no gradient of its own (double backward through "
+          "scaled_dot_product_attention is not supported)");
+    default: throw Error(cat("vjp: no gradient rule for ", op_name(op)));
   }
 }
 

@@ -16,9 +16,7 @@ struct Device {
   bool operator==(const Device& o) const { return type == o.type && index == o.index; }
   bool operator!=(const Device& o) const { return !(*this == o); }
   // "cpu" or "cuda:0".
-  std::string str() const {
-    return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index);
-  }
+  std::string str() const { return type == DeviceType::CPU ? "cpu" : "cuda:" + std::to_string(index); }
 };
 
 // The host CPU.
@@ -26,17 +24,17 @@ inline Device cpu() { return Device{}; }
 
 // A device allocator's counters (bytes and events since the process started).
 struct MemoryStats {
-  int64_t allocated_bytes = 0;       // bytes in blocks handed out now (rounded sizes)
+  int64_t allocated_bytes = 0;  // bytes in blocks handed out now (rounded sizes)
   int64_t peak_allocated_bytes = 0;  // the most allocated_bytes reached (since the last reset)
-  int64_t reserved_bytes = 0;        // bytes obtained from the driver now (blocks + cache)
-  int64_t peak_reserved_bytes = 0;   // the most reserved_bytes reached (since the last reset)
-  int64_t cached_bytes = 0;          // reserved but not handed out (reserved - allocated)
-  int64_t num_allocs = 0;            // allocations served
-  int64_t num_frees = 0;             // blocks given back
-  int64_t num_segments = 0;          // driver allocations held now
-  int64_t num_ooms = 0;              // allocations that failed after freeing the cache
-  int64_t num_cache_hits = 0;        // allocations served from cached blocks
-  int64_t num_splits = 0;            // cached blocks split to serve a smaller request
+  int64_t reserved_bytes = 0;  // bytes obtained from the driver now (blocks + cache)
+  int64_t peak_reserved_bytes = 0;  // the most reserved_bytes reached (since the last reset)
+  int64_t cached_bytes = 0;  // reserved but not handed out (reserved - allocated)
+  int64_t num_allocs = 0;  // allocations served
+  int64_t num_frees = 0;  // blocks given back
+  int64_t num_segments = 0;  // driver allocations held now
+  int64_t num_ooms = 0;  // allocations that failed after freeing the cache
+  int64_t num_cache_hits = 0;  // allocations served from cached blocks
+  int64_t num_splits = 0;  // cached blocks split to serve a smaller request
 };
 
 // CUDA device `index`: converts to Device{CUDA, index} (`x.to(kiln::cuda())`). The static

@@ -33,8 +33,8 @@ const char* dtype_name(DType t) {
 }
 
 DType dtype_from_name(const std::string& n) {
-  for (DType t : {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16,
-                  DType::Float32, DType::Float64})
+  for (DType t :
+       {DType::Bool, DType::Int32, DType::Int64, DType::Float16, DType::BFloat16, DType::Float32, DType::Float64})
     if (n == dtype_name(t)) return t;
   if (n == "int") return DType::Int32;
   if (n == "long") return DType::Int64;

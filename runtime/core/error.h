@@ -29,7 +29,7 @@ std::string cat(const Args&... args) {
 }  // namespace kiln
 
 // Throws kiln::Error with the streamed arguments when `cond` is false.
-#define KILN_CHECK(cond, ...)                                   \
-  do {                                                          \
+#define KILN_CHECK(cond, ...)                                           \
+  do {                                                                  \
     if (!(cond)) throw ::kiln::Error(::kiln::detail::cat(__VA_ARGS__)); \
   } while (0)

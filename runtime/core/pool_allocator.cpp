@@ -3,16 +3,16 @@
 namespace kiln::detail {
 namespace {
 
-constexpr size_t kPoolGranule = 64;           // bytes per size class step
-constexpr int kPoolClasses = 16;              // classes: 64, 128, ..., 1024 bytes
-constexpr uint32_t kMaxPooledBlocks = 256;    // blocks a thread keeps per class at most
+constexpr size_t kPoolGranule = 64;  // bytes per size class step
+constexpr int kPoolClasses = 16;  // classes: 64, 128, ..., 1024 bytes
+constexpr uint32_t kMaxPooledBlocks = 256;  // blocks a thread keeps per class at most
 
 // One thread's free blocks, per size class.
 struct BlockLists {
   void* head[kPoolClasses];
   uint32_t count[kPoolClasses];
   bool registered;  // the thread-exit hook that frees the lists is installed
-  bool dead;        // the thread is exiting: blocks go straight back to the heap
+  bool dead;  // the thread is exiting: blocks go straight back to the heap
 };
 thread_local BlockLists t_block_lists __attribute__((tls_model("initial-exec"))) = {};
 
@@ -45,7 +45,6 @@ void register_block_lists() {
   }
   (void)&t_reaper;  // constructs it: its destructor frees the lists
 }
-
 
 }  // namespace
 

@@ -28,9 +28,13 @@ struct PoolAllocator {
   T* allocate(size_t n) { return static_cast<T*>(pool_block(n * sizeof(T))); }
   void deallocate(T* p, size_t n) noexcept { pool_unblock(p, n * sizeof(T)); }
   template <class U>
-  bool operator==(const PoolAllocator<U>&) const noexcept { return true; }
+  bool operator==(const PoolAllocator<U>&) const noexcept {
+    return true;
+  }
   template <class U>
-  bool operator!=(const PoolAllocator<U>&) const noexcept { return false; }
+  bool operator!=(const PoolAllocator<U>&) const noexcept {
+    return false;
+  }
 };
 
 }  // namespace kiln::detail

@@ -14,9 +14,19 @@ class Scalar {
   Scalar() = default;
   template <class T, std::enable_if_t<std::is_arithmetic_v<T>, int> = 0>
   Scalar(T v) {  // NOLINT: implicit from any C++ number
-    if constexpr (std::is_same_v<T, bool>) { kind_ = Kind::Bool; i_ = v; d_ = v; }
-    else if constexpr (std::is_integral_v<T>) { kind_ = Kind::Int; i_ = static_cast<int64_t>(v); d_ = static_cast<double>(v); }
-    else { kind_ = Kind::Float; d_ = static_cast<double>(v); i_ = saturate(d_); }
+    if constexpr (std::is_same_v<T, bool>) {
+      kind_ = Kind::Bool;
+      i_ = v;
+      d_ = v;
+    } else if constexpr (std::is_integral_v<T>) {
+      kind_ = Kind::Int;
+      i_ = static_cast<int64_t>(v);
+      d_ = static_cast<double>(v);
+    } else {
+      kind_ = Kind::Float;
+      d_ = static_cast<double>(v);
+      i_ = saturate(d_);
+    }
   }
   Kind kind() const { return kind_; }
   double to_double() const { return d_; }

@@ -11,12 +11,12 @@ namespace kiln::cu {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kMinBlock = 512;              // every size is a multiple of this
-constexpr size_t kSmallRequest = 1 * kMiB;     // the small pool serves requests up to this
-constexpr size_t kSmallSegment = 2 * kMiB;     // segment size of the small pool
-constexpr size_t kLargeSegment = 20 * kMiB;    // segment size of large requests under kMinLargeAlloc
-constexpr size_t kMinLargeAlloc = 10 * kMiB;   // from here a request gets a segment of its own size
-constexpr size_t kRoundLarge = 2 * kMiB;       // ... rounded up to this
+constexpr size_t kMinBlock = 512;  // every size is a multiple of this
+constexpr size_t kSmallRequest = 1 * kMiB;  // the small pool serves requests up to this
+constexpr size_t kSmallSegment = 2 * kMiB;  // segment size of the small pool
+constexpr size_t kLargeSegment = 20 * kMiB;  // segment size of large requests under kMinLargeAlloc
+constexpr size_t kMinLargeAlloc = 10 * kMiB;  // from here a request gets a segment of its own size
+constexpr size_t kRoundLarge = 2 * kMiB;  // ... rounded up to this
 constexpr size_t kMaxRequest = size_t{1} << 60;  // larger requests fail without trying
 
 size_t round_up(size_t n, size_t m) { return (n + m - 1) / m * m; }
@@ -47,7 +47,7 @@ RawMemory::~RawMemory() = default;
 struct CachingAllocator::Block {
   char* ptr;
   size_t size;
-  bool small;           // which pool
+  bool small;  // which pool
   size_t requested = 0;  // the rounded request while allocated, 0 while free
   Block* prev = nullptr;
   Block* next = nullptr;
@@ -179,7 +179,8 @@ void CachingAllocator::throw_oom(size_t requested) {
   if (size_t total = raw_->total_bytes()) msg += human(total) + " total capacity; ";
   msg += human(static_cast<size_t>(stats_.allocated_bytes)) + " allocated by kiln, " +
          human(static_cast<size_t>(stats_.reserved_bytes)) + " reserved by kiln in total, " +
-         human(static_cast<size_t>(cached)) + " of it cached and unused). Free tensors that are no longer needed, "
+         human(static_cast<size_t>(cached)) +
+         " of it cached and unused). Free tensors that are no longer needed, "
          "or use smaller sizes.";
   throw Error(msg);
 }

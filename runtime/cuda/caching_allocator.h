@@ -84,9 +84,9 @@ class CachingAllocator {
   std::unique_ptr<RawMemory> raw_;
   std::string device_;
   mutable std::mutex mu_;
-  Pool small_, large_;                         // free blocks
-  std::unordered_map<void*, Block*> live_;     // allocated blocks by address
-  std::unordered_set<Block*> segments_;        // the first block of every segment
+  Pool small_, large_;  // free blocks
+  std::unordered_map<void*, Block*> live_;  // allocated blocks by address
+  std::unordered_set<Block*> segments_;  // the first block of every segment
   MemoryStats stats_;
 };
 

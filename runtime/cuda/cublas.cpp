@@ -82,8 +82,10 @@ bool batch_stride(const Node& n, size_t nb, int64_t& stride) {
   for (size_t d = nb; d-- > 0;) {
     const int64_t size = n.shape[d].as_int(), st = n.strides[d].as_int();
     if (size == 1) continue;
-    if (expect < 0) stride = st;
-    else if (st != expect) return false;
+    if (expect < 0)
+      stride = st;
+    else if (st != expect)
+      return false;
     expect = st * size;
   }
   return true;
@@ -111,9 +113,18 @@ bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
       t = CUDA_R_32F;
       c = float32_matmul_allows_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
       return true;
-    case DType::Float64: t = CUDA_R_64F; c = CUBLAS_COMPUTE_64F; return true;
-    case DType::Float16: t = CUDA_R_16F; c = CUBLAS_COMPUTE_32F; return true;
-    case DType::BFloat16: t = CUDA_R_16BF; c = CUBLAS_COMPUTE_32F; return true;
+    case DType::Float64:
+      t = CUDA_R_64F;
+      c = CUBLAS_COMPUTE_64F;
+      return true;
+    case DType::Float16:
+      t = CUDA_R_16F;
+      c = CUBLAS_COMPUTE_32F;
+      return true;
+    case DType::BFloat16:
+      t = CUDA_R_16BF;
+      c = CUBLAS_COMPUTE_32F;
+      return true;
     default: return false;
   }
 }
@@ -121,7 +132,8 @@ bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c) {
 void check_status(cublasStatus_t s, const char* library, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return;
   const char* name = lib().status_name ? lib().status_name(s) : nullptr;
-  throw Error(std::string(library) + ": " + what + ": " + (name ? name : "status " + std::to_string(static_cast<int>(s))));
+  throw Error(std::string(library) + ": " + what + ": " +
+              (name ? name : "status " + std::to_string(static_cast<int>(s))));
 }
 
 void* blas_workspace(int index) {
@@ -164,8 +176,8 @@ bool gemm(Node& n) {
   cublasOperation_t opa, opb;
   int64_t lda = 0, ldb = 0, sa = 0, sb = 0;
   if (!as_column_major(M, K, a.strides[r - 2].as_int(), a.strides[r - 1].as_int(), opa, lda) ||
-      !as_column_major(K, N, b.strides[r - 2].as_int(), b.strides[r - 1].as_int(), opb, ldb) || !batch_stride(a, nb, sa) ||
-      !batch_stride(b, nb, sb))
+      !as_column_major(K, N, b.strides[r - 2].as_int(), b.strides[r - 1].as_int(), opb, ldb) ||
+      !batch_stride(a, nb, sa) || !batch_stride(b, nb, sb))
     return false;
   const size_t esize = itemsize(n.dtype);
   auto out = Storage::allocate(static_cast<size_t>(batch * M * N) * esize, n.device);
@@ -182,12 +194,14 @@ bool gemm(Node& n) {
       const bool f64 = n.dtype == DType::Float64;
       const void* alpha = f64 ? static_cast<const void*>(&one64) : &one32;
       const void* beta = f64 ? static_cast<const void*>(&zero64) : &zero32;
-      KILN_CHECK(N <= INT32_MAX && M <= INT32_MAX && K <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX && batch <= INT32_MAX,
-                 "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K, ")");
+      KILN_CHECK(N <= INT32_MAX && M <= INT32_MAX && K <= INT32_MAX && lda <= INT32_MAX && ldb <= INT32_MAX &&
+                     batch <= INT32_MAX,
+                 "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K,
+                 ")");
       std::lock_guard<std::mutex> lock(handles_mu());
       cublasHandle_t h = bound_handle(n.device.index, s);
-      check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb,
-                       type, static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
+      check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb, type,
+                       static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
                        static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
             "cublasGemmStridedBatchedEx");
       note_launch(n.device.index, "cublasGemmStridedBatchedEx");

@@ -31,8 +31,8 @@ struct Lt {
 const Lt& lib() {
   static const Lt l = [] {
     Lt l;
-    RuntimeLibrary lib({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so", "/usr/local/cuda/lib64/libcublasLt.so.13",
-                        "/usr/local/cuda/lib64/libcublasLt.so.12"},
+    RuntimeLibrary lib({"libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so",
+                        "/usr/local/cuda/lib64/libcublasLt.so.13", "/usr/local/cuda/lib64/libcublasLt.so.12"},
                        "libcublasLt.so.13 / .12");
     lib.symbol("cublasLtCreate", l.create);
     lib.symbol("cublasLtMatmulDescCreate", l.desc_create);
@@ -107,7 +107,8 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
   }
   // Row-major out = a b is column-major out^T = b^T a^T: cuBLASLt's A is our b (m = N rows of
   // the column-major out), its B our a (n = M); the bias runs along those N rows.
-  const Key key{index, M, N, K, static_cast<int>(opa), static_cast<int>(opb), lda, ldb, relu, static_cast<int>(compute)};
+  const Key key{
+      index, M, N, K, static_cast<int>(opa), static_cast<int>(opb), lda, ldb, relu, static_cast<int>(compute)};
   auto found = dev.plans.find(key);
   if (found == dev.plans.end()) {
     Plan p;

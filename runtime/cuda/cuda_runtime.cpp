@@ -95,15 +95,15 @@ struct DeviceState {
   std::once_flag once;
   CUstream stream = nullptr;
   std::unique_ptr<CachingAllocator> allocator;
-  std::mutex mu;              // last_kernel
+  std::mutex mu;  // last_kernel
   char last_kernel[128] = {};  // the last kernel queued, cut to 127 chars (named by errors found at a sync;
                                // a fixed buffer: noting a launch allocates nothing)
-  CUdeviceptr errors = 0;   // the index-error record (index_error_record)
+  CUdeviceptr errors = 0;  // the index-error record (index_error_record)
   std::atomic<int64_t> unchecked{0};  // kernels queued that may have written it since it was read
-  std::mutex errors_mu;               // reading and resetting the record
-  std::mutex capture_mu;                       // capture_streams
-  std::vector<CUstream> capture_streams;       // streams free for recording graphs (kept: cuBLAS keys state by stream)
-  std::unique_ptr<LaunchQueue> queue;          // generated kernels' launches (null: launched by the caller)
+  std::mutex errors_mu;  // reading and resetting the record
+  std::mutex capture_mu;  // capture_streams
+  std::vector<CUstream> capture_streams;  // streams free for recording graphs (kept: cuBLAS keys state by stream)
+  std::unique_ptr<LaunchQueue> queue;  // generated kernels' launches (null: launched by the caller)
 };
 
 // Per device; created on first use and never destroyed (storages freed at exit still reach it).
@@ -111,8 +111,8 @@ struct DeviceState {
 constexpr int kMaxDevices = 64;
 DeviceState& state(int index) {
   static std::array<std::atomic<DeviceState*>, kMaxDevices> states{};
-  KILN_CHECK(index >= 0 && index < std::min(device_count(), kMaxDevices), "cuda: no device ", index, " (", device_count(),
-             " found)");
+  KILN_CHECK(index >= 0 && index < std::min(device_count(), kMaxDevices), "cuda: no device ", index, " (",
+             device_count(), " found)");
   if (DeviceState* s = states[index].load(std::memory_order_acquire)) return *s;
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
@@ -134,7 +134,8 @@ DeviceState& ready(int index) {
     check(api().stream_create(&s.stream, CU_STREAM_DEFAULT), "cuStreamCreate");
     check(api().mem_alloc(&s.errors, kErrorBytes), "cuMemAlloc");
     check(api().memset_d8_async(s.errors, 0, kErrorBytes, s.stream), "cuMemsetD8Async");
-    s.allocator = std::make_unique<CachingAllocator>(std::make_unique<DriverMemory>(index), "cuda:" + std::to_string(index));
+    s.allocator =
+        std::make_unique<CachingAllocator>(std::make_unique<DriverMemory>(index), "cuda:" + std::to_string(index));
     if (LaunchQueue::enabled()) s.queue = std::make_unique<LaunchQueue>(index, s.stream);
   });
   return s;
@@ -158,7 +159,9 @@ void wait_stream(int index) {
     std::lock_guard<std::mutex> lock(s.mu);
     last = s.last_kernel;  // (a copy, taken on the error path only)
   }
-  check(r, ("a kernel on cuda:" + std::to_string(index) + " failed (last queued: " + (last.empty() ? "none" : last) + ")").c_str());
+  check(r,
+        ("a kernel on cuda:" + std::to_string(index) + " failed (last queued: " + (last.empty() ? "none" : last) + ")")
+            .c_str());
 }
 
 // Runs node `n` with the reference kernels on the host: inputs copied to host memory, the
@@ -186,7 +189,8 @@ void run_on_host(Node& n) {
     h->strides = in->strides;
     h->offset = in->offset;
     auto s = Storage::allocate(in->storage->nbytes, cpu());
-    if (in->storage->nbytes) device_runtime(in->device).copy(s->data, cpu(), in->storage->data, in->device, in->storage->nbytes);
+    if (in->storage->nbytes)
+      device_runtime(in->device).copy(s->data, cpu(), in->storage->data, in->device, in->storage->nbytes);
     h->set_storage(std::move(s));
     host->inputs.push_back(std::move(h));
   }
@@ -265,8 +269,8 @@ class CudaRuntime final : public DeviceRuntime {
 // A recorded graph, instantiated, with the private pool its work allocated from.
 class CudaGraph final : public DeviceGraph {
  public:
-  CudaGraph(int index, CUgraph graph, CUgraphExec exec, std::shared_ptr<CachingAllocator> pool, bool reports, size_t size,
-            bool updated)
+  CudaGraph(int index, CUgraph graph, CUgraphExec exec, std::shared_ptr<CachingAllocator> pool, bool reports,
+            size_t size, bool updated)
       : index_(index),
         graph_(graph),
         exec_(exec),

@@ -188,8 +188,7 @@ void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const Attn
   const int64_t per = tiled(kernel) ? 64 : attn_rows(head);
   check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per), 1,
                             static_cast<unsigned>(tiled(kernel) ? 256 : per * attn_split(head)), 1, 1,
-                            static_cast<unsigned>(shared),
-                            enter(device), params, nullptr),
+                            static_cast<unsigned>(shared), enter(device), params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, false);
 }
@@ -232,17 +231,18 @@ void attention(int device, const Node& n, const Operand& out) {
   a.scale = attention_scale(n.attrs);
   const int head = kernels::attention_head_bucket(a.d);
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
-  a.bt = std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)
+  a.bt =
+      std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)
   // float32 with heads up to 64: the tiled kernels; else (and with dropout) the row kernels.
   const bool tile = n.dtype == DType::Float32 && head <= 64 && a.dropout == 0;
   if (fwd) {
-    attn_launch(device, tile ? DeviceKernel::AttentionForwardTiled : DeviceKernel::AttentionForward, n.dtype, head, a, batch,
-                a.tq);
-  } else {
-    attn_launch(device, tile ? DeviceKernel::AttentionBackwardQTiled : DeviceKernel::AttentionBackwardQ, n.dtype, head, a,
+    attn_launch(device, tile ? DeviceKernel::AttentionForwardTiled : DeviceKernel::AttentionForward, n.dtype, head, a,
                 batch, a.tq);
-    attn_launch(device, tile ? DeviceKernel::AttentionBackwardKVTiled : DeviceKernel::AttentionBackwardKV, n.dtype, head,
-                a, batch, a.tk);
+  } else {
+    attn_launch(device, tile ? DeviceKernel::AttentionBackwardQTiled : DeviceKernel::AttentionBackwardQ, n.dtype, head,
+                a, batch, a.tq);
+    attn_launch(device, tile ? DeviceKernel::AttentionBackwardKVTiled : DeviceKernel::AttentionBackwardKV, n.dtype,
+                head, a, batch, a.tk);
   }
 }
 
@@ -263,7 +263,8 @@ bool attention_handled(const Node& n) {
 // out = in converted to out's dtype, `in` broadcast to out's sizes (the CPU's unary Contiguous).
 void copy(int device, const Operand& out, const Operand& in) {
   const Geom g = make_geom(out.sizes, {out.strides, in.broadcast_strides(out.sizes)});
-  launch(device, {DeviceKernel::Copy, out.dtype, in.dtype}, numel(out.sizes), false, ptr(out), ptr(in), g, numel(out.sizes));
+  launch(device, {DeviceKernel::Copy, out.dtype, in.dtype}, numel(out.sizes), false, ptr(out), ptr(in), g,
+         numel(out.sizes));
 }
 
 // A window of `out` (same dtype) for cat / view_scatter.
@@ -287,8 +288,8 @@ void gather(int device, OpKind op, const Operand& out, const Operand& x, const O
   }
   const Geom g = make_geom(out.sizes, {out.strides, ist, xst});
   const int64_t n = numel(out.sizes);
-  launch(device, {DeviceKernel::Gather, out.dtype, index.dtype}, n, true, ptr(out), ptr(x), ptr(index), g, n, xs, size, dim,
-         int64_t(op), index_error_record(device));
+  launch(device, {DeviceKernel::Gather, out.dtype, index.dtype}, n, true, ptr(out), ptr(x), ptr(index), g, n, xs, size,
+         dim, int64_t(op), index_error_record(device));
 }
 
 // scatter / scatter_add over index's sizes, index_add over src's; `out` already holds self.
@@ -308,18 +309,20 @@ void scatter(int device, OpKind op, const Operand& out, const Operand& index, co
   if (n == 0) return;
   const CUdeviceptr err = index_error_record(device);
   if (op != OpKind::Scatter) {
-    launch(device, {DeviceKernel::ScatterAdd, out.dtype, index.dtype}, n, true, ptr(out), ptr(src), ptr(index), g, n, os, size,
-           dim, int64_t(op), err);
+    launch(device, {DeviceKernel::ScatterAdd, out.dtype, index.dtype}, n, true, ptr(out), ptr(src), ptr(index), g, n,
+           os, size, dim, int64_t(op), err);
     return;
   }
   // Duplicate destinations: the last write in the CPU's serial order wins, as there. `win`
   // goes back to the caching allocator after queuing; its next user is queued after these.
-  auto win = Storage::allocate(static_cast<size_t>(numel(out.sizes)) * sizeof(int64_t), Device{DeviceType::CUDA, device});
-  check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(win->data), 0xff, win->nbytes, enter(device)), "cuMemsetD8Async");
-  launch(device, {DeviceKernel::ScatterClaim, out.dtype, index.dtype}, n, true, ptr(index), g, n, os, size, dim, int64_t(op),
-         err, win->data);
-  launch(device, {DeviceKernel::ScatterWrite, out.dtype, index.dtype}, n, false, ptr(out), ptr(src), ptr(index), g, n, os, size,
-         win->data);
+  auto win =
+      Storage::allocate(static_cast<size_t>(numel(out.sizes)) * sizeof(int64_t), Device{DeviceType::CUDA, device});
+  check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(win->data), 0xff, win->nbytes, enter(device)),
+        "cuMemsetD8Async");
+  launch(device, {DeviceKernel::ScatterClaim, out.dtype, index.dtype}, n, true, ptr(index), g, n, os, size, dim,
+         int64_t(op), err, win->data);
+  launch(device, {DeviceKernel::ScatterWrite, out.dtype, index.dtype}, n, false, ptr(out), ptr(src), ptr(index), g, n,
+         os, size, win->data);
 }
 
 // One thread per row (all dims but `dim`), summing sequentially as the CPU does.
@@ -329,13 +332,15 @@ void cumsum(int device, const Operand& out, const Operand& in, int64_t dim) {
   rows[dim] = 1;
   const Geom g = make_geom(rows, {out.strides, in.strides});
   if (len > 0)
-    launch(device, {DeviceKernel::Cumsum, out.dtype, DType::Int64}, numel(rows), false, ptr(out), ptr(in), g, numel(rows), len,
-           in.strides[dim], out.strides[dim]);
+    launch(device, {DeviceKernel::Cumsum, out.dtype, DType::Int64}, numel(rows), false, ptr(out), ptr(in), g,
+           numel(rows), len, in.strides[dim], out.strides[dim]);
 }
 
 // Integer remainder / fmod / pow of a and b broadcast to out's sizes; bad values are reported.
 void int_binary(int device, OpKind op, const Operand& out, const Operand& a, const Operand& b) {
-  const DeviceKernel k = op == OpKind::Remainder ? DeviceKernel::Remainder : op == OpKind::Fmod ? DeviceKernel::Fmod : DeviceKernel::Pow;
+  const DeviceKernel k = op == OpKind::Remainder ? DeviceKernel::Remainder
+                         : op == OpKind::Fmod    ? DeviceKernel::Fmod
+                                                 : DeviceKernel::Pow;
   const Geom g = make_geom(out.sizes, {out.strides, a.broadcast_strides(out.sizes), b.broadcast_strides(out.sizes)});
   const int64_t n = numel(out.sizes);
   launch(device, {k, out.dtype}, n, true, ptr(out), ptr(a), ptr(b), g, n, int64_t(op), index_error_record(device));
@@ -368,7 +373,8 @@ bool handled(const Node& n) {
     case OpKind::Remainder:
     case OpKind::Fmod:
     case OpKind::Pow:  // integers (and bool pow); float forms are generated kernels
-      if (n.dtype != DType::Int32 && n.dtype != DType::Int64 && !(n.op == OpKind::Pow && n.dtype == DType::Bool)) return false;
+      if (n.dtype != DType::Int32 && n.dtype != DType::Int64 && !(n.op == OpKind::Pow && n.dtype == DType::Bool))
+        return false;
       if (n.inputs.size() != 2 || n.inputs[0]->dtype != n.dtype || n.inputs[1]->dtype != n.dtype) return false;
       break;
     default: return false;

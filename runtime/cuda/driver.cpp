@@ -12,9 +12,9 @@ namespace {
 
 struct Loaded {
   Api api;
-  bool ok = false;        // driver loaded, cuInit succeeded, >= 1 device
+  bool ok = false;  // driver loaded, cuInit succeeded, >= 1 device
   bool nvrtc = false;
-  std::string reason;     // why !ok
+  std::string reason;  // why !ok
   std::string nvrtc_path;
   int devices = 0;
 };
@@ -28,8 +28,11 @@ bool sym(void* lib, const char* name, F& out) {
 void load_nvrtc(Loaded& l) {
   // NVRTC's soname carries its major version since CUDA 12; the toolkit's lib64 when the
   // loader's path does not list it.
-  const char* names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
-                         "/usr/local/cuda/lib64/libnvrtc.so.13", "/usr/local/cuda/lib64/libnvrtc.so.12",
+  const char* names[] = {"libnvrtc.so.13",
+                         "libnvrtc.so.12",
+                         "libnvrtc.so",
+                         "/usr/local/cuda/lib64/libnvrtc.so.13",
+                         "/usr/local/cuda/lib64/libnvrtc.so.12",
                          "/usr/local/cuda/lib64/libnvrtc.so"};
   void* lib = nullptr;
   for (const char* n : names)
@@ -166,14 +169,16 @@ void check(CUresult r, const char* what) {
   const Loaded& l = loaded();
   if (l.api.get_error_name) l.api.get_error_name(r, &name);
   if (l.api.get_error_string) l.api.get_error_string(r, &desc);
-  throw Error(std::string("cuda: ") + what + ": " + (name ? name : ("error " + std::to_string(static_cast<int>(r))).c_str()) +
-              " (" + (desc ? desc : "no description") + ")");
+  throw Error(std::string("cuda: ") + what + ": " +
+              (name ? name : ("error " + std::to_string(static_cast<int>(r))).c_str()) + " (" +
+              (desc ? desc : "no description") + ")");
 }
 
 void check_nvrtc(nvrtcResult r, const char* what) {
   if (r == NVRTC_SUCCESS) return;
   const char* s = loaded().api.nvrtc_get_error_string ? loaded().api.nvrtc_get_error_string(r) : nullptr;
-  throw Error(std::string("nvrtc: ") + what + ": " + (s ? s : ("error " + std::to_string(static_cast<int>(r))).c_str()));
+  throw Error(std::string("nvrtc: ") + what + ": " +
+              (s ? s : ("error " + std::to_string(static_cast<int>(r))).c_str()));
 }
 
 CUdevice device(int ordinal) {
@@ -219,7 +224,8 @@ void make_current(int ordinal) {
     std::lock_guard<std::mutex> lock(mu);
     if (contexts.empty()) contexts.resize(static_cast<size_t>(device_count()), nullptr);
     KILN_CHECK(ordinal >= 0 && ordinal < static_cast<int>(contexts.size()), "cuda: no device ", ordinal);
-    if (!contexts[ordinal]) check(api().primary_ctx_retain(&contexts[ordinal], device(ordinal)), "cuDevicePrimaryCtxRetain");
+    if (!contexts[ordinal])
+      check(api().primary_ctx_retain(&contexts[ordinal], device(ordinal)), "cuDevicePrimaryCtxRetain");
     ctx = contexts[ordinal];
   }
   check(api().ctx_set_current(ctx), "cuCtxSetCurrent");

@@ -45,8 +45,8 @@ LaunchQueue::~LaunchQueue() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool LaunchQueue::push(CUfunction fn, unsigned blocks, unsigned threads, unsigned shared, long long begin, long long end,
-                       const uint64_t* args, int nargs, const std::string& name) {
+bool LaunchQueue::push(CUfunction fn, unsigned blocks, unsigned threads, unsigned shared, long long begin,
+                       long long end, const uint64_t* args, int nargs, const std::string& name) {
   if (nargs > QueuedLaunch::kMaxArgs) return false;
   if (queued_.load(std::memory_order_relaxed) >= kMaxQueued) drain();
   bool wake;

@@ -64,7 +64,7 @@ class LaunchQueue {
 
   std::mutex issue_mu_;  // held while issuing: drain() waits for the batch in flight
   std::vector<QueuedLaunch> batch_;  // the batch being issued (under issue_mu_)
-  CUresult failed_ = CUDA_SUCCESS;   // first failed launch since the last drain (under issue_mu_)
+  CUresult failed_ = CUDA_SUCCESS;  // first failed launch since the last drain (under issue_mu_)
   std::string failed_name_;
   std::thread thread_;
 };

@@ -25,7 +25,10 @@ std::vector<std::string> base_options() {
   if (const char* extra = std::getenv("KILN_NVRTC_OPTIONS")) {
     std::string word;
     for (const char* c = extra;; ++c) {
-      if (*c && *c != ' ') { word += *c; continue; }
+      if (*c && *c != ' ') {
+        word += *c;
+        continue;
+      }
       if (!word.empty()) o.push_back(word);
       word.clear();
       if (!*c) break;
@@ -76,7 +79,7 @@ std::string nvrtc_compile(const std::string& src, const std::string& symbol, int
   for (const std::string& o : opts) argv.push_back(o.c_str());
   nvrtcProgram prog = nullptr;
   check_nvrtc(a.nvrtc_create_program(&prog, src.c_str(), (symbol + ".cu").c_str(), 0, nullptr, nullptr),
-                    "nvrtcCreateProgram");
+              "nvrtcCreateProgram");
   struct Destroy {
     nvrtcProgram& p;
     ~Destroy() { table().nvrtc_destroy_program(&p); }
@@ -104,10 +107,10 @@ std::string nvrtc_compile(const std::string& src, const std::string& symbol, int
     check_nvrtc(a.nvrtc_get_cubin(prog, out.data()), "nvrtcGetCUBIN");
   }
   if (const char* l = std::getenv("KILN_LOG"); l && (std::strstr(l, "codegen") || std::strstr(l, "all")))
-    std::fprintf(stderr, "[kiln:codegen] %s: nvrtc %s%d, %zu bytes, %.1f ms\n", symbol.c_str(), ptx ? "compute_" : "sm_", arch,
-                 out.size(), std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    std::fprintf(stderr, "[kiln:codegen] %s: nvrtc %s%d, %zu bytes, %.1f ms\n", symbol.c_str(),
+                 ptx ? "compute_" : "sm_", arch, out.size(),
+                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return out;
 }
-
 
 }  // namespace kiln::cu

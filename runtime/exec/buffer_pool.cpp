@@ -11,7 +11,7 @@ namespace kiln {
 namespace {
 
 constexpr int kClasses = 48;
-constexpr size_t kMaxCachedPerClass = 64;          // blocks
+constexpr size_t kMaxCachedPerClass = 64;  // blocks
 constexpr size_t kMaxCachedBytes = size_t(1) << 30;  // total
 
 struct Pool {
@@ -50,7 +50,7 @@ struct LocalCache {  // trivially destructible: usable until the thread is gone
   void* blocks[kLocalClasses][kLocalBlocks];
   int count[kLocalClasses];
   bool armed;  // the flusher below is registered for this thread
-  bool dead;   // the thread is exiting: blocks bypass the cache
+  bool dead;  // the thread is exiting: blocks bypass the cache
 };
 thread_local LocalCache t_local = {};
 // Destroyed at thread exit: returns the cached blocks to the pool.

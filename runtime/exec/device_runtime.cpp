@@ -29,8 +29,9 @@ DeviceRuntime& device_runtime(Device device) {
   DeviceRuntime* rt = find_device_runtime(device.type);
   KILN_CHECK(rt, "cannot use ", device.str(), ": this kiln was built without CUDA (KILN_CUDA=OFF)");
   KILN_CHECK(rt->available(), "cannot use ", device.str(), ": CUDA is not available (", rt->unavailable_reason(), ")");
-  KILN_CHECK(device.index >= 0 && device.index < rt->device_count(), "cannot use ", device.str(), ": invalid device ordinal (",
-             rt->device_count(), " CUDA device", rt->device_count() == 1 ? "" : "s", " found)");
+  KILN_CHECK(device.index >= 0 && device.index < rt->device_count(), "cannot use ", device.str(),
+             ": invalid device ordinal (", rt->device_count(), " CUDA device", rt->device_count() == 1 ? "" : "s",
+             " found)");
   return *rt;
 }
 

@@ -11,8 +11,8 @@ namespace kiln {
 
 // A pending subgraph handed to an executor in one piece.
 struct Segment {
-  std::vector<Node*> nodes;    // unmaterialized nodes, topologically sorted
-  std::vector<bool> needed;    // per node: must hold storage after the run (used outside)
+  std::vector<Node*> nodes;  // unmaterialized nodes, topologically sorted
+  std::vector<bool> needed;  // per node: must hold storage after the run (used outside)
   // Nodes to keep alive until materialize() has finished with the segment: an executor that
   // unlinks a segment node from its consumers (graph passes) adds it here.
   std::vector<NodePtr> keep_alive;
@@ -62,10 +62,10 @@ KILN_API void materialize(const NodePtr& node);
 
 // Counters proving laziness.
 struct Stats {
-  uint64_t nodes_recorded = 0;    // nodes created by ops (leaves included)
-  uint64_t nodes_executed = 0;    // nodes computed by an executor
+  uint64_t nodes_recorded = 0;  // nodes created by ops (leaves included)
+  uint64_t nodes_executed = 0;  // nodes computed by an executor
   uint64_t materializations = 0;  // segments run
-  uint64_t pending = 0;           // nodes recorded but not yet computed, alive now
+  uint64_t pending = 0;  // nodes recorded but not yet computed, alive now
 };
 // A snapshot of the counters.
 KILN_API Stats stats();

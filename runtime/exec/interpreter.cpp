@@ -28,8 +28,11 @@ void copy_to_device(Node& n) {
   const Node& in = *n.inputs[0];
   const size_t nbytes = static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype);
   auto storage = Storage::allocate(nbytes, n.device);
-  const char* src = static_cast<const char*>(in.storage->data) + in.offset.as_int() * static_cast<int64_t>(itemsize(in.dtype));
-  if (nbytes) device_runtime(n.device.type != DeviceType::CPU ? n.device : in.device).copy(storage->data, n.device, src, in.device, nbytes);
+  const char* src =
+      static_cast<const char*>(in.storage->data) + in.offset.as_int() * static_cast<int64_t>(itemsize(in.dtype));
+  if (nbytes)
+    device_runtime(n.device.type != DeviceType::CPU ? n.device : in.device)
+        .copy(storage->data, n.device, src, in.device, nbytes);
   n.set_storage(std::move(storage), false);
 }
 
@@ -117,9 +120,12 @@ void compute(Node& n) {
     }
     case OpKind::Col2Im: col2im(out, in(0), a.ints); break;
     default:
-      if (n.inputs.size() == 1) unary(n.op, out, in(0));
-      else if (n.inputs.size() == 2) binary(n.op, out, in(0), in(1));
-      else throw Error(detail::cat("interpreter: no kernel for ", op_name(n.op)));
+      if (n.inputs.size() == 1)
+        unary(n.op, out, in(0));
+      else if (n.inputs.size() == 2)
+        binary(n.op, out, in(0), in(1));
+      else
+        throw Error(detail::cat("interpreter: no kernel for ", op_name(n.op)));
   }
   n.set_storage(std::move(storage), false);
 }

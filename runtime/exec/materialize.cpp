@@ -149,7 +149,8 @@ std::vector<DevicePart> split_by_device(Segment& seg) {
     s.nodes.push_back(seg.nodes[i]);
     s.needed.push_back(needed[i]);
   }
-  std::stable_sort(parts.begin(), parts.end(), [](const DevicePart& a, const DevicePart& b) { return a.phase < b.phase; });
+  std::stable_sort(parts.begin(), parts.end(),
+                   [](const DevicePart& a, const DevicePart& b) { return a.phase < b.phase; });
   return parts;
 }
 
@@ -166,7 +167,8 @@ void run_segment(Segment& seg) {
     Segment& seg;
     std::vector<DevicePart>& parts;
     ~KeepAlive() {
-      for (DevicePart& p : parts) seg.keep_alive.insert(seg.keep_alive.end(), p.seg.keep_alive.begin(), p.seg.keep_alive.end());
+      for (DevicePart& p : parts)
+        seg.keep_alive.insert(seg.keep_alive.end(), p.seg.keep_alive.begin(), p.seg.keep_alive.end());
     }
   } keep{seg, parts};
   for (DevicePart& p : parts) executor_for(p.device.type).run(p.seg);
@@ -225,10 +227,10 @@ void wait_released(const NodePtr& n) {
 struct Scratch {
   std::vector<Node*> order;
   std::vector<std::pair<Node*, size_t>> stack;
-  std::vector<Node*> claimed;     // nodes this call claimed (all in `order` once collected)
-  std::vector<uint8_t> mine;      // per segment position: claimed by this call
+  std::vector<Node*> claimed;  // nodes this call claimed (all in `order` once collected)
+  std::vector<uint8_t> mine;  // per segment position: claimed by this call
   std::vector<int32_t> internal;  // per segment position: edges from inside the segment
-  std::vector<long> uses;         // per segment position: the node's shared_ptr use count
+  std::vector<long> uses;  // per segment position: the node's shared_ptr use count
   Segment seg;
 };
 thread_local std::vector<std::unique_ptr<Scratch>> t_scratch;
@@ -332,7 +334,7 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
   std::vector<Node*>& order = sc.order;
   if (order.empty()) return;
   std::vector<NodePtr> observed;  // declared before `claims`: alive while claims are given back
-  struct Claims {                 // gives back the claims when the segment is not run to the end
+  struct Claims {  // gives back the claims when the segment is not run to the end
     Scratch& sc;
     ~Claims() { give_back(sc); }
   } claims{sc};

@@ -19,43 +19,114 @@ namespace kiln {
 enum class OpKind : uint16_t {
   // Sources. Full: f0 = value. Arange: f0 = start, f1 = step. Rand*: seed/counter = Philox
   // key/counter, f0/f1 = low/high (uniform, randint) or mean/std (normal).
-  Leaf, Full, Arange, RandUniform, RandNormal, RandInt,
+  Leaf,
+  Full,
+  Arange,
+  RandUniform,
+  RandNormal,
+  RandInt,
   // Unary pointwise (same dtype out, except IsNan/IsFinite -> bool). Cast: to node dtype.
-  Neg, Abs, Exp, Exp2, Expm1, Log, Log2, Log1p, Sqrt, Rsqrt, Reciprocal, Sin, Cos, Tan, Atan,
-  Tanh, Sigmoid, Relu, Erf, Floor, Ceil, Round, Sign, IsNan, IsFinite, LogicalNot, BitwiseNot,
+  Neg,
+  Abs,
+  Exp,
+  Exp2,
+  Expm1,
+  Log,
+  Log2,
+  Log1p,
+  Sqrt,
+  Rsqrt,
+  Reciprocal,
+  Sin,
+  Cos,
+  Tan,
+  Atan,
+  Tanh,
+  Sigmoid,
+  Relu,
+  Erf,
+  Floor,
+  Ceil,
+  Round,
+  Sign,
+  IsNan,
+  IsFinite,
+  LogicalNot,
+  BitwiseNot,
   Cast,
   // Binary pointwise over inputs of one dtype (broadcast), comparisons/logical -> bool.
-  Add, Sub, Mul, Div, Pow, Maximum, Minimum, Atan2, Remainder, Fmod, Eq, Ne, Lt, Le, Gt, Ge,
-  LogicalAnd, LogicalOr, LogicalXor, BitwiseAnd, BitwiseOr, BitwiseXor,
+  Add,
+  Sub,
+  Mul,
+  Div,
+  Pow,
+  Maximum,
+  Minimum,
+  Atan2,
+  Remainder,
+  Fmod,
+  Eq,
+  Ne,
+  Lt,
+  Le,
+  Gt,
+  Ge,
+  LogicalAnd,
+  LogicalOr,
+  LogicalXor,
+  BitwiseAnd,
+  BitwiseOr,
+  BitwiseXor,
   // Ternary pointwise: Where(cond, a, b).
   Where,
   // Reductions over ints = dims (sorted, non-negative); shape holds the result (keepdim or not).
-  Sum, Prod, Amax, Amin, ArgMax, ArgMin,
+  Sum,
+  Prod,
+  Amax,
+  Amin,
+  ArgMax,
+  ArgMin,
   // Scan along ints[0].
   Cumsum,
   // Views: share the input's storage; the node's strides/offset place it in that storage.
   // ints: Permute = permutation; Slice = {dim, start, stop, step}; Select = {dim, index};
   // Squeeze/Unsqueeze = {dim}; Flip = dims; View/Expand: the node's shape. AsStrided: the
   // window sizes/strides/offset of a dense input (used by gradients of in-place writes).
-  View, Permute, Expand, Slice, Select, Squeeze, Unsqueeze, Flip, AsStrided,
+  View,
+  Permute,
+  Expand,
+  Slice,
+  Select,
+  Squeeze,
+  Unsqueeze,
+  Flip,
+  AsStrided,
   // Copies. Contiguous: dense copy. Cat: ints[0] = dim. ViewScatter(base, src): a dense copy
   // of base with src written into the strided window attrs.sizes/strides/offset.
-  Contiguous, Cat, ViewScatter,
+  Contiguous,
+  Cat,
+  ViewScatter,
   // Indexing, ints[0] = dim. Gather(x, idx); Scatter(x, idx, src); ScatterAdd(x, idx, src);
   // IndexSelect(x, idx); IndexAdd(x, idx, src).
-  Gather, Scatter, ScatterAdd, IndexSelect, IndexAdd,
+  Gather,
+  Scatter,
+  ScatterAdd,
+  IndexSelect,
+  IndexAdd,
   // Batched GEMM over equal batch dims: [..., M, K] x [..., K, N].
   Matmul,
   // conv2d helpers; ints = {kh, kw, stride_h, stride_w, pad_h, pad_w, dil_h, dil_w}.
   // Im2Col: [N, C, H, W] -> [N, C*kh*kw, L]. Col2Im: inverse (summing overlaps) to attrs.sizes.
-  Im2Col, Col2Im,
+  Im2Col,
+  Col2Im,
   // Fused scaled dot-product attention over equal batch dims, Dk == Dv = D, float32/float64.
   // ints = {causal (0/1: key j <= query i), bit pattern of the double scale}.
   // Attention(q [..., Tq, D], k [..., Tk, D], v [..., Tk, D] [, additive mask broadcast to
   // [..., Tq, Tk]]) -> [..., Tq, D + 1]: the output rows, then each row's log-sum-exp.
   // AttentionBackward(q, k, v, out, grad_out [, mask]) -> [..., Tq + 2 Tk, D]: dq, dk, dv
   // stacked (out and grad_out are Attention's packed output and its gradient).
-  Attention, AttentionBackward,
+  Attention,
+  AttentionBackward,
   // Cross-device copy: a dense copy of a contiguous input onto the node's device.
   ToDevice,
   NumOps
@@ -103,11 +174,11 @@ struct KILN_API Node : std::enable_shared_from_this<Node> {
   DType dtype = DType::Float32;
   Device device;
   Shape shape;
-  Shape strides;   // element strides into storage
-  SymInt offset;   // element offset into storage
+  Shape strides;  // element strides into storage
+  SymInt offset;  // element offset into storage
   std::shared_ptr<Storage> storage;  // set once materialized
-  uint64_t id = 0;                   // unique, increasing in recording order
-  bool pending = true;               // counted in stats().pending until first computed
+  uint64_t id = 0;  // unique, increasing in recording order
+  bool pending = true;  // counted in stats().pending until first computed
   // A scalar operand's constant that a thread's ops share (detail::scalar_operand): only ops
   // read it, so materialize() never stores it unless asked for it.
   bool shared_constant = false;
@@ -134,7 +205,9 @@ struct KILN_API Node : std::enable_shared_from_this<Node> {
   void set_storage(std::shared_ptr<Storage> s, bool drop_inputs = true);
   // Typed pointer to the element at the node's offset (requires materialized, constant offset).
   template <class T>
-  T* data() const { return static_cast<T*>(storage->data) + offset.as_int(); }
+  T* data() const {
+    return static_cast<T*>(storage->data) + offset.as_int();
+  }
 
  private:
   std::atomic<bool> ready_{false};

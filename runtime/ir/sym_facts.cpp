@@ -248,8 +248,10 @@ std::optional<bool> SymFacts::decide(const SymInt& e, SymRel rel) const {
     case SymRel::Eq:
     case SymRel::Ne: {
       std::optional<bool> eq;
-      if (listed(zero_) || (pos(s) && pos(-s))) eq = true;
-      else if (listed(nonzero_) || pos(s - 1) || pos(-s - 1)) eq = false;
+      if (listed(zero_) || (pos(s) && pos(-s)))
+        eq = true;
+      else if (listed(nonzero_) || pos(s - 1) || pos(-s - 1))
+        eq = false;
       if (!eq) return std::nullopt;
       return rel == SymRel::Eq ? *eq : !*eq;
     }
@@ -289,17 +291,22 @@ void SymFacts::add_nonneg(const SymInt& g) {
   int64_t c = 0, k = 0;
   bool linear = true;
   for (const auto& [m, coef] : poly) {
-    if (m.atoms.empty()) k = coef;
-    else if (m.atoms.size() == 1 && m.atoms[0]->kind == Kind::Symbol && !v) v = m.atoms[0].get(), c = coef;
-    else linear = false;
+    if (m.atoms.empty())
+      k = coef;
+    else if (m.atoms.size() == 1 && m.atoms[0]->kind == Kind::Symbol && !v)
+      v = m.atoms[0].get(), c = coef;
+    else
+      linear = false;
   }
   if (!linear || !v) {
     nonneg_.push_back(g);
     return;
   }
   auto& b = bounds_.try_emplace(v->name, 0, INT64_MAX).first->second;
-  if (c > 0) b.first = std::max<int64_t>(b.first, sym::py_div(-k + c - 1, c));  // v >= ceil(-k / c)
-  else b.second = std::min<int64_t>(b.second, sym::py_div(k, -c));               // v <= floor(k / -c)
+  if (c > 0)
+    b.first = std::max<int64_t>(b.first, sym::py_div(-k + c - 1, c));  // v >= ceil(-k / c)
+  else
+    b.second = std::min<int64_t>(b.second, sym::py_div(k, -c));  // v <= floor(k / -c)
   tighten(v->name);
 }
 
@@ -372,8 +379,10 @@ std::string SymFacts::str() const {
   std::ostringstream os;
   for (const auto& [v, e] : subst_) os << v << " -> " << e.str() << "\n";
   for (const auto& [v, b] : bounds_) {
-    if (b.second == INT64_MAX) os << v << " >= " << bound_text(b.first) << "\n";
-    else os << bound_text(b.first) << " <= " << v << " <= " << bound_text(b.second) << "\n";
+    if (b.second == INT64_MAX)
+      os << v << " >= " << bound_text(b.first) << "\n";
+    else
+      os << bound_text(b.first) << " <= " << v << " <= " << bound_text(b.second) << "\n";
   }
   for (const auto& [x, k] : divisible_) os << "mod(" << x.str() << ", " << k << ") == 0\n";
   for (const auto& f : zero_) os << f.str() << " == 0\n";

@@ -41,10 +41,10 @@ class SymFacts {
   bool implied_nonneg(const SymInt& g) const;
   bool divides(int64_t k, const SymInt& x) const;
 
-  std::map<std::string, SymInt> subst_;                          // symbol -> replacement (earlier symbols or a constant)
-  std::map<std::string, std::pair<int64_t, int64_t>> bounds_;    // symbol -> [lo, hi] (hi INT64_MAX: none)
-  std::vector<std::pair<SymInt, int64_t>> divisible_;            // (x, k): mod(x, k) == 0
-  std::vector<SymInt> zero_, nonzero_, nonneg_;                  // other facts: == 0, != 0, >= 0
+  std::map<std::string, SymInt> subst_;  // symbol -> replacement (earlier symbols or a constant)
+  std::map<std::string, std::pair<int64_t, int64_t>> bounds_;  // symbol -> [lo, hi] (hi INT64_MAX: none)
+  std::vector<std::pair<SymInt, int64_t>> divisible_;  // (x, k): mod(x, k) == 0
+  std::vector<SymInt> zero_, nonzero_, nonneg_;  // other facts: == 0, != 0, >= 0
 };
 
 // Whether `v rel 0` holds.

@@ -73,9 +73,12 @@ SymInt from_poly(Poly p) {
   auto e = std::make_shared<SymExpr>();
   e->range = {0, 0};
   for (const auto& [m, c] : p) {
-    if (e->text.empty()) e->text = term_text(c, m);
-    else if (c < 0 && c != INT64_MIN) e->text += " - " + term_text(-c, m);
-    else e->text += " + " + term_text(c, m);
+    if (e->text.empty())
+      e->text = term_text(c, m);
+    else if (c < 0 && c != INT64_MIN)
+      e->text += " - " + term_text(-c, m);
+    else
+      e->text += " + " + term_text(c, m);
     Range t{c, c};
     for (const auto& at : m.atoms) t = rmul(t, at->range);
     e->range = radd(e->range, t);
@@ -102,8 +105,7 @@ Range op_range(Kind k, Range ra, Range rb) {
     case Kind::Max: return {std::max(ra.lo, rb.lo), std::max(ra.hi, rb.hi)};
     case Kind::Min: return {std::min(ra.lo, rb.lo), std::min(ra.hi, rb.hi)};
     case Kind::FloorDiv:
-      if (rb.lo > 0)
-        return {bfloor(ra.lo, ra.lo >= 0 ? rb.hi : rb.lo), bfloor(ra.hi, ra.hi >= 0 ? rb.lo : rb.hi)};
+      if (rb.lo > 0) return {bfloor(ra.lo, ra.lo >= 0 ? rb.hi : rb.lo), bfloor(ra.hi, ra.hi >= 0 ? rb.lo : rb.hi)};
       if (rb.lo >= 0 && ra.lo >= 0) return {0, ra.hi};  // a divisor of 0 fails at evaluation
       return {-kInf, kInf};
     default:  // Mod: the result has the sign of the divisor and |result| < |divisor|
@@ -219,7 +221,8 @@ void collect_symbols(const SymInt& x, std::set<std::string>& out) {
 
 bool valid_symbol_name(const std::string& n) {
   if (n.empty() || std::isdigit(static_cast<unsigned char>(n[0]))) return false;
-  return std::all_of(n.begin(), n.end(), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'; });
+  return std::all_of(n.begin(), n.end(),
+                     [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.'; });
 }
 
 }  // namespace sym
@@ -228,7 +231,8 @@ bool valid_symbol_name(const std::string& n) {
 SymInt::SymInt(std::shared_ptr<const SymExpr> e) : value_(0), expr_(std::move(e)) {}
 
 SymInt SymInt::symbol(const std::string& name) {
-  KILN_CHECK(sym::valid_symbol_name(name), "symbol name must be an identifier (letters, digits, '_', '.'), got '", name, "'");
+  KILN_CHECK(sym::valid_symbol_name(name), "symbol name must be an identifier (letters, digits, '_', '.'), got '", name,
+             "'");
   return sym::make_atom(sym::Kind::Symbol, name);
 }
 
@@ -308,7 +312,8 @@ SymInt operator-(const SymInt& a) { return a * SymInt(-1); }
 SymInt operator-(const SymInt& a, const SymInt& b) {
   if (a.is_constant() && b.is_constant()) {
     int64_t r;
-    KILN_CHECK(!__builtin_sub_overflow(a.value_, b.value_, &r), "integer overflow in size arithmetic: ", a.value_, " - ", b.value_);
+    KILN_CHECK(!__builtin_sub_overflow(a.value_, b.value_, &r), "integer overflow in size arithmetic: ", a.value_,
+               " - ", b.value_);
     return r;
   }
   return a + (-b);
@@ -403,7 +408,8 @@ std::vector<int64_t> concrete(const Shape& s) {
   std::vector<int64_t> out;
   out.reserve(s.size());
   for (size_t i = 0; i < s.size(); ++i) {
-    KILN_CHECK(s[i].is_constant() || t_oracle, "expected a concrete shape, but dimension ", i, " of ", shape_str(s), " is symbolic (", s[i].str(), ")");
+    KILN_CHECK(s[i].is_constant() || t_oracle, "expected a concrete shape, but dimension ", i, " of ", shape_str(s),
+               " is symbolic (", s[i].str(), ")");
     out.push_back(s[i].as_int());
   }
   return out;

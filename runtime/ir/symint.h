@@ -19,7 +19,7 @@ struct SymExpr;  // immutable expression node (defined in symint.cpp)
 class KILN_API SymInt {
  public:
   SymInt(int64_t v = 0) : value_(v) {}  // NOLINT: implicit from integer constants
-  SymInt(int v) : value_(v) {}           // NOLINT
+  SymInt(int v) : value_(v) {}  // NOLINT
   // A fresh size symbol named `name` (e.g. "s0"); symbols are compared by name.
   static SymInt symbol(const std::string& name);
 

@@ -62,14 +62,14 @@ enum class Kind { Symbol, FloorDiv, Mod, Max, Min };
 struct Atom {
   Kind kind;
   std::string name;  // symbol name (Kind::Symbol only)
-  SymInt a, b;       // operands (other kinds)
-  std::string key;   // canonical text
+  SymInt a, b;  // operands (other kinds)
+  std::string key;  // canonical text
   Range range;
 };
 using AtomP = std::shared_ptr<const Atom>;
 struct Mono {
   std::vector<AtomP> atoms;  // sorted by key; empty for the constant term
-  std::string key;           // atom keys joined by '*'
+  std::string key;  // atom keys joined by '*'
 };
 struct MonoLess {  // higher degree first, then by key; the constant term sorts last
   bool operator()(const Mono& x, const Mono& y) const {
@@ -104,6 +104,5 @@ struct SymExpr {
   std::string text;
   sym::Range range;
 };
-
 
 }  // namespace kiln

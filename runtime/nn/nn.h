@@ -183,9 +183,18 @@ class KILN_API ModuleDict : public Module {
 };
 
 // Activation modules.
-class KILN_API ReLU : public Module { public: Tensor forward(const Tensor& x) override { return relu(x); } };
-class KILN_API Tanh : public Module { public: Tensor forward(const Tensor& x) override { return tanh(x); } };
-class KILN_API SiLU : public Module { public: Tensor forward(const Tensor& x) override { return silu(x); } };
+class KILN_API ReLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return relu(x); }
+};
+class KILN_API Tanh : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return tanh(x); }
+};
+class KILN_API SiLU : public Module {
+ public:
+  Tensor forward(const Tensor& x) override { return silu(x); }
+};
 class KILN_API GELU : public Module {
  public:
   explicit GELU(std::string approximate = "none") : approximate(std::move(approximate)) {}
@@ -203,9 +212,9 @@ KILN_API Tensor& normal_(Tensor& t, double mean = 0, double std = 1);
 KILN_API Tensor& constant_(Tensor& t, double value);
 // mode: "fan_in" or "fan_out".
 KILN_API Tensor& kaiming_uniform_(Tensor& t, double a = 0, const std::string& mode = "fan_in",
-                         const std::string& nonlinearity = "leaky_relu");
+                                  const std::string& nonlinearity = "leaky_relu");
 KILN_API Tensor& kaiming_normal_(Tensor& t, double a = 0, const std::string& mode = "fan_in",
-                        const std::string& nonlinearity = "leaky_relu");
+                                 const std::string& nonlinearity = "leaky_relu");
 KILN_API Tensor& xavier_uniform_(Tensor& t, double gain = 1);
 KILN_API Tensor& xavier_normal_(Tensor& t, double gain = 1);
 // (Semi-)orthogonal matrix from the QR decomposition (LAPACK) of a Gaussian matrix.

@@ -103,8 +103,10 @@ Tensor& orthogonal_(Tensor& t, double gain) {
   for (int i = 0; i < m; ++i)
     for (int j = 0; j < n; ++j) {
       double v = a[j * m + i] * diag_sign[j] * gain;
-      if (wide) q[j * cols + i] = v;  // transpose back
-      else q[i * cols + j] = v;
+      if (wide)
+        q[j * cols + i] = v;  // transpose back
+      else
+        q[i * cols + j] = v;
     }
   return write(t, from_vector(q, t.sizes(), t.device()).to(t.dtype()));
 }

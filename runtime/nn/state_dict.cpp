@@ -145,16 +145,15 @@ std::map<std::string, Tensor> load_state_dict_file(const std::string& path) {
     }
     DType dtype = static_cast<DType>(dt);
     uint64_t nbytes = b.get<uint64_t>("byte count");
-    KILN_CHECK(nbytes == numel * itemsize(dtype), "load_state_dict_file: '", name, "' declares ", nbytes,
-               " bytes for ", numel, " elements of ", dtype_name(dtype));
+    KILN_CHECK(nbytes == numel * itemsize(dtype), "load_state_dict_file: '", name, "' declares ", nbytes, " bytes for ",
+               numel, " elements of ", dtype_name(dtype));
     std::string data = b.bytes(nbytes, "tensor data");
     auto storage = Storage::allocate(nbytes, cpu());
     std::memcpy(storage->data, data.data(), nbytes);
     auto* raw = new std::shared_ptr<Storage>(storage);
     sd[name] = from_blob(storage->data, sizes, dtype, [raw](void*) { delete raw; });
   }
-  KILN_CHECK(b.pos == body.size(), "load_state_dict_file: '", path, "' has ", body.size() - b.pos,
-             " trailing bytes");
+  KILN_CHECK(b.pos == body.size(), "load_state_dict_file: '", path, "' has ", body.size() - b.pos, " trailing bytes");
   return sd;
 }
 

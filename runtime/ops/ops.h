@@ -16,7 +16,7 @@ namespace kiln {
 KILN_API Tensor zeros(const std::vector<int64_t>& shape, DType dtype = kFloat32, Device device = cpu());
 KILN_API Tensor ones(const std::vector<int64_t>& shape, DType dtype = kFloat32, Device device = cpu());
 KILN_API Tensor full(const std::vector<int64_t>& shape, Scalar value, std::optional<DType> dtype = std::nullopt,
-            Device device = cpu());
+                     Device device = cpu());
 // Uninitialized in PyTorch; kiln fills with zeros so results are deterministic.
 KILN_API Tensor empty(const std::vector<int64_t>& shape, DType dtype = kFloat32, Device device = cpu());
 // Symbolic-shape fill (used by tracing and internal decompositions).
@@ -26,7 +26,7 @@ KILN_API Tensor full_shape(const Shape& shape, Scalar value, DType dtype, Device
 KILN_API Tensor zeros_symint(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
 KILN_API Tensor ones_symint(const Shape& shape, DType dtype = kFloat32, Device device = cpu());
 KILN_API Tensor full_symint(const Shape& shape, Scalar value, std::optional<DType> dtype = std::nullopt,
-                   Device device = cpu());
+                            Device device = cpu());
 // 0, 1, ..., end-1 (int64).
 KILN_API Tensor arange_symint(const SymInt& end, Device device = cpu());
 KILN_API Tensor arange(Scalar end, std::optional<DType> dtype = std::nullopt, Device device = cpu());
@@ -72,21 +72,35 @@ KILN_API Tensor bernoulli(const Tensor& p);
 KILN_API Tensor bernoulli(const std::vector<int64_t>& shape, double p, DType dtype = kFloat32, Device device = cpu());
 
 // ---------- unary pointwise ----------
-KILN_API Tensor neg(const Tensor& x);        KILN_API Tensor abs(const Tensor& x);
-KILN_API Tensor exp(const Tensor& x);        KILN_API Tensor exp2(const Tensor& x);
-KILN_API Tensor expm1(const Tensor& x);      KILN_API Tensor log(const Tensor& x);
-KILN_API Tensor log2(const Tensor& x);       KILN_API Tensor log1p(const Tensor& x);
-KILN_API Tensor sqrt(const Tensor& x);       KILN_API Tensor rsqrt(const Tensor& x);
-KILN_API Tensor reciprocal(const Tensor& x); KILN_API Tensor square(const Tensor& x);
-KILN_API Tensor sin(const Tensor& x);        KILN_API Tensor cos(const Tensor& x);
-KILN_API Tensor tan(const Tensor& x);        KILN_API Tensor atan(const Tensor& x);
-KILN_API Tensor tanh(const Tensor& x);       KILN_API Tensor sigmoid(const Tensor& x);
-KILN_API Tensor relu(const Tensor& x);       KILN_API Tensor silu(const Tensor& x);
+KILN_API Tensor neg(const Tensor& x);
+KILN_API Tensor abs(const Tensor& x);
+KILN_API Tensor exp(const Tensor& x);
+KILN_API Tensor exp2(const Tensor& x);
+KILN_API Tensor expm1(const Tensor& x);
+KILN_API Tensor log(const Tensor& x);
+KILN_API Tensor log2(const Tensor& x);
+KILN_API Tensor log1p(const Tensor& x);
+KILN_API Tensor sqrt(const Tensor& x);
+KILN_API Tensor rsqrt(const Tensor& x);
+KILN_API Tensor reciprocal(const Tensor& x);
+KILN_API Tensor square(const Tensor& x);
+KILN_API Tensor sin(const Tensor& x);
+KILN_API Tensor cos(const Tensor& x);
+KILN_API Tensor tan(const Tensor& x);
+KILN_API Tensor atan(const Tensor& x);
+KILN_API Tensor tanh(const Tensor& x);
+KILN_API Tensor sigmoid(const Tensor& x);
+KILN_API Tensor relu(const Tensor& x);
+KILN_API Tensor silu(const Tensor& x);
 KILN_API Tensor softplus(const Tensor& x, double beta = 1, double threshold = 20);
-KILN_API Tensor erf(const Tensor& x);        KILN_API Tensor floor(const Tensor& x);
-KILN_API Tensor ceil(const Tensor& x);       KILN_API Tensor round(const Tensor& x);
-KILN_API Tensor sign(const Tensor& x);       KILN_API Tensor isnan(const Tensor& x);
-KILN_API Tensor isfinite(const Tensor& x);   KILN_API Tensor logical_not(const Tensor& x);
+KILN_API Tensor erf(const Tensor& x);
+KILN_API Tensor floor(const Tensor& x);
+KILN_API Tensor ceil(const Tensor& x);
+KILN_API Tensor round(const Tensor& x);
+KILN_API Tensor sign(const Tensor& x);
+KILN_API Tensor isnan(const Tensor& x);
+KILN_API Tensor isfinite(const Tensor& x);
+KILN_API Tensor logical_not(const Tensor& x);
 KILN_API Tensor bitwise_not(const Tensor& x);
 // approximate: "none" (erf) or "tanh".
 KILN_API Tensor gelu(const Tensor& x, const std::string& approximate = "none");
@@ -95,20 +109,20 @@ KILN_API Tensor to(const Tensor& x, DType dtype);
 KILN_API Tensor to(const Tensor& x, Device device);
 
 // ---------- binary pointwise (broadcasting, PyTorch type promotion) ----------
-#define KILN_BINARY_DECL(name)                           \
+#define KILN_BINARY_DECL(name)                            \
   KILN_API Tensor name(const Tensor& a, const Tensor& b); \
   KILN_API Tensor name(const Tensor& a, Scalar b);        \
   KILN_API Tensor name(Scalar a, const Tensor& b);
-KILN_BINARY_DECL(add) KILN_BINARY_DECL(sub) KILN_BINARY_DECL(mul) KILN_BINARY_DECL(div)
-KILN_BINARY_DECL(pow) KILN_BINARY_DECL(maximum) KILN_BINARY_DECL(minimum)
-KILN_BINARY_DECL(atan2) KILN_BINARY_DECL(remainder) KILN_BINARY_DECL(fmod)
-KILN_BINARY_DECL(eq) KILN_BINARY_DECL(ne) KILN_BINARY_DECL(lt) KILN_BINARY_DECL(le)
-KILN_BINARY_DECL(gt) KILN_BINARY_DECL(ge)
-KILN_BINARY_DECL(logical_and) KILN_BINARY_DECL(logical_or) KILN_BINARY_DECL(logical_xor)
-KILN_BINARY_DECL(bitwise_and) KILN_BINARY_DECL(bitwise_or) KILN_BINARY_DECL(bitwise_xor)
+KILN_BINARY_DECL(add)
+KILN_BINARY_DECL(sub) KILN_BINARY_DECL(mul) KILN_BINARY_DECL(div) KILN_BINARY_DECL(pow) KILN_BINARY_DECL(maximum)
+    KILN_BINARY_DECL(minimum) KILN_BINARY_DECL(atan2) KILN_BINARY_DECL(remainder) KILN_BINARY_DECL(fmod)
+        KILN_BINARY_DECL(eq) KILN_BINARY_DECL(ne) KILN_BINARY_DECL(lt) KILN_BINARY_DECL(le) KILN_BINARY_DECL(gt)
+            KILN_BINARY_DECL(ge) KILN_BINARY_DECL(logical_and) KILN_BINARY_DECL(logical_or)
+                KILN_BINARY_DECL(logical_xor) KILN_BINARY_DECL(bitwise_and) KILN_BINARY_DECL(bitwise_or)
+                    KILN_BINARY_DECL(bitwise_xor)
 #undef KILN_BINARY_DECL
-// a + alpha * b.
-KILN_API Tensor add(const Tensor& a, const Tensor& b, Scalar alpha);
+    // a + alpha * b.
+    KILN_API Tensor add(const Tensor& a, const Tensor& b, Scalar alpha);
 KILN_API Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha);
 
 // ---------- ternary ----------
@@ -125,7 +139,7 @@ KILN_API Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& v
 
 // ---------- reductions (dims empty = all dims; negative dims allowed) ----------
 KILN_API Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false,
-           std::optional<DType> dtype = std::nullopt);
+                    std::optional<DType> dtype = std::nullopt);
 KILN_API Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
 KILN_API Tensor prod(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
 KILN_API Tensor amax(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
@@ -203,13 +217,13 @@ KILN_API Tensor outer(const Tensor& a, const Tensor& b);
 KILN_API Tensor softmax(const Tensor& x, int64_t dim);
 KILN_API Tensor log_softmax(const Tensor& x, int64_t dim);
 KILN_API Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& normalized_shape,
-                  const std::optional<Tensor>& weight = std::nullopt,
-                  const std::optional<Tensor>& bias = std::nullopt, double eps = 1e-5);
+                           const std::optional<Tensor>& weight = std::nullopt,
+                           const std::optional<Tensor>& bias = std::nullopt, double eps = 1e-5);
 // reduction: "mean", "sum" or "none". target: class indices (int64).
 KILN_API Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction = "mean");
 KILN_API Tensor mse_loss(const Tensor& x, const Tensor& y, const std::string& reduction = "mean");
 KILN_API Tensor smooth_l1_loss(const Tensor& x, const Tensor& y, const std::string& reduction = "mean",
-                      double beta = 1.0);
+                               double beta = 1.0);
 KILN_API Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 // softmax(q·kᵀ·scale + mask)·v (scale defaults to 1/sqrt(head size); a bool mask keeps the
 // true entries; is_causal keeps key j <= query i), with dropout of probability dropout_p on the
@@ -217,25 +231,26 @@ KILN_API Tensor dropout(const Tensor& x, double p = 0.5, bool training = true);
 // with equal key and value head sizes up to 256 run as one fused node (forward and backward never
 // hold the Tq x Tk matrix; the dropout mask comes from kiln's generator, drawn inside the kernels).
 KILN_API Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const std::optional<Tensor>& attn_mask = std::nullopt,
-                                    bool is_causal = false, std::optional<double> scale = std::nullopt,
-                                    double dropout_p = 0.0);
+                                             const std::optional<Tensor>& attn_mask = std::nullopt,
+                                             bool is_causal = false, std::optional<double> scale = std::nullopt,
+                                             double dropout_p = 0.0);
 // x [N, C, H, W], w [Cout, C/groups, kh, kw].
 KILN_API Tensor conv2d(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b = std::nullopt,
-              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},
-              std::vector<int64_t> dilation = {1, 1}, int64_t groups = 1);
+                       std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},
+                       std::vector<int64_t> dilation = {1, 1}, int64_t groups = 1);
 
 // ---------- C++ operators ----------
-#define KILN_OPERATOR_DECL(sym)                                  \
+#define KILN_OPERATOR_DECL(sym)                                   \
   KILN_API Tensor operator sym(const Tensor& a, const Tensor& b); \
   KILN_API Tensor operator sym(const Tensor& a, Scalar b);        \
   KILN_API Tensor operator sym(Scalar a, const Tensor& b);
-KILN_OPERATOR_DECL(+) KILN_OPERATOR_DECL(-) KILN_OPERATOR_DECL(*) KILN_OPERATOR_DECL(/)
-KILN_OPERATOR_DECL(==) KILN_OPERATOR_DECL(!=) KILN_OPERATOR_DECL(<) KILN_OPERATOR_DECL(<=)
-KILN_OPERATOR_DECL(>) KILN_OPERATOR_DECL(>=) KILN_OPERATOR_DECL(&) KILN_OPERATOR_DECL(|)
-KILN_OPERATOR_DECL(^)
+KILN_OPERATOR_DECL(+)
+KILN_OPERATOR_DECL(-) KILN_OPERATOR_DECL(*) KILN_OPERATOR_DECL(/) KILN_OPERATOR_DECL(==) KILN_OPERATOR_DECL(!=)
+    KILN_OPERATOR_DECL(<) KILN_OPERATOR_DECL(<=) KILN_OPERATOR_DECL(>) KILN_OPERATOR_DECL(>=) KILN_OPERATOR_DECL(&)
+        KILN_OPERATOR_DECL(|) KILN_OPERATOR_DECL(^)
 #undef KILN_OPERATOR_DECL
-KILN_API Tensor operator-(const Tensor& a);
+            KILN_API Tensor
+            operator-(const Tensor& a);
 KILN_API Tensor operator!(const Tensor& a);
 KILN_API Tensor operator~(const Tensor& a);
 
@@ -249,16 +264,17 @@ template <DimIndex I>
 Tensor sum(const Tensor& x, I dim, bool keepdim = false, std::optional<DType> dtype = std::nullopt) {
   return sum(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim, dtype);
 }
-#define KILN_ONE_DIM_DECL(name)                                        \
-  template <DimIndex I>                                                \
-  Tensor name(const Tensor& x, I dim, bool keepdim = false) {          \
+#define KILN_ONE_DIM_DECL(name)                                               \
+  template <DimIndex I>                                                       \
+  Tensor name(const Tensor& x, I dim, bool keepdim = false) {                 \
     return name(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim); \
   }
-KILN_ONE_DIM_DECL(mean) KILN_ONE_DIM_DECL(prod) KILN_ONE_DIM_DECL(amax) KILN_ONE_DIM_DECL(amin)
-KILN_ONE_DIM_DECL(all) KILN_ONE_DIM_DECL(any) KILN_ONE_DIM_DECL(logsumexp)
+KILN_ONE_DIM_DECL(mean)
+KILN_ONE_DIM_DECL(prod) KILN_ONE_DIM_DECL(amax) KILN_ONE_DIM_DECL(amin) KILN_ONE_DIM_DECL(all) KILN_ONE_DIM_DECL(any)
+    KILN_ONE_DIM_DECL(logsumexp)
 #undef KILN_ONE_DIM_DECL
-template <DimIndex I>
-Tensor var(const Tensor& x, I dim, double correction = 1, bool keepdim = false) {
+        template <DimIndex I>
+        Tensor var(const Tensor& x, I dim, double correction = 1, bool keepdim = false) {
   return var(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, correction, keepdim);
 }
 template <DimIndex I>
@@ -288,11 +304,12 @@ KILN_API Tensor diagonal(const Tensor& x, int64_t offset = 0, int64_t dim1 = 0, 
 KILN_API Tensor roll(const Tensor& x, int64_t shift, std::optional<int64_t> dim = std::nullopt);
 KILN_API Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims);
 // Sorted values and int64 indices along `dim`; always stable; NaN sorts as the greatest value.
-KILN_API std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false, bool stable = false);
+KILN_API std::pair<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false,
+                                        bool stable = false);
 KILN_API Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false, bool stable = false);
 // The k largest (largest=false: smallest) elements and their indices along `dim`, in sorted order.
 KILN_API std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true,
-                               bool sorted = true);
+                                        bool sorted = true);
 // int64 samples of category indices from the rows of `probs` ([n] or [rows, n], unnormalized
 // non-negative weights), with or without replacement (Philox, like rand).
 KILN_API Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement = false);
@@ -304,7 +321,7 @@ KILN_API Tensor einsum(const std::string& equation, const std::vector<Tensor>& o
 KILN_API Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2.0);
 // Out-of-place x[indices] = values (accumulate: +=), indices as for Tensor::index.
 KILN_API Tensor index_put(const Tensor& x, const std::vector<TensorIndex>& indices, const Tensor& values,
-                 bool accumulate = false);
+                          bool accumulate = false);
 // from_vector of bools (std::vector<bool> is bit-packed, so it has its own definition).
 template <>
 KILN_API Tensor from_vector<bool>(const std::vector<bool>& values, std::optional<std::vector<int64_t>> shape,

@@ -22,9 +22,9 @@ namespace {
 // The plan of an advanced index: the basic view y, the index tensors and the dims of y they index.
 struct AdvPlan {
   Tensor y;
-  std::vector<Tensor> idx;    // int64, one per indexed dim of y
+  std::vector<Tensor> idx;  // int64, one per indexed dim of y
   std::vector<int64_t> dims;  // dims of y they index (increasing)
-  bool adjacent = true;       // B replaces the dims in place (else B comes first)
+  bool adjacent = true;  // B replaces the dims in place (else B comes first)
   // Set when the only index is a bool mask (for index_put_'s where() path).
   Tensor mask;
   int64_t mask_dim = -1;
@@ -35,8 +35,10 @@ AdvPlan plan(const Tensor& x, const std::vector<TensorIndex>& entries) {
   // Dims of x each entry consumes.
   int64_t consumed = 0, ellipses = 0;
   for (const auto& e : entries) {
-    if (std::holds_alternative<int64_t>(e) || std::holds_alternative<Slice>(e)) ++consumed;
-    else if (std::holds_alternative<EllipsisIndex>(e)) ++ellipses;
+    if (std::holds_alternative<int64_t>(e) || std::holds_alternative<Slice>(e))
+      ++consumed;
+    else if (std::holds_alternative<EllipsisIndex>(e))
+      ++ellipses;
     else if (auto* t = std::get_if<IndexTensor>(&e)) {
       Tensor it(t->impl);
       KILN_CHECK(it.defined(), "index: got an undefined index tensor");
@@ -122,8 +124,10 @@ std::pair<Tensor, Shape> linear_index(const AdvPlan& p) {
     lin = lin.defined() ? add(mul(lin, nt), t) : t;
     total = total * n;
   }
-  if (b.size() > 1) lin = where(bad, size_value(total, kInt64, lin.device()), lin);
-  else lin = where(bad, b[0], lin);  // one dim: index_select reports the original index
+  if (b.size() > 1)
+    lin = where(bad, size_value(total, kInt64, lin.device()), lin);
+  else
+    lin = where(bad, b[0], lin);  // one dim: index_select reports the original index
   return {lin, bshape};
 }
 
@@ -163,7 +167,8 @@ Tensor unplace_b(const Tensor& r, size_t nb, const AdvPlan& p) {
 }  // namespace
 
 bool has_index_tensor(const std::vector<TensorIndex>& idx) {
-  return std::any_of(idx.begin(), idx.end(), [](const TensorIndex& e) { return std::holds_alternative<IndexTensor>(e); });
+  return std::any_of(idx.begin(), idx.end(),
+                     [](const TensorIndex& e) { return std::holds_alternative<IndexTensor>(e); });
 }
 
 Tensor advanced_index(const Tensor& x, const std::vector<TensorIndex>& idx) {
@@ -242,8 +247,10 @@ Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, const Tensor& v,
     return *this;
   }
   Tensor view = index(idx);
-  if (accumulate) view.assign_(add(view, detail::cast(v, view.dtype())));
-  else view.copy_(v);
+  if (accumulate)
+    view.assign_(add(view, detail::cast(v, view.dtype())));
+  else
+    view.copy_(v);
   return *this;
 }
 

@@ -38,9 +38,7 @@ Tensor squeeze(const Tensor& x, const std::vector<int64_t>& dims) {
   for (int64_t d : ds) r = squeeze(r, std::optional<int64_t>(d));
   return r;
 }
-Tensor squeeze(const Tensor& x, std::initializer_list<int64_t> dims) {
-  return squeeze(x, std::vector<int64_t>(dims));
-}
+Tensor squeeze(const Tensor& x, std::initializer_list<int64_t> dims) { return squeeze(x, std::vector<int64_t>(dims)); }
 
 std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
   KILN_CHECK(x.defined(), "unbind: got an undefined tensor");
@@ -55,9 +53,8 @@ std::vector<Tensor> unbind(const Tensor& x, int64_t dim) {
 
 Tensor movedim(const Tensor& x, const std::vector<int64_t>& source, const std::vector<int64_t>& destination) {
   KILN_CHECK(x.defined(), "movedim: got an undefined tensor");
-  KILN_CHECK(source.size() == destination.size(), "movedim: Invalid source or destination dims: source (",
-             str(source), " dims) should contain the same number of dims as destination (", str(destination),
-             " dims)");
+  KILN_CHECK(source.size() == destination.size(), "movedim: Invalid source or destination dims: source (", str(source),
+             " dims) should contain the same number of dims as destination (", str(destination), " dims)");
   int64_t n = x.dim();
   int64_t rank = std::max<int64_t>(n, 1);
   std::vector<int64_t> perm(n, -1);
@@ -122,8 +119,7 @@ Tensor diagonal(const Tensor& x, int64_t offset, int64_t dim1, int64_t dim2) {
 Tensor roll(const Tensor& x, const std::vector<int64_t>& shifts, const std::vector<int64_t>& dims) {
   KILN_CHECK(x.defined(), "roll: got an undefined tensor");
   if (dims.empty()) {
-    KILN_CHECK(shifts.size() == 1, "roll: `shifts` required to be of size 1 when `dims` is empty, got ",
-               shifts.size());
+    KILN_CHECK(shifts.size() == 1, "roll: `shifts` required to be of size 1 when `dims` is empty, got ", shifts.size());
     return detail::reshape_to(roll(flatten(x), shifts, {0}), x.shape());
   }
   KILN_CHECK(shifts.size() == dims.size(), "roll: shifts and dimensions must align. shifts: ", shifts.size(),
@@ -156,8 +152,10 @@ Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
 Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
   KILN_CHECK(x.defined(), "cumprod: got an undefined tensor");
   Tensor v = x;
-  if (dtype) v = to(v, *dtype);
-  else if (!is_floating(v.dtype())) v = to(v, kInt64);  // integer and bool inputs scan in int64
+  if (dtype)
+    v = to(v, *dtype);
+  else if (!is_floating(v.dtype()))
+    v = to(v, kInt64);  // integer and bool inputs scan in int64
   if (v.dim() == 0) {
     wrap_dim(dim, 1, "cumprod");
     return v.clone();
@@ -165,12 +163,12 @@ Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype) {
   int64_t d = wrap_dim(dim, v.dim(), "cumprod");
   // y[i] = prod over j of (j <= i ? x[j] : 1): the product reduction of a triangular
   // selection (exact, and prod's gradient handles zeros as PyTorch does).
-  Tensor m = movedim(v, d, -1);                              // [..., n]
+  Tensor m = movedim(v, d, -1);  // [..., n]
   const SymInt& n = m.shape().back();
   Tensor ar = detail::arange_of(n, v.device());
-  Tensor keep = le(unsqueeze(ar, 0), unsqueeze(ar, 1));      // [n(i), n(j)]: j <= i
-  Tensor sel = where(keep, unsqueeze(m, -2), Scalar(1));     // [..., n(i), n(j)]
-  Tensor y = prod(sel, std::vector<int64_t>{-1});            // [..., n]
+  Tensor keep = le(unsqueeze(ar, 0), unsqueeze(ar, 1));  // [n(i), n(j)]: j <= i
+  Tensor sel = where(keep, unsqueeze(m, -2), Scalar(1));  // [..., n(i), n(j)]
+  Tensor y = prod(sel, std::vector<int64_t>{-1});  // [..., n]
   return movedim(to(y, v.dtype()), -1, d);
 }
 
@@ -212,13 +210,15 @@ Tensor Tensor::roll(int64_t s, std::optional<int64_t> d) const { return kiln::ro
 Tensor Tensor::roll(const std::vector<int64_t>& s, const std::vector<int64_t>& d) const {
   return kiln::roll(*this, s, d);
 }
-#define KILN_CMP_METHOD(name)                                                   \
+#define KILN_CMP_METHOD(name)                                                 \
   Tensor Tensor::name(const Tensor& o) const { return kiln::name(*this, o); } \
   Tensor Tensor::name(Scalar o) const { return kiln::name(*this, o); }
-KILN_CMP_METHOD(eq) KILN_CMP_METHOD(ne) KILN_CMP_METHOD(lt) KILN_CMP_METHOD(le) KILN_CMP_METHOD(gt)
-KILN_CMP_METHOD(ge)
+KILN_CMP_METHOD(eq)
+KILN_CMP_METHOD(ne) KILN_CMP_METHOD(lt) KILN_CMP_METHOD(le) KILN_CMP_METHOD(gt) KILN_CMP_METHOD(ge)
 #undef KILN_CMP_METHOD
-Tensor Tensor::to_float() const { return kiln::to(*this, kFloat32); }
+    Tensor Tensor::to_float() const {
+  return kiln::to(*this, kFloat32);
+}
 Tensor Tensor::to_double() const { return kiln::to(*this, kFloat64); }
 Tensor Tensor::to_long() const { return kiln::to(*this, kInt64); }
 Tensor Tensor::to_int() const { return kiln::to(*this, kInt32); }
@@ -231,12 +231,15 @@ Tensor& Tensor::masked_fill_(const Tensor& m, Scalar v) { return assign_(kiln::m
 Tensor& Tensor::masked_fill_(const Tensor& m, const Tensor& v) { return assign_(kiln::masked_fill(*this, m, v)); }
 #define KILN_INPLACE_UNARY(name) \
   Tensor& Tensor::name##_() { return assign_(kiln::name(*this)); }
-KILN_INPLACE_UNARY(exp) KILN_INPLACE_UNARY(log) KILN_INPLACE_UNARY(sqrt) KILN_INPLACE_UNARY(rsqrt)
-KILN_INPLACE_UNARY(relu) KILN_INPLACE_UNARY(sigmoid) KILN_INPLACE_UNARY(tanh) KILN_INPLACE_UNARY(neg)
-KILN_INPLACE_UNARY(abs) KILN_INPLACE_UNARY(sin) KILN_INPLACE_UNARY(cos) KILN_INPLACE_UNARY(floor)
-KILN_INPLACE_UNARY(ceil) KILN_INPLACE_UNARY(round) KILN_INPLACE_UNARY(reciprocal) KILN_INPLACE_UNARY(square)
+KILN_INPLACE_UNARY(exp)
+KILN_INPLACE_UNARY(log) KILN_INPLACE_UNARY(sqrt) KILN_INPLACE_UNARY(rsqrt) KILN_INPLACE_UNARY(relu)
+    KILN_INPLACE_UNARY(sigmoid) KILN_INPLACE_UNARY(tanh) KILN_INPLACE_UNARY(neg) KILN_INPLACE_UNARY(abs)
+        KILN_INPLACE_UNARY(sin) KILN_INPLACE_UNARY(cos) KILN_INPLACE_UNARY(floor) KILN_INPLACE_UNARY(ceil)
+            KILN_INPLACE_UNARY(round) KILN_INPLACE_UNARY(reciprocal) KILN_INPLACE_UNARY(square)
 #undef KILN_INPLACE_UNARY
-Tensor& Tensor::clamp_min_(Scalar v) { return assign_(kiln::clamp_min(*this, v)); }
+                Tensor& Tensor::clamp_min_(Scalar v) {
+  return assign_(kiln::clamp_min(*this, v));
+}
 Tensor& Tensor::clamp_max_(Scalar v) { return assign_(kiln::clamp_max(*this, v)); }
 Tensor& Tensor::pow_(Scalar e) { return assign_(kiln::pow(*this, e)); }
 

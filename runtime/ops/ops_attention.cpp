@@ -62,19 +62,19 @@ bool mask_fits(const Shape& m, const Shape& full) {
 }  // namespace
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const std::optional<Tensor>& attn_mask, bool is_causal,
-                                    std::optional<double> scale, double dropout_p) {
+                                    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
+                                    double dropout_p) {
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "scaled_dot_product_attention: got an undefined tensor");
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
              "at least 2 dims, got ", str(q.shape()), ", ", str(k.shape()), ", ", str(v.shape()));
   const Shape &qs = q.shape(), &ks = k.shape(), &vs = v.shape();
-  KILN_CHECK(detail::same_size(qs.back(), ks.back()), "scaled_dot_product_attention: q and k must share the last dim, got ",
-             str(qs), " and ", str(ks));
+  KILN_CHECK(detail::same_size(qs.back(), ks.back()),
+             "scaled_dot_product_attention: q and k must share the last dim, got ", str(qs), " and ", str(ks));
   KILN_CHECK(detail::same_size(ks[ks.size() - 2], vs[vs.size() - 2]),
              "scaled_dot_product_attention: k and v must share the sequence dim, got ", str(ks), " and ", str(vs));
   KILN_CHECK(!(is_causal && attn_mask), "scaled_dot_product_attention: pass either attn_mask or is_causal, not both");
-  KILN_CHECK(dropout_p >= 0 && dropout_p <= 1, "scaled_dot_product_attention: dropout_p has to be between 0 and 1, got ",
-             dropout_p);
+  KILN_CHECK(dropout_p >= 0 && dropout_p <= 1,
+             "scaled_dot_product_attention: dropout_p has to be between 0 and 1, got ", dropout_p);
   KILN_CHECK(q.dtype() == k.dtype() && q.dtype() == v.dtype(),
              "scaled_dot_product_attention: expected q, k, v of one dtype, got ", dtype_name(q.dtype()), ", ",
              dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
@@ -85,10 +85,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const bool fused_head = d.is_constant() && d.as_int() >= 1 && d.as_int() <= kMaxFusedHead &&
                           vs.back().is_constant() && vs.back().as_int() == d.as_int();
   const bool mask_grad = attn_mask && attn_mask->requires_grad() && attn_mask->dtype() != kBool;
-  std::optional<Shape> batch = fused_dtype && fused_device && fused_head && !mask_grad && q.dim() == k.dim() &&
-                                       q.dim() == v.dim()
-                                   ? common_batch(q, k, v)
-                                   : std::nullopt;
+  std::optional<Shape> batch =
+      fused_dtype && fused_device && fused_head && !mask_grad && q.dim() == k.dim() && q.dim() == v.dim()
+          ? common_batch(q, k, v)
+          : std::nullopt;
   const SymInt &tq = qs[qs.size() - 2], &tk = ks[ks.size() - 2];
   Shape full;
   if (batch) {
@@ -96,8 +96,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     full.push_back(tq);
     full.push_back(tk);
   }
-  if (batch && attn_mask && (!mask_fits(attn_mask->shape(), full) ||
-                             (attn_mask->dtype() != kBool && attn_mask->dtype() != q.dtype())))
+  if (batch && attn_mask &&
+      (!mask_fits(attn_mask->shape(), full) || (attn_mask->dtype() != kBool && attn_mask->dtype() != q.dtype())))
     batch = std::nullopt;
 
   // (everything dropped: zeros, as dropout(p = 1) gives)

@@ -18,8 +18,7 @@ Tensor leaf(std::shared_ptr<Storage> storage, Shape shape, DType dtype, Device d
   return t;
 }
 void check_sizes(const std::vector<int64_t>& shape, const char* op) {
-  for (int64_t s : shape)
-    KILN_CHECK(s >= 0, op, ": expected non-negative sizes, got ", str(shape));
+  for (int64_t s : shape) KILN_CHECK(s >= 0, op, ": expected non-negative sizes, got ", str(shape));
 }
 }  // namespace detail
 
@@ -38,8 +37,12 @@ Tensor full(const std::vector<int64_t>& shape, Scalar value, std::optional<DType
 Tensor zeros(const std::vector<int64_t>& s, DType t, Device d) { return full(s, 0, t, d); }
 Tensor ones(const std::vector<int64_t>& s, DType t, Device d) { return full(s, 1, t, d); }
 Tensor empty(const std::vector<int64_t>& s, DType t, Device d) { return full(s, 0, t, d); }
-Tensor zeros_like(const Tensor& t, std::optional<DType> d) { return full_shape(t.shape(), 0, d.value_or(t.dtype()), t.device()); }
-Tensor ones_like(const Tensor& t, std::optional<DType> d) { return full_shape(t.shape(), 1, d.value_or(t.dtype()), t.device()); }
+Tensor zeros_like(const Tensor& t, std::optional<DType> d) {
+  return full_shape(t.shape(), 0, d.value_or(t.dtype()), t.device());
+}
+Tensor ones_like(const Tensor& t, std::optional<DType> d) {
+  return full_shape(t.shape(), 1, d.value_or(t.dtype()), t.device());
+}
 Tensor empty_like(const Tensor& t, std::optional<DType> d) { return zeros_like(t, d); }
 Tensor full_like(const Tensor& t, Scalar v, std::optional<DType> d) {
   return full_shape(t.shape(), v, d.value_or(t.dtype()), t.device());
@@ -53,14 +56,15 @@ Tensor arange(Scalar start, Scalar end, Scalar step, std::optional<DType> dtype,
   bool fl = start.is_floating() || end.is_floating() || step.is_floating();
   DType t = dtype ? *dtype : fl ? kFloat32 : kInt64;
   double st = step.to_double();
-  KILN_CHECK(std::isfinite(start.to_double()) && std::isfinite(end.to_double()), "arange: unsupported range: ",
-             start.to_double(), " -> ", end.to_double(), " (expected finite start and end)");
+  KILN_CHECK(std::isfinite(start.to_double()) && std::isfinite(end.to_double()),
+             "arange: unsupported range: ", start.to_double(), " -> ", end.to_double(),
+             " (expected finite start and end)");
   KILN_CHECK(st != 0 && !std::isnan(st), "arange: step must be nonzero and not nan, got ", st);
   double n = std::ceil((end.to_double() - start.to_double()) / st);
-  KILN_CHECK(n >= 0, "arange: upper bound and larger bound inconsistent with step sign (start=",
-             start.to_double(), ", end=", end.to_double(), ", step=", st, ")");
-  KILN_CHECK(n < 0x1p63, "arange: the range [", start.to_double(), ", ", end.to_double(), ") with step ", st,
-             " holds ", n, " elements, more than int64 can count (invalid size, possible overflow)");
+  KILN_CHECK(n >= 0, "arange: upper bound and larger bound inconsistent with step sign (start=", start.to_double(),
+             ", end=", end.to_double(), ", step=", st, ")");
+  KILN_CHECK(n < 0x1p63, "arange: the range [", start.to_double(), ", ", end.to_double(), ") with step ", st, " holds ",
+             n, " elements, more than int64 can count (invalid size, possible overflow)");
   Attrs a;
   a.f0 = start.to_double();
   a.f1 = st;
@@ -238,8 +242,7 @@ Tensor randint(int64_t low, int64_t high, const std::vector<int64_t>& shape, DTy
                    static_cast<double>(high), {low, high});
 }
 Tensor bernoulli(const Tensor& p) {
-  KILN_CHECK(is_floating(p.dtype()), "bernoulli: expected a floating probability tensor, got ",
-             dtype_name(p.dtype()));
+  KILN_CHECK(is_floating(p.dtype()), "bernoulli: expected a floating probability tensor, got ", dtype_name(p.dtype()));
   Tensor u = random_op(OpKind::RandUniform, p.shape(), p.dtype(), p.device(), 0, 1);
   return to(lt(u, p), p.dtype());
 }

@@ -25,7 +25,8 @@ std::string letter(int l) { return std::string(1, static_cast<char>(l < 26 ? 'A'
 int label_of(char c) {
   if (c >= 'A' && c <= 'Z') return c - 'A';
   if (c >= 'a' && c <= 'z') return 26 + (c - 'a');
-  throw Error(detail::cat("einsum(): invalid subscript given in the equation string, subscripts must be in [a-zA-Z], got '",
+  throw Error(
+      detail::cat("einsum(): invalid subscript given in the equation string, subscripts must be in [a-zA-Z], got '",
                   std::string(1, c), "'"));
 }
 
@@ -61,8 +62,10 @@ Op sum_unneeded(Op o, const std::set<int>& keep) {
   std::vector<int64_t> dims;
   std::vector<int> rest;
   for (size_t i = 0; i < o.labels.size(); ++i) {
-    if (keep.count(o.labels[i])) rest.push_back(o.labels[i]);
-    else dims.push_back(static_cast<int64_t>(i));
+    if (keep.count(o.labels[i]))
+      rest.push_back(o.labels[i]);
+    else
+      dims.push_back(static_cast<int64_t>(i));
   }
   if (!dims.empty()) o.t = sum(o.t, dims);
   o.labels = rest;
@@ -81,9 +84,12 @@ Op contract(Op a, Op b, const std::set<int>& keep) {
   std::set<int> la(a.labels.begin(), a.labels.end()), lb(b.labels.begin(), b.labels.end());
   std::vector<int> batch, left, right, con;
   for (int l : a.labels) {
-    if (!lb.count(l)) left.push_back(l);
-    else if (keep.count(l)) batch.push_back(l);
-    else con.push_back(l);
+    if (!lb.count(l))
+      left.push_back(l);
+    else if (keep.count(l))
+      batch.push_back(l);
+    else
+      con.push_back(l);
   }
   for (int l : b.labels)
     if (!la.count(l)) right.push_back(l);
@@ -98,8 +104,10 @@ Op contract(Op a, Op b, const std::set<int>& keep) {
     auto a1 = sym_eq(sa, 1), b1 = sym_eq(sb, 1);
     KILN_CHECK((a1 && *a1) || (b1 && *b1), "einsum(): operands do not broadcast with remapped shapes (original->",
                "remapped): subscript of size ", sa.str(), " and ", sb.str());
-    if (a1 && *a1) b.t = sum(b.t, std::vector<int64_t>{pos(b, l)}, true);
-    else a.t = sum(a.t, std::vector<int64_t>{pos(a, l)}, true);
+    if (a1 && *a1)
+      b.t = sum(b.t, std::vector<int64_t>{pos(b, l)}, true);
+    else
+      a.t = sum(a.t, std::vector<int64_t>{pos(a, l)}, true);
   }
   std::vector<int64_t> pa, pb;
   for (int l : batch) pa.push_back(pos(a, l));
@@ -145,8 +153,8 @@ Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands) 
   size_t start = 0;
   while (true) {
     size_t comma = lhs.find(',', start);
-    terms.push_back(parse_term(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start),
-                               "an operand"));
+    terms.push_back(
+        parse_term(lhs.substr(start, comma == std::string::npos ? std::string::npos : comma - start), "an operand"));
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
@@ -199,7 +207,8 @@ Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands) 
       }
       KILN_CHECK(seen.insert(l).second, "einsum(): output subscript ", letter(l),
                  " appears more than once in the output");
-      KILN_CHECK(count.count(l), "einsum(): output subscript ", letter(l), " does not appear in the equation for any input operand");
+      KILN_CHECK(count.count(l), "einsum(): output subscript ", letter(l),
+                 " does not appear in the equation for any input operand");
       out.push_back(l);
     }
   } else {
@@ -215,7 +224,8 @@ Tensor einsum(const std::string& equation, const std::vector<Tensor>& operands) 
         for (size_t j = i + 1; j < o.labels.size() && !again; ++j) {
           if (o.labels[i] != o.labels[j]) continue;
           auto same = sym_eq(o.t.shape()[i], o.t.shape()[j]);
-          KILN_CHECK(!same || *same, "einsum(): subscript ", letter(o.labels[i]), " is repeated for operand but the sizes don't match, ", o.t.shape()[i].str(),
+          KILN_CHECK(!same || *same, "einsum(): subscript ", letter(o.labels[i]),
+                     " is repeated for operand but the sizes don't match, ", o.t.shape()[i].str(),
                      " != ", o.t.shape()[j].str());
           int l = o.labels[i];
           o.t = diagonal(o.t, 0, static_cast<int64_t>(i), static_cast<int64_t>(j));
@@ -267,8 +277,8 @@ Tensor cdist(const Tensor& x1, const Tensor& x2, double p) {
   KILN_CHECK(x1.dim() >= 2, "cdist only supports at least 2D tensors, X1 got: ", x1.dim(), "D");
   KILN_CHECK(x2.dim() >= 2, "cdist only supports at least 2D tensors, X2 got: ", x2.dim(), "D");
   KILN_CHECK(is_floating(x1.dtype()) && is_floating(x2.dtype()),
-             "cdist only supports floating-point dtypes, X1 got: ", dtype_name(x1.dtype()), ", X2 got: ",
-             dtype_name(x2.dtype()));
+             "cdist only supports floating-point dtypes, X1 got: ", dtype_name(x1.dtype()),
+             ", X2 got: ", dtype_name(x2.dtype()));
   KILN_CHECK(p >= 0, "cdist only supports non-negative p values, got ", p);
   auto same = sym_eq(x1.shape().back(), x2.shape().back());
   KILN_CHECK(!same || *same, "X1 and X2 must have the same number of columns. X1: ", x1.shape().back().str(),

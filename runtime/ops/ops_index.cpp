@@ -20,8 +20,8 @@ void check_index_fits(const Tensor& idx, const Tensor& other, int64_t skip, cons
              "same number of dimensions as ", what, " (", other.dim(), "), got ", idx.dim());
   for (int64_t d = 0; d < idx.dim(); ++d) {
     if (d == skip) continue;
-    KILN_CHECK(sym_le(idx.shape()[d], other.shape()[d]).value_or(false), op, ": size of index ", str(idx.shape()), " at dim ", d,
-               " must not exceed the size of ", what, " ", str(other.shape()));
+    KILN_CHECK(sym_le(idx.shape()[d], other.shape()[d]).value_or(false), op, ": size of index ", str(idx.shape()),
+               " at dim ", d, " must not exceed the size of ", what, " ", str(other.shape()));
   }
 }
 
@@ -64,8 +64,10 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index) {
   int64_t d = wrap_dim(dim, x.dim(), "index_select");
   Tensor idx = index.dim() == 0 ? reshape(index, {1}) : index;
   Shape out = x.shape();
-  if (x.dim() == 0) out = {idx.shape()[0]};
-  else out[d] = idx.shape()[0];
+  if (x.dim() == 0)
+    out = {idx.shape()[0]};
+  else
+    out[d] = idx.shape()[0];
   return indexed(OpKind::IndexSelect, {x, idx}, d, x.dtype(), out);
 }
 

@@ -17,8 +17,8 @@ void check_mm(const Tensor& a, const Tensor& b, const char* op) {
   KILN_CHECK(a.defined() && b.defined(), op, ": got an undefined tensor");
   KILN_CHECK(a.dim() >= 1 && b.dim() >= 1, op, ": both arguments need at least 1 dimension, got ", a.dim(), "-d and ",
              b.dim(), "-d");
-  KILN_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ",
-             dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  KILN_CHECK(a.dtype() == b.dtype(), op, ": expected both operands to have the same dtype, got ", dtype_name(a.dtype()),
+             " and ", dtype_name(b.dtype()));
   KILN_CHECK(a.dtype() != kBool, op, ": expected numeric operands, got bool");
 }
 }  // namespace

@@ -99,17 +99,20 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::op
     std::tie(xhat, r) = normalized(x, dims, eps);
     y = affine(xhat);
   }
-  const Tensor xs = detail::snapshot(x), ws = w ? detail::snapshot(*w) : Tensor(), bs = b ? detail::snapshot(*b) : Tensor();
-  detail::attach_custom_grad(y, "layer_norm", {x, wt, bt}, [xs, ws, bs, xhat, r, dims, eps](const Tensor& g, bool create_graph) {
-    Tensor xh = xhat, rr = r;
-    if (create_graph) std::tie(xh, rr) = normalized(xs, dims, eps);  // differentiable in x
-    Tensor gw = ws.defined() ? mul(g, ws) : g;
-    Tensor dx = mul(rr, sub(sub(gw, mean(gw, dims, true)), mul(xh, mean(mul(gw, xh), dims, true))));
-    std::vector<Tensor> grads = {detail::cast(dx, xs.dtype()), Tensor(), Tensor()};
-    if (ws.defined() && ws.requires_grad()) grads[1] = detail::cast(detail::sum_to(mul(g, xh), ws.shape()), ws.dtype());
-    if (bs.defined() && bs.requires_grad()) grads[2] = detail::cast(detail::sum_to(g, bs.shape()), bs.dtype());
-    return grads;
-  });
+  const Tensor xs = detail::snapshot(x), ws = w ? detail::snapshot(*w) : Tensor(),
+               bs = b ? detail::snapshot(*b) : Tensor();
+  detail::attach_custom_grad(
+      y, "layer_norm", {x, wt, bt}, [xs, ws, bs, xhat, r, dims, eps](const Tensor& g, bool create_graph) {
+        Tensor xh = xhat, rr = r;
+        if (create_graph) std::tie(xh, rr) = normalized(xs, dims, eps);  // differentiable in x
+        Tensor gw = ws.defined() ? mul(g, ws) : g;
+        Tensor dx = mul(rr, sub(sub(gw, mean(gw, dims, true)), mul(xh, mean(mul(gw, xh), dims, true))));
+        std::vector<Tensor> grads = {detail::cast(dx, xs.dtype()), Tensor(), Tensor()};
+        if (ws.defined() && ws.requires_grad())
+          grads[1] = detail::cast(detail::sum_to(mul(g, xh), ws.shape()), ws.dtype());
+        if (bs.defined() && bs.requires_grad()) grads[2] = detail::cast(detail::sum_to(g, bs.shape()), bs.dtype());
+        return grads;
+      });
   return y;
 }
 
@@ -119,16 +122,17 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   int64_t cdim = logits.dim() == 1 ? 0 : 1;
   if (is_floating(target.dtype())) {  // class probabilities
     Tensor lsm = log_softmax(logits, cdim);
-    KILN_CHECK(same_sizes(target.shape(), logits.shape()), "cross_entropy: probability targets must match logits shape ",
-               str(logits.shape()), ", got ", str(target.shape()));
+    KILN_CHECK(same_sizes(target.shape(), logits.shape()),
+               "cross_entropy: probability targets must match logits shape ", str(logits.shape()), ", got ",
+               str(target.shape()));
     Tensor l = neg(sum(mul(lsm, target), {cdim}));
     return reduce_loss(l, reduction, "cross_entropy");
   }
   KILN_CHECK(target.dtype() == kInt64, "cross_entropy: expected int64 class indices, got ", dtype_name(target.dtype()));
   Shape want = logits.shape();
   want.erase(want.begin() + cdim);
-  KILN_CHECK(same_sizes(target.shape(), want), "cross_entropy: expected target of shape ", str(want), " for logits of shape ",
-             str(logits.shape()), ", got ", str(target.shape()));
+  KILN_CHECK(same_sizes(target.shape(), want), "cross_entropy: expected target of shape ", str(want),
+             " for logits of shape ", str(logits.shape()), ", got ", str(target.shape()));
   auto picked = [&](const Tensor& lsm) { return neg(squeeze(gather(lsm, cdim, unsqueeze(target, cdim)), cdim)); };
   if (!grad_enabled() || !logits.requires_grad())
     return reduce_loss(picked(log_softmax(logits, cdim)), reduction, "cross_entropy");
@@ -185,14 +189,13 @@ Tensor conv2d(const Tensor& xin, const Tensor& w, const std::optional<Tensor>& b
   pair(stride, "stride");
   pair(padding, "padding");
   pair(dilation, "dilation");
-  KILN_CHECK(stride[0] > 0 && stride[1] > 0 && dilation[0] > 0 && dilation[1] > 0 && padding[0] >= 0 &&
-                 padding[1] >= 0,
+  KILN_CHECK(stride[0] > 0 && stride[1] > 0 && dilation[0] > 0 && dilation[1] > 0 && padding[0] >= 0 && padding[1] >= 0,
              "conv2d: expected positive stride/dilation and non-negative padding");
   KILN_CHECK(groups > 0, "conv2d: groups must be positive, got ", groups);
   bool batched = xin.dim() == 4;
   Tensor x = batched ? xin : unsqueeze(xin, 0);
-  KILN_CHECK(x.dtype() == w.dtype(), "conv2d: input and weight must have the same dtype, got ",
-             dtype_name(x.dtype()), " and ", dtype_name(w.dtype()));
+  KILN_CHECK(x.dtype() == w.dtype(), "conv2d: input and weight must have the same dtype, got ", dtype_name(x.dtype()),
+             " and ", dtype_name(w.dtype()));
   // Batch and image sizes stay symbolic in compile() traces; channels must match the weight.
   const SymInt n = x.shape()[0], h = x.shape()[2], wd = x.shape()[3];
   int64_t c = x.size(1);
@@ -201,9 +204,10 @@ Tensor conv2d(const Tensor& xin, const Tensor& w, const std::optional<Tensor>& b
              ", groups=", groups, "), got ", c);
   KILN_CHECK(o % groups == 0, "conv2d: out_channels (", o, ") must be divisible by groups (", groups, ")");
   // The padded input must hold the dilated kernel; then (PyTorch's) floor division is exact.
-  SymInt hspan = h + 2 * padding[0] - dilation[0] * (kh - 1) - 1, wspan = wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1;
-  KILN_CHECK(sym_ge(hspan, 0).value_or(false) && sym_ge(wspan, 0).value_or(false), "conv2d: kernel size ", kh, "x",
-             kw, " (dilated) is larger than padded input ", (h + 2 * padding[0]).str(), "x", (wd + 2 * padding[1]).str());
+  SymInt hspan = h + 2 * padding[0] - dilation[0] * (kh - 1) - 1,
+         wspan = wd + 2 * padding[1] - dilation[1] * (kw - 1) - 1;
+  KILN_CHECK(sym_ge(hspan, 0).value_or(false) && sym_ge(wspan, 0).value_or(false), "conv2d: kernel size ", kh, "x", kw,
+             " (dilated) is larger than padded input ", (h + 2 * padding[0]).str(), "x", (wd + 2 * padding[1]).str());
   SymInt ho = floordiv(hspan, stride[0]) + 1, wo = floordiv(wspan, stride[1]) + 1;
   if (b) KILN_CHECK(b->dim() == 1 && b->size(0) == o, "conv2d: bias must have shape [", o, "], got ", str(b->shape()));
   Attrs a;

@@ -6,8 +6,8 @@
 #include "runtime/tensor/record.h"
 
 namespace kiln {
-using detail::cast;
 using detail::as_dtype;
+using detail::cast;
 using detail::record;
 using detail::record_refs;
 
@@ -64,13 +64,11 @@ Tensor unary(OpKind op, const Tensor& x, UnaryKind kind) {
       Tensor hold;
       return record_refs(op, {&as_dtype(x, out, hold)}, Attrs{}, out, x.shape());
     }
-    case UnaryKind::BoolOut:
-      return record_refs(op, {&x}, Attrs{}, kBool, x.shape());
+    case UnaryKind::BoolOut: return record_refs(op, {&x}, Attrs{}, kBool, x.shape());
     case UnaryKind::NoBool:
       KILN_CHECK(in != kBool, op_name(op), ": not supported for bool tensors (expected a numeric dtype, got bool)");
       [[fallthrough]];
-    case UnaryKind::SameType:
-      return record_refs(op, {&x}, Attrs{}, in, x.shape());
+    case UnaryKind::SameType: return record_refs(op, {&x}, Attrs{}, in, x.shape());
   }
   return x;
 }
@@ -78,21 +76,20 @@ Tensor unary(OpKind op, const Tensor& x, UnaryKind kind) {
 
 #define KILN_UNARY(name, op, kind) \
   Tensor name(const Tensor& x) { return unary(OpKind::op, x, UnaryKind::kind); }
-KILN_UNARY(neg, Neg, NoBool) KILN_UNARY(abs, Abs, NoBool) KILN_UNARY(exp, Exp, FloatOut)
-KILN_UNARY(exp2, Exp2, FloatOut) KILN_UNARY(expm1, Expm1, FloatOut) KILN_UNARY(log, Log, FloatOut)
-KILN_UNARY(log2, Log2, FloatOut) KILN_UNARY(log1p, Log1p, FloatOut) KILN_UNARY(sqrt, Sqrt, FloatOut)
-KILN_UNARY(rsqrt, Rsqrt, FloatOut) KILN_UNARY(reciprocal, Reciprocal, FloatOut)
-KILN_UNARY(sin, Sin, FloatOut) KILN_UNARY(cos, Cos, FloatOut) KILN_UNARY(tan, Tan, FloatOut)
-KILN_UNARY(atan, Atan, FloatOut) KILN_UNARY(tanh, Tanh, FloatOut) KILN_UNARY(sigmoid, Sigmoid, FloatOut)
-KILN_UNARY(relu, Relu, NoBool) KILN_UNARY(erf, Erf, FloatOut) KILN_UNARY(floor, Floor, NoBool)
-KILN_UNARY(ceil, Ceil, NoBool) KILN_UNARY(round, Round, NoBool) KILN_UNARY(sign, Sign, SameType)
-KILN_UNARY(isnan, IsNan, BoolOut) KILN_UNARY(isfinite, IsFinite, BoolOut)
-KILN_UNARY(logical_not, LogicalNot, BoolOut)
+KILN_UNARY(neg, Neg, NoBool)
+KILN_UNARY(abs, Abs, NoBool) KILN_UNARY(exp, Exp, FloatOut) KILN_UNARY(exp2, Exp2, FloatOut)
+    KILN_UNARY(expm1, Expm1, FloatOut) KILN_UNARY(log, Log, FloatOut) KILN_UNARY(log2, Log2, FloatOut)
+        KILN_UNARY(log1p, Log1p, FloatOut) KILN_UNARY(sqrt, Sqrt, FloatOut) KILN_UNARY(rsqrt, Rsqrt, FloatOut)
+            KILN_UNARY(reciprocal, Reciprocal, FloatOut) KILN_UNARY(sin, Sin, FloatOut) KILN_UNARY(cos, Cos, FloatOut)
+                KILN_UNARY(tan, Tan, FloatOut) KILN_UNARY(atan, Atan, FloatOut) KILN_UNARY(tanh, Tanh, FloatOut)
+                    KILN_UNARY(sigmoid, Sigmoid, FloatOut) KILN_UNARY(relu, Relu, NoBool) KILN_UNARY(erf, Erf, FloatOut)
+                        KILN_UNARY(floor, Floor, NoBool) KILN_UNARY(ceil, Ceil, NoBool) KILN_UNARY(round, Round, NoBool)
+                            KILN_UNARY(sign, Sign, SameType) KILN_UNARY(isnan, IsNan, BoolOut)
+                                KILN_UNARY(isfinite, IsFinite, BoolOut) KILN_UNARY(logical_not, LogicalNot, BoolOut)
 #undef KILN_UNARY
 
-Tensor bitwise_not(const Tensor& x) {
-  KILN_CHECK(!is_floating(x.dtype()), "bitwise_not: expected an integer or bool tensor, got ",
-             dtype_name(x.dtype()));
+                                    Tensor bitwise_not(const Tensor& x) {
+  KILN_CHECK(!is_floating(x.dtype()), "bitwise_not: expected an integer or bool tensor, got ", dtype_name(x.dtype()));
   return record(OpKind::BitwiseNot, {x}, Attrs{}, x.dtype(), x.shape());
 }
 
@@ -152,14 +149,13 @@ Tensor binary(OpKind op, const Tensor& a, const Tensor& b, DType compute, BinKin
     case BinKind::Compare: res = kBool; break;
     case BinKind::Logical: res = kBool; break;
     case BinKind::Bitwise:
-      KILN_CHECK(!is_floating(compute), op_name(op), ": expected integer or bool tensors, got ",
-                 dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+      KILN_CHECK(!is_floating(compute), op_name(op), ": expected integer or bool tensors, got ", dtype_name(a.dtype()),
+                 " and ", dtype_name(b.dtype()));
       break;
     case BinKind::Arith:
       KILN_CHECK(!(compute == kBool && op == OpKind::Sub), "sub: subtraction of two bool tensors is not supported");
       break;
-    case BinKind::IntOk:
-      break;
+    case BinKind::IntOk: break;
   }
   Tensor ha, hb;
   return record_refs(op, {&as_dtype(a, compute, ha), &as_dtype(b, compute, hb)}, Attrs{}, res, std::move(out));
@@ -190,31 +186,32 @@ Tensor binary_st(OpKind op, Scalar a, const Tensor& b, BinKind kind) {
 }
 }  // namespace
 
-#define KILN_BINARY(name, op, kind)                                                                 \
+#define KILN_BINARY(name, op, kind)                                                                    \
   Tensor name(const Tensor& a, const Tensor& b) { return binary_tt(OpKind::op, a, b, BinKind::kind); } \
   Tensor name(const Tensor& a, Scalar b) { return binary_ts(OpKind::op, a, b, BinKind::kind); }        \
   Tensor name(Scalar a, const Tensor& b) { return binary_st(OpKind::op, a, b, BinKind::kind); }
-KILN_BINARY(add, Add, Arith) KILN_BINARY(sub, Sub, Arith) KILN_BINARY(mul, Mul, Arith)
-KILN_BINARY(div, Div, TrueDiv) KILN_BINARY(pow, Pow, IntOk) KILN_BINARY(maximum, Maximum, Arith)
-KILN_BINARY(minimum, Minimum, Arith) KILN_BINARY(atan2, Atan2, FloatOut)
-KILN_BINARY(remainder, Remainder, IntOk) KILN_BINARY(fmod, Fmod, IntOk)
-KILN_BINARY(eq, Eq, Compare) KILN_BINARY(ne, Ne, Compare) KILN_BINARY(lt, Lt, Compare)
-KILN_BINARY(le, Le, Compare) KILN_BINARY(gt, Gt, Compare) KILN_BINARY(ge, Ge, Compare)
-KILN_BINARY(logical_and, LogicalAnd, Logical) KILN_BINARY(logical_or, LogicalOr, Logical)
-KILN_BINARY(logical_xor, LogicalXor, Logical) KILN_BINARY(bitwise_and, BitwiseAnd, Bitwise)
-KILN_BINARY(bitwise_or, BitwiseOr, Bitwise) KILN_BINARY(bitwise_xor, BitwiseXor, Bitwise)
+KILN_BINARY(add, Add, Arith)
+KILN_BINARY(sub, Sub, Arith) KILN_BINARY(mul, Mul, Arith) KILN_BINARY(div, Div, TrueDiv) KILN_BINARY(pow, Pow, IntOk)
+    KILN_BINARY(maximum, Maximum, Arith) KILN_BINARY(minimum, Minimum, Arith) KILN_BINARY(atan2, Atan2, FloatOut)
+        KILN_BINARY(remainder, Remainder, IntOk) KILN_BINARY(fmod, Fmod, IntOk) KILN_BINARY(eq, Eq, Compare)
+            KILN_BINARY(ne, Ne, Compare) KILN_BINARY(lt, Lt, Compare) KILN_BINARY(le, Le, Compare)
+                KILN_BINARY(gt, Gt, Compare) KILN_BINARY(ge, Ge, Compare) KILN_BINARY(logical_and, LogicalAnd, Logical)
+                    KILN_BINARY(logical_or, LogicalOr, Logical) KILN_BINARY(logical_xor, LogicalXor, Logical)
+                        KILN_BINARY(bitwise_and, BitwiseAnd, Bitwise) KILN_BINARY(bitwise_or, BitwiseOr, Bitwise)
+                            KILN_BINARY(bitwise_xor, BitwiseXor, Bitwise)
 #undef KILN_BINARY
 
-namespace {
-// alpha * b in the result type of (a, b): alpha takes no part in type promotion (PyTorch).
-Tensor scaled_by_alpha(const Tensor& a, const Tensor& b, Scalar alpha, const char* op) {
-  KILN_CHECK(a.defined() && b.defined(), op, ": got an undefined tensor");
-  DType t = result_type({a, b});
-  KILN_CHECK(alpha.kind() != Scalar::Kind::Bool || t == kBool, op, ": boolean alpha only supported for boolean results");
-  KILN_CHECK(is_floating(t) || alpha.kind() != Scalar::Kind::Float, op,
-             ": for integral input tensors, argument alpha must not be a floating point number");
-  return cast(mul(cast(b, t), alpha), t);
-}
+                                namespace {
+  // alpha * b in the result type of (a, b): alpha takes no part in type promotion (PyTorch).
+  Tensor scaled_by_alpha(const Tensor& a, const Tensor& b, Scalar alpha, const char* op) {
+    KILN_CHECK(a.defined() && b.defined(), op, ": got an undefined tensor");
+    DType t = result_type({a, b});
+    KILN_CHECK(alpha.kind() != Scalar::Kind::Bool || t == kBool, op,
+               ": boolean alpha only supported for boolean results");
+    KILN_CHECK(is_floating(t) || alpha.kind() != Scalar::Kind::Float, op,
+               ": for integral input tensors, argument alpha must not be a floating point number");
+    return cast(mul(cast(b, t), alpha), t);
+  }
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
@@ -230,10 +227,8 @@ Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha) {
 // ---------- ternary ----------
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   KILN_CHECK(cond.defined() && a.defined() && b.defined(), "where: got an undefined tensor");
-  KILN_CHECK(cond.dtype() == kBool, "where: expected condition to be a bool tensor, got ",
-             dtype_name(cond.dtype()));
-  Shape out = detail::broadcast_shapes(detail::broadcast_shapes(cond.shape(), a.shape(), "where"),
-                                       b.shape(), "where");
+  KILN_CHECK(cond.dtype() == kBool, "where: expected condition to be a bool tensor, got ", dtype_name(cond.dtype()));
+  Shape out = detail::broadcast_shapes(detail::broadcast_shapes(cond.shape(), a.shape(), "where"), b.shape(), "where");
   DType t = result_type({a, b});
   return record(OpKind::Where, {cond, cast(a, t), cast(b, t)}, Attrs{}, t, std::move(out));
 }
@@ -305,23 +300,25 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, Scalar value) {
 }
 Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {
   KILN_CHECK(mask.defined() && mask.dtype() == kBool, "masked_fill: expected a bool mask");
-  KILN_CHECK(value.dim() == 0, "masked_fill: expected a 0-dim value tensor, got shape ",
-             detail::str(value.shape()));
+  KILN_CHECK(value.dim() == 0, "masked_fill: expected a 0-dim value tensor, got shape ", detail::str(value.shape()));
   detail::broadcast_shapes(mask.shape(), x.shape(), "masked_fill");  // result: the broadcast shape
   return where(mask, cast(value, x.dtype()), x);
 }
 
 // ---------- operators ----------
-#define KILN_OPERATOR(sym, fn)                                                    \
+#define KILN_OPERATOR(sym, fn)                                               \
   Tensor operator sym(const Tensor& a, const Tensor& b) { return fn(a, b); } \
   Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }        \
   Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }
-KILN_OPERATOR(+, add) KILN_OPERATOR(-, sub) KILN_OPERATOR(*, mul) KILN_OPERATOR(/, div)
-KILN_OPERATOR(==, eq) KILN_OPERATOR(!=, ne) KILN_OPERATOR(<, lt) KILN_OPERATOR(<=, le)
-KILN_OPERATOR(>, gt) KILN_OPERATOR(>=, ge) KILN_OPERATOR(&, bitwise_and) KILN_OPERATOR(|, bitwise_or)
-KILN_OPERATOR(^, bitwise_xor)
+KILN_OPERATOR(+, add)
+KILN_OPERATOR(-, sub) KILN_OPERATOR(*, mul) KILN_OPERATOR(/, div) KILN_OPERATOR(==, eq) KILN_OPERATOR(!=, ne)
+    KILN_OPERATOR(<, lt) KILN_OPERATOR(<=, le) KILN_OPERATOR(>, gt) KILN_OPERATOR(>=, ge) KILN_OPERATOR(&, bitwise_and)
+        KILN_OPERATOR(|, bitwise_or) KILN_OPERATOR(^, bitwise_xor)
 #undef KILN_OPERATOR
-Tensor operator-(const Tensor& a) { return neg(a); }
+            Tensor
+            operator-(const Tensor& a) {
+  return neg(a);
+}
 Tensor operator!(const Tensor& a) { return logical_not(a); }
 Tensor operator~(const Tensor& a) { return bitwise_not(a); }
 

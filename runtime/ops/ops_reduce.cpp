@@ -11,8 +11,8 @@ using detail::record;
 using detail::str;
 
 namespace {
-Tensor reduce(OpKind op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out,
-              const char* name, bool needs_nonempty) {
+Tensor reduce(OpKind op, const Tensor& x, const std::vector<int64_t>& dims, bool keepdim, DType out, const char* name,
+              bool needs_nonempty) {
   KILN_CHECK(x.defined(), name, ": got an undefined tensor");
   std::vector<int64_t> ds = detail::wrap_dims(dims, x.dim(), name);
   if (needs_nonempty) {
@@ -110,11 +110,13 @@ std::pair<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) {
   return value_and_index(x, dim, keepdim, false);
 }
 Tensor max(const Tensor& x) {
-  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false), "max(): expected a non-empty tensor (there is no identity for max)");
+  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false),
+             "max(): expected a non-empty tensor (there is no identity for max)");
   return amax(x);
 }
 Tensor min(const Tensor& x) {
-  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false), "min(): expected a non-empty tensor (there is no identity for min)");
+  KILN_CHECK(sym_gt(numel(x.shape()), 0).value_or(false),
+             "min(): expected a non-empty tensor (there is no identity for min)");
   return amin(x);
 }
 

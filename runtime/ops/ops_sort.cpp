@@ -68,8 +68,10 @@ Tensor sort_perm_host(const Tensor& v, bool descending) {
       });
     }
   };
-  if (is_floating(v.dtype())) run(v.to_vector<double>());
-  else run(v.to_vector<int64_t>());
+  if (is_floating(v.dtype()))
+    run(v.to_vector<double>());
+  else
+    run(v.to_vector<int64_t>());
   return from_vector(perm, shape, v.device());
 }
 
@@ -116,8 +118,8 @@ Tensor multinomial(const Tensor& probs, int64_t num_samples, bool replacement) {
   KILN_CHECK(probs.defined(), "multinomial: got an undefined tensor");
   KILN_CHECK(probs.dim() == 1 || probs.dim() == 2, "multinomial: prob_dist must be 1 or 2 dim, got ", probs.dim(),
              "-D with shape ", str(probs.shape()));
-  KILN_CHECK(is_floating(probs.dtype()), "multinomial only supports floating-point dtypes for input, got: ",
-             dtype_name(probs.dtype()));
+  KILN_CHECK(is_floating(probs.dtype()),
+             "multinomial only supports floating-point dtypes for input, got: ", dtype_name(probs.dtype()));
   KILN_CHECK(num_samples > 0, "multinomial: cannot sample n_sample <= 0 samples (got ", num_samples, ")");
   const SymInt& n = probs.shape().back();
   auto no_categories = sym_eq(n, 0);

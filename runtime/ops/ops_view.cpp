@@ -80,8 +80,8 @@ Shape infer_shape(const std::vector<int64_t>& shape, const SymInt& numel, const 
       known *= shape[i];
     }
   }
-  bool ok = infer >= 0 ? known != 0 && sym_eq(mod(numel, known), 0).value_or(false)
-                       : sym_eq(numel, known).value_or(false);
+  bool ok =
+      infer >= 0 ? known != 0 && sym_eq(mod(numel, known), 0).value_or(false) : sym_eq(numel, known).value_or(false);
   KILN_CHECK(ok, op, ": shape ", str(shape), " is invalid for input of size ", numel.as_int());
   if (infer >= 0) out[infer] = floordiv(numel, known);
   return out;
@@ -90,7 +90,8 @@ Shape infer_shape(const std::vector<int64_t>& shape, const SymInt& numel, const 
 Tensor view_impl(const Tensor& x, const std::vector<int64_t>& shape, bool allow_copy, const char* op) {
   const Node& n = *x.node();
   auto sym = [](const SymInt& d) { return !d.is_constant(); };
-  bool symbolic = std::any_of(n.shape.begin(), n.shape.end(), sym) || std::any_of(n.strides.begin(), n.strides.end(), sym);
+  bool symbolic =
+      std::any_of(n.shape.begin(), n.shape.end(), sym) || std::any_of(n.strides.begin(), n.strides.end(), sym);
   if (symbolic) {
     // Symbolic sizes or strides (a compile() trace): views of dense data keep them symbolic,
     // and reshape copies other layouts instead of asking for their strides.
@@ -174,8 +175,8 @@ Tensor unsqueeze(const Tensor& x, int64_t dim) {
 
 Tensor permute(const Tensor& x, const std::vector<int64_t>& dims) {
   int64_t n = x.dim();
-  KILN_CHECK(static_cast<int64_t>(dims.size()) == n, "permute: number of dims don't match (expected ", n,
-             ", got ", dims.size(), ")");
+  KILN_CHECK(static_cast<int64_t>(dims.size()) == n, "permute: number of dims don't match (expected ", n, ", got ",
+             dims.size(), ")");
   std::vector<int64_t> p;
   std::vector<bool> seen(n, false);
   for (int64_t d : dims) {
@@ -364,8 +365,7 @@ Tensor cat(const std::vector<Tensor>& ts, int64_t dim) {
   SymInt total = 0;
   std::vector<Tensor> ins;
   for (size_t k = 0; k < ts.size(); ++k) {
-    KILN_CHECK(ts[k].dim() == n, "cat: tensors must have the same number of dimensions: got ", n, " and ",
-               ts[k].dim());
+    KILN_CHECK(ts[k].dim() == n, "cat: tensors must have the same number of dimensions: got ", n, " and ", ts[k].dim());
     for (int64_t i = 0; i < n; ++i) {
       if (i == d) continue;
       auto same = sym_eq(ts[k].shape()[i], out[i]);
@@ -386,8 +386,8 @@ Tensor stack(const std::vector<Tensor>& ts, int64_t dim) {
   int64_t d = wrap_dim(dim, ts[0].dim() + 1, "stack");
   std::vector<Tensor> u;
   for (size_t k = 0; k < ts.size(); ++k) {
-    KILN_CHECK(ts[k].dim() == ts[0].dim(), "stack: expects each tensor to be equal size, but got ",
-               str(ts[0].shape()), " at entry 0 and ", str(ts[k].shape()), " at entry ", k);
+    KILN_CHECK(ts[k].dim() == ts[0].dim(), "stack: expects each tensor to be equal size, but got ", str(ts[0].shape()),
+               " at entry 0 and ", str(ts[k].shape()), " at entry ", k);
     for (int64_t i = 0; i < ts[0].dim(); ++i) {
       auto same = sym_eq(ts[k].shape()[i], ts[0].shape()[i]);
       KILN_CHECK(same && *same, "stack: expects each tensor to be equal size, but got ", str(ts[0].shape()),
@@ -517,7 +517,8 @@ namespace {
 Tensor triangle(const Tensor& x, int64_t k, bool lower, const char* op) {
   KILN_CHECK(x.dim() >= 2, op, ": input tensor must have at least 2 dimensions, got ", x.dim());
   const SymInt &h = x.shape()[x.dim() - 2], &w = x.shape()[x.dim() - 1];
-  Tensor diff = sub(detail::arange_of(w, x.device()).unsqueeze(0), detail::arange_of(h, x.device()).unsqueeze(1));  // col - row
+  Tensor diff =
+      sub(detail::arange_of(w, x.device()).unsqueeze(0), detail::arange_of(h, x.device()).unsqueeze(1));  // col - row
   Tensor keep = lower ? le(diff, k) : ge(diff, k);
   return where(keep, x, detail::constant(0, x.dtype(), x.device()));
 }

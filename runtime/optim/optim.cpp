@@ -118,7 +118,8 @@ void SGD::add(std::vector<Tensor> params, const SGDGroupOptions& g, const SGDOpt
   bool nesterov = g.nesterov.value_or(d.nesterov);
   KILN_CHECK(momentum >= 0 && g.weight_decay.value_or(d.weight_decay) >= 0,
              "SGD: momentum and weight_decay must be non-negative");
-  KILN_CHECK(!nesterov || (momentum > 0 && dampening == 0), "SGD: Nesterov momentum requires a momentum and zero dampening");
+  KILN_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+             "SGD: Nesterov momentum requires a momentum and zero dampening");
   ParamGroup& group = add_group("SGD", std::move(params),
                                 {{"lr", g.lr.value_or(d.lr)},
                                  {"momentum", momentum},
@@ -175,13 +176,9 @@ Adam::Adam(std::vector<AdamParamGroup> groups, AdamOptions d, bool decoupled, bo
     KILN_CHECK(lr >= 0, "optimizer: invalid learning rate ", lr);
     KILN_CHECK(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1, who, ": betas must be in [0, 1), got (", b1, ", ", b2, ")");
     KILN_CHECK(eps >= 0 && wd >= 0, who, ": eps and weight_decay must be non-negative");
-    ParamGroup& group = add_group(who, std::move(grp.params),
-                                  {{"lr", lr},
-                                   {"beta1", b1, 0, 1, true},
-                                   {"beta2", b2, 0, 1, true},
-                                   {"eps", eps},
-                                   {"weight_decay", wd}},
-                                  strict);
+    ParamGroup& group = add_group(
+        who, std::move(grp.params),
+        {{"lr", lr}, {"beta1", b1, 0, 1, true}, {"beta2", b2, 0, 1, true}, {"eps", eps}, {"weight_decay", wd}}, strict);
     NoGradGuard ng;
     for (const auto& p : group.params()) {
       m_.push_back(zeros_like(p));
@@ -210,8 +207,10 @@ void Adam::step() {
       if (!g.defined()) continue;
       DType dt = p.dtype();
       if (decay) {
-        if (decoupled_) p.mul_(decay_factor.to(dt));
-        else g = g + wd.to(dt) * p;
+        if (decoupled_)
+          p.mul_(decay_factor.to(dt));
+        else
+          g = g + wd.to(dt) * p;
       }
       m.mul_(b1.to(dt)).add_(g * (1 - b1).to(dt));
       v.mul_(b2.to(dt)).add_(g * g * (1 - b2).to(dt));
@@ -222,7 +221,8 @@ void Adam::step() {
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam({AdamParamGroup{std::move(params)}}, o, true, false) {}
-AdamW::AdamW(std::vector<AdamParamGroup> groups, AdamOptions defaults) : Adam(std::move(groups), defaults, true, true) {}
+AdamW::AdamW(std::vector<AdamParamGroup> groups, AdamOptions defaults)
+    : Adam(std::move(groups), defaults, true, true) {}
 
 Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type) {
   NoGradGuard ng;

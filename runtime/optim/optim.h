@@ -94,7 +94,7 @@ class KILN_API Optimizer {
                         bool strict);
   std::vector<ParamGroup> groups_;
   std::vector<Tensor> params_;  // every group's parameters, flattened
-  Tensor step_;                 // number of step() calls, float64 0-d (on the first group's device)
+  Tensor step_;  // number of step() calls, float64 0-d (on the first group's device)
 };
 
 struct SGDOptions {

@@ -38,8 +38,10 @@ struct Formatter {
 
 Formatter make_formatter(const std::vector<double>& vals, DType dtype) {
   Formatter f;
-  if (dtype == DType::Bool) f.mode = Formatter::Mode::Bool;
-  else if (!is_floating(dtype)) f.mode = Formatter::Mode::Int;
+  if (dtype == DType::Bool)
+    f.mode = Formatter::Mode::Bool;
+  else if (!is_floating(dtype))
+    f.mode = Formatter::Mode::Int;
   else {
     bool whole = true;
     double mx = 0, mn = INFINITY;
@@ -50,9 +52,12 @@ Formatter make_formatter(const std::vector<double>& vals, DType dtype) {
       mx = std::max(mx, a);
       if (a > 0) mn = std::min(mn, a);
     }
-    if (mx > 1e8 || (mn < 1e-4 && mn > 0) || (mn > 0 && mx / mn > 1000 && !whole)) f.mode = Formatter::Mode::Sci;
-    else if (whole) f.mode = Formatter::Mode::Whole;
-    else f.mode = Formatter::Mode::Fixed;
+    if (mx > 1e8 || (mn < 1e-4 && mn > 0) || (mn > 0 && mx / mn > 1000 && !whole))
+      f.mode = Formatter::Mode::Sci;
+    else if (whole)
+      f.mode = Formatter::Mode::Whole;
+    else
+      f.mode = Formatter::Mode::Fixed;
   }
   for (double v : vals) f.width = std::max(f.width, f.format(v).size());
   return f;
@@ -84,11 +89,15 @@ void emit(std::ostream& os, const std::vector<double>& v, const std::vector<int6
   for (size_t k = 0; k < idx.size(); ++k) {
     if (k) {
       os << ",";
-      if (last) os << " ";
-      else os << std::string(sizes.size() - dim - 1, '\n') << std::string(indent + dim + 1, ' ');
+      if (last)
+        os << " ";
+      else
+        os << std::string(sizes.size() - dim - 1, '\n') << std::string(indent + dim + 1, ' ');
     }
-    if (idx[k] < 0) os << "...";
-    else emit(os, v, sizes, strides, dim + 1, off + idx[k] * strides[dim], f, summarize, indent);
+    if (idx[k] < 0)
+      os << "...";
+    else
+      emit(os, v, sizes, strides, dim + 1, off + idx[k] * strides[dim], f, summarize, indent);
   }
   os << "]";
 }
@@ -108,14 +117,18 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   bool summarize = t.numel() > kSummarizeAbove;
   // Format width from the values that will be shown.
   std::vector<double> shown;
-  if (!summarize) shown = vals;
+  if (!summarize)
+    shown = vals;
   else
     for (size_t i = 0; i < vals.size(); i += std::max<size_t>(1, vals.size() / 64)) shown.push_back(vals[i]);
   Formatter f = make_formatter(shown, t.dtype());
   std::ostringstream body;
-  if (sizes.empty()) body << f.format(vals[0]);
-  else if (t.numel() == 0) body << "[]";
-  else emit(body, vals, sizes, strides, 0, 0, f, summarize, 7);
+  if (sizes.empty())
+    body << f.format(vals[0]);
+  else if (t.numel() == 0)
+    body << "[]";
+  else
+    emit(body, vals, sizes, strides, 0, 0, f, summarize, 7);
   os << "tensor(" << body.str() << ", shape=" << detail::str(sizes) << ", dtype=" << dtype_name(t.dtype());
   if (t.device() != cpu()) os << ", device='" << t.device().str() << "'";
   os << ")";

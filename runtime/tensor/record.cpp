@@ -17,7 +17,8 @@ namespace {
 void maybe_flush(const NodePtr& n) {
   // A leaf gets its storage right after recording; it has nothing to compute.
   // (Never while a compile() trace records: its graph must stay whole.)
-  if (n->op != OpKind::Leaf && !trace_observer() && detail::pending_now() > static_cast<int64_t>(pending_limit())) materialize(n);
+  if (n->op != OpKind::Leaf && !trace_observer() && detail::pending_now() > static_cast<int64_t>(pending_limit()))
+    materialize(n);
 }
 // A dense tensor of constant sizes must have a byte count that int64 holds (PyTorch: "Storage
 // size calculation overflowed"); otherwise numel * itemsize would wrap around.
@@ -41,9 +42,9 @@ const SymFacts* facts_for(const Shape& s) {
 }
 }  // namespace
 
-Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
-              Device device) {
-  if (device.type != DeviceType::CPU) [[unlikely]] device_runtime(device);  // usable, or a clear error now
+Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape, Device device) {
+  if (device.type != DeviceType::CPU) [[unlikely]]
+    device_runtime(device);  // usable, or a clear error now
   auto n = new_node();
   n->op = op;
   n->inputs = std::move(inputs);
@@ -71,7 +72,8 @@ Tensor record_tensors(OpKind op, const Tensor* const* inputs, size_t count, Attr
   if (count > 1 && dev.type == DeviceType::CPU && inputs[0]->dim() == 0)
     for (size_t i = 1; i < count && dev.type == DeviceType::CPU; ++i)
       if (inputs[i]->dim() > 0 || inputs[i]->device().type != DeviceType::CPU) dev = inputs[i]->device();
-  if (op == OpKind::ToDevice) dev = Device{static_cast<DeviceType>(attrs.ints.at(0)), static_cast<int>(attrs.ints.at(1))};
+  if (op == OpKind::ToDevice)
+    dev = Device{static_cast<DeviceType>(attrs.ints.at(0)), static_cast<int>(attrs.ints.at(1))};
   bool wants_grad = false;
   std::vector<Tensor> moved;  // inputs with 0-d CPU ones copied to the op's device (when any is)
   for (size_t i = 0; i < count; ++i) {
@@ -131,8 +133,7 @@ Tensor record_refs(OpKind op, std::initializer_list<const Tensor*> inputs, Attrs
   return record_tensors(op, inputs.begin(), inputs.size(), std::move(attrs), dtype, std::move(shape));
 }
 
-NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
-                         SymInt offset) {
+NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides, SymInt offset) {
   auto n = new_node();
   n->op = op;
   n->inputs = {in};
@@ -162,8 +163,7 @@ std::string str(const Shape& s) {
   if (!symbolic || !o) return shape_str(s);
   std::ostringstream os;
   os << "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    os << (i ? ", " : "") << (s[i].is_constant() ? s[i].as_int() : o->hint(s[i]));
+  for (size_t i = 0; i < s.size(); ++i) os << (i ? ", " : "") << (s[i].is_constant() ? s[i].as_int() : o->hint(s[i]));
   os << "]";
   return os.str();
 }
@@ -177,8 +177,8 @@ std::string str(const std::vector<int64_t>& v) {
 
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op) {
   int64_t n = std::max<int64_t>(ndim, 1);
-  KILN_CHECK(dim >= -n && dim < n, op, ": dimension out of range (expected to be in range of [", -n,
-             ", ", n - 1, "], but got ", dim, ")");
+  KILN_CHECK(dim >= -n && dim < n, op, ": dimension out of range (expected to be in range of [", -n, ", ", n - 1,
+             "], but got ", dim, ")");
   return dim < 0 ? dim + n : dim;
 }
 
@@ -205,24 +205,43 @@ Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
   for (size_t i = 0; i < n; ++i) {
     const SymInt* x = i < n - a.size() ? nullptr : &a[i - (n - a.size())];
     const SymInt* y = i < n - b.size() ? nullptr : &b[i - (n - b.size())];
-    if (!x) { out[i] = *y; continue; }
-    if (!y) { out[i] = *x; continue; }
+    if (!x) {
+      out[i] = *y;
+      continue;
+    }
+    if (!y) {
+      out[i] = *x;
+      continue;
+    }
     // A literal 1 broadcasts to the other size, whatever that size is (a symbol the trace saw
     // as 1 included): nothing to ask.
-    if (is_one(*x)) { out[i] = *y; continue; }
-    if (is_one(*y)) { out[i] = *x; continue; }
+    if (is_one(*x)) {
+      out[i] = *y;
+      continue;
+    }
+    if (is_one(*y)) {
+      out[i] = *x;
+      continue;
+    }
     // Equal sizes next: asking whether a size is 1 would specialize a symbolic size that
     // happens to be 1 in the traced call.
     auto same = sym_eq(*x, *y);
-    if (same && *same) { out[i] = *x; continue; }
+    if (same && *same) {
+      out[i] = *x;
+      continue;
+    }
     auto x1 = sym_eq(*x, 1);
-    if (x1 && *x1) { out[i] = *y; continue; }
+    if (x1 && *x1) {
+      out[i] = *y;
+      continue;
+    }
     auto y1 = sym_eq(*y, 1);
-    if (y1 && *y1) out[i] = *x;
+    if (y1 && *y1)
+      out[i] = *x;
     else
       throw Error(cat(op, ": shapes ", str(a), " and ", str(b),
-                      " cannot be broadcast (expected equal sizes or 1 at dim ", i, ", got ", x->str(),
-                      " and ", y->str(), ")"));
+                      " cannot be broadcast (expected equal sizes or 1 at dim ", i, ", got ", x->str(), " and ",
+                      y->str(), ")"));
   }
   return out;
 }
@@ -329,8 +348,10 @@ Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepd
   Shape out;
   for (int64_t i = 0; i < static_cast<int64_t>(s.size()); ++i) {
     bool r = std::find(dims.begin(), dims.end(), i) != dims.end();
-    if (!r) out.push_back(s[i]);
-    else if (keepdim) out.push_back(1);
+    if (!r)
+      out.push_back(s[i]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -426,8 +447,7 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
       strides = step.attrs.strides;  // computed by reshape's viewability check
       // Strides were computed relative to the input's strides; offset unchanged.
       break;
-    default:
-      throw Error(cat("apply_view: ", op_name(step.op), " is not a view op"));
+    default: throw Error(cat("apply_view: ", op_name(step.op), " is not a view op"));
   }
   return record_view_node(step.op, in, step.attrs, std::move(shape), std::move(strides), offset);
 }

@@ -9,8 +9,7 @@
 namespace kiln::detail {
 
 // Records a non-view node with a contiguous layout and returns a tensor naming it.
-Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape,
-              Device device);
+Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape, Device device);
 // Same, on the device of the first input.
 Tensor record(OpKind op, const std::vector<Tensor>& inputs, Attrs attrs, DType dtype, Shape shape);
 // Same, for a braced list of inputs (no temporary vector unless autograd records).
@@ -18,8 +17,7 @@ Tensor record(OpKind op, std::initializer_list<Tensor> inputs, Attrs attrs, DTyp
 // Same, for tensors given by address (the op's callers keep them alive; nothing is copied).
 Tensor record_refs(OpKind op, std::initializer_list<const Tensor*> inputs, Attrs attrs, DType dtype, Shape shape);
 // Records a view node of `in` with the given layout.
-NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides,
-                         SymInt offset);
+NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides, SymInt offset);
 
 // Normalizes a possibly negative dim against rank `ndim` (throws naming `op`).
 int64_t wrap_dim(int64_t dim, int64_t ndim, const char* op);

@@ -38,7 +38,8 @@ Tensor Tensor::from_node(NodePtr node) {
 const NodePtr& Tensor::node() const {
   KILN_CHECK(impl_ != nullptr, "use of an undefined Tensor");
   const NodePtr& n = impl_->node();
-  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_read(impl_);  // (may rebind: n names the member)
+  if (auto* o = detail::trace_observer()) [[unlikely]]
+    o->on_read(impl_);  // (may rebind: n names the member)
   return n;
 }
 
@@ -52,7 +53,9 @@ __attribute__((optimize("no-optimize-sibling-calls"))) int64_t Tensor::size(int6
 
 SymInt Tensor::sym_size(int64_t d) const { return shape()[detail::wrap_dim(d, dim(), "sym_size")]; }
 
-__attribute__((optimize("no-optimize-sibling-calls"))) int64_t Tensor::numel() const { return kiln::numel(shape()).as_int(); }
+__attribute__((optimize("no-optimize-sibling-calls"))) int64_t Tensor::numel() const {
+  return kiln::numel(shape()).as_int();
+}
 
 std::vector<int64_t> Tensor::strides() const { return concrete(node()->strides); }
 
@@ -88,8 +91,8 @@ T Tensor::item() const {
 
 template <class T>
 const T* Tensor::data() const {
-  KILN_CHECK(dtype() == dtype_of<T>(), "data<T>(): tensor has dtype ", dtype_name(dtype()),
-             ", requested ", dtype_name(dtype_of<T>()));
+  KILN_CHECK(dtype() == dtype_of<T>(), "data<T>(): tensor has dtype ", dtype_name(dtype()), ", requested ",
+             dtype_name(dtype_of<T>()));
   eval();
   if (device().type != DeviceType::CPU) device_runtime(device()).synchronize(device().index);  // finished writing
   return node()->data<T>();
@@ -110,13 +113,14 @@ std::vector<T> Tensor::to_vector() const {
   return out;
 }
 
-#define KILN_INST(T)                                    \
-  template T Tensor::item<T>() const;                   \
-  template const T* Tensor::data<T>() const;            \
+#define KILN_INST(T)                         \
+  template T Tensor::item<T>() const;        \
+  template const T* Tensor::data<T>() const; \
   template std::vector<T> Tensor::to_vector<T>() const;
-KILN_INST(float) KILN_INST(double) KILN_INST(int32_t) KILN_INST(int64_t)
+KILN_INST(float)
+KILN_INST(double) KILN_INST(int32_t) KILN_INST(int64_t)
 #undef KILN_INST
-template bool Tensor::item<bool>() const;
+    template bool Tensor::item<bool>() const;
 template const bool* Tensor::data<bool>() const;
 template const Half* Tensor::data<Half>() const;
 template const BFloat16* Tensor::data<BFloat16>() const;
@@ -137,7 +141,8 @@ Tensor& Tensor::assign_(const Tensor& value) {
   }
   const bool tracking = grad_enabled();
   auto& owner = impl_->base ? impl_->base : impl_;
-  if (auto* o = detail::trace_observer()) [[unlikely]] o->on_write(owner);
+  if (auto* o = detail::trace_observer()) [[unlikely]]
+    o->on_write(owner);
   KILN_CHECK(!(tracking && owner->requires_grad && !owner->grad_fn), "in-place op: a leaf tensor that requires ",
              "grad (or a view of one) is used in an in-place operation; wrap it in NoGradGuard");
   if (impl_->base) {
@@ -168,8 +173,10 @@ Tensor& Tensor::assign_(const Tensor& value) {
     Tensor old_base(base);
     Tensor nb = detail::record(OpKind::ViewScatter, {old_base, v}, a, old_base.dtype(), old_base.shape());
     base->node_ = nb.node();
-    if (tracking) detail::copy_autograd(*base, nb);
-    else base->grad_fn = nullptr;  // overwritten without tracking: a new leaf
+    if (tracking)
+      detail::copy_autograd(*base, nb);
+    else
+      base->grad_fn = nullptr;  // overwritten without tracking: a new leaf
     base->version++;
     node();  // replay the chain on the new base
   } else {
@@ -221,23 +228,22 @@ Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, Scalar v) {
 // ---- method forms ----
 #define KILN_UNARY_METHOD(name) \
   Tensor Tensor::name() const { return kiln::name(*this); }
-KILN_UNARY_METHOD(neg) KILN_UNARY_METHOD(abs) KILN_UNARY_METHOD(exp) KILN_UNARY_METHOD(exp2)
-KILN_UNARY_METHOD(expm1) KILN_UNARY_METHOD(log) KILN_UNARY_METHOD(log2) KILN_UNARY_METHOD(log1p)
-KILN_UNARY_METHOD(sqrt) KILN_UNARY_METHOD(rsqrt) KILN_UNARY_METHOD(reciprocal)
-KILN_UNARY_METHOD(square) KILN_UNARY_METHOD(sin) KILN_UNARY_METHOD(cos) KILN_UNARY_METHOD(tan)
-KILN_UNARY_METHOD(atan) KILN_UNARY_METHOD(tanh) KILN_UNARY_METHOD(sigmoid) KILN_UNARY_METHOD(relu)
-KILN_UNARY_METHOD(silu) KILN_UNARY_METHOD(erf) KILN_UNARY_METHOD(floor)
-KILN_UNARY_METHOD(ceil) KILN_UNARY_METHOD(round) KILN_UNARY_METHOD(sign) KILN_UNARY_METHOD(isnan)
-KILN_UNARY_METHOD(isfinite) KILN_UNARY_METHOD(logical_not)
-KILN_UNARY_METHOD(contiguous)
+KILN_UNARY_METHOD(neg)
+KILN_UNARY_METHOD(abs) KILN_UNARY_METHOD(exp) KILN_UNARY_METHOD(exp2) KILN_UNARY_METHOD(expm1) KILN_UNARY_METHOD(log)
+    KILN_UNARY_METHOD(log2) KILN_UNARY_METHOD(log1p) KILN_UNARY_METHOD(sqrt) KILN_UNARY_METHOD(rsqrt)
+        KILN_UNARY_METHOD(reciprocal) KILN_UNARY_METHOD(square) KILN_UNARY_METHOD(sin) KILN_UNARY_METHOD(cos)
+            KILN_UNARY_METHOD(tan) KILN_UNARY_METHOD(atan) KILN_UNARY_METHOD(tanh) KILN_UNARY_METHOD(sigmoid)
+                KILN_UNARY_METHOD(relu) KILN_UNARY_METHOD(silu) KILN_UNARY_METHOD(erf) KILN_UNARY_METHOD(floor)
+                    KILN_UNARY_METHOD(ceil) KILN_UNARY_METHOD(round) KILN_UNARY_METHOD(sign) KILN_UNARY_METHOD(isnan)
+                        KILN_UNARY_METHOD(isfinite) KILN_UNARY_METHOD(logical_not) KILN_UNARY_METHOD(contiguous)
 #undef KILN_UNARY_METHOD
-Tensor Tensor::softplus() const { return kiln::softplus(*this); }
+                            Tensor Tensor::softplus() const {
+  return kiln::softplus(*this);
+}
 Tensor Tensor::gelu(const std::string& a) const { return kiln::gelu(*this, a); }
 Tensor Tensor::pow(const Tensor& e) const { return kiln::pow(*this, e); }
 Tensor Tensor::pow(Scalar e) const { return kiln::pow(*this, e); }
-Tensor Tensor::clamp(std::optional<Scalar> mn, std::optional<Scalar> mx) const {
-  return kiln::clamp(*this, mn, mx);
-}
+Tensor Tensor::clamp(std::optional<Scalar> mn, std::optional<Scalar> mx) const { return kiln::clamp(*this, mn, mx); }
 Tensor Tensor::to(DType t) const { return kiln::to(*this, t); }
 Tensor Tensor::to(Device d) const { return kiln::to(*this, d); }
 Tensor Tensor::cuda(int index) const { return kiln::to(*this, kiln::cuda(index)); }
@@ -268,9 +274,7 @@ Tensor Tensor::broadcast_to(const std::vector<int64_t>& s) const { return kiln::
 Tensor Tensor::flip(const std::vector<int64_t>& d) const { return kiln::flip(*this, d); }
 Tensor Tensor::repeat(const std::vector<int64_t>& r) const { return kiln::repeat(*this, r); }
 std::vector<Tensor> Tensor::split(int64_t s, int64_t d) const { return kiln::split(*this, s, d); }
-std::vector<Tensor> Tensor::split(const std::vector<int64_t>& s, int64_t d) const {
-  return kiln::split(*this, s, d);
-}
+std::vector<Tensor> Tensor::split(const std::vector<int64_t>& s, int64_t d) const { return kiln::split(*this, s, d); }
 std::vector<Tensor> Tensor::chunk(int64_t c, int64_t d) const { return kiln::chunk(*this, c, d); }
 Tensor Tensor::tril(int64_t k) const { return kiln::tril(*this, k); }
 Tensor Tensor::triu(int64_t k) const { return kiln::triu(*this, k); }
@@ -279,8 +283,6 @@ Tensor Tensor::index_select(int64_t d, const Tensor& i) const { return kiln::ind
 Tensor Tensor::matmul(const Tensor& o) const { return kiln::matmul(*this, o); }
 Tensor Tensor::softmax(int64_t d) const { return kiln::softmax(*this, d); }
 Tensor Tensor::log_softmax(int64_t d) const { return kiln::log_softmax(*this, d); }
-Tensor Tensor::clone() const {
-  return detail::record(OpKind::Contiguous, {*this}, Attrs{}, dtype(), shape());
-}
+Tensor Tensor::clone() const { return detail::record(OpKind::Contiguous, {*this}, Attrs{}, dtype(), shape()); }
 
 }  // namespace kiln

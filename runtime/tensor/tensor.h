@@ -42,15 +42,15 @@ struct KILN_API TensorImpl {
   static std::shared_ptr<TensorImpl> make();
   NodePtr node_;
   std::shared_ptr<TensorImpl> base;  // set for views: the tensor owning the storage
-  std::vector<ViewStep> chain;       // view steps from base to this
-  uint64_t version = 0;              // bumped by every in-place write to this tensor
-  uint64_t base_version = 0;         // base->version this view's node was built from
+  std::vector<ViewStep> chain;  // view steps from base to this
+  uint64_t version = 0;  // bumped by every in-place write to this tensor
+  uint64_t base_version = 0;  // base->version this view's node was built from
   // Autograd: leaves that require grad accumulate into `grad`; results of differentiable ops
   // name the backward node that produced them.
   bool requires_grad = false;
-  std::shared_ptr<GradNode> grad_fn;       // null for leaves
-  std::shared_ptr<GradNode> accumulator;   // leaves: where gradients accumulate (lazy)
-  std::shared_ptr<TensorImpl> grad;        // accumulated gradient (leaves)
+  std::shared_ptr<GradNode> grad_fn;  // null for leaves
+  std::shared_ptr<GradNode> accumulator;  // leaves: where gradients accumulate (lazy)
+  std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves)
   // The current node, rebuilt from the base if the base was written since (a compile() trace
   // hears of the read through Tensor::node(), which knows the owning handle).
   const NodePtr& node() { return base ? view_node() : node_; }
@@ -68,11 +68,11 @@ inline constexpr EllipsisIndex Ellipsis{};
 // A slice bound: an index (negative counts from the end) or None (open end).
 struct SliceBound {
   std::optional<int64_t> value;
-  SliceBound(NoneIndex) {}                              // NOLINT
-  SliceBound(std::nullopt_t) {}                         // NOLINT
-  SliceBound(int64_t v) : value(v) {}                   // NOLINT
-  SliceBound(int v) : value(v) {}                       // NOLINT
-  SliceBound(std::optional<int64_t> v) : value(v) {}    // NOLINT
+  SliceBound(NoneIndex) {}  // NOLINT
+  SliceBound(std::nullopt_t) {}  // NOLINT
+  SliceBound(int64_t v) : value(v) {}  // NOLINT
+  SliceBound(int v) : value(v) {}  // NOLINT
+  SliceBound(std::optional<int64_t> v) : value(v) {}  // NOLINT
 };
 // start:stop:step, like Python's slice (step > 0).
 struct Slice {
@@ -129,24 +129,49 @@ class KILN_API Tensor {
   // Computes this tensor now (with its pending ancestors); returns *this.
   const Tensor& eval() const;
   // The single value of a one-element tensor, converted to T.
-  template <class T> T item() const;
+  template <class T>
+  T item() const;
   // Pointer to the first element (materializes; dtype must match T; follow strides()). For a
   // CUDA tensor: its device address, once the device has finished writing it.
-  template <class T> const T* data() const;
+  template <class T>
+  const T* data() const;
   // A contiguous row-major copy of the values, converted to T.
-  template <class T> std::vector<T> to_vector() const;
+  template <class T>
+  std::vector<T> to_vector() const;
 
   // --- pointwise (method forms of the free functions) ---
-  Tensor neg() const; Tensor abs() const; Tensor exp() const; Tensor exp2() const;
-  Tensor expm1() const; Tensor log() const; Tensor log2() const; Tensor log1p() const;
-  Tensor sqrt() const; Tensor rsqrt() const; Tensor reciprocal() const; Tensor square() const;
-  Tensor sin() const; Tensor cos() const; Tensor tan() const; Tensor atan() const;
-  Tensor tanh() const; Tensor sigmoid() const; Tensor relu() const; Tensor silu() const;
-  Tensor softplus() const; Tensor erf() const; Tensor floor() const; Tensor ceil() const;
-  Tensor round() const; Tensor sign() const; Tensor isnan() const; Tensor isfinite() const;
+  Tensor neg() const;
+  Tensor abs() const;
+  Tensor exp() const;
+  Tensor exp2() const;
+  Tensor expm1() const;
+  Tensor log() const;
+  Tensor log2() const;
+  Tensor log1p() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor reciprocal() const;
+  Tensor square() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor tan() const;
+  Tensor atan() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor silu() const;
+  Tensor softplus() const;
+  Tensor erf() const;
+  Tensor floor() const;
+  Tensor ceil() const;
+  Tensor round() const;
+  Tensor sign() const;
+  Tensor isnan() const;
+  Tensor isfinite() const;
   Tensor logical_not() const;
   Tensor gelu(const std::string& approximate = "none") const;
-  Tensor pow(const Tensor& e) const; Tensor pow(Scalar e) const;
+  Tensor pow(const Tensor& e) const;
+  Tensor pow(Scalar e) const;
   Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max) const;
   Tensor to(DType t) const;
   // This tensor on `device` (itself when already there); .cuda() / .cpu() are shorthands.
@@ -188,10 +213,9 @@ class KILN_API Tensor {
   Tensor transpose(int64_t d0, int64_t d1) const;
   Tensor t() const;
   Tensor expand(const std::vector<int64_t>& shape) const;
-  Tensor expand_sym(const Shape& shape) const;    // symbolic-shape expand
+  Tensor expand_sym(const Shape& shape) const;  // symbolic-shape expand
   Tensor broadcast_to(const std::vector<int64_t>& shape) const;
-  Tensor slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop,
-               int64_t step = 1) const;
+  Tensor slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> stop, int64_t step = 1) const;
   Tensor select(int64_t dim, int64_t index) const;
   Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
   // x[i, 1:3, None, ...] as x.index({i, Slice(1, 3), None, Ellipsis}).
@@ -215,10 +239,14 @@ class KILN_API Tensor {
   Tensor log_softmax(int64_t dim) const;
 
   // --- in-place (functionalized: the handle is rebound; views write through to their base) ---
-  Tensor& add_(const Tensor& o, Scalar alpha = 1); Tensor& add_(Scalar o);
-  Tensor& sub_(const Tensor& o, Scalar alpha = 1); Tensor& sub_(Scalar o);
-  Tensor& mul_(const Tensor& o); Tensor& mul_(Scalar o);
-  Tensor& div_(const Tensor& o); Tensor& div_(Scalar o);
+  Tensor& add_(const Tensor& o, Scalar alpha = 1);
+  Tensor& add_(Scalar o);
+  Tensor& sub_(const Tensor& o, Scalar alpha = 1);
+  Tensor& sub_(Scalar o);
+  Tensor& mul_(const Tensor& o);
+  Tensor& mul_(Scalar o);
+  Tensor& div_(const Tensor& o);
+  Tensor& div_(Scalar o);
   Tensor& copy_(const Tensor& src);
   Tensor& fill_(Scalar v);
   Tensor& zero_();
@@ -253,18 +281,44 @@ class KILN_API Tensor {
 
   // --- PyTorch conveniences (runtime/ops/ops_api.cpp, ops_sort.cpp, ops_advindex.cpp) ---
   // Reductions over one dim: x.sum(1), x.mean(-1) (braced lists still pick the dims forms).
-  template <DimIndex I> Tensor sum(I d, bool keepdim = false) const { return sum(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor mean(I d, bool keepdim = false) const { return mean(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor prod(I d, bool keepdim = false) const { return prod(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor amax(I d, bool keepdim = false) const { return amax(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor amin(I d, bool keepdim = false) const { return amin(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor all(I d, bool keepdim = false) const { return all(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor any(I d, bool keepdim = false) const { return any(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor logsumexp(I d, bool keepdim = false) const { return logsumexp(one_dim(d), keepdim); }
-  template <DimIndex I> Tensor var(I d, double correction = 1, bool keepdim = false) const {
+  template <DimIndex I>
+  Tensor sum(I d, bool keepdim = false) const {
+    return sum(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor mean(I d, bool keepdim = false) const {
+    return mean(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor prod(I d, bool keepdim = false) const {
+    return prod(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor amax(I d, bool keepdim = false) const {
+    return amax(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor amin(I d, bool keepdim = false) const {
+    return amin(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor all(I d, bool keepdim = false) const {
+    return all(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor any(I d, bool keepdim = false) const {
+    return any(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor logsumexp(I d, bool keepdim = false) const {
+    return logsumexp(one_dim(d), keepdim);
+  }
+  template <DimIndex I>
+  Tensor var(I d, double correction = 1, bool keepdim = false) const {
     return var(one_dim(d), correction, keepdim);
   }
-  template <DimIndex I> Tensor std(I d, double correction = 1, bool keepdim = false) const {
+  template <DimIndex I>
+  Tensor std(I d, double correction = 1, bool keepdim = false) const {
     return std(one_dim(d), correction, keepdim);
   }
   // Sum accumulated and returned in `dtype`.
@@ -303,23 +357,45 @@ class KILN_API Tensor {
   // The k largest (or smallest) values and indices along `dim`, sorted.
   std::pair<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true, bool sorted = true) const;
   // Elementwise comparisons (bool results).
-  Tensor eq(const Tensor& o) const; Tensor eq(Scalar o) const;
-  Tensor ne(const Tensor& o) const; Tensor ne(Scalar o) const;
-  Tensor lt(const Tensor& o) const; Tensor lt(Scalar o) const;
-  Tensor le(const Tensor& o) const; Tensor le(Scalar o) const;
-  Tensor gt(const Tensor& o) const; Tensor gt(Scalar o) const;
-  Tensor ge(const Tensor& o) const; Tensor ge(Scalar o) const;
+  Tensor eq(const Tensor& o) const;
+  Tensor eq(Scalar o) const;
+  Tensor ne(const Tensor& o) const;
+  Tensor ne(Scalar o) const;
+  Tensor lt(const Tensor& o) const;
+  Tensor lt(Scalar o) const;
+  Tensor le(const Tensor& o) const;
+  Tensor le(Scalar o) const;
+  Tensor gt(const Tensor& o) const;
+  Tensor gt(Scalar o) const;
+  Tensor ge(const Tensor& o) const;
+  Tensor ge(Scalar o) const;
   // Casts (PyTorch's .float() .double() .long() .int() .bool(); those names are C++ keywords).
-  Tensor to_float() const; Tensor to_double() const; Tensor to_long() const;
-  Tensor to_int() const; Tensor to_bool() const;
+  Tensor to_float() const;
+  Tensor to_double() const;
+  Tensor to_long() const;
+  Tensor to_int() const;
+  Tensor to_bool() const;
   // The last two dims transposed (PyTorch's .mT).
   Tensor mT() const;
   // In-place forms (functionalized through assign_).
   Tensor& masked_fill_(const Tensor& mask, Scalar value);
   Tensor& masked_fill_(const Tensor& mask, const Tensor& value);
-  Tensor& exp_(); Tensor& log_(); Tensor& sqrt_(); Tensor& rsqrt_(); Tensor& relu_();
-  Tensor& sigmoid_(); Tensor& tanh_(); Tensor& neg_(); Tensor& abs_(); Tensor& sin_(); Tensor& cos_();
-  Tensor& floor_(); Tensor& ceil_(); Tensor& round_(); Tensor& reciprocal_(); Tensor& square_();
+  Tensor& exp_();
+  Tensor& log_();
+  Tensor& sqrt_();
+  Tensor& rsqrt_();
+  Tensor& relu_();
+  Tensor& sigmoid_();
+  Tensor& tanh_();
+  Tensor& neg_();
+  Tensor& abs_();
+  Tensor& sin_();
+  Tensor& cos_();
+  Tensor& floor_();
+  Tensor& ceil_();
+  Tensor& round_();
+  Tensor& reciprocal_();
+  Tensor& square_();
   Tensor& clamp_min_(Scalar min);
   Tensor& clamp_max_(Scalar max);
   Tensor& pow_(Scalar e);
@@ -327,7 +403,10 @@ class KILN_API Tensor {
   Tensor& index_put_(const std::vector<TensorIndex>& idx, const Tensor& v, bool accumulate);
 
  private:
-  template <DimIndex I> static std::vector<int64_t> one_dim(I d) { return {static_cast<int64_t>(d)}; }
+  template <DimIndex I>
+  static std::vector<int64_t> one_dim(I d) {
+    return {static_cast<int64_t>(d)};
+  }
   std::shared_ptr<TensorImpl> impl_;
 };
 
@@ -337,7 +416,8 @@ KILN_API std::ostream& operator<<(std::ostream& os, const Tensor& t);
 KILN_API std::string to_string(const Tensor& t);
 
 // to_vector of a bool tensor (std::vector<bool> has no element pointers).
-template <> std::vector<bool> Tensor::to_vector<bool>() const;
+template <>
+std::vector<bool> Tensor::to_vector<bool>() const;
 
 // Computes all given tensors in one segment.
 KILN_API void eval(const std::vector<Tensor>& ts);

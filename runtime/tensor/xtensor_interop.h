@@ -35,8 +35,8 @@ Tensor from_xtensor(E&& a) {
 // adaptor keeps that storage alive), else over a contiguous copy. T must match t's dtype.
 template <class T>
 auto to_xtensor(const Tensor& t) {
-  KILN_CHECK(t.dtype() == dtype_of<T>(), "to_xtensor: tensor has dtype ", dtype_name(t.dtype()),
-             ", requested ", dtype_name(dtype_of<T>()));
+  KILN_CHECK(t.dtype() == dtype_of<T>(), "to_xtensor: tensor has dtype ", dtype_name(t.dtype()), ", requested ",
+             dtype_name(dtype_of<T>()));
   Tensor c = t.is_contiguous() ? t : t.contiguous();
   c.eval();
   std::vector<size_t> shape;
