@@ -275,6 +275,180 @@ template <class T> __device__ void cumsum_k(T* out, const T* in, Geom g, i64 row
   }
 }
 
+// ---- float scatter_add / index_add without float atomics ----
+// The sources are (key, position) pairs: key the destination (a row of out, or an element
+// offset; bad indices get a key past every destination and are skipped), position the
+// source's place in the CPU's serial order. A stable sort by key puts each destination's
+// sources together, in that order; one thread per destination (and column) then adds them to
+// out sequentially, as the CPU does, rounding to T after each add. Every count in the sort is
+// an integer: the result, and so each sum's order, is the same on every run.
+
+// Row keys: a 1-d index (stride is) of n entries into a dim of `size`.
+template <class I>
+__device__ void index_keys_k(const I* idx, i64 is, i64 n, i64 size, i64 dim, i64 op, i64* err, u64* key, i64* pos) {
+  KILN_FOR(i, n) {
+    const i64 v = (i64)idx[i * is];
+    key[i] = in_range(v, size, err, op, dim) ? (u64)v : (u64)size;
+    pos[i] = i;
+  }
+}
+
+// Element keys: operands 0 out (indexed dim's stride zeroed; os is that stride), 1 index; a
+// bad index gets `none` (numel(out): past every offset of the dense out).
+template <class I>
+__device__ void scatter_keys_k(const I* idx, Geom g, i64 n, i64 os, i64 size, i64 dim, i64 op, i64* err, u64 none,
+                               u64* key, i64* pos) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    const i64 v = (i64)idx[o[1]];
+    key[i] = in_range(v, size, err, op, dim) ? (u64)(o[0] + v * os) : none;
+    pos[i] = i;
+  }
+}
+
+// The radix sort: 256 threads a block, 8 bits a pass (bits shift..shift+7 of the key); block b
+// owns keys [b * tiles * 256, (b + 1) * tiles * 256), taken 256 (a tile) at a time. hist is
+// [256 digits][gridDim.x blocks], so its exclusive scan is where each (digit, block) begins.
+__device__ void radix_count_k(const u64* key, i64 n, i64 tiles, i32 shift, i64* hist) {
+  __shared__ i32 cnt[256];
+  const int t = threadIdx.x;
+  cnt[t] = 0;
+  __syncthreads();
+  const i64 begin = (i64)blockIdx.x * tiles * 256;
+  for (i64 tile = 0; tile < tiles; ++tile) {
+    const i64 i = begin + tile * 256 + t;
+    if (i < n) atomicAdd(&cnt[(u32)(key[i] >> shift) & 255u], 1);  // (integer counts: exact in any order)
+  }
+  __syncthreads();
+  hist[(i64)t * gridDim.x + blockIdx.x] = cnt[t];
+}
+
+// Exclusive scan of hist[0, m) in place by one block of 1024 threads: each sums a run, the
+// runs' totals are scanned in shared memory, then each run is rewritten.
+__device__ void radix_scan_k(i64* hist, i64 m) {
+  __shared__ i64 part[1024];
+  const int t = threadIdx.x;
+  const i64 per = (m + 1023) / 1024;
+  i64 lo = (i64)t * per, hi = lo + per;
+  if (lo > m) lo = m;
+  if (hi > m) hi = m;
+  i64 s = 0;
+  for (i64 i = lo; i < hi; ++i) s += hist[i];
+  part[t] = s;
+  __syncthreads();
+  for (int off = 1; off < 1024; off <<= 1) {
+    const i64 v = t >= off ? part[t - off] : 0;
+    __syncthreads();
+    part[t] += v;
+    __syncthreads();
+  }
+  i64 run = t ? part[t - 1] : 0;
+  for (i64 i = lo; i < hi; ++i) {
+    const i64 c = hist[i];
+    hist[i] = run;
+    run += c;
+  }
+}
+
+// Moves each pair to its place: the (digit, block) start, plus the pairs of that digit in the
+// block's earlier tiles, in earlier warps of this tile and in earlier lanes of this warp (the
+// lanes sharing a digit found by one ballot per digit bit). Stable: equal digits keep their order.
+__device__ void radix_move_k(const u64* key_in, const i64* pos_in, u64* key_out, i64* pos_out, i64 n, i64 tiles,
+                             i32 shift, const i64* hist) {
+  __shared__ i64 base[256];    // where the block's next pair of each digit goes
+  __shared__ i32 wcnt[8][256];  // this tile's pairs per warp and digit
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  base[t] = hist[(i64)t * gridDim.x + blockIdx.x];
+  const u32 below = (1u << lane) - 1u;
+  const i64 begin = (i64)blockIdx.x * tiles * 256;
+  for (i64 tile = 0; tile < tiles; ++tile) {
+    for (int w = 0; w < 8; ++w) wcnt[w][t] = 0;  // (column t: only this thread reads it below)
+    __syncthreads();
+    const i64 i = begin + tile * 256 + t;
+    const bool valid = i < n;
+    u64 k = 0;
+    i64 p = 0;
+    u32 d = 0;
+    if (valid) {
+      k = key_in[i];
+      p = pos_in[i];
+      d = (u32)(k >> shift) & 255u;
+    }
+    u32 peers = __ballot_sync(0xffffffffu, valid);
+    for (int b = 0; b < 8; ++b) {
+      const bool bit = (d >> b) & 1u;
+      const u32 m = __ballot_sync(0xffffffffu, bit);
+      peers &= bit ? m : ~m;
+    }
+    const int rank = __popc(peers & below);
+    if (valid && rank == 0) wcnt[warp][d] = __popc(peers);
+    __syncthreads();
+    if (valid) {
+      i64 at = base[d] + rank;
+      for (int w = 0; w < warp; ++w) at += wcnt[w][d];
+      key_out[at] = k;
+      pos_out[at] = p;
+    }
+    __syncthreads();
+    i32 all = 0;
+    for (int w = 0; w < 8; ++w) all += wcnt[w][t];
+    base[t] += all;
+  }
+}
+
+// The end of the run of key kv that starts before lo (keys sorted): the first k in [lo, hi)
+// with key[k] > kv.
+__device__ i64 run_end(const u64* key, i64 lo, i64 hi, u64 kv) {
+  while (lo < hi) {
+    const i64 mid = lo + (hi - lo) / 2;
+    if (key[mid] <= kv) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Rows: len sorted (key = row, pos) pairs of a 1-d index; cols columns (all dims but the
+// indexed one: operand 0 out, 2 src); os / ss the indexed dim's strides. Thread (j, c): when
+// j starts a run of a valid key, out's column c of that row gets the run's sources, in order.
+template <class T>
+__device__ void segment_add_rows_k(T* out, const T* src, const u64* key, const i64* pos, Geom g, i64 len, i64 cols,
+                                   i64 os, i64 ss, i64 size) {
+  typedef typename Tr<T>::C C;
+  KILN_FOR(t, len * cols) {
+    const i64 j = t / cols, c = t - j * cols;
+    const u64 kv = key[j];
+    if (kv >= (u64)size || (j > 0 && key[j - 1] == kv)) continue;
+    const i64 end = run_end(key, j + 1, len, kv);
+    i64 o[3];
+    offsets(g, c, o);
+    T* dst = out + o[0] + (i64)kv * os;
+    const T* s = src + o[2];
+    C acc = Tr<T>::load(*dst);
+#pragma unroll 4
+    for (i64 k = j; k < end; ++k) acc = Tr<T>::load(Tr<T>::store(acc + Tr<T>::load(s[pos[k] * ss])));
+    *dst = Tr<T>::store(acc);
+  }
+}
+
+// Elements: n sorted (key = out offset, pos = element) pairs; operand 2 of g is src.
+template <class T>
+__device__ void segment_add_elements_k(T* out, const T* src, const u64* key, const i64* pos, Geom g, i64 n, u64 none) {
+  typedef typename Tr<T>::C C;
+  KILN_FOR(j, n) {
+    const u64 kv = key[j];
+    if (kv >= none || (j > 0 && key[j - 1] == kv)) continue;
+    const i64 end = run_end(key, j + 1, n, kv);
+    C acc = Tr<T>::load(out[kv]);
+    for (i64 k = j; k < end; ++k) {
+      i64 o[3];
+      offsets(g, pos[k], o);
+      acc = Tr<T>::load(Tr<T>::store(acc + Tr<T>::load(src[o[2]])));
+    }
+    out[kv] = Tr<T>::store(acc);
+  }
+}
+
 // One extern "C" kernel per instance (NAME, then the element types).
 #define KILN_COPY(NAME, TO, TI) \
   extern "C" __global__ void NAME(TO* out, const TI* in, Geom g, i64 n) { copy_k<TO, TI>(out, in, g, n); }
@@ -307,6 +481,36 @@ template <class T> __device__ void cumsum_k(T* out, const T* in, Geom g, i64 row
   extern "C" __global__ void NAME(T* out, const T* in, Geom g, i64 rows, i64 len, i64 is, i64 os) { \
     cumsum_k<T>(out, in, g, rows, len, is, os);                                                          \
   }
+#define KILN_INDEX_KEYS(NAME, T, I)                                                                    \
+  extern "C" __global__ void NAME(const I* idx, i64 is, i64 n, i64 size, i64 dim, i64 op, i64* err, u64* key, \
+                                  i64* pos) {                                                                 \
+    index_keys_k<I>(idx, is, n, size, dim, op, err, key, pos);                                                 \
+  }
+#define KILN_SCATTER_KEYS(NAME, T, I)                                                                                 \
+  extern "C" __global__ void NAME(const I* idx, Geom g, i64 n, i64 os, i64 size, i64 dim, i64 op, i64* err, u64 none, \
+                                  u64* key, i64* pos) {                                                               \
+    scatter_keys_k<I>(idx, g, n, os, size, dim, op, err, none, key, pos);                                             \
+  }
+#define KILN_RADIX_COUNT(NAME, T, I)                                                                              \
+  extern "C" __global__ void __launch_bounds__(256) NAME(const u64* key, i64 n, i64 tiles, i32 shift, i64* hist) { \
+    radix_count_k(key, n, tiles, shift, hist);                                                                    \
+  }
+#define KILN_RADIX_SCAN(NAME, T, I) \
+  extern "C" __global__ void __launch_bounds__(1024) NAME(i64* hist, i64 m) { radix_scan_k(hist, m); }
+#define KILN_RADIX_MOVE(NAME, T, I)                                                                             \
+  extern "C" __global__ void __launch_bounds__(256) NAME(const u64* key_in, const i64* pos_in, u64* key_out,     \
+                                                         i64* pos_out, i64 n, i64 tiles, i32 shift, const i64* hist) { \
+    radix_move_k(key_in, pos_in, key_out, pos_out, n, tiles, shift, hist);                                      \
+  }
+#define KILN_SEGMENT_ADD_ROWS(NAME, T, I)                                                                        \
+  extern "C" __global__ void NAME(T* out, const T* src, const u64* key, const i64* pos, Geom g, i64 len, i64 cols, \
+                                  i64 os, i64 ss, i64 size) {                                                    \
+    segment_add_rows_k<T>(out, src, key, pos, g, len, cols, os, ss, size);                                       \
+  }
+#define KILN_SEGMENT_ADD_ELEMENTS(NAME, T, I)                                                                      \
+  extern "C" __global__ void NAME(T* out, const T* src, const u64* key, const i64* pos, Geom g, i64 n, u64 none) { \
+    segment_add_elements_k<T>(out, src, key, pos, g, n, none);                                                     \
+  }
 )CUDA";
 
 // The device source's storage type of a dtype.
@@ -334,6 +538,13 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::Remainder: return "KILN_REMAINDER";
     case DeviceKernel::Fmod: return "KILN_FMOD";
     case DeviceKernel::Pow: return "KILN_POW";
+    case DeviceKernel::IndexKeys: return "KILN_INDEX_KEYS";
+    case DeviceKernel::ScatterKeys: return "KILN_SCATTER_KEYS";
+    case DeviceKernel::RadixCount: return "KILN_RADIX_COUNT";
+    case DeviceKernel::RadixScan: return "KILN_RADIX_SCAN";
+    case DeviceKernel::RadixMove: return "KILN_RADIX_MOVE";
+    case DeviceKernel::SegmentAddRows: return "KILN_SEGMENT_ADD_ROWS";
+    case DeviceKernel::SegmentAddElements: return "KILN_SEGMENT_ADD_ELEMENTS";
     case DeviceKernel::AttentionForward:
     case DeviceKernel::AttentionBackwardQ:
     case DeviceKernel::AttentionBackwardKV:
@@ -373,6 +584,13 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::Remainder: return std::string("kiln_remainder_") + dtype_name(k.a);
     case DeviceKernel::Fmod: return std::string("kiln_fmod_") + dtype_name(k.a);
     case DeviceKernel::Pow: return std::string("kiln_pow_") + dtype_name(k.a);
+    case DeviceKernel::IndexKeys: return std::string("kiln_index_keys_") + dtype_name(k.b);
+    case DeviceKernel::ScatterKeys: return std::string("kiln_scatter_keys_") + dtype_name(k.b);
+    case DeviceKernel::RadixCount: return "kiln_radix_count";
+    case DeviceKernel::RadixScan: return "kiln_radix_scan";
+    case DeviceKernel::RadixMove: return "kiln_radix_move";
+    case DeviceKernel::SegmentAddRows: return std::string("kiln_segment_add_rows_") + dtype_name(k.a);
+    case DeviceKernel::SegmentAddElements: return std::string("kiln_segment_add_elements_") + dtype_name(k.a);
     case DeviceKernel::AttentionForward:
     case DeviceKernel::AttentionBackwardQ:
     case DeviceKernel::AttentionBackwardKV:
@@ -416,9 +634,13 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
   }
   for (DType i : kIndex) {
     v.push_back({DeviceKernel::ScatterClaim, DType::Float32, i});
+    for (DeviceKernel k : {DeviceKernel::IndexKeys, DeviceKernel::ScatterKeys}) v.push_back({k, DType::Float32, i});
     for (DeviceKernel k : {DeviceKernel::Remainder, DeviceKernel::Fmod, DeviceKernel::Pow}) v.push_back({k, i});
   }
   v.push_back({DeviceKernel::Pow, DType::Bool});
+  for (DeviceKernel k : {DeviceKernel::RadixCount, DeviceKernel::RadixScan, DeviceKernel::RadixMove}) v.push_back({k});
+  for (DType t : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64})
+    for (DeviceKernel k : {DeviceKernel::SegmentAddRows, DeviceKernel::SegmentAddElements}) v.push_back({k, t});
   for (DeviceKernel k :
        {DeviceKernel::AttentionForward, DeviceKernel::AttentionBackwardQ, DeviceKernel::AttentionBackwardKV})
     for (DType t : {DType::Float32, DType::Float64})

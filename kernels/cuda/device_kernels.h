@@ -1,6 +1,9 @@
 // The CUDA device runtime's kernels for the ops that are not generated (copies, casts, cat,
 // view_scatter, indexing, cumsum, integer remainder / fmod / pow): one CUDA C++ template source without includes,
-// compiled by NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops).
+// compiled by NVRTC per instance (a template and its element types) on first use (runtime/cuda/device_ops). No kernel
+// adds floats with atomics: a float sum whose order the scheduler picks would change its bits from run to run. Float
+// scatter_add / index_add sort the sources by destination (a stable radix sort whose counts are integers) and sum each
+// destination in the CPU's order.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -16,13 +19,22 @@ namespace kiln::kernels {
 enum class DeviceKernel {
   Copy,  // out[i] = convert(in[i]) (a: out dtype, b: in dtype)
   Gather,  // out[i] = x[... idx[i] ...] (gather, index_select; a: data, b: index)
-  ScatterAdd,  // out[... idx[i] ...] += src[i] atomically (scatter_add, index_add)
+  ScatterAdd,  // out[... idx[i] ...] += src[i] atomically (integer / bool scatter_add, index_add)
   ScatterClaim,  // winner[dest] = max i writing dest (scatter's last-write-wins order; b: index)
   ScatterWrite,  // out[dest] = src[i] where i is dest's winner
   Cumsum,  // one thread per row, sequential in float64 / int64 like the CPU (a: data)
   Remainder,  // integer out[i] = a[i] mod b[i], y's sign; reports division by zero (a: dtype)
   Fmod,  // integer out[i] = a[i] % b[i], x's sign; reports division by zero (a: dtype)
   Pow,  // integer / bool out[i] = a[i] ** b[i]; reports negative exponents (a: dtype)
+  // Float scatter_add / index_add, deterministic: (key, position) pairs, sorted stably by key,
+  // then one thread per destination summing its sources in position order (the CPU's order).
+  IndexKeys,  // key[i] = idx[i] (a 1-d index; size when out of range, reported), pos[i] = i (b: index)
+  ScatterKeys,  // key[i] = out offset of element i's destination (numel(out) when bad), pos[i] = i (b: index)
+  RadixCount,  // a block's digit counts of its keys (one 8-bit digit of a stable LSD radix sort)
+  RadixScan,  // exclusive scan of the [digit][block] counts (one block)
+  RadixMove,  // each block's pairs to their place by digit, keeping their order
+  SegmentAddRows,  // out[.., key, ..] += src[.., pos, ..] per sorted run of a key, a thread per column (a: data)
+  SegmentAddElements,  // out[key] += src[element pos] per sorted run of a key (a: data)
   // Fused attention (kernels/cuda/attention_kernels.h; a: float32/float64, head: bucket).
   AttentionForward,  // packed output rows + log-sum-exp
   AttentionBackwardQ,  // dq rows of the stacked gradient

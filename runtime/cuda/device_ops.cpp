@@ -1,6 +1,7 @@
 #include "runtime/cuda/device_ops.h"
 
 #include <algorithm>
+#include <bit>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -125,6 +126,19 @@ void launch(int device, const DeviceKernelInstance& k, int64_t n, bool checks_in
   check(api().launch_kernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0, enter(device), params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, checks_indices);
+}
+
+// Queues instance `k` as `blocks` blocks of `threads` threads (kernels that split their work by
+// block themselves: the radix sort's).
+template <class... A>
+void launch_blocks(int device, const DeviceKernelInstance& k, int64_t blocks, int64_t threads, A... args) {
+  const std::string name = kernels::device_kernel_name(k);
+  CUfunction f = function(device, k, name);
+  void* params[] = {&args...};
+  check(api().launch_kernel(f, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(threads), 1, 1, 0,
+                            enter(device), params, nullptr),
+        "cuLaunchKernel");
+  note_launch(device, name, false);
 }
 
 void* ptr(const Operand& o) { return o.data; }
@@ -292,6 +306,96 @@ void gather(int device, OpKind op, const Operand& out, const Operand& x, const O
          dim, int64_t(op), index_error_record(device));
 }
 
+// ---- float scatter_add / index_add in a fixed order ----
+
+// (key, position) pairs on the device, twice (a sort's passes go back and forth), and the radix
+// sort's digit counts. Freed after queuing, like scatter's winners: the next user of the memory
+// is queued after these kernels.
+struct SortBuffers {
+  std::shared_ptr<Storage> storage;
+  uint64_t* key[2] = {};
+  int64_t* pos[2] = {};
+  int64_t* hist = nullptr;
+  int64_t n = 0, tiles = 0, blocks = 0;
+};
+
+// Room for n pairs: blocks of 256 threads take `tiles` tiles of 256 pairs each, at most 1024
+// blocks (so the counts, 256 a block, are scanned by one block).
+SortBuffers sort_buffers(int device, int64_t n) {
+  SortBuffers b;
+  b.n = n;
+  b.tiles = std::max<int64_t>(1, (n + 256 * 1024 - 1) / (256 * 1024));
+  b.blocks = (n + 256 * b.tiles - 1) / (256 * b.tiles);
+  const size_t pairs = static_cast<size_t>(n) * 8;
+  b.storage = Storage::allocate(4 * pairs + static_cast<size_t>(256 * b.blocks) * 8, Device{DeviceType::CUDA, device});
+  char* p = static_cast<char*>(b.storage->data);
+  b.key[0] = reinterpret_cast<uint64_t*>(p);
+  b.key[1] = reinterpret_cast<uint64_t*>(p + pairs);
+  b.pos[0] = reinterpret_cast<int64_t*>(p + 2 * pairs);
+  b.pos[1] = reinterpret_cast<int64_t*>(p + 3 * pairs);
+  b.hist = reinterpret_cast<int64_t*>(p + 4 * pairs);
+  return b;
+}
+
+// Sorts the pairs in buffer 0 by key, stably (equal keys keep their order), keys at most
+// max_key: an LSD radix sort, 8 bits a pass, whose counts and places are integers, so the
+// result is the same on every run. Returns the buffer holding the result.
+int radix_sort(int device, const SortBuffers& b, uint64_t max_key) {
+  const int passes = std::max(1, (static_cast<int>(std::bit_width(max_key)) + 7) / 8);
+  const DeviceKernelInstance count{DeviceKernel::RadixCount}, scan{DeviceKernel::RadixScan},
+      move{DeviceKernel::RadixMove};
+  int cur = 0;
+  for (int p = 0; p < passes; ++p) {
+    const int32_t shift = 8 * p;
+    launch_blocks(device, count, b.blocks, 256, b.key[cur], b.n, b.tiles, shift, b.hist);
+    launch_blocks(device, scan, 1, 1024, b.hist, 256 * b.blocks);
+    launch_blocks(device, move, b.blocks, 256, b.key[cur], b.pos[cur], b.key[1 - cur], b.pos[1 - cur], b.n, b.tiles,
+                  shift, b.hist);
+    cur = 1 - cur;
+  }
+  return cur;
+}
+
+// Whether scatter_add's index holds the same values across every dim but `dim` (stride 0 or
+// size 1 there: an expanded 1-d index, e.g. an embedding gradient written as scatter_add).
+bool shared_index(const Operand& index, int64_t dim) {
+  for (size_t k = 0; k < index.sizes.size(); ++k)
+    if (static_cast<int64_t>(k) != dim && index.sizes[k] != 1 && index.strides[k] != 0) return false;
+  return true;
+}
+
+// Float scatter_add / index_add without atomics (`out` already holds self; arguments as
+// scatter's below): the sources are sorted stably by destination, then each destination adds
+// its sources in the CPU's serial order, one thread each (per column for a 1-d index). The
+// CPU's sums exactly, with the same bits on every run. A 1-d index (index_add, or an expanded
+// scatter_add index) sorts its entries once for all columns; any other index sorts elements.
+void ordered_add(int device, OpKind op, const Operand& out, const Operand& index, const Operand& src, int64_t dim,
+                 const std::vector<int64_t>& sizes, const std::vector<int64_t>& ost, const Geom& g, int64_t n,
+                 int64_t os, int64_t size, CUdeviceptr err) {
+  const DType idt = index.dtype;
+  if (!sizes.empty() && (op == OpKind::IndexAdd || shared_index(index, dim))) {
+    const int64_t len = sizes[dim], cols = n / len;
+    const int64_t is = op == OpKind::IndexAdd ? index.strides[0] : index.strides[dim];
+    SortBuffers b = sort_buffers(device, len);
+    launch(device, {DeviceKernel::IndexKeys, DType::Float32, idt}, len, true, ptr(index), is, len, size, dim,
+           int64_t(op), err, b.key[0], b.pos[0]);
+    const int r = radix_sort(device, b, static_cast<uint64_t>(size));
+    std::vector<int64_t> csz = sizes;
+    csz[dim] = 1;  // (dropped: the columns are every other dim)
+    const Geom cg = make_geom(csz, {ost, std::vector<int64_t>(sizes.size(), 0), src.strides});
+    launch(device, {DeviceKernel::SegmentAddRows, out.dtype}, n, false, ptr(out), ptr(src), b.key[r], b.pos[r], cg, len,
+           cols, os, src.strides[dim], size);
+    return;
+  }
+  const uint64_t none = static_cast<uint64_t>(numel(out.sizes));
+  SortBuffers b = sort_buffers(device, n);
+  launch(device, {DeviceKernel::ScatterKeys, DType::Float32, idt}, n, true, ptr(index), g, n, os, size, dim,
+         int64_t(op), err, none, b.key[0], b.pos[0]);
+  const int r = radix_sort(device, b, none);
+  launch(device, {DeviceKernel::SegmentAddElements, out.dtype}, n, false, ptr(out), ptr(src), b.key[r], b.pos[r], g, n,
+         none);
+}
+
 // scatter / scatter_add over index's sizes, index_add over src's; `out` already holds self.
 void scatter(int device, OpKind op, const Operand& out, const Operand& index, const Operand& src, int64_t dim) {
   const bool index_add = op == OpKind::IndexAdd;
@@ -309,8 +413,11 @@ void scatter(int device, OpKind op, const Operand& out, const Operand& index, co
   if (n == 0) return;
   const CUdeviceptr err = index_error_record(device);
   if (op != OpKind::Scatter) {
-    launch(device, {DeviceKernel::ScatterAdd, out.dtype, index.dtype}, n, true, ptr(out), ptr(src), ptr(index), g, n,
-           os, size, dim, int64_t(op), err);
+    if (is_floating(out.dtype))  // (float atomics would add in a different order each run)
+      ordered_add(device, op, out, index, src, dim, sizes, ost, g, n, os, size, err);
+    else  // integer and bool adds are exact in any order
+      launch(device, {DeviceKernel::ScatterAdd, out.dtype, index.dtype}, n, true, ptr(out), ptr(src), ptr(index), g, n,
+             os, size, dim, int64_t(op), err);
     return;
   }
   // Duplicate destinations: the last write in the CPU's serial order wins, as there. `win`

@@ -1,7 +1,8 @@
 // Device kernels for the ops the CUDA runtime computes itself (not generated, not cuBLAS):
 // Contiguous, Cast, Cat, ViewScatter, Gather, Scatter, ScatterAdd, IndexSelect, IndexAdd,
 // Cumsum, integer Remainder, Fmod and Pow, and fused Attention / AttentionBackward, from the templates of
-// kernels/cuda/device_kernels.h, each instance compiled by NVRTC on first use and cached per device.
+// kernels/cuda/device_kernels.h, each instance compiled by NVRTC on first use and cached per device. Float scatter_add
+// / index_add sum each destination in the CPU's order (a stable sort, no float atomics): the same bits on every run.
 #pragma once
 #include "runtime/ir/node.h"
 
