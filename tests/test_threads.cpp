@@ -1,5 +1,6 @@
 // Threads sharing tensors and modules: concurrent materializations of overlapping pending
-// graphs give the single-thread results, bit for bit.
+// graphs give the single-thread results, bit for bit, on the device KILN_TEST_DEVICE names
+// (tests/gpu_machine.sh runs them on cuda).
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -8,8 +9,10 @@
 
 #include "jit/exec/code_cache.h"
 #include "kiln.h"
+#include "tests/test_seed.h"
 
 using namespace kiln;
+using kiln::testing::test_device;
 
 namespace {
 constexpr int kThreads = 8;
@@ -30,13 +33,15 @@ void run_threads(F&& body) {
 }
 
 // Input of thread t: distinct per thread, the same in every run.
-Tensor input(int t) { return arange(0.0, 12.0).reshape({3, 4}) * (0.1 * (t + 1)) - 0.5; }
+Tensor input(int t) { return (arange(0.0, 12.0).reshape({3, 4}) * (0.1 * (t + 1)) - 0.5).to(test_device()); }
 
 std::shared_ptr<nn::Sequential> fresh_net(uint64_t seed) {
   manual_seed(seed);
-  return std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
+  auto net = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
       std::make_shared<nn::Linear>(4, 16), std::make_shared<nn::Tanh>(), std::make_shared<nn::Linear>(16, 16),
       std::make_shared<nn::ReLU>(), std::make_shared<nn::Linear>(16, 2)});
+  net->to(test_device());
+  return net;
 }
 
 // Single-thread results of a fresh net (seed) on every thread's input, two ways: with the
@@ -70,14 +75,14 @@ Reference reference(uint64_t seed) {
 TEST(Threads, OverlappingPendingGraphs) {
   std::vector<float> want_x, want_y;
   for (int pass = 0; pass < 2; ++pass) {  // the second once background compiles are done
-    Tensor base = arange(0.0, 24.0).reshape({4, 6}) * 0.05;
+    Tensor base = arange(0.0, 24.0).reshape({4, 6}).to(test_device()) * 0.05;
     Tensor x = (base * 2 + 1).tanh();
     want_y = (x * 3).sum({1}).to_vector<float>();
     want_x = x.to_vector<float>();
     jit::wait_background_compiles();
   }
   for (int run = 0; run < kRuns; ++run) {
-    Tensor base = arange(0.0, 24.0).reshape({4, 6}) * 0.05;
+    Tensor base = arange(0.0, 24.0).reshape({4, 6}).to(test_device()) * 0.05;
     Tensor x = (base * 2 + 1).tanh();
     std::vector<std::vector<float>> got(kThreads);
     run_threads([&](int t) {
@@ -125,6 +130,29 @@ TEST(Threads, SharedModuleNoGradKeepsIntermediates) {
       ASSERT_EQ(got_w[t], got_w[0]) << "run " << run << " thread " << t;
     }
     EXPECT_EQ(got_w[0], net->parameters()[0].to_vector<float>());
+  }
+}
+
+// Threads running GEMMs side by side: a plain product of a split-K shape (cuBLAS on a device)
+// and, without gradients, a layer's product + bias + ReLU (cuBLASLt's epilogue on a device),
+// which share one workspace there. Each result must be its single-thread value, bit for bit.
+TEST(Threads, GemmsOfManyThreadsKeepTheirBits) {
+  const Device dev = test_device();
+  manual_seed(3);
+  const Tensor a = randn({8, 8192}).to(dev), b = randn({8192, 64}).to(dev);
+  const Tensor x = randn({16, 512}).to(dev), w = randn({256, 512}).to(dev), bias = randn({256}).to(dev);
+  eval({a, b, x, w, bias});
+  auto plain = [&] { return matmul(a, b).to_vector<float>(); };
+  auto layer = [&] {
+    NoGradGuard ng;
+    return relu(matmul(x, w.t()) + bias).to_vector<float>();
+  };
+  const std::vector<float> want_plain = plain(), want_layer = layer();
+  for (int run = 0; run < kRuns; ++run) {
+    std::vector<std::vector<float>> got(kThreads);
+    run_threads([&](int t) { got[t] = t % 2 ? layer() : plain(); });
+    for (int t = 0; t < kThreads; ++t)
+      ASSERT_TRUE(got[t] == (t % 2 ? want_layer : want_plain)) << "run " << run << " thread " << t;
   }
 }
 

@@ -51,11 +51,7 @@ void check(cublasStatus_t s, const char* what) { check_status(s, "cublas", what)
 
 // One handle per device (handles are not shared across devices), bound to the stream work goes
 // to now (the device's, or a graph's being recorded) with kiln's workspace. Callers hold
-// handles_mu() while they use the handle.
-std::mutex& handles_mu() {
-  static std::mutex mu;
-  return mu;
-}
+// blas_mutex() while they use the handle.
 cublasHandle_t bound_handle(int index, CUstream stream) {
   struct Bound {
     cublasHandle_t handle = nullptr;
@@ -136,6 +132,11 @@ void check_status(cublasStatus_t s, const char* library, const char* what) {
               (name ? name : "status " + std::to_string(static_cast<int>(s))));
 }
 
+std::mutex& blas_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 void* blas_workspace(int index) {
   static std::mutex mu;
   static std::vector<CUdeviceptr> blocks;
@@ -182,6 +183,7 @@ bool gemm(Node& n) {
   const size_t esize = itemsize(n.dtype);
   auto out = Storage::allocate(static_cast<size_t>(batch * M * N) * esize, n.device);
   if (batch * M * N > 0) {
+    std::lock_guard<std::mutex> lock(blas_mutex());
     CUstream s = enter(n.device.index);
     if (K == 0) {
       check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(out->data), 0, out->nbytes, s), "cuMemsetD8Async");
@@ -198,7 +200,6 @@ bool gemm(Node& n) {
                      batch <= INT32_MAX,
                  "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K,
                  ")");
-      std::lock_guard<std::mutex> lock(handles_mu());
       cublasHandle_t h = bound_handle(n.device.index, s);
       check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb, type,
                        static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,

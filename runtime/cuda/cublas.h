@@ -4,6 +4,7 @@
 #include <cublas_api.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "runtime/ir/node.h"
@@ -31,6 +32,11 @@ void check_status(cublasStatus_t s, const char* library, const char* what);
 // set explicitly so cuBLAS allocates nothing per stream, graph recordings included).
 constexpr size_t kBlasWorkspace = size_t{32} << 20;
 void* blas_workspace(int index);
+// Held while a cuBLAS or cuBLASLt call, or a CUDA graph replay (its captured GEMMs), queues work
+// that uses the workspace: one library call's kernels (a split-K GEMM and its reduction) must
+// stay adjacent on the stream, never with another thread's call between them. Allocate a call's
+// output before taking it and before cu::enter() (a freed block's last user is queued by then).
+std::mutex& blas_mutex();
 // cuBLAS's data and compute types for a floating dtype (TF32 as set_float32_matmul_precision
 // allows); false for other dtypes.
 bool cuda_type(DType d, cudaDataType_t& t, cublasComputeType_t& c);

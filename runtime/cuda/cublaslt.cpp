@@ -96,9 +96,10 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
       !as_column_major(K, N, b.strides[0].as_int(), b.strides[1].as_int(), opb, ldb))
     return false;
   const int index = out.device.index;
-  static std::mutex mu;
+  // The output first: a block freed by another thread has its last user queued before enter().
+  auto storage = Storage::allocate(static_cast<size_t>(M * N) * 4, out.device);
   static std::map<int, DeviceLt> devices;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(blas_mutex());
   CUstream stream = enter(index);
   DeviceLt& dev = devices[index];
   if (!dev.handle) {
@@ -141,7 +142,6 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
   if (!p.ok) return false;  // (no algorithm for this shape and epilogue: the caller runs them apart)
   const void* bias_ptr = static_cast<const char*>(bias.storage->data) + bias.offset.as_int() * 4;
   check(lib().desc_set(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr, sizeof bias_ptr), "BIAS_POINTER");
-  auto storage = Storage::allocate(static_cast<size_t>(M * N) * 4, out.device);
   const float one = 1, zero = 0;
   const char* pa = static_cast<const char*>(a.storage->data) + a.offset.as_int() * 4;
   const char* pb = static_cast<const char*>(b.storage->data) + b.offset.as_int() * 4;

@@ -252,6 +252,23 @@ class CudaRuntime final : public DeviceRuntime {
 
   void synchronize(int index) override { sync(index); }
 
+  std::shared_ptr<void> timing_mark(int index) override {
+    if (capturing(index) || !api().event_create) return nullptr;
+    CUstream stream = enter(index);
+    CUevent ev = nullptr;
+    check(api().event_create(&ev, CU_EVENT_DEFAULT), "cuEventCreate");
+    std::shared_ptr<void> mark(ev, [](void* e) { api().event_destroy(static_cast<CUevent>(e)); });
+    check(api().event_record(ev, stream), "cuEventRecord");
+    return mark;
+  }
+  double elapsed_us(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to) override {
+    check(api().event_synchronize(static_cast<CUevent>(to.get())), "cuEventSynchronize");
+    float ms = 0;
+    check(api().event_elapsed_time(&ms, static_cast<CUevent>(from.get()), static_cast<CUevent>(to.get())),
+          "cuEventElapsedTime");
+    return static_cast<double>(ms) * 1e3;
+  }
+
   bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool relu) override {
     return cu::gemm_bias(out, a, b, bias, relu);
   }
@@ -285,6 +302,7 @@ class CudaGraph final : public DeviceGraph {
     api().graph_destroy(graph_);
   }
   void launch() override {
+    std::lock_guard<std::mutex> lock(blas_mutex());  // (its captured GEMMs use the BLAS workspace)
     check(api().graph_launch(exec_, enter(index_)), "cuGraphLaunch");
     note_launch(index_, name_, reports_);
   }
