@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "jit/diag/diagnostics.h"
+#include "jit/diag/profile.h"
 #include "runtime/core/error.h"
 
 namespace kiln::jit {
@@ -155,10 +156,13 @@ bool GraphReplay::replay(const std::vector<Node*>& ins, std::vector<Tensor>& out
 }
 
 void GraphReplay::launch(Graph& g, const std::vector<Node*>& ins) {
+  DeviceStepTimer timer(profile_enabled(), device_);
   for (size_t i = 0; i < ins.size(); ++i)
     if (g.ins[i].buffer && g.ins[i].bytes)
       device_runtime(device_).copy(g.ins[i].buffer->data, device_, ins[i]->storage->data, device_, g.ins[i].bytes);
+  timer.step([&] { return "copies into a CUDA graph of " + policy_.name; });
   g.graph->launch();
+  timer.step([&] { return "CUDA graph replay of " + policy_.name + " (" + std::to_string(g.graph->size()) + " ops)"; });
   g.used = calls_;
   g.stamp = ++policy_.counters->clock;
 }

@@ -8,6 +8,8 @@
 #include <mutex>
 #include <vector>
 
+#include "runtime/exec/device_runtime.h"
+
 namespace kiln::jit {
 namespace {
 
@@ -15,10 +17,19 @@ struct Entry {
   uint64_t calls = 0;
   double us = 0;
 };
+// A device step whose marks are queued but not yet read.
+struct PendingStep {
+  Device device;
+  std::string label;
+  std::shared_ptr<void> from, to;
+};
 struct Table {
   std::mutex mu;
-  std::map<std::string, Entry> rows;
+  std::map<std::pair<std::string, std::string>, Entry> rows;  // (where, step)
+  std::mutex pending_mu;
+  std::vector<PendingStep> pending;
 };
+constexpr size_t kPendingSteps = 512;  // device steps read in one batch
 Table& table() {
   static Table* t = new Table;  // never destroyed: steps may finish during static teardown
   return *t;
@@ -43,43 +54,91 @@ bool profile_enabled() {
   return on;
 }
 
-void profile_add(const std::string& label, double us) {
+void profile_add(const std::string& where, const std::string& label, double us) {
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
-  Entry& e = t.rows[label];
+  Entry& e = t.rows[{where, label}];
   ++e.calls;
   e.us += us;
 }
 
-std::string profile_report() {
+void profile_add(const std::string& label, double us) { profile_add("CPU", label, us); }
+
+namespace {
+
+// Reads the pending device steps' times (waiting for the device where they are not done).
+void resolve_pending() {
   Table& t = table();
-  std::vector<std::pair<std::string, Entry>> rows;
+  std::vector<PendingStep> steps;
+  {
+    std::lock_guard<std::mutex> lock(t.pending_mu);
+    steps.swap(t.pending);
+  }
+  for (const PendingStep& s : steps)
+    profile_add(s.device.str(), s.label, device_runtime(s.device).elapsed_us(s.from, s.to));
+}
+
+}  // namespace
+
+DeviceStepTimer::DeviceStepTimer(bool on, Device device) : device_(device) {
+  if (!on || device.type == DeviceType::CPU) return;
+  last_ = device_runtime(device).timing_mark(device.index);
+  // Steps still pending at exit are read before the device runtime's statics (made before the
+  // first mark) are destroyed: atexit handlers registered later run first.
+  static const bool registered = [] { return std::atexit([] { resolve_pending(); }) == 0; }();
+  (void)registered;
+}
+
+void DeviceStepTimer::end_step(std::string label) {
+  std::shared_ptr<void> mark = device_runtime(device_).timing_mark(device_.index);
+  if (!mark) return;
+  Table& t = table();
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(t.pending_mu);
+    t.pending.push_back({device_, std::move(label), last_, mark});
+    full = t.pending.size() >= kPendingSteps;
+  }
+  last_ = std::move(mark);
+  if (full) resolve_pending();
+}
+
+std::string profile_report() {
+  resolve_pending();
+  Table& t = table();
+  std::map<std::string, std::vector<std::pair<std::string, Entry>>> places;
   {
     std::lock_guard<std::mutex> lock(t.mu);
-    rows.assign(t.rows.begin(), t.rows.end());
+    for (const auto& [key, e] : t.rows) places[key.first].push_back({key.second, e});
   }
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
-  double total = 0;
-  for (const auto& r : rows) total += r.second.us;
-  std::string out = "[kiln:profile] CPU executor steps, by total time (wall time of each step, its threads included)\n";
+  std::string out;
   char line[512];
-  std::snprintf(line, sizeof line, "%10s %8s %12s %11s  %s\n", "total ms", "share", "calls", "mean us", "step");
-  out += line;
-  for (const auto& [label, e] : rows) {
-    std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12llu %11.2f  %s\n", e.us / 1e3,
-                  total > 0 ? 100 * e.us / total : 0.0, static_cast<unsigned long long>(e.calls),
-                  e.us / static_cast<double>(e.calls), label.c_str());
+  for (auto& [where, rows] : places) {
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
+    double total = 0;
+    for (const auto& r : rows) total += r.second.us;
+    out += where == "CPU"
+               ? "[kiln:profile] CPU executor steps, by total time (wall time of each step, its threads included)\n"
+               : "[kiln:profile] " + where +
+                     " steps, by total time (device time between events queued around each step)\n";
+    std::snprintf(line, sizeof line, "%10s %8s %12s %11s  %s\n", "total ms", "share", "calls", "mean us", "step");
+    out += line;
+    for (const auto& [label, e] : rows) {
+      std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12llu %11.2f  %s\n", e.us / 1e3,
+                    total > 0 ? 100 * e.us / total : 0.0, static_cast<unsigned long long>(e.calls),
+                    e.us / static_cast<double>(e.calls), label.c_str());
+      out += line;
+    }
+    std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12s %11s  %s\n", total / 1e3, 100.0, "", "", "all steps");
     out += line;
   }
-  std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12s %11s  %s\n", total / 1e3, 100.0, "", "", "all steps");
-  out += line;
   return out;
 }
 
 void profile_reset() {
+  resolve_pending();
   Table& t = table();
   std::lock_guard<std::mutex> lock(t.mu);
   t.rows.clear();
 }
-
 }  // namespace kiln::jit

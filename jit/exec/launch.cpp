@@ -390,7 +390,9 @@ bool run_step(const Plan& plan, size_t si, const std::vector<Node*>& ext, RunScr
 
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
-  const bool prof = profile_enabled() && !seg.nodes.empty() && seg.nodes[0]->device.type == DeviceType::CPU;
+  const Device device = seg.nodes.empty() ? cpu() : seg.nodes[0]->device;
+  const bool prof = profile_enabled() && device.type == DeviceType::CPU;
+  DeviceStepTimer device_timer(profile_enabled(), device);  // (a device's own clock)
   bool epilogue_done = false;  // the previous step also ran this one
   for (size_t si = 0; si < plan.steps.size(); ++si) {
     const PlanStep& s = plan.steps[si];
@@ -399,13 +401,16 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
     } else if (!(s.kind == Step::Kind::Kernel && s.batched)) {  // (batched: runs in a horizontal kernel)
       ProfileScope timed(prof, [&] { return profile_label(plan, si, ext); });
       epilogue_done = run_step(plan, si, ext, sc);
+      device_timer.step([&] { return profile_label(plan, si, ext); });
     }
     for (int b : s.batches_after) {
-      ProfileScope h(prof, [&] {
-        return "horizontal kernel of " + std::to_string(plan.batches[static_cast<size_t>(b)].members.size()) +
-               " pointwise steps";
-      });
-      run_horizontal(plan, plan.batches[static_cast<size_t>(b)], ext, sc);
+      const Batch& batch = plan.batches[static_cast<size_t>(b)];
+      auto label = [&] { return "horizontal kernel of " + std::to_string(batch.members.size()) + " pointwise steps"; };
+      {
+        ProfileScope h(prof, label);
+        run_horizontal(plan, batch, ext, sc);
+      }
+      device_timer.step(label);
     }
   }
   if (!plan.rw.identity) finish_rewrite(plan.rw, ext);

@@ -112,6 +112,11 @@ Loaded load() {
       {"cuStreamEndCapture", reinterpret_cast<void**>(&a.stream_end_capture)},
       {"cuGraphInstantiateWithFlags", reinterpret_cast<void**>(&a.graph_instantiate)},
       {"cuGraphLaunch", reinterpret_cast<void**>(&a.graph_launch)},
+      {"cuEventCreate", reinterpret_cast<void**>(&a.event_create)},
+      {"cuEventRecord", reinterpret_cast<void**>(&a.event_record)},
+      {"cuEventSynchronize", reinterpret_cast<void**>(&a.event_synchronize)},
+      {"cuEventElapsedTime", reinterpret_cast<void**>(&a.event_elapsed_time)},  // (same signature as _v2)
+      {"cuEventDestroy_v2", reinterpret_cast<void**>(&a.event_destroy)},
       {"cuGraphExecDestroy", reinterpret_cast<void**>(&a.graph_exec_destroy)},
       {"cuGraphDestroy", reinterpret_cast<void**>(&a.graph_destroy)},
       {"cuGraphGetNodes", reinterpret_cast<void**>(&a.graph_get_nodes)},

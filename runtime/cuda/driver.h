@@ -54,6 +54,12 @@ struct Api {
   decltype(&::cuGraphDestroy) graph_destroy = nullptr;
   decltype(&::cuGraphGetNodes) graph_get_nodes = nullptr;
   decltype(&::cuGraphExecUpdate_v2) graph_exec_update = nullptr;
+  // Events (KILN_PROFILE's device times).
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
+  decltype(&::cuEventElapsedTime_v2) event_elapsed_time = nullptr;
+  decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
   // NVRTC (libnvrtc.so.13 / .12), loaded with or without a driver; null when not found
   // (compiling is then impossible, loading stored cubins still works).
   decltype(&::nvrtcVersion) nvrtc_version = nullptr;

@@ -53,6 +53,11 @@ class DeviceRuntime {
   virtual bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool relu) { return false; }
   // Waits until all work queued on device `index` has finished (raising its errors).
   virtual void synchronize(int index) = 0;
+  // Device-side timing (KILN_PROFILE): a mark queued on device `index`'s stream after the work
+  // queued so far, or null when the device cannot time now (recording a graph, no events);
+  // elapsed_us waits for `to` and gives the device time between the two marks.
+  virtual std::shared_ptr<void> timing_mark(int index) { return nullptr; }
+  virtual double elapsed_us(const std::shared_ptr<void>& from, const std::shared_ptr<void>& to) { return 0; }
   // The allocator of device `index`: counters, peak reset, and releasing cached blocks.
   virtual MemoryStats memory_stats(int index) = 0;
   virtual void reset_peak_memory_stats(int index) = 0;
