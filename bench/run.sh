@@ -51,7 +51,7 @@ locked() { if command -v flock >/dev/null; then flock "$LOCK" "$@"; else "$@"; f
 if [ "$DEVICE" = cuda ]; then
   if [ "$DO_BUILD" = 1 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2
-    locked cmake --build "$BUILD" --target bench_cuda bench_attention -j2 >&2
+    locked cmake --build "$BUILD" --target bench_cuda bench_attention bench_gpt -j2 >&2
   fi
   exec bash "$ROOT/bench/run_cuda.sh" "$BUILD/bench/bench_cuda" ${QUICK:+--quick}
 elif [ "$DEVICE" != cpu ]; then

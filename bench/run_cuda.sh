@@ -130,4 +130,10 @@ for r in rows:
     if r["workload"].startswith("TBLOCK-T") and "peak_bytes" in r:
         print(f"peak: {r['workload']} {r['impl']}: {r['peak_bytes'] / 2**20:.0f} MiB")
 PY
+# The GPT training step: kiln eager/compiled beside torch eager/compile/reduce-overhead.
+GBIN="$(dirname "$BIN")/bench_gpt"
+if [ -x "$GBIN" ]; then
+  echo
+  bash "$HERE/run_gpt.sh" "$GBIN" ${2:+"$2"} ${KILN_GPT_FULL:+--full} || echo "run_gpt.sh failed" >&2
+fi
 rm -rf "$OUT" "$CACHE"
