@@ -5,6 +5,7 @@
 #include "runtime/autograd/autograd.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ops/ops.h"
+#include "runtime/ops/autocast.h"
 #include "runtime/ir/symint.h"
 #include "runtime/tensor/tensor.h"
 #include "runtime/nn/nn.h"

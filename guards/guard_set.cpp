@@ -5,6 +5,7 @@
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/ir/sym_facts.h"
+#include "runtime/ops/autocast_policy.h"
 
 namespace kiln::guards {
 namespace {
@@ -150,6 +151,8 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
   if (grad_enabled() != grad_mode)
     return fail(why, "grad mode: expected ", grad_mode ? "enabled" : "disabled", ", got ",
                 grad_mode ? "disabled" : "enabled");
+  if (const uint32_t ac = detail::autocast_key(); ac != autocast)
+    return fail(why, "autocast: expected ", detail::autocast_key_str(autocast), ", got ", detail::autocast_key_str(ac));
   syms.assign(symbol_names.size(), -1);
   for (size_t i = 0; i < args.size(); ++i) {
     if (value_kind(args[i]) != kinds[i])
@@ -196,6 +199,7 @@ std::string BranchGuards::str(const std::vector<std::string>& names, size_t firs
 std::string GuardSet::str() const {
   std::ostringstream os;
   os << "grad mode " << (grad_mode ? "on" : "off") << "\n";
+  if (autocast) os << "autocast " << detail::autocast_key_str(autocast) << "\n";
   for (size_t i = 0; i < kinds.size(); ++i) {
     os << "arg " << i << ": ";
     if (kinds[i] == 0)

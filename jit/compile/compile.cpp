@@ -18,6 +18,7 @@
 #include "jit/compile/trace_session.h"
 #include "runtime/autograd/autograd.h"
 #include "runtime/exec/executor.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/tensor/record.h"
 
 namespace kiln::detail {
@@ -467,6 +468,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   auto e = std::make_unique<Entry>();
   e->guards.spec = spec;
   e->guards.grad_mode = grad_enabled();
+  e->guards.autocast = detail::autocast_key();
   Placeholders ph = make_placeholders(args, e->guards);
   TraceSession ts(ph.start_id, ph.hints);
   TraceState st{args, *e, ph, ts};

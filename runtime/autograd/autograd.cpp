@@ -1,5 +1,6 @@
 // The autograd engine: backward nodes, the grad-mode switch, and the backward pass.
 #include "runtime/autograd/autograd.h"
+#include "runtime/ops/autocast_policy.h"
 
 #include <algorithm>
 #include <mutex>
@@ -261,12 +262,14 @@ std::vector<std::pair<Edge, Tensor>> make_roots(const std::vector<Tensor>& outpu
 
 void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs, bool retain_graph,
               bool create_graph) {
+  detail::AutocastOff autocast_off;  // backward ops take their forward ops' dtypes
   run_backward(make_roots(outputs, grad_outputs), retain_graph || create_graph, create_graph, nullptr);
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool retain_graph, bool create_graph,
                          bool allow_unused) {
+  detail::AutocastOff autocast_off;  // backward ops take their forward ops' dtypes
   auto roots = make_roots(outputs, grad_outputs);
   std::unordered_map<GradNode*, Tensor> capture;
   std::vector<GradNode*> keys;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "runtime/ops/ops.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/tensor/record.h"
 
 namespace kiln {
@@ -61,9 +62,15 @@ bool mask_fits(const Shape& m, const Shape& full) {
 
 }  // namespace
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const std::optional<Tensor>& attn_mask, bool is_causal, std::optional<double> scale,
-                                    double dropout_p) {
+Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
+                                    const std::optional<Tensor>& attn_mask_in, bool is_causal,
+                                    std::optional<double> scale, double dropout_p) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower,
+                                 {&q_in, &k_in, &v_in, attn_mask_in ? &*attn_mask_in : nullptr});
+  const Tensor& q = autocast_op[0];
+  const Tensor& k = autocast_op[1];
+  const Tensor& v = autocast_op[2];
+  const std::optional<Tensor> attn_mask = attn_mask_in ? std::optional<Tensor>(autocast_op[3]) : std::nullopt;
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "scaled_dot_product_attention: got an undefined tensor");
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
              "at least 2 dims, got ", str(q.shape()), ", ", str(k.shape()), ", ", str(v.shape()));

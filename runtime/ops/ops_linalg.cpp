@@ -1,5 +1,6 @@
 // Linear algebra: matmul and friends, recorded as batched GEMM nodes (run on OpenBLAS).
 #include "runtime/ops/ops.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/tensor/record.h"
 
 namespace kiln {
@@ -23,7 +24,10 @@ void check_mm(const Tensor& a, const Tensor& b, const char* op) {
 }
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&a_in, &b_in});
+  const Tensor& a = autocast_op[0];
+  const Tensor& b = autocast_op[1];
   check_mm(a, b, "matmul");
   const SymInt& k1 = a.shape().back();
   const SymInt& k2 = b.dim() == 1 ? b.shape()[0] : b.shape()[b.dim() - 2];
@@ -47,7 +51,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return r;
 }
 
-Tensor mm(const Tensor& a, const Tensor& b) {
+Tensor mm(const Tensor& a_in, const Tensor& b_in) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&a_in, &b_in});
+  const Tensor& a = autocast_op[0];
+  const Tensor& b = autocast_op[1];
   check_mm(a, b, "mm");
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got ", a.dim(), "-d and ", b.dim(), "-d");
   KILN_CHECK(detail::same_size(a.shape()[1], b.shape()[0]), "mm: mat1 and mat2 shapes cannot be multiplied (",
@@ -55,7 +62,10 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   return gemm(a, b);
 }
 
-Tensor bmm(const Tensor& a, const Tensor& b) {
+Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&a_in, &b_in});
+  const Tensor& a = autocast_op[0];
+  const Tensor& b = autocast_op[1];
   check_mm(a, b, "bmm");
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expected 3-D tensors, got ", a.dim(), "-d and ", b.dim(), "-d");
   KILN_CHECK(detail::same_size(a.shape()[0], b.shape()[0]), "bmm: batch sizes differ (", a.shape()[0].str(), " and ",
@@ -65,7 +75,11 @@ Tensor bmm(const Tensor& a, const Tensor& b) {
   return gemm(a, b);
 }
 
-Tensor linear(const Tensor& x, const Tensor& w, const std::optional<Tensor>& b) {
+Tensor linear(const Tensor& x_in, const Tensor& w_in, const std::optional<Tensor>& b_in) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&x_in, &w_in, b_in ? &*b_in : nullptr});
+  const Tensor& x = autocast_op[0];
+  const Tensor& w = autocast_op[1];
+  const std::optional<Tensor> b = b_in ? std::optional<Tensor>(autocast_op[2]) : std::nullopt;
   KILN_CHECK(w.defined() && w.dim() == 2, "linear: weight must be 2-D [out, in], got ",
              w.defined() ? str(w.shape()) : "undefined");
   KILN_CHECK(x.defined() && x.dim() >= 1 && detail::same_size(x.shape().back(), w.shape()[1]),

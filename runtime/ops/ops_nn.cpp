@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/autograd/autograd_rules.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -22,7 +23,9 @@ Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op
 }
 }  // namespace
 
-Tensor softmax(const Tensor& xin, int64_t dim) {
+Tensor softmax(const Tensor& xin_in, int64_t dim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+  const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
   if (x.dim() == 0) return div(exp(sub(x, x)), 1);
@@ -34,7 +37,9 @@ Tensor softmax(const Tensor& xin, int64_t dim) {
   return mul(e, reciprocal(sum(e, {d}, true)));
 }
 
-Tensor log_softmax(const Tensor& xin, int64_t dim) {
+Tensor log_softmax(const Tensor& xin_in, int64_t dim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+  const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
   if (x.dim() == 0) return sub(x, x);
@@ -62,8 +67,13 @@ std::pair<Tensor, Tensor> normalized(const Tensor& x, const std::vector<int64_t>
 }
 }  // namespace
 
-Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::optional<Tensor>& w,
-                  const std::optional<Tensor>& b, double eps) {
+Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& ns, const std::optional<Tensor>& w_in,
+                  const std::optional<Tensor>& b_in, double eps) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda,
+                                 {&x_in, w_in ? &*w_in : nullptr, b_in ? &*b_in : nullptr});
+  const Tensor& x = autocast_op[0];
+  const std::optional<Tensor> w = w_in ? std::optional<Tensor>(autocast_op[1]) : std::nullopt;
+  const std::optional<Tensor> b = b_in ? std::optional<Tensor>(autocast_op[2]) : std::nullopt;
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "layer_norm: expected a floating point input");
   int64_t k = static_cast<int64_t>(ns.size());
   KILN_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_shape ", str(ns), " does not fit input shape ",
@@ -116,7 +126,9 @@ Tensor layer_norm(const Tensor& x, const std::vector<int64_t>& ns, const std::op
   return y;
 }
 
-Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::string& reduction) {
+Tensor cross_entropy(const Tensor& logits_in, const Tensor& target, const std::string& reduction) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32, {&logits_in});
+  const Tensor& logits = autocast_op[0];
   KILN_CHECK(logits.defined() && target.defined(), "cross_entropy: got an undefined tensor");
   KILN_CHECK(logits.dim() >= 1, "cross_entropy: expected logits with at least 1 dim");
   int64_t cdim = logits.dim() == 1 ? 0 : 1;
@@ -157,12 +169,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, const std::stri
   return reduce_loss(l, reduction, "cross_entropy");
 }
 
-Tensor mse_loss(const Tensor& x, const Tensor& y, const std::string& reduction) {
+Tensor mse_loss(const Tensor& x_in, const Tensor& y_in, const std::string& reduction) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32, {&x_in, &y_in});
+  const Tensor& x = autocast_op[0];
+  const Tensor& y = autocast_op[1];
   Tensor d = sub(x, y);
   return reduce_loss(mul(d, d), reduction, "mse_loss");
 }
 
-Tensor smooth_l1_loss(const Tensor& x, const Tensor& y, const std::string& reduction, double beta) {
+Tensor smooth_l1_loss(const Tensor& x_in, const Tensor& y_in, const std::string& reduction, double beta) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32, {&x_in, &y_in});
+  const Tensor& x = autocast_op[0];
+  const Tensor& y = autocast_op[1];
   KILN_CHECK(beta >= 0, "smooth_l1_loss: beta must be non-negative, got ", beta);
   Tensor d = abs(sub(x, y));
   Tensor l = beta == 0 ? d : where(lt(d, beta), div(mul(mul(d, d), 0.5), beta), sub(d, 0.5 * beta));
@@ -177,8 +195,12 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   return div(mul(x, detail::cast(keep, x.dtype())), 1 - p);
 }
 
-Tensor conv2d(const Tensor& xin, const Tensor& w, const std::optional<Tensor>& b, std::vector<int64_t> stride,
+Tensor conv2d(const Tensor& xin_in, const Tensor& w_in, const std::optional<Tensor>& b_in, std::vector<int64_t> stride,
               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&xin_in, &w_in, b_in ? &*b_in : nullptr});
+  const Tensor& xin = autocast_op[0];
+  const Tensor& w = autocast_op[1];
+  const std::optional<Tensor> b = b_in ? std::optional<Tensor>(autocast_op[2]) : std::nullopt;
   KILN_CHECK(xin.defined() && w.defined(), "conv2d: got an undefined tensor");
   KILN_CHECK(xin.dim() == 3 || xin.dim() == 4, "conv2d: expected 3-D or 4-D input, got shape ", str(xin.shape()));
   KILN_CHECK(w.dim() == 4, "conv2d: expected 4-D weight [out, in/groups, kh, kw], got shape ", str(w.shape()));

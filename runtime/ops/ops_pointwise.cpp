@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
@@ -55,7 +56,26 @@ DType result_type(const std::vector<Tensor>& tensors, const std::vector<Scalar>&
 namespace {
 enum class UnaryKind { SameType, FloatOut, BoolOut, NoBool };
 
-Tensor unary(OpKind op, const Tensor& x, UnaryKind kind) {
+// The unary ops autocast runs in float32 on CUDA (PyTorch's list).
+bool float32_on_cuda(OpKind op) {
+  switch (op) {
+    case OpKind::Exp:
+    case OpKind::Expm1:
+    case OpKind::Log:
+    case OpKind::Log2:
+    case OpKind::Log1p:
+    case OpKind::Rsqrt:
+    case OpKind::Reciprocal:
+    case OpKind::Tan: return true;
+    default: return false;
+  }
+}
+
+Tensor unary(OpKind op, const Tensor& x_in, UnaryKind kind) {
+  std::optional<detail::AutocastOp> autocast_op;
+  if (float32_on_cuda(op))
+    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&x_in});
+  const Tensor& x = autocast_op ? (*autocast_op)[0] : x_in;
   KILN_CHECK(x.defined(), op_name(op), ": got an undefined tensor");
   DType in = x.dtype();
   switch (kind) {
@@ -77,15 +97,16 @@ Tensor unary(OpKind op, const Tensor& x, UnaryKind kind) {
 #define KILN_UNARY(name, op, kind) \
   Tensor name(const Tensor& x) { return unary(OpKind::op, x, UnaryKind::kind); }
 KILN_UNARY(neg, Neg, NoBool)
-KILN_UNARY(abs, Abs, NoBool) KILN_UNARY(exp, Exp, FloatOut) KILN_UNARY(exp2, Exp2, FloatOut)
-    KILN_UNARY(expm1, Expm1, FloatOut) KILN_UNARY(log, Log, FloatOut) KILN_UNARY(log2, Log2, FloatOut)
-        KILN_UNARY(log1p, Log1p, FloatOut) KILN_UNARY(sqrt, Sqrt, FloatOut) KILN_UNARY(rsqrt, Rsqrt, FloatOut)
-            KILN_UNARY(reciprocal, Reciprocal, FloatOut) KILN_UNARY(sin, Sin, FloatOut) KILN_UNARY(cos, Cos, FloatOut)
-                KILN_UNARY(tan, Tan, FloatOut) KILN_UNARY(atan, Atan, FloatOut) KILN_UNARY(tanh, Tanh, FloatOut)
-                    KILN_UNARY(sigmoid, Sigmoid, FloatOut) KILN_UNARY(relu, Relu, NoBool) KILN_UNARY(erf, Erf, FloatOut)
-                        KILN_UNARY(floor, Floor, NoBool) KILN_UNARY(ceil, Ceil, NoBool) KILN_UNARY(round, Round, NoBool)
-                            KILN_UNARY(sign, Sign, SameType) KILN_UNARY(isnan, IsNan, BoolOut)
-                                KILN_UNARY(isfinite, IsFinite, BoolOut) KILN_UNARY(logical_not, LogicalNot, BoolOut)
+KILN_UNARY(abs, Abs, NoBool)
+KILN_UNARY(exp, Exp, FloatOut) KILN_UNARY(exp2, Exp2, FloatOut) KILN_UNARY(expm1, Expm1, FloatOut)
+    KILN_UNARY(log, Log, FloatOut) KILN_UNARY(log2, Log2, FloatOut) KILN_UNARY(log1p, Log1p, FloatOut)
+        KILN_UNARY(sqrt, Sqrt, FloatOut) KILN_UNARY(rsqrt, Rsqrt, FloatOut) KILN_UNARY(reciprocal, Reciprocal, FloatOut)
+            KILN_UNARY(sin, Sin, FloatOut) KILN_UNARY(cos, Cos, FloatOut) KILN_UNARY(tan, Tan, FloatOut)
+                KILN_UNARY(atan, Atan, FloatOut) KILN_UNARY(tanh, Tanh, FloatOut) KILN_UNARY(sigmoid, Sigmoid, FloatOut)
+                    KILN_UNARY(relu, Relu, NoBool) KILN_UNARY(erf, Erf, FloatOut) KILN_UNARY(floor, Floor, NoBool)
+                        KILN_UNARY(ceil, Ceil, NoBool) KILN_UNARY(round, Round, NoBool) KILN_UNARY(sign, Sign, SameType)
+                            KILN_UNARY(isnan, IsNan, BoolOut) KILN_UNARY(isfinite, IsFinite, BoolOut)
+                                KILN_UNARY(logical_not, LogicalNot, BoolOut)
 #undef KILN_UNARY
 
                                     Tensor bitwise_not(const Tensor& x) {
@@ -95,12 +116,16 @@ KILN_UNARY(abs, Abs, NoBool) KILN_UNARY(exp, Exp, FloatOut) KILN_UNARY(exp2, Exp
 
 Tensor square(const Tensor& x) { return mul(x, x); }
 
-Tensor silu(const Tensor& x) {
+Tensor silu(const Tensor& x_in) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
+  const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
   return mul(f, sigmoid(f));
 }
 
-Tensor softplus(const Tensor& x, double beta, double threshold) {
+Tensor softplus(const Tensor& x_in, double beta, double threshold) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
+  const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
   // Stable form max(z, 0) + log1p(exp(-|z|)) with z = beta*x; linear above the threshold.
   // maximum (not relu) so that the gradient at z = 0 is sigmoid(0) = 1/2: maximum splits the tie
@@ -111,7 +136,9 @@ Tensor softplus(const Tensor& x, double beta, double threshold) {
   return where(gt(z, threshold), f, soft);
 }
 
-Tensor gelu(const Tensor& x, const std::string& approximate) {
+Tensor gelu(const Tensor& x_in, const std::string& approximate) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
+  const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
   if (approximate == "none") return mul(mul(f, 0.5), add(erf(mul(f, M_SQRT1_2)), 1.0));
   KILN_CHECK(approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
@@ -167,18 +194,31 @@ void check_sub(OpKind op, bool a_bool, bool b_bool) {
              "use logical_not() or ~ to invert a mask");
 }
 
-Tensor binary_tt(OpKind op, const Tensor& a, const Tensor& b, BinKind kind) {
+Tensor binary_tt(OpKind op, const Tensor& a_in, const Tensor& b_in, BinKind kind) {
+  std::optional<detail::AutocastOp> autocast_op;  // pow: float32 on CUDA (PyTorch's list)
+  if (op == OpKind::Pow)
+    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&a_in, &b_in});
+  const Tensor& a = autocast_op ? (*autocast_op)[0] : a_in;
+  const Tensor& b = autocast_op ? (*autocast_op)[1] : b_in;
   KILN_CHECK(a.defined() && b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.dtype() == kBool);
   return binary(op, a, b, Promotion().add(a).add(b).result(), kind);
 }
-Tensor binary_ts(OpKind op, const Tensor& a, Scalar b, BinKind kind) {
+Tensor binary_ts(OpKind op, const Tensor& a_in, Scalar b, BinKind kind) {
+  std::optional<detail::AutocastOp> autocast_op;
+  if (op == OpKind::Pow)
+    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&a_in});
+  const Tensor& a = autocast_op ? (*autocast_op)[0] : a_in;
   KILN_CHECK(a.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.kind() == Scalar::Kind::Bool);
   DType t = Promotion().add(a).add(b).result();
   return binary(op, a, detail::scalar_operand(b, t, a.device()), t, kind);
 }
-Tensor binary_st(OpKind op, Scalar a, const Tensor& b, BinKind kind) {
+Tensor binary_st(OpKind op, Scalar a, const Tensor& b_in, BinKind kind) {
+  std::optional<detail::AutocastOp> autocast_op;
+  if (op == OpKind::Pow)
+    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&b_in});
+  const Tensor& b = autocast_op ? (*autocast_op)[0] : b_in;
   KILN_CHECK(b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.kind() == Scalar::Kind::Bool, b.dtype() == kBool);
   DType t = Promotion().add(b).add(a).result();
@@ -191,7 +231,8 @@ Tensor binary_st(OpKind op, Scalar a, const Tensor& b, BinKind kind) {
   Tensor name(const Tensor& a, Scalar b) { return binary_ts(OpKind::op, a, b, BinKind::kind); }        \
   Tensor name(Scalar a, const Tensor& b) { return binary_st(OpKind::op, a, b, BinKind::kind); }
 KILN_BINARY(add, Add, Arith)
-KILN_BINARY(sub, Sub, Arith) KILN_BINARY(mul, Mul, Arith) KILN_BINARY(div, Div, TrueDiv) KILN_BINARY(pow, Pow, IntOk)
+KILN_BINARY(sub, Sub, Arith)
+KILN_BINARY(mul, Mul, Arith) KILN_BINARY(div, Div, TrueDiv) KILN_BINARY(pow, Pow, IntOk)
     KILN_BINARY(maximum, Maximum, Arith) KILN_BINARY(minimum, Minimum, Arith) KILN_BINARY(atan2, Atan2, FloatOut)
         KILN_BINARY(remainder, Remainder, IntOk) KILN_BINARY(fmod, Fmod, IntOk) KILN_BINARY(eq, Eq, Compare)
             KILN_BINARY(ne, Ne, Compare) KILN_BINARY(lt, Lt, Compare) KILN_BINARY(le, Le, Compare)
@@ -311,8 +352,9 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {
   Tensor operator sym(const Tensor& a, Scalar b) { return fn(a, b); }        \
   Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }
 KILN_OPERATOR(+, add)
-KILN_OPERATOR(-, sub) KILN_OPERATOR(*, mul) KILN_OPERATOR(/, div) KILN_OPERATOR(==, eq) KILN_OPERATOR(!=, ne)
-    KILN_OPERATOR(<, lt) KILN_OPERATOR(<=, le) KILN_OPERATOR(>, gt) KILN_OPERATOR(>=, ge) KILN_OPERATOR(&, bitwise_and)
+KILN_OPERATOR(-, sub)
+KILN_OPERATOR(*, mul) KILN_OPERATOR(/, div) KILN_OPERATOR(==, eq) KILN_OPERATOR(!=, ne) KILN_OPERATOR(<, lt)
+    KILN_OPERATOR(<=, le) KILN_OPERATOR(>, gt) KILN_OPERATOR(>=, ge) KILN_OPERATOR(&, bitwise_and)
         KILN_OPERATOR(|, bitwise_or) KILN_OPERATOR(^, bitwise_xor)
 #undef KILN_OPERATOR
             Tensor

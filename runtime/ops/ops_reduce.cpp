@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
@@ -50,18 +51,25 @@ Tensor count_tensor(const Tensor& x, const std::vector<int64_t>& dims, DType t) 
 }
 }  // namespace
 
-Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim, std::optional<DType> dtype) {
+Tensor sum(const Tensor& x_in, std::vector<int64_t> dims, bool keepdim, std::optional<DType> dtype) {
+  // (an explicit dtype is not autocast, as in PyTorch)
+  detail::AutocastOp autocast_op(dtype ? detail::AutocastPolicy::Body : detail::AutocastPolicy::Float32OnCuda, {&x_in});
+  const Tensor& x = autocast_op[0];
   DType t = dtype.value_or(sum_type(x.defined() ? x.dtype() : kFloat32));
   return reduce(OpKind::Sum, detail::cast(x, t), dims, keepdim, t, "sum", false);
 }
 
-Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+Tensor mean(const Tensor& x_in, std::vector<int64_t> dims, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
+  const Tensor& x = autocast_op[0];
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "mean(): could not infer output dtype. Input dtype must be a ",
              "floating point dtype, got ", x.defined() ? dtype_name(x.dtype()) : "undefined");
   return div(sum(x, dims, keepdim), count_tensor(x, dims, x.dtype()));
 }
 
-Tensor prod(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+Tensor prod(const Tensor& x_in, std::vector<int64_t> dims, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32, {&x_in});
+  const Tensor& x = autocast_op[0];
   DType t = sum_type(x.dtype());
   return reduce(OpKind::Prod, detail::cast(x, t), dims, keepdim, t, "prod", false);
 }
@@ -129,7 +137,9 @@ Tensor any(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
   return gt(nonzero_count, 0);
 }
 
-Tensor var(const Tensor& x, std::vector<int64_t> dims, double correction, bool keepdim) {
+Tensor var(const Tensor& x_in, std::vector<int64_t> dims, double correction, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
+  const Tensor& x = autocast_op[0];
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "var(): expected a floating point tensor, got ",
              x.defined() ? dtype_name(x.dtype()) : "undefined");
   Tensor m = mean(x, dims, true);
@@ -151,11 +161,15 @@ Tensor root_zero_grad(const Tensor& t, double p, bool wants_grad) {
 }
 }  // namespace
 
-Tensor std(const Tensor& x, std::vector<int64_t> dims, double correction, bool keepdim) {
+Tensor std(const Tensor& x_in, std::vector<int64_t> dims, double correction, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
+  const Tensor& x = autocast_op[0];
   return root_zero_grad(var(x, dims, correction, keepdim), 2, grad_enabled() && x.requires_grad());
 }
 
-Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
+Tensor logsumexp(const Tensor& xin_in, std::vector<int64_t> dims, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+  const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   // The shift's gradient cancels exactly: detached. Over an empty dim it is -inf, set to 0
   // below: log(sum(exp(x))) = -inf, PyTorch's result.
@@ -167,7 +181,9 @@ Tensor logsumexp(const Tensor& xin, std::vector<int64_t> dims, bool keepdim) {
   return add(s, mk);
 }
 
-Tensor norm(const Tensor& xin, double p, std::vector<int64_t> dims, bool keepdim) {
+Tensor norm(const Tensor& xin_in, double p, std::vector<int64_t> dims, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+  const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   // PyTorch's norm gradient is 0 where the norm is 0, and (p < 1) 0 at zero elements.
   bool wants_grad = grad_enabled() && x.requires_grad();
@@ -193,7 +209,9 @@ Tensor norm(const Tensor& xin, double p, std::vector<int64_t> dims, bool keepdim
   return root_zero_grad(sum(powered, dims, keepdim), p, wants_grad);
 }
 
-Tensor cumsum(const Tensor& x, int64_t dim) {
+Tensor cumsum(const Tensor& x_in, int64_t dim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
+  const Tensor& x = autocast_op[0];
   KILN_CHECK(x.defined(), "cumsum: got an undefined tensor");
   DType t = sum_type(x.dtype());
   Attrs a;

@@ -241,6 +241,63 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, doubl
   return total;
 }
 
+GradScaler::GradScaler(GradScalerOptions o) : o_(o), scale_(o.init_scale) {
+  KILN_CHECK(o.init_scale > 0 && std::isfinite(o.init_scale),
+             "GradScaler: init_scale must be positive and finite, got ", o.init_scale);
+  KILN_CHECK(o.growth_factor > 1, "GradScaler: growth_factor must be > 1, got ", o.growth_factor);
+  KILN_CHECK(o.backoff_factor > 0 && o.backoff_factor < 1, "GradScaler: backoff_factor must be in (0, 1), got ",
+             o.backoff_factor);
+  KILN_CHECK(o.growth_interval >= 1, "GradScaler: growth_interval must be >= 1, got ", o.growth_interval);
+}
+
+Tensor GradScaler::scale(const Tensor& loss) const {
+  KILN_CHECK(loss.defined(), "GradScaler::scale: got an undefined tensor");
+  return o_.enabled ? loss * scale_ : loss;
+}
+
+void GradScaler::unscale_(Optimizer& opt) {
+  if (!o_.enabled) return;
+  KILN_CHECK(!unscaled_, "GradScaler::unscale_: already called since the last update()");
+  NoGradGuard ng;
+  Tensor bad;
+  for (const auto& p : opt.params()) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    Tensor nonfinite = any(logical_not(isfinite(g)));
+    bad = bad.defined() ? logical_or(bad, nonfinite) : nonfinite;
+    Tensor handle = p;  // shares the parameter's state
+    handle.set_grad(g * (1.0 / scale_));
+  }
+  found_inf_ = bad.defined() && bad.item<bool>();
+  unscaled_ = true;
+}
+
+bool GradScaler::step(Optimizer& opt) {
+  if (!o_.enabled) {
+    opt.step();
+    return true;
+  }
+  if (!unscaled_) unscale_(opt);
+  if (found_inf_) {
+    ++skipped_;
+    return false;
+  }
+  opt.step();
+  return true;
+}
+
+void GradScaler::update() {
+  if (!o_.enabled) return;
+  if (found_inf_) {
+    scale_ *= o_.backoff_factor;
+    growth_tracker_ = 0;
+  } else if (++growth_tracker_ == o_.growth_interval) {
+    scale_ *= o_.growth_factor;
+    growth_tracker_ = 0;
+  }
+  unscaled_ = found_inf_ = false;
+}
+
 namespace {
 std::vector<double> group_lrs(const Optimizer& opt) {
   std::vector<double> out;

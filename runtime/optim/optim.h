@@ -166,6 +166,45 @@ class KILN_API AdamW : public Adam {
   AdamW(std::vector<AdamParamGroup> groups, AdamOptions defaults = {});
 };
 
+// Dynamic loss scaling for float16 mixed precision, as torch.amp.GradScaler:
+//   scaler.scale(loss).backward();   // gradients of loss * scale (small ones stay representable)
+//   scaler.step(opt);                // unscales opt's gradients; skips the update on inf/NaN
+//   scaler.update();                 // scale * backoff after a skipped step, * growth after
+//                                    // growth_interval clean steps
+// unscale_(opt) may be called before step (to clip the true gradients); step then does not
+// unscale again. Reading whether a gradient was finite waits for the values (one item()).
+// Disabled, scale() returns the loss and step() just steps.
+struct GradScalerOptions {
+  double init_scale = 65536.0;
+  double growth_factor = 2.0;
+  double backoff_factor = 0.5;
+  int64_t growth_interval = 2000;
+  bool enabled = true;
+};
+class KILN_API GradScaler {
+ public:
+  explicit GradScaler(GradScalerOptions o = {});
+  // loss * scale (in loss's dtype).
+  Tensor scale(const Tensor& loss) const;
+  // Divides the gradients of opt's parameters by the scale (once between updates; a second
+  // call is a kiln::Error) and notes whether any is inf or NaN.
+  void unscale_(Optimizer& opt);
+  // Steps `opt` unless a gradient was inf or NaN (unscaling first if unscale_ was not called);
+  // returns whether it stepped.
+  bool step(Optimizer& opt);
+  // Adjusts the scale for the next iteration (after step).
+  void update();
+  // The current scale, and how many steps were skipped so far.
+  double get_scale() const { return scale_; }
+  int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  GradScalerOptions o_;
+  double scale_;
+  int64_t growth_tracker_ = 0, skipped_ = 0;
+  bool unscaled_ = false, found_inf_ = false;
+};
+
 // Scales gradients so their global p-norm is at most max_norm; returns the norm before
 // clipping (lazy: no synchronization).
 KILN_API Tensor clip_grad_norm_(const std::vector<Tensor>& params, double max_norm, double norm_type = 2);

@@ -1,0 +1,107 @@
+// kiln::autocast: the thread's state per device type and how ops apply it.
+#include "runtime/ops/autocast.h"
+
+#include <string>
+
+#include "runtime/core/error.h"
+#include "runtime/ops/autocast_policy.h"
+#include "runtime/tensor/record.h"
+
+namespace kiln {
+namespace {
+
+constexpr int kDeviceTypes = 2;  // CPU, CUDA
+
+struct State {
+  bool enabled[kDeviceTypes] = {false, false};
+  DType dtype[kDeviceTypes] = {DType::BFloat16, DType::Float16};  // PyTorch's defaults
+  bool excluded = false;  // inside an op that applied autocast already, or in backward
+  int active = 0;  // device types enabled (the fast path reads only this)
+};
+thread_local State t_state;
+
+int slot(DeviceType t) { return static_cast<int>(t); }
+
+bool castable(DType t) { return t == DType::Float32 || t == DType::Float16 || t == DType::BFloat16; }
+
+}  // namespace
+
+autocast::autocast(DeviceType device_type, DType dtype, bool enabled)
+    : type_(device_type),
+      was_enabled_(t_state.enabled[slot(device_type)]),
+      was_dtype_(t_state.dtype[slot(device_type)]) {
+  KILN_CHECK(dtype == DType::BFloat16 || dtype == DType::Float16, "autocast: dtype must be bfloat16 or float16, got ",
+             dtype_name(dtype));
+  State& s = t_state;
+  s.enabled[slot(type_)] = enabled;
+  s.dtype[slot(type_)] = dtype;
+  s.active = s.enabled[0] + s.enabled[1];
+}
+
+autocast::autocast(DeviceType device_type)
+    : autocast(device_type, device_type == DeviceType::CUDA ? DType::Float16 : DType::BFloat16) {}
+
+autocast::~autocast() {
+  State& s = t_state;
+  s.enabled[slot(type_)] = was_enabled_;
+  s.dtype[slot(type_)] = was_dtype_;
+  s.active = s.enabled[0] + s.enabled[1];
+}
+
+bool is_autocast_enabled(DeviceType device_type) { return t_state.enabled[slot(device_type)]; }
+DType get_autocast_dtype(DeviceType device_type) { return t_state.dtype[slot(device_type)]; }
+
+namespace detail {
+
+AutocastOp::AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs) : in_(inputs) {
+  State& s = t_state;
+  if (!s.active || s.excluded) return;
+  cast_.resize(in_.size());
+  for (size_t i = 0; i < in_.size(); ++i) {
+    const Tensor* t = in_[i];
+    if (!t || !t->defined() || !castable(t->dtype())) continue;
+    const DeviceType type = t->device().type;
+    if (!s.enabled[slot(type)]) continue;
+    DType want = t->dtype();
+    switch (policy) {
+      case AutocastPolicy::Body: break;
+      case AutocastPolicy::Lower: want = s.dtype[slot(type)]; break;
+      case AutocastPolicy::Float32OnCuda:
+        if (type != DeviceType::CUDA) break;
+        [[fallthrough]];
+      case AutocastPolicy::Float32: want = DType::Float32; break;
+    }
+    if (want != t->dtype()) cast_[i] = cast(*t, want);
+  }
+  s.excluded = excluded_ = true;
+}
+
+AutocastOp::~AutocastOp() {
+  if (excluded_) t_state.excluded = false;
+}
+
+AutocastOff::AutocastOff() : was_excluded_(t_state.excluded) { t_state.excluded = true; }
+AutocastOff::~AutocastOff() { t_state.excluded = was_excluded_; }
+
+uint32_t autocast_key() {
+  const State& s = t_state;
+  if (!s.active || s.excluded) return 0;
+  uint32_t key = 0;
+  for (int d = 0; d < kDeviceTypes; ++d)
+    if (s.enabled[d]) key |= (1u | static_cast<uint32_t>(s.dtype[d]) << 1) << (8 * d);
+  return key;
+}
+
+std::string autocast_key_str(uint32_t key) {
+  if (!key) return "off";
+  std::string out;
+  for (int d = 0; d < kDeviceTypes; ++d) {
+    const uint32_t b = key >> (8 * d) & 0xff;
+    if (!(b & 1)) continue;
+    out += std::string(out.empty() ? "" : ", ") + (d == 0 ? "cpu " : "cuda ") + dtype_name(static_cast<DType>(b >> 1));
+  }
+  return out;
+}
+
+}  // namespace detail
+}  // namespace kiln

@@ -1,0 +1,54 @@
+// How ops apply kiln::autocast (runtime/ops/autocast.h): each op with a place in PyTorch's lists
+// opens an AutocastOp over its tensor inputs at its entry, which casts them by its policy and
+// turns autocast off for the op's body, so the ops it is composed of (softmax's exp and sum,
+// mean's sum) cast nothing more. Internal to runtime/.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <vector>
+
+#include "runtime/tensor/tensor.h"
+
+namespace kiln::detail {
+
+enum class AutocastPolicy {
+  Body,  // no cast: only the body runs without autocast (a composite op not in the lists)
+  Lower,  // floating inputs to the autocast dtype (GEMMs, convolution, attention)
+  Float32,  // 16-bit floating inputs to float32, on every device type
+  Float32OnCuda,  // the same on CUDA only (the CPU lists keep these ops in the input dtype)
+};
+
+// Applies `policy` to `inputs` under this thread's autocast state for their device type, for
+// the lifetime of the object; operator[] gives input i as the op must use it.
+class AutocastOp {
+ public:
+  AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs);
+  ~AutocastOp();
+  const Tensor& operator[](size_t i) const { return i < cast_.size() && cast_[i].defined() ? cast_[i] : *in_[i]; }
+  AutocastOp(const AutocastOp&) = delete;
+  AutocastOp& operator=(const AutocastOp&) = delete;
+
+ private:
+  std::vector<const Tensor*> in_;
+  std::vector<Tensor> cast_;
+  bool excluded_ = false;
+};
+
+// Autocast off while alive (the autograd engine runs backward under one).
+class AutocastOff {
+ public:
+  AutocastOff();
+  ~AutocastOff();
+  AutocastOff(const AutocastOff&) = delete;
+  AutocastOff& operator=(const AutocastOff&) = delete;
+
+ private:
+  bool was_excluded_ = false;
+};
+
+// This thread's autocast state as one number (0: off everywhere), for compile()'s guards.
+KILN_API uint32_t autocast_key();
+// The same in words ("off", "cuda bfloat16", ...).
+KILN_API std::string autocast_key_str(uint32_t key);
+
+}  // namespace kiln::detail
