@@ -92,6 +92,7 @@ struct Options {
   int steps = -1, warmup = -1, batches = 8;
   uint64_t seed = 1337;
   bool tie = false;
+  bool graphs = true;  // --no-graphs: compiled steps run kernel by kernel (KILN_PROFILE sees each)
   double peak_flops = 0;  // 0: the H100 figure for the dtype
   // Overrides of the configuration (-1: the configuration's).
   int64_t batch = -1, seq = -1, d = -1, layers = -1, heads = -1, vocab = -1, mlp = -1;
@@ -439,7 +440,9 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   LoopResult lr;
   kiln::CompileStats cs;
   if (compiled) {
-    auto f = kiln::compile(step, kiln::CompileOptions{"gpt_step"});
+    kiln::CompileOptions copts{"gpt_step"};
+    copts.cuda_graphs = o.graphs;
+    auto f = kiln::compile(step, copts);
     lr = run_loop([&](const Tensor& a, const Tensor& b) { return f(a, b); }, data, o.warmup, o.steps);
     cs = f.stats();
   } else {
@@ -533,6 +536,8 @@ Options parse(int argc, char** argv) {
       o.batches = static_cast<int>(int_value());
     else if (key == "--tie-weights")
       o.tie = true;
+    else if (key == "--no-graphs")
+      o.graphs = false;
     else if (key == "--matmul-precision")
       o.precision = value();
     else if (key == "--peak-flops")
