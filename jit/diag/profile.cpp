@@ -16,7 +16,9 @@ namespace {
 struct Entry {
   uint64_t calls = 0;
   double us = 0;
+  std::vector<float> samples;  // each call's time (the first kSamples), for the median
 };
+constexpr size_t kSamples = 1 << 16;
 // A device step whose marks are queued but not yet read.
 struct PendingStep {
   Device device;
@@ -60,6 +62,7 @@ void profile_add(const std::string& where, const std::string& label, double us) 
   Entry& e = t.rows[{where, label}];
   ++e.calls;
   e.us += us;
+  if (e.samples.size() < kSamples) e.samples.push_back(static_cast<float>(us));
 }
 
 void profile_add(const std::string& label, double us) { profile_add("CPU", label, us); }
@@ -121,15 +124,20 @@ std::string profile_report() {
                ? "[kiln:profile] CPU executor steps, by total time (wall time of each step, its threads included)\n"
                : "[kiln:profile] " + where +
                      " steps, by total time (device time between events queued around each step)\n";
-    std::snprintf(line, sizeof line, "%10s %8s %12s %11s  %s\n", "total ms", "share", "calls", "mean us", "step");
+    std::snprintf(line, sizeof line, "%10s %8s %12s %11s %11s  %s\n", "total ms", "share", "calls", "mean us",
+                  "median us", "step");
     out += line;
-    for (const auto& [label, e] : rows) {
-      std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12llu %11.2f  %s\n", e.us / 1e3,
+    for (auto& [label, e] : rows) {
+      // (the median: a first call that compiled or warmed a library is not the steady cost)
+      std::nth_element(e.samples.begin(), e.samples.begin() + static_cast<long>(e.samples.size() / 2), e.samples.end());
+      const double median = e.samples.empty() ? 0.0 : e.samples[e.samples.size() / 2];
+      std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12llu %11.2f %11.2f  %s\n", e.us / 1e3,
                     total > 0 ? 100 * e.us / total : 0.0, static_cast<unsigned long long>(e.calls),
-                    e.us / static_cast<double>(e.calls), label.c_str());
+                    e.us / static_cast<double>(e.calls), median, label.c_str());
       out += line;
     }
-    std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12s %11s  %s\n", total / 1e3, 100.0, "", "", "all steps");
+    std::snprintf(line, sizeof line, "%10.3f %7.1f%% %12s %11s %11s  %s\n", total / 1e3, 100.0, "", "", "",
+                  "all steps");
     out += line;
   }
   return out;

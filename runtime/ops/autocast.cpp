@@ -1,6 +1,7 @@
 // kiln::autocast: the thread's state per device type and how ops apply it.
 #include "runtime/ops/autocast.h"
 
+#include <algorithm>
 #include <string>
 
 #include "runtime/core/error.h"
@@ -53,11 +54,12 @@ DType get_autocast_dtype(DeviceType device_type) { return t_state.dtype[slot(dev
 
 namespace detail {
 
-AutocastOp::AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs) : in_(inputs) {
+AutocastOp::AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs) {
+  KILN_CHECK(inputs.size() <= kMaxInputs, "autocast: an op with more than ", kMaxInputs, " tensor inputs");
+  std::copy(inputs.begin(), inputs.end(), in_.begin());
   State& s = t_state;
   if (!s.active || s.excluded) return;
-  cast_.resize(in_.size());
-  for (size_t i = 0; i < in_.size(); ++i) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor* t = in_[i];
     if (!t || !t->defined() || !castable(t->dtype())) continue;
     const DeviceType type = t->device().type;

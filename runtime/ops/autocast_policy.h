@@ -3,9 +3,10 @@
 // turns autocast off for the op's body, so the ops it is composed of (softmax's exp and sum,
 // mean's sum) cast nothing more. Internal to runtime/.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <initializer_list>
-#include <vector>
+#include <string>
 
 #include "runtime/tensor/tensor.h"
 
@@ -18,19 +19,21 @@ enum class AutocastPolicy {
   Float32OnCuda,  // the same on CUDA only (the CPU lists keep these ops in the input dtype)
 };
 
-// Applies `policy` to `inputs` under this thread's autocast state for their device type, for
-// the lifetime of the object; operator[] gives input i as the op must use it.
+// Applies `policy` to `inputs` (at most kMaxInputs; null: an absent optional input) under this
+// thread's autocast state for their device type, for the lifetime of the object; operator[]
+// gives input i as the op must use it. Without autocast it allocates nothing.
 class AutocastOp {
  public:
+  static constexpr size_t kMaxInputs = 4;
   AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs);
   ~AutocastOp();
-  const Tensor& operator[](size_t i) const { return i < cast_.size() && cast_[i].defined() ? cast_[i] : *in_[i]; }
+  const Tensor& operator[](size_t i) const { return cast_[i].defined() ? cast_[i] : *in_[i]; }
   AutocastOp(const AutocastOp&) = delete;
   AutocastOp& operator=(const AutocastOp&) = delete;
 
  private:
-  std::vector<const Tensor*> in_;
-  std::vector<Tensor> cast_;
+  std::array<const Tensor*, kMaxInputs> in_{};
+  std::array<Tensor, kMaxInputs> cast_{};
   bool excluded_ = false;
 };
 

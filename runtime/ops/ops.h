@@ -114,15 +114,30 @@ KILN_API Tensor to(const Tensor& x, Device device);
   KILN_API Tensor name(const Tensor& a, Scalar b);        \
   KILN_API Tensor name(Scalar a, const Tensor& b);
 KILN_BINARY_DECL(add)
-KILN_BINARY_DECL(sub) KILN_BINARY_DECL(mul) KILN_BINARY_DECL(div) KILN_BINARY_DECL(pow) KILN_BINARY_DECL(maximum)
-    KILN_BINARY_DECL(minimum) KILN_BINARY_DECL(atan2) KILN_BINARY_DECL(remainder) KILN_BINARY_DECL(fmod)
-        KILN_BINARY_DECL(eq) KILN_BINARY_DECL(ne) KILN_BINARY_DECL(lt) KILN_BINARY_DECL(le) KILN_BINARY_DECL(gt)
-            KILN_BINARY_DECL(ge) KILN_BINARY_DECL(logical_and) KILN_BINARY_DECL(logical_or)
-                KILN_BINARY_DECL(logical_xor) KILN_BINARY_DECL(bitwise_and) KILN_BINARY_DECL(bitwise_or)
-                    KILN_BINARY_DECL(bitwise_xor)
+KILN_BINARY_DECL(sub)
+KILN_BINARY_DECL(mul)
+KILN_BINARY_DECL(div)
+KILN_BINARY_DECL(pow)
+KILN_BINARY_DECL(maximum)
+KILN_BINARY_DECL(minimum)
+KILN_BINARY_DECL(atan2)
+KILN_BINARY_DECL(remainder)
+KILN_BINARY_DECL(fmod)
+KILN_BINARY_DECL(eq)
+KILN_BINARY_DECL(ne)
+KILN_BINARY_DECL(lt)
+KILN_BINARY_DECL(le)
+KILN_BINARY_DECL(gt)
+KILN_BINARY_DECL(ge)
+KILN_BINARY_DECL(logical_and)
+KILN_BINARY_DECL(logical_or)
+KILN_BINARY_DECL(logical_xor)
+KILN_BINARY_DECL(bitwise_and)
+KILN_BINARY_DECL(bitwise_or)
+KILN_BINARY_DECL(bitwise_xor)
 #undef KILN_BINARY_DECL
-    // a + alpha * b.
-    KILN_API Tensor add(const Tensor& a, const Tensor& b, Scalar alpha);
+// a + alpha * b.
+KILN_API Tensor add(const Tensor& a, const Tensor& b, Scalar alpha);
 KILN_API Tensor sub(const Tensor& a, const Tensor& b, Scalar alpha);
 
 // ---------- ternary ----------
@@ -245,12 +260,20 @@ KILN_API Tensor conv2d(const Tensor& x, const Tensor& w, const std::optional<Ten
   KILN_API Tensor operator sym(const Tensor& a, Scalar b);        \
   KILN_API Tensor operator sym(Scalar a, const Tensor& b);
 KILN_OPERATOR_DECL(+)
-KILN_OPERATOR_DECL(-) KILN_OPERATOR_DECL(*) KILN_OPERATOR_DECL(/) KILN_OPERATOR_DECL(==) KILN_OPERATOR_DECL(!=)
-    KILN_OPERATOR_DECL(<) KILN_OPERATOR_DECL(<=) KILN_OPERATOR_DECL(>) KILN_OPERATOR_DECL(>=) KILN_OPERATOR_DECL(&)
-        KILN_OPERATOR_DECL(|) KILN_OPERATOR_DECL(^)
+KILN_OPERATOR_DECL(-)
+KILN_OPERATOR_DECL(*)
+KILN_OPERATOR_DECL(/)
+KILN_OPERATOR_DECL(==)
+KILN_OPERATOR_DECL(!=)
+KILN_OPERATOR_DECL(<)
+KILN_OPERATOR_DECL(<=)
+KILN_OPERATOR_DECL(>)
+KILN_OPERATOR_DECL(>=)
+KILN_OPERATOR_DECL(&)
+KILN_OPERATOR_DECL(|)
+KILN_OPERATOR_DECL(^)
 #undef KILN_OPERATOR_DECL
-            KILN_API Tensor
-            operator-(const Tensor& a);
+KILN_API Tensor operator-(const Tensor& a);
 KILN_API Tensor operator!(const Tensor& a);
 KILN_API Tensor operator~(const Tensor& a);
 
@@ -270,11 +293,15 @@ Tensor sum(const Tensor& x, I dim, bool keepdim = false, std::optional<DType> dt
     return name(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, keepdim); \
   }
 KILN_ONE_DIM_DECL(mean)
-KILN_ONE_DIM_DECL(prod) KILN_ONE_DIM_DECL(amax) KILN_ONE_DIM_DECL(amin) KILN_ONE_DIM_DECL(all) KILN_ONE_DIM_DECL(any)
-    KILN_ONE_DIM_DECL(logsumexp)
+KILN_ONE_DIM_DECL(prod)
+KILN_ONE_DIM_DECL(amax)
+KILN_ONE_DIM_DECL(amin)
+KILN_ONE_DIM_DECL(all)
+KILN_ONE_DIM_DECL(any)
+KILN_ONE_DIM_DECL(logsumexp)
 #undef KILN_ONE_DIM_DECL
-        template <DimIndex I>
-        Tensor var(const Tensor& x, I dim, double correction = 1, bool keepdim = false) {
+template <DimIndex I>
+Tensor var(const Tensor& x, I dim, double correction = 1, bool keepdim = false) {
   return var(x, std::vector<int64_t>{static_cast<int64_t>(dim)}, correction, keepdim);
 }
 template <DimIndex I>

@@ -220,7 +220,8 @@ Tensor Tensor::roll(const std::vector<int64_t>& s, const std::vector<int64_t>& d
   Tensor Tensor::name(Scalar o) const { return kiln::name(*this, o); }
 KILN_CMP_METHOD(eq)
 KILN_CMP_METHOD(ne)
-KILN_CMP_METHOD(lt) KILN_CMP_METHOD(le) KILN_CMP_METHOD(gt) KILN_CMP_METHOD(ge)
+KILN_CMP_METHOD(lt)
+KILN_CMP_METHOD(le) KILN_CMP_METHOD(gt) KILN_CMP_METHOD(ge)
 #undef KILN_CMP_METHOD
     Tensor Tensor::to_float() const {
   return kiln::to(*this, kFloat32);
@@ -239,10 +240,11 @@ Tensor& Tensor::masked_fill_(const Tensor& m, const Tensor& v) { return assign_(
   Tensor& Tensor::name##_() { return assign_(kiln::name(*this)); }
 KILN_INPLACE_UNARY(exp)
 KILN_INPLACE_UNARY(log)
-KILN_INPLACE_UNARY(sqrt) KILN_INPLACE_UNARY(rsqrt) KILN_INPLACE_UNARY(relu) KILN_INPLACE_UNARY(sigmoid)
-    KILN_INPLACE_UNARY(tanh) KILN_INPLACE_UNARY(neg) KILN_INPLACE_UNARY(abs) KILN_INPLACE_UNARY(sin)
-        KILN_INPLACE_UNARY(cos) KILN_INPLACE_UNARY(floor) KILN_INPLACE_UNARY(ceil) KILN_INPLACE_UNARY(round)
-            KILN_INPLACE_UNARY(reciprocal) KILN_INPLACE_UNARY(square)
+KILN_INPLACE_UNARY(sqrt)
+KILN_INPLACE_UNARY(rsqrt) KILN_INPLACE_UNARY(relu) KILN_INPLACE_UNARY(sigmoid) KILN_INPLACE_UNARY(tanh)
+    KILN_INPLACE_UNARY(neg) KILN_INPLACE_UNARY(abs) KILN_INPLACE_UNARY(sin) KILN_INPLACE_UNARY(cos)
+        KILN_INPLACE_UNARY(floor) KILN_INPLACE_UNARY(ceil) KILN_INPLACE_UNARY(round) KILN_INPLACE_UNARY(reciprocal)
+            KILN_INPLACE_UNARY(square)
 #undef KILN_INPLACE_UNARY
                 Tensor& Tensor::clamp_min_(Scalar v) {
   return assign_(kiln::clamp_min(*this, v));

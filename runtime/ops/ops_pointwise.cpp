@@ -72,10 +72,9 @@ bool float32_on_cuda(OpKind op) {
 }
 
 Tensor unary(OpKind op, const Tensor& x_in, UnaryKind kind) {
-  std::optional<detail::AutocastOp> autocast_op;
-  if (float32_on_cuda(op))
-    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&x_in});
-  const Tensor& x = autocast_op ? (*autocast_op)[0] : x_in;
+  detail::AutocastOp autocast_op(
+      float32_on_cuda(op) ? detail::AutocastPolicy::Float32OnCuda : detail::AutocastPolicy::Body, {&x_in});
+  const Tensor& x = autocast_op[0];
   KILN_CHECK(x.defined(), op_name(op), ": got an undefined tensor");
   DType in = x.dtype();
   switch (kind) {
@@ -98,18 +97,33 @@ Tensor unary(OpKind op, const Tensor& x_in, UnaryKind kind) {
   Tensor name(const Tensor& x) { return unary(OpKind::op, x, UnaryKind::kind); }
 KILN_UNARY(neg, Neg, NoBool)
 KILN_UNARY(abs, Abs, NoBool)
-KILN_UNARY(exp, Exp, FloatOut) KILN_UNARY(exp2, Exp2, FloatOut) KILN_UNARY(expm1, Expm1, FloatOut)
-    KILN_UNARY(log, Log, FloatOut) KILN_UNARY(log2, Log2, FloatOut) KILN_UNARY(log1p, Log1p, FloatOut)
-        KILN_UNARY(sqrt, Sqrt, FloatOut) KILN_UNARY(rsqrt, Rsqrt, FloatOut) KILN_UNARY(reciprocal, Reciprocal, FloatOut)
-            KILN_UNARY(sin, Sin, FloatOut) KILN_UNARY(cos, Cos, FloatOut) KILN_UNARY(tan, Tan, FloatOut)
-                KILN_UNARY(atan, Atan, FloatOut) KILN_UNARY(tanh, Tanh, FloatOut) KILN_UNARY(sigmoid, Sigmoid, FloatOut)
-                    KILN_UNARY(relu, Relu, NoBool) KILN_UNARY(erf, Erf, FloatOut) KILN_UNARY(floor, Floor, NoBool)
-                        KILN_UNARY(ceil, Ceil, NoBool) KILN_UNARY(round, Round, NoBool) KILN_UNARY(sign, Sign, SameType)
-                            KILN_UNARY(isnan, IsNan, BoolOut) KILN_UNARY(isfinite, IsFinite, BoolOut)
-                                KILN_UNARY(logical_not, LogicalNot, BoolOut)
+KILN_UNARY(exp, Exp, FloatOut)
+KILN_UNARY(exp2, Exp2, FloatOut)
+KILN_UNARY(expm1, Expm1, FloatOut)
+KILN_UNARY(log, Log, FloatOut)
+KILN_UNARY(log2, Log2, FloatOut)
+KILN_UNARY(log1p, Log1p, FloatOut)
+KILN_UNARY(sqrt, Sqrt, FloatOut)
+KILN_UNARY(rsqrt, Rsqrt, FloatOut)
+KILN_UNARY(reciprocal, Reciprocal, FloatOut)
+KILN_UNARY(sin, Sin, FloatOut)
+KILN_UNARY(cos, Cos, FloatOut)
+KILN_UNARY(tan, Tan, FloatOut)
+KILN_UNARY(atan, Atan, FloatOut)
+KILN_UNARY(tanh, Tanh, FloatOut)
+KILN_UNARY(sigmoid, Sigmoid, FloatOut)
+KILN_UNARY(relu, Relu, NoBool)
+KILN_UNARY(erf, Erf, FloatOut)
+KILN_UNARY(floor, Floor, NoBool)
+KILN_UNARY(ceil, Ceil, NoBool)
+KILN_UNARY(round, Round, NoBool)
+KILN_UNARY(sign, Sign, SameType)
+KILN_UNARY(isnan, IsNan, BoolOut)
+KILN_UNARY(isfinite, IsFinite, BoolOut)
+KILN_UNARY(logical_not, LogicalNot, BoolOut)
 #undef KILN_UNARY
 
-                                    Tensor bitwise_not(const Tensor& x) {
+Tensor bitwise_not(const Tensor& x) {
   KILN_CHECK(!is_floating(x.dtype()), "bitwise_not: expected an integer or bool tensor, got ", dtype_name(x.dtype()));
   return record(OpKind::BitwiseNot, {x}, Attrs{}, x.dtype(), x.shape());
 }
@@ -194,31 +208,29 @@ void check_sub(OpKind op, bool a_bool, bool b_bool) {
              "use logical_not() or ~ to invert a mask");
 }
 
+// pow runs in float32 on CUDA under autocast (PyTorch's list); the other binary ops cast nothing.
+detail::AutocastPolicy binary_policy(OpKind op) {
+  return op == OpKind::Pow ? detail::AutocastPolicy::Float32OnCuda : detail::AutocastPolicy::Body;
+}
+
 Tensor binary_tt(OpKind op, const Tensor& a_in, const Tensor& b_in, BinKind kind) {
-  std::optional<detail::AutocastOp> autocast_op;  // pow: float32 on CUDA (PyTorch's list)
-  if (op == OpKind::Pow)
-    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&a_in, &b_in});
-  const Tensor& a = autocast_op ? (*autocast_op)[0] : a_in;
-  const Tensor& b = autocast_op ? (*autocast_op)[1] : b_in;
+  detail::AutocastOp autocast_op(binary_policy(op), {&a_in, &b_in});
+  const Tensor &a = autocast_op[0], &b = autocast_op[1];
   KILN_CHECK(a.defined() && b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.dtype() == kBool);
   return binary(op, a, b, Promotion().add(a).add(b).result(), kind);
 }
 Tensor binary_ts(OpKind op, const Tensor& a_in, Scalar b, BinKind kind) {
-  std::optional<detail::AutocastOp> autocast_op;
-  if (op == OpKind::Pow)
-    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&a_in});
-  const Tensor& a = autocast_op ? (*autocast_op)[0] : a_in;
+  detail::AutocastOp autocast_op(binary_policy(op), {&a_in});
+  const Tensor& a = autocast_op[0];
   KILN_CHECK(a.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.dtype() == kBool, b.kind() == Scalar::Kind::Bool);
   DType t = Promotion().add(a).add(b).result();
   return binary(op, a, detail::scalar_operand(b, t, a.device()), t, kind);
 }
 Tensor binary_st(OpKind op, Scalar a, const Tensor& b_in, BinKind kind) {
-  std::optional<detail::AutocastOp> autocast_op;
-  if (op == OpKind::Pow)
-    autocast_op.emplace(detail::AutocastPolicy::Float32OnCuda, std::initializer_list<const Tensor*>{&b_in});
-  const Tensor& b = autocast_op ? (*autocast_op)[0] : b_in;
+  detail::AutocastOp autocast_op(binary_policy(op), {&b_in});
+  const Tensor& b = autocast_op[0];
   KILN_CHECK(b.defined(), op_name(op), ": got an undefined tensor");
   check_sub(op, a.kind() == Scalar::Kind::Bool, b.dtype() == kBool);
   DType t = Promotion().add(b).add(a).result();
@@ -232,27 +244,39 @@ Tensor binary_st(OpKind op, Scalar a, const Tensor& b_in, BinKind kind) {
   Tensor name(Scalar a, const Tensor& b) { return binary_st(OpKind::op, a, b, BinKind::kind); }
 KILN_BINARY(add, Add, Arith)
 KILN_BINARY(sub, Sub, Arith)
-KILN_BINARY(mul, Mul, Arith) KILN_BINARY(div, Div, TrueDiv) KILN_BINARY(pow, Pow, IntOk)
-    KILN_BINARY(maximum, Maximum, Arith) KILN_BINARY(minimum, Minimum, Arith) KILN_BINARY(atan2, Atan2, FloatOut)
-        KILN_BINARY(remainder, Remainder, IntOk) KILN_BINARY(fmod, Fmod, IntOk) KILN_BINARY(eq, Eq, Compare)
-            KILN_BINARY(ne, Ne, Compare) KILN_BINARY(lt, Lt, Compare) KILN_BINARY(le, Le, Compare)
-                KILN_BINARY(gt, Gt, Compare) KILN_BINARY(ge, Ge, Compare) KILN_BINARY(logical_and, LogicalAnd, Logical)
-                    KILN_BINARY(logical_or, LogicalOr, Logical) KILN_BINARY(logical_xor, LogicalXor, Logical)
-                        KILN_BINARY(bitwise_and, BitwiseAnd, Bitwise) KILN_BINARY(bitwise_or, BitwiseOr, Bitwise)
-                            KILN_BINARY(bitwise_xor, BitwiseXor, Bitwise)
+KILN_BINARY(mul, Mul, Arith)
+KILN_BINARY(div, Div, TrueDiv)
+KILN_BINARY(pow, Pow, IntOk)
+KILN_BINARY(maximum, Maximum, Arith)
+KILN_BINARY(minimum, Minimum, Arith)
+KILN_BINARY(atan2, Atan2, FloatOut)
+KILN_BINARY(remainder, Remainder, IntOk)
+KILN_BINARY(fmod, Fmod, IntOk)
+KILN_BINARY(eq, Eq, Compare)
+KILN_BINARY(ne, Ne, Compare)
+KILN_BINARY(lt, Lt, Compare)
+KILN_BINARY(le, Le, Compare)
+KILN_BINARY(gt, Gt, Compare)
+KILN_BINARY(ge, Ge, Compare)
+KILN_BINARY(logical_and, LogicalAnd, Logical)
+KILN_BINARY(logical_or, LogicalOr, Logical)
+KILN_BINARY(logical_xor, LogicalXor, Logical)
+KILN_BINARY(bitwise_and, BitwiseAnd, Bitwise)
+KILN_BINARY(bitwise_or, BitwiseOr, Bitwise)
+KILN_BINARY(bitwise_xor, BitwiseXor, Bitwise)
 #undef KILN_BINARY
 
-                                namespace {
-  // alpha * b in the result type of (a, b): alpha takes no part in type promotion (PyTorch).
-  Tensor scaled_by_alpha(const Tensor& a, const Tensor& b, Scalar alpha, const char* op) {
-    KILN_CHECK(a.defined() && b.defined(), op, ": got an undefined tensor");
-    DType t = result_type({a, b});
-    KILN_CHECK(alpha.kind() != Scalar::Kind::Bool || t == kBool, op,
-               ": boolean alpha only supported for boolean results");
-    KILN_CHECK(is_floating(t) || alpha.kind() != Scalar::Kind::Float, op,
-               ": for integral input tensors, argument alpha must not be a floating point number");
-    return cast(mul(cast(b, t), alpha), t);
-  }
+namespace {
+// alpha * b in the result type of (a, b): alpha takes no part in type promotion (PyTorch).
+Tensor scaled_by_alpha(const Tensor& a, const Tensor& b, Scalar alpha, const char* op) {
+  KILN_CHECK(a.defined() && b.defined(), op, ": got an undefined tensor");
+  DType t = result_type({a, b});
+  KILN_CHECK(alpha.kind() != Scalar::Kind::Bool || t == kBool, op,
+             ": boolean alpha only supported for boolean results");
+  KILN_CHECK(is_floating(t) || alpha.kind() != Scalar::Kind::Float, op,
+             ": for integral input tensors, argument alpha must not be a floating point number");
+  return cast(mul(cast(b, t), alpha), t);
+}
 }  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b, Scalar alpha) {
@@ -353,14 +377,19 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, const Tensor& value) {
   Tensor operator sym(Scalar a, const Tensor& b) { return fn(a, b); }
 KILN_OPERATOR(+, add)
 KILN_OPERATOR(-, sub)
-KILN_OPERATOR(*, mul) KILN_OPERATOR(/, div) KILN_OPERATOR(==, eq) KILN_OPERATOR(!=, ne) KILN_OPERATOR(<, lt)
-    KILN_OPERATOR(<=, le) KILN_OPERATOR(>, gt) KILN_OPERATOR(>=, ge) KILN_OPERATOR(&, bitwise_and)
-        KILN_OPERATOR(|, bitwise_or) KILN_OPERATOR(^, bitwise_xor)
+KILN_OPERATOR(*, mul)
+KILN_OPERATOR(/, div)
+KILN_OPERATOR(==, eq)
+KILN_OPERATOR(!=, ne)
+KILN_OPERATOR(<, lt)
+KILN_OPERATOR(<=, le)
+KILN_OPERATOR(>, gt)
+KILN_OPERATOR(>=, ge)
+KILN_OPERATOR(&, bitwise_and)
+KILN_OPERATOR(|, bitwise_or)
+KILN_OPERATOR(^, bitwise_xor)
 #undef KILN_OPERATOR
-            Tensor
-            operator-(const Tensor& a) {
-  return neg(a);
-}
+Tensor operator-(const Tensor& a) { return neg(a); }
 Tensor operator!(const Tensor& a) { return logical_not(a); }
 Tensor operator~(const Tensor& a) { return bitwise_not(a); }
 

@@ -118,9 +118,11 @@ std::vector<T> Tensor::to_vector() const {
   template const T* Tensor::data<T>() const; \
   template std::vector<T> Tensor::to_vector<T>() const;
 KILN_INST(float)
-KILN_INST(double) KILN_INST(int32_t) KILN_INST(int64_t)
+KILN_INST(double)
+KILN_INST(int32_t)
+KILN_INST(int64_t)
 #undef KILN_INST
-    template bool Tensor::item<bool>() const;
+template bool Tensor::item<bool>() const;
 template const bool* Tensor::data<bool>() const;
 template const Half* Tensor::data<Half>() const;
 template const BFloat16* Tensor::data<BFloat16>() const;
@@ -229,17 +231,36 @@ Tensor& Tensor::index_put_(const std::vector<TensorIndex>& idx, Scalar v) {
 #define KILN_UNARY_METHOD(name) \
   Tensor Tensor::name() const { return kiln::name(*this); }
 KILN_UNARY_METHOD(neg)
-KILN_UNARY_METHOD(abs) KILN_UNARY_METHOD(exp) KILN_UNARY_METHOD(exp2) KILN_UNARY_METHOD(expm1) KILN_UNARY_METHOD(log)
-    KILN_UNARY_METHOD(log2) KILN_UNARY_METHOD(log1p) KILN_UNARY_METHOD(sqrt) KILN_UNARY_METHOD(rsqrt)
-        KILN_UNARY_METHOD(reciprocal) KILN_UNARY_METHOD(square) KILN_UNARY_METHOD(sin) KILN_UNARY_METHOD(cos)
-            KILN_UNARY_METHOD(tan) KILN_UNARY_METHOD(atan) KILN_UNARY_METHOD(tanh) KILN_UNARY_METHOD(sigmoid)
-                KILN_UNARY_METHOD(relu) KILN_UNARY_METHOD(silu) KILN_UNARY_METHOD(erf) KILN_UNARY_METHOD(floor)
-                    KILN_UNARY_METHOD(ceil) KILN_UNARY_METHOD(round) KILN_UNARY_METHOD(sign) KILN_UNARY_METHOD(isnan)
-                        KILN_UNARY_METHOD(isfinite) KILN_UNARY_METHOD(logical_not) KILN_UNARY_METHOD(contiguous)
+KILN_UNARY_METHOD(abs)
+KILN_UNARY_METHOD(exp)
+KILN_UNARY_METHOD(exp2)
+KILN_UNARY_METHOD(expm1)
+KILN_UNARY_METHOD(log)
+KILN_UNARY_METHOD(log2)
+KILN_UNARY_METHOD(log1p)
+KILN_UNARY_METHOD(sqrt)
+KILN_UNARY_METHOD(rsqrt)
+KILN_UNARY_METHOD(reciprocal)
+KILN_UNARY_METHOD(square)
+KILN_UNARY_METHOD(sin)
+KILN_UNARY_METHOD(cos)
+KILN_UNARY_METHOD(tan)
+KILN_UNARY_METHOD(atan)
+KILN_UNARY_METHOD(tanh)
+KILN_UNARY_METHOD(sigmoid)
+KILN_UNARY_METHOD(relu)
+KILN_UNARY_METHOD(silu)
+KILN_UNARY_METHOD(erf)
+KILN_UNARY_METHOD(floor)
+KILN_UNARY_METHOD(ceil)
+KILN_UNARY_METHOD(round)
+KILN_UNARY_METHOD(sign)
+KILN_UNARY_METHOD(isnan)
+KILN_UNARY_METHOD(isfinite)
+KILN_UNARY_METHOD(logical_not)
+KILN_UNARY_METHOD(contiguous)
 #undef KILN_UNARY_METHOD
-                            Tensor Tensor::softplus() const {
-  return kiln::softplus(*this);
-}
+Tensor Tensor::softplus() const { return kiln::softplus(*this); }
 Tensor Tensor::gelu(const std::string& a) const { return kiln::gelu(*this, a); }
 Tensor Tensor::pow(const Tensor& e) const { return kiln::pow(*this, e); }
 Tensor Tensor::pow(Scalar e) const { return kiln::pow(*this, e); }
