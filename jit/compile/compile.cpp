@@ -339,10 +339,15 @@ class CompiledCore {
   // a constant again: every new size then compiles again. Said once per function on stderr
   // (without KILN_LOG), with the fix: LibTorch code ported to kiln writes x.size(0).
   void warn_size_specialized(const std::string& why) {
-    if (size_warned_ || why.find(", specialized by ") == std::string::npos) return;
+    const std::string by = ", specialized by ";
+    const size_t at = why.find(by);
+    if (size_warned_ || at == std::string::npos) return;
+    // Only where fn itself read the size (the outermost kiln call): a size an op reads inside
+    // kiln (view()'s numel()) is not the user's to change.
+    const std::string caller = why.substr(at + by.size());
     bool by_size_read = false;
     for (const char* read : {"Tensor.size()", "Tensor.sizes()", "Tensor.numel()"})
-      by_size_read = by_size_read || why.find(read) != std::string::npos;
+      by_size_read = by_size_read || caller.rfind(read, 0) == 0;
     if (!by_size_read) return;
     size_warned_ = true;
     std::fprintf(stderr,
