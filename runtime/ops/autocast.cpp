@@ -2,6 +2,7 @@
 #include "runtime/ops/autocast.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "runtime/core/error.h"
@@ -20,6 +21,8 @@ struct State {
   int active = 0;  // device types enabled (the fast path reads only this)
 };
 thread_local State t_state;
+// Guards enabling autocast alive in the process: while none is, ops skip the thread's state.
+std::atomic<int> g_enabled_guards{0};
 
 int slot(DeviceType t) { return static_cast<int>(t); }
 
@@ -37,6 +40,7 @@ autocast::autocast(DeviceType device_type, DType dtype, bool enabled)
   s.enabled[slot(type_)] = enabled;
   s.dtype[slot(type_)] = dtype;
   s.active = s.enabled[0] + s.enabled[1];
+  if (enabled) g_enabled_guards.fetch_add(1, std::memory_order_relaxed);
 }
 
 autocast::autocast(DeviceType device_type)
@@ -44,6 +48,7 @@ autocast::autocast(DeviceType device_type)
 
 autocast::~autocast() {
   State& s = t_state;
+  if (s.enabled[slot(type_)]) g_enabled_guards.fetch_sub(1, std::memory_order_relaxed);
   s.enabled[slot(type_)] = was_enabled_;
   s.dtype[slot(type_)] = was_dtype_;
   s.active = s.enabled[0] + s.enabled[1];
@@ -57,8 +62,10 @@ namespace detail {
 AutocastOp::AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs) {
   KILN_CHECK(inputs.size() <= kMaxInputs, "autocast: an op with more than ", kMaxInputs, " tensor inputs");
   std::copy(inputs.begin(), inputs.end(), in_.begin());
+  if (g_enabled_guards.load(std::memory_order_relaxed) == 0) return;  // (no autocast anywhere)
   State& s = t_state;
   if (!s.active || s.excluded) return;
+  cast_ = std::make_unique<std::array<Tensor, kMaxInputs>>();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor* t = in_[i];
     if (!t || !t->defined() || !castable(t->dtype())) continue;
@@ -73,7 +80,7 @@ AutocastOp::AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor
         [[fallthrough]];
       case AutocastPolicy::Float32: want = DType::Float32; break;
     }
-    if (want != t->dtype()) cast_[i] = cast(*t, want);
+    if (want != t->dtype()) (*cast_)[i] = cast(*t, want);
   }
   s.excluded = excluded_ = true;
 }
@@ -86,6 +93,7 @@ AutocastOff::AutocastOff() : was_excluded_(t_state.excluded) { t_state.excluded 
 AutocastOff::~AutocastOff() { t_state.excluded = was_excluded_; }
 
 uint32_t autocast_key() {
+  if (g_enabled_guards.load(std::memory_order_relaxed) == 0) return 0;
   const State& s = t_state;
   if (!s.active || s.excluded) return 0;
   uint32_t key = 0;

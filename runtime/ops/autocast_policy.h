@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <string>
 
 #include "runtime/tensor/tensor.h"
@@ -27,13 +28,13 @@ class AutocastOp {
   static constexpr size_t kMaxInputs = 4;
   AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs);
   ~AutocastOp();
-  const Tensor& operator[](size_t i) const { return cast_[i].defined() ? cast_[i] : *in_[i]; }
+  const Tensor& operator[](size_t i) const { return cast_ && (*cast_)[i].defined() ? (*cast_)[i] : *in_[i]; }
   AutocastOp(const AutocastOp&) = delete;
   AutocastOp& operator=(const AutocastOp&) = delete;
 
  private:
   std::array<const Tensor*, kMaxInputs> in_{};
-  std::array<Tensor, kMaxInputs> cast_{};
+  std::unique_ptr<std::array<Tensor, kMaxInputs>> cast_;  // only while autocast is on
   bool excluded_ = false;
 };
 
