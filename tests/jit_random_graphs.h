@@ -637,19 +637,19 @@ class Gen {
 #define KILN_FNS(n) Fns{#n, static_cast<BinT>(kiln::n), static_cast<BinTS>(kiln::n), static_cast<BinST>(kiln::n)}
     std::vector<Fns> choices;
     switch (kind) {
-      case Add: choices = {KILN_FNS(add)}; break;
-      case Sub: choices = {KILN_FNS(sub)}; break;
-      case Mul: choices = {KILN_FNS(mul)}; break;
-      case Div: choices = {KILN_FNS(div)}; break;
-      case Max: choices = {KILN_FNS(maximum)}; break;
-      case Min: choices = {KILN_FNS(minimum)}; break;
-      case Pow: choices = {KILN_FNS(pow)}; break;
-      case Atan2: choices = {KILN_FNS(atan2)}; break;
-      case Rem: choices = {KILN_FNS(remainder)}; break;
-      case Fmod: choices = {KILN_FNS(fmod)}; break;
-      case Cmp: choices = {KILN_FNS(eq), KILN_FNS(ne), KILN_FNS(lt), KILN_FNS(le), KILN_FNS(gt), KILN_FNS(ge)}; break;
-      case Logical: choices = {KILN_FNS(logical_and), KILN_FNS(logical_or), KILN_FNS(logical_xor)}; break;
-      case Bitwise: choices = {KILN_FNS(bitwise_and), KILN_FNS(bitwise_or), KILN_FNS(bitwise_xor)}; break;
+      case Add: choices = { KILN_FNS(add) }; break;
+      case Sub: choices = { KILN_FNS(sub) }; break;
+      case Mul: choices = { KILN_FNS(mul) }; break;
+      case Div: choices = { KILN_FNS(div) }; break;
+      case Max: choices = { KILN_FNS(maximum) }; break;
+      case Min: choices = { KILN_FNS(minimum) }; break;
+      case Pow: choices = { KILN_FNS(pow) }; break;
+      case Atan2: choices = { KILN_FNS(atan2) }; break;
+      case Rem: choices = { KILN_FNS(remainder) }; break;
+      case Fmod: choices = { KILN_FNS(fmod) }; break;
+      case Cmp: choices = { KILN_FNS(eq), KILN_FNS(ne), KILN_FNS(lt), KILN_FNS(le), KILN_FNS(gt), KILN_FNS(ge) }; break;
+      case Logical: choices = { KILN_FNS(logical_and), KILN_FNS(logical_or), KILN_FNS(logical_xor) }; break;
+      case Bitwise: choices = { KILN_FNS(bitwise_and), KILN_FNS(bitwise_or), KILN_FNS(bitwise_xor) }; break;
     }
 #undef KILN_FNS
     Fns fn = S.pick(choices);

@@ -1,6 +1,5 @@
 // The autograd engine: backward nodes, the grad-mode switch, and the backward pass.
 #include "runtime/autograd/autograd.h"
-#include "runtime/ops/autocast_policy.h"
 
 #include <algorithm>
 #include <mutex>
@@ -8,6 +7,7 @@
 #include <unordered_set>
 
 #include "runtime/autograd/autograd_rules.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 #include "runtime/tensor/trace.h"

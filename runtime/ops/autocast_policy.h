@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "runtime/tensor/tensor.h"
@@ -29,6 +30,10 @@ class AutocastOp {
   AutocastOp(AutocastPolicy policy, std::initializer_list<const Tensor*> inputs);
   ~AutocastOp();
   const Tensor& operator[](size_t i) const { return cast_ && (*cast_)[i].defined() ? (*cast_)[i] : *in_[i]; }
+  // Input i of an optional argument, as the op must use it (nullopt when it was absent).
+  std::optional<Tensor> optional(size_t i) const { return in_[i] ? std::optional<Tensor>((*this)[i]) : std::nullopt; }
+  // An optional argument as an input pointer (null when absent).
+  static const Tensor* input(const std::optional<Tensor>& t) { return t ? &*t : nullptr; }
   AutocastOp(const AutocastOp&) = delete;
   AutocastOp& operator=(const AutocastOp&) = delete;
 

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "runtime/ops/ops.h"
 #include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
 namespace kiln {
@@ -221,11 +221,11 @@ Tensor Tensor::roll(const std::vector<int64_t>& s, const std::vector<int64_t>& d
 KILN_CMP_METHOD(eq)
 KILN_CMP_METHOD(ne)
 KILN_CMP_METHOD(lt)
-KILN_CMP_METHOD(le) KILN_CMP_METHOD(gt) KILN_CMP_METHOD(ge)
+KILN_CMP_METHOD(le)
+KILN_CMP_METHOD(gt)
+KILN_CMP_METHOD(ge)
 #undef KILN_CMP_METHOD
-    Tensor Tensor::to_float() const {
-  return kiln::to(*this, kFloat32);
-}
+Tensor Tensor::to_float() const { return kiln::to(*this, kFloat32); }
 Tensor Tensor::to_double() const { return kiln::to(*this, kFloat64); }
 Tensor Tensor::to_long() const { return kiln::to(*this, kInt64); }
 Tensor Tensor::to_int() const { return kiln::to(*this, kInt32); }
@@ -241,14 +241,21 @@ Tensor& Tensor::masked_fill_(const Tensor& m, const Tensor& v) { return assign_(
 KILN_INPLACE_UNARY(exp)
 KILN_INPLACE_UNARY(log)
 KILN_INPLACE_UNARY(sqrt)
-KILN_INPLACE_UNARY(rsqrt) KILN_INPLACE_UNARY(relu) KILN_INPLACE_UNARY(sigmoid) KILN_INPLACE_UNARY(tanh)
-    KILN_INPLACE_UNARY(neg) KILN_INPLACE_UNARY(abs) KILN_INPLACE_UNARY(sin) KILN_INPLACE_UNARY(cos)
-        KILN_INPLACE_UNARY(floor) KILN_INPLACE_UNARY(ceil) KILN_INPLACE_UNARY(round) KILN_INPLACE_UNARY(reciprocal)
-            KILN_INPLACE_UNARY(square)
+KILN_INPLACE_UNARY(rsqrt)
+KILN_INPLACE_UNARY(relu)
+KILN_INPLACE_UNARY(sigmoid)
+KILN_INPLACE_UNARY(tanh)
+KILN_INPLACE_UNARY(neg)
+KILN_INPLACE_UNARY(abs)
+KILN_INPLACE_UNARY(sin)
+KILN_INPLACE_UNARY(cos)
+KILN_INPLACE_UNARY(floor)
+KILN_INPLACE_UNARY(ceil)
+KILN_INPLACE_UNARY(round)
+KILN_INPLACE_UNARY(reciprocal)
+KILN_INPLACE_UNARY(square)
 #undef KILN_INPLACE_UNARY
-                Tensor& Tensor::clamp_min_(Scalar v) {
-  return assign_(kiln::clamp_min(*this, v));
-}
+Tensor& Tensor::clamp_min_(Scalar v) { return assign_(kiln::clamp_min(*this, v)); }
 Tensor& Tensor::clamp_max_(Scalar v) { return assign_(kiln::clamp_max(*this, v)); }
 Tensor& Tensor::pow_(Scalar e) { return assign_(kiln::pow(*this, e)); }
 

@@ -4,8 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#include "runtime/ops/ops.h"
 #include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
 namespace kiln {
@@ -66,11 +66,11 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                                     const std::optional<Tensor>& attn_mask_in, bool is_causal,
                                     std::optional<double> scale, double dropout_p) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower,
-                                 {&q_in, &k_in, &v_in, attn_mask_in ? &*attn_mask_in : nullptr});
+                                 {&q_in, &k_in, &v_in, detail::AutocastOp::input(attn_mask_in)});
   const Tensor& q = autocast_op[0];
   const Tensor& k = autocast_op[1];
   const Tensor& v = autocast_op[2];
-  const std::optional<Tensor> attn_mask = attn_mask_in ? std::optional<Tensor>(autocast_op[3]) : std::nullopt;
+  const std::optional<Tensor> attn_mask = autocast_op.optional(3);
   KILN_CHECK(q.defined() && k.defined() && v.defined(), "scaled_dot_product_attention: got an undefined tensor");
   KILN_CHECK(q.dim() >= 2 && k.dim() >= 2 && v.dim() >= 2, "scaled_dot_product_attention: expected q, k, v with ",
              "at least 2 dims, got ", str(q.shape()), ", ", str(k.shape()), ", ", str(v.shape()));

@@ -1,6 +1,6 @@
 // Linear algebra: matmul and friends, recorded as batched GEMM nodes (run on OpenBLAS).
-#include "runtime/ops/ops.h"
 #include "runtime/ops/autocast_policy.h"
+#include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
 namespace kiln {
@@ -76,10 +76,10 @@ Tensor bmm(const Tensor& a_in, const Tensor& b_in) {
 }
 
 Tensor linear(const Tensor& x_in, const Tensor& w_in, const std::optional<Tensor>& b_in) {
-  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&x_in, &w_in, b_in ? &*b_in : nullptr});
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&x_in, &w_in, detail::AutocastOp::input(b_in)});
   const Tensor& x = autocast_op[0];
   const Tensor& w = autocast_op[1];
-  const std::optional<Tensor> b = b_in ? std::optional<Tensor>(autocast_op[2]) : std::nullopt;
+  const std::optional<Tensor> b = autocast_op.optional(2);
   KILN_CHECK(w.defined() && w.dim() == 2, "linear: weight must be 2-D [out, in], got ",
              w.defined() ? str(w.shape()) : "undefined");
   KILN_CHECK(x.defined() && x.dim() >= 1 && detail::same_size(x.shape().back(), w.shape()[1]),

@@ -3,8 +3,8 @@
 #include <limits>
 
 #include "runtime/autograd/autograd.h"
-#include "runtime/ops/autocast_policy.h"
 #include "runtime/autograd/autograd_rules.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 
@@ -23,8 +23,8 @@ Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op
 }
 }  // namespace
 
-Tensor softmax(const Tensor& xin_in, int64_t dim) {
-  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+Tensor softmax(const Tensor& x_in, int64_t dim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
   const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
@@ -37,8 +37,8 @@ Tensor softmax(const Tensor& xin_in, int64_t dim) {
   return mul(e, reciprocal(sum(e, {d}, true)));
 }
 
-Tensor log_softmax(const Tensor& xin_in, int64_t dim) {
-  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+Tensor log_softmax(const Tensor& x_in, int64_t dim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
   const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
@@ -70,10 +70,10 @@ std::pair<Tensor, Tensor> normalized(const Tensor& x, const std::vector<int64_t>
 Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& ns, const std::optional<Tensor>& w_in,
                   const std::optional<Tensor>& b_in, double eps) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda,
-                                 {&x_in, w_in ? &*w_in : nullptr, b_in ? &*b_in : nullptr});
+                                 {&x_in, detail::AutocastOp::input(w_in), detail::AutocastOp::input(b_in)});
   const Tensor& x = autocast_op[0];
-  const std::optional<Tensor> w = w_in ? std::optional<Tensor>(autocast_op[1]) : std::nullopt;
-  const std::optional<Tensor> b = b_in ? std::optional<Tensor>(autocast_op[2]) : std::nullopt;
+  const std::optional<Tensor> w = autocast_op.optional(1);
+  const std::optional<Tensor> b = autocast_op.optional(2);
   KILN_CHECK(x.defined() && is_floating(x.dtype()), "layer_norm: expected a floating point input");
   int64_t k = static_cast<int64_t>(ns.size());
   KILN_CHECK(k >= 1 && k <= x.dim(), "layer_norm: normalized_shape ", str(ns), " does not fit input shape ",
@@ -195,12 +195,12 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   return div(mul(x, detail::cast(keep, x.dtype())), 1 - p);
 }
 
-Tensor conv2d(const Tensor& xin_in, const Tensor& w_in, const std::optional<Tensor>& b_in, std::vector<int64_t> stride,
+Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const std::optional<Tensor>& b_in, std::vector<int64_t> stride,
               std::vector<int64_t> padding, std::vector<int64_t> dilation, int64_t groups) {
-  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&xin_in, &w_in, b_in ? &*b_in : nullptr});
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Lower, {&x_in, &w_in, detail::AutocastOp::input(b_in)});
   const Tensor& xin = autocast_op[0];
   const Tensor& w = autocast_op[1];
-  const std::optional<Tensor> b = b_in ? std::optional<Tensor>(autocast_op[2]) : std::nullopt;
+  const std::optional<Tensor> b = autocast_op.optional(2);
   KILN_CHECK(xin.defined() && w.defined(), "conv2d: got an undefined tensor");
   KILN_CHECK(xin.dim() == 3 || xin.dim() == 4, "conv2d: expected 3-D or 4-D input, got shape ", str(xin.shape()));
   KILN_CHECK(w.dim() == 4, "conv2d: expected 4-D weight [out, in/groups, kh, kw], got shape ", str(w.shape()));

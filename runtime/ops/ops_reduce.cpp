@@ -167,8 +167,8 @@ Tensor std(const Tensor& x_in, std::vector<int64_t> dims, double correction, boo
   return root_zero_grad(var(x, dims, correction, keepdim), 2, grad_enabled() && x.requires_grad());
 }
 
-Tensor logsumexp(const Tensor& xin_in, std::vector<int64_t> dims, bool keepdim) {
-  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+Tensor logsumexp(const Tensor& x_in, std::vector<int64_t> dims, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
   const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   // The shift's gradient cancels exactly: detached. Over an empty dim it is -inf, set to 0
@@ -181,8 +181,8 @@ Tensor logsumexp(const Tensor& xin_in, std::vector<int64_t> dims, bool keepdim) 
   return add(s, mk);
 }
 
-Tensor norm(const Tensor& xin_in, double p, std::vector<int64_t> dims, bool keepdim) {
-  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&xin_in});
+Tensor norm(const Tensor& x_in, double p, std::vector<int64_t> dims, bool keepdim) {
+  detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
   const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   // PyTorch's norm gradient is 0 where the norm is 0, and (p < 1) 0 at zero elements.
