@@ -10,5 +10,6 @@
 #include "runtime/tensor/tensor.h"
 #include "runtime/nn/nn.h"
 #include "runtime/optim/optim.h"
+#include "runtime/dist/dist.h"
 #include "jit/compile/compile.h"
 #include "jit/compile/patterns.h"

@@ -9,7 +9,7 @@ build=${KILN_BUILD_DIR:-build}
 
 packages=(build-essential cmake ninja-build pkg-config libtbb-dev libopenblas-dev libgtest-dev
           libbenchmark-dev xtensor-dev xtl-dev nlohmann-json3-dev llvm-16-dev libsleef-dev
-          libasmjit-dev libdnnl2)
+          libasmjit-dev libdnnl2 libgloo-dev redis-server)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -120,6 +120,7 @@ bool costly_to_recompute(OpKind op) {
     case OpKind::IndexSelect:
     case OpKind::IndexAdd:
     case OpKind::ToDevice:
+    case OpKind::Collective:
     case OpKind::RandUniform:
     case OpKind::RandNormal:
     case OpKind::RandInt: return true;
@@ -295,7 +296,9 @@ std::set<int> cut(JointGraph& g, const std::set<int>& save_all, const std::set<i
     if (g.fwd[v] && !g.is_input[v] && costly_to_recompute(nodes[v]->op) && !pinned.count(v)) {
       banned.insert(v);
       OpKind op = nodes[v]->op;
-      if (op != OpKind::RandUniform && op != OpKind::RandNormal && op != OpKind::RandInt) candidates.push_back(v);
+      // Random ops must draw the same numbers, collectives must run once on every rank: never recomputed.
+      if (op != OpKind::RandUniform && op != OpKind::RandNormal && op != OpKind::RandInt && op != OpKind::Collective)
+        candidates.push_back(v);
     }
   int64_t best = min_cut(g, save_all, banned, saved);
   if (options.memory_budget < 1.0) {

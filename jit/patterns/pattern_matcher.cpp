@@ -208,7 +208,8 @@ bool unmatchable(OpKind op) {
     case OpKind::ViewScatter:
     case OpKind::Im2Col:
     case OpKind::Col2Im:
-    case OpKind::ToDevice: return true;
+    case OpKind::ToDevice:
+    case OpKind::Collective: return true;
     default: return false;
   }
 }

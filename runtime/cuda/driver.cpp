@@ -117,6 +117,9 @@ Loaded load() {
       {"cuEventSynchronize", reinterpret_cast<void**>(&a.event_synchronize)},
       {"cuEventElapsedTime", reinterpret_cast<void**>(&a.event_elapsed_time)},  // (same signature as _v2)
       {"cuEventDestroy_v2", reinterpret_cast<void**>(&a.event_destroy)},
+      {"cuEventQuery", reinterpret_cast<void**>(&a.event_query)},
+      {"cuStreamWaitEvent", reinterpret_cast<void**>(&a.stream_wait_event)},
+      {"cuStreamIsCapturing", reinterpret_cast<void**>(&a.stream_is_capturing)},
       {"cuGraphExecDestroy", reinterpret_cast<void**>(&a.graph_exec_destroy)},
       {"cuGraphDestroy", reinterpret_cast<void**>(&a.graph_destroy)},
       {"cuGraphGetNodes", reinterpret_cast<void**>(&a.graph_get_nodes)},

@@ -60,6 +60,10 @@ struct Api {
   decltype(&::cuEventSynchronize) event_synchronize = nullptr;
   decltype(&::cuEventElapsedTime_v2) event_elapsed_time = nullptr;
   decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
+  // Cross-stream ordering (collectives on a communication stream, runtime/dist/nccl).
+  decltype(&::cuEventQuery) event_query = nullptr;
+  decltype(&::cuStreamWaitEvent) stream_wait_event = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   // NVRTC (libnvrtc.so.13 / .12), loaded with or without a driver; null when not found
   // (compiling is then impossible, loading stored cubins still works).
   decltype(&::nvrtcVersion) nvrtc_version = nullptr;

@@ -5,10 +5,23 @@
 #include "kernels/cpu/node_operand.h"
 #include "kernels/cpu/reference.h"
 #include "runtime/core/error.h"
+#include "runtime/exec/collective_hook.h"
 #include "runtime/exec/device_runtime.h"
 #include "runtime/exec/executor.h"
 
 namespace kiln {
+
+namespace detail {
+namespace {
+CollectiveRunner g_collective_runner = nullptr;
+}
+void set_collective_runner(CollectiveRunner r) { g_collective_runner = r; }
+void run_collective_node(Node& n) {
+  KILN_CHECK(g_collective_runner, "collective: this build of kiln has no process groups (runtime/dist)");
+  g_collective_runner(n);
+}
+}  // namespace detail
+
 namespace {
 
 kernels::Operand operand(const Node& n) { return kernels::operand_of(n); }
@@ -40,6 +53,10 @@ void compute(Node& n) {
   using namespace kernels;
   if (is_view_op(n.op)) {
     n.set_storage(n.inputs[0]->storage, false);
+    return;
+  }
+  if (n.op == OpKind::Collective) {  // on every device: the process group's backend runs it
+    detail::run_collective_node(n);
     return;
   }
   KILN_CHECK(n.op != OpKind::Leaf, "interpreter: leaf node without storage");

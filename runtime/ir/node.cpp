@@ -56,7 +56,7 @@ const char* op_name(OpKind op) {
                                 "index_add",   "matmul",
                                 "im2col",      "col2im",
                                 "attention",   "attention_backward",
-                                "to"};
+                                "to",          "collective"};
   static_assert(sizeof(names) / sizeof(names[0]) == static_cast<size_t>(OpKind::NumOps));
   return names[static_cast<size_t>(op)];
 }

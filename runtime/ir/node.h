@@ -129,6 +129,10 @@ enum class OpKind : uint16_t {
   AttentionBackward,
   // Cross-device copy: a dense copy of a contiguous input onto the node's device.
   ToDevice,
+  // A collective of a process group (runtime/dist): every rank of the group runs the same ones
+  // in the same order. ints = collective_attrs (runtime/dist/collective_node.h): kind, group id,
+  // reduce op, root, then split sizes. Never fused, recomputed, merged or matched.
+  Collective,
   NumOps
 };
 

@@ -1,0 +1,64 @@
+// A process group's internals: its members, its backends (Gloo for CPU tensors, NCCL for CUDA
+// tensors) and how a failure becomes a kiln::Error that names the collective and the ranks.
+#pragma once
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "runtime/dist/backend.h"
+#include "runtime/dist/dist.h"
+
+namespace kiln::dist {
+
+class Group : public std::enable_shared_from_this<Group> {
+ public:
+  // `members`: world ranks in group order; `rank`: this process's group rank (-1: not one).
+  Group(std::shared_ptr<Store> store, std::string prefix, std::vector<int> members, int rank, std::string libraries,
+        std::chrono::milliseconds timeout);
+  ~Group();
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(members_.size()); }
+  const std::vector<int>& members() const { return members_; }
+  int64_t id() const { return id_; }
+  const std::string& libraries() const { return libraries_; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  const std::shared_ptr<Store>& store() const { return store_; }
+  const std::string& prefix() const { return prefix_; }
+
+  // Connects the backends named by `libraries` that are made eagerly (rendezvous: every member
+  // announces itself; those missing after the timeout are named in the error).
+  void connect();
+  // Runs `op` (a collective called `what`) on the backend for `device`, under the group's lock;
+  // a failure becomes a kiln::Error naming `what`, this rank and the ranks that are gone.
+  CompletionPtr run(const char* what, Device device, const std::function<CompletionPtr(Backend&)>& op);
+  // Checks every member called the same collective with the same sizes (a host exchange of
+  // `words`); throws kiln::Error listing what each rank passed when they differ.
+  void check_same(const char* what, Device device, const std::vector<int64_t>& words);
+  // The group with id `id` (the node attribute of a collective), or Error.
+  static std::shared_ptr<Group> find(int64_t id);
+  // Releases the backends (aborting them when `abort`).
+  void shutdown(bool abort);
+
+ private:
+  Backend& backend_for(Device device);
+  std::string gone_ranks();
+  void announce();
+
+  std::shared_ptr<Store> store_;
+  std::string prefix_;
+  std::vector<int> members_;
+  int rank_;
+  std::string libraries_;
+  std::chrono::milliseconds timeout_;
+  int64_t id_;
+  std::recursive_mutex mu_;
+  std::unique_ptr<Backend> gloo_, nccl_;
+  int nccl_device_ = -1;
+};
+
+// The world group (null before init_process_group).
+std::shared_ptr<Group> world_group();
+
+}  // namespace kiln::dist

@@ -1,0 +1,320 @@
+// NCCL: collectives over CUDA tensors, one GPU per process. libnccl.so.2 is loaded at run time
+// (one kiln binary with or without it). Each collective runs on the group's communication
+// stream after an event recorded on kiln's stream; kiln's stream waits for its end event when
+// the collective is waited (at once unless async). A watchdog aborts a communicator whose
+// collective outlives the timeout (a rank died) or that reports an asynchronous error; the
+// error surfaces at the next wait or collective of that group.
+#include "runtime/dist/nccl/nccl_backend.h"
+
+#include <nccl.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "runtime/core/error.h"
+#include "runtime/cuda/cuda_runtime.h"
+#include "runtime/cuda/driver.h"
+
+namespace kiln::dist::nccl_impl {
+namespace {
+
+struct Nccl {
+  decltype(&::ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&::ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&::ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&::ncclCommAbort) comm_abort = nullptr;
+  decltype(&::ncclCommGetAsyncError) comm_get_async_error = nullptr;
+  decltype(&::ncclGetErrorString) get_error_string = nullptr;
+  decltype(&::ncclGetLastError) get_last_error = nullptr;
+  decltype(&::ncclAllReduce) all_reduce = nullptr;
+  decltype(&::ncclBroadcast) broadcast = nullptr;
+  decltype(&::ncclAllGather) all_gather = nullptr;
+  decltype(&::ncclReduceScatter) reduce_scatter = nullptr;
+  decltype(&::ncclSend) send = nullptr;
+  decltype(&::ncclRecv) recv = nullptr;
+  decltype(&::ncclGroupStart) group_start = nullptr;
+  decltype(&::ncclGroupEnd) group_end = nullptr;
+  std::string reason;
+};
+
+const Nccl& nccl() {
+  static const Nccl n = [] {
+    Nccl a;
+    if (!cu::available()) {
+      a.reason = "no CUDA device (" + cu::unavailable_reason() + ")";
+      return a;
+    }
+    cu::RuntimeLibrary lib({"libnccl.so.2", "libnccl.so"}, "NCCL (libnccl.so.2)");
+    lib.symbol("ncclGetUniqueId", a.get_unique_id);
+    lib.symbol("ncclCommInitRank", a.comm_init_rank);
+    lib.symbol("ncclCommDestroy", a.comm_destroy);
+    lib.symbol("ncclCommAbort", a.comm_abort);
+    lib.symbol("ncclCommGetAsyncError", a.comm_get_async_error);
+    lib.symbol("ncclGetErrorString", a.get_error_string);
+    lib.symbol("ncclGetLastError", a.get_last_error);
+    lib.symbol("ncclAllReduce", a.all_reduce);
+    lib.symbol("ncclBroadcast", a.broadcast);
+    lib.symbol("ncclAllGather", a.all_gather);
+    lib.symbol("ncclReduceScatter", a.reduce_scatter);
+    lib.symbol("ncclSend", a.send);
+    lib.symbol("ncclRecv", a.recv);
+    lib.symbol("ncclGroupStart", a.group_start);
+    lib.symbol("ncclGroupEnd", a.group_end);
+    if (!lib.ok()) a.reason = lib.reason();
+    return a;
+  }();
+  return n;
+}
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::Bool: return ncclUint8;
+    case DType::Int32: return ncclInt32;
+    case DType::Int64: return ncclInt64;
+    case DType::Float16: return ncclFloat16;
+    case DType::BFloat16: return ncclBfloat16;
+    case DType::Float32: return ncclFloat32;
+    case DType::Float64: return ncclFloat64;
+  }
+  return ncclFloat32;
+}
+
+// Bool: sum and max are "or", product and min "and" (0/1 bytes).
+ncclRedOp_t nccl_op(ReduceOp op, DType t) {
+  if (t == DType::Bool) return op == ReduceOp::Sum || op == ReduceOp::Max ? ncclMax : ncclMin;
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Product: return ncclProd;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Max: return ncclMax;
+  }
+  return ncclSum;
+}
+
+class NcclBackend;
+
+// A collective's end on the communication stream.
+class NcclCompletion final : public Completion {
+ public:
+  NcclCompletion(NcclBackend* b, CUevent ev) : b_(b), ev_(ev) {}
+  ~NcclCompletion() override;
+  void wait() override;
+  bool done() override { return cu::api().event_query(ev_) == CUDA_SUCCESS; }
+
+ private:
+  NcclBackend* b_;
+  CUevent ev_;
+};
+
+class NcclBackend final : public Backend {
+ public:
+  explicit NcclBackend(const GroupSpec& s) : device_(s.device.index), timeout_(s.timeout), size_(s.size) {
+    const Nccl& n = nccl();
+    ncclUniqueId id;
+    if (s.rank == 0) {
+      check(n.get_unique_id(&id), "ncclGetUniqueId");
+      s.store->set(s.prefix + "/unique_id", std::string(reinterpret_cast<const char*>(&id), sizeof id));
+    } else {
+      const std::string v = s.store->get(s.prefix + "/unique_id", s.timeout);
+      KILN_CHECK(v.size() == sizeof id, "NCCL's unique id in the store has ", v.size(), " bytes");
+      std::memcpy(&id, v.data(), sizeof id);
+    }
+    cu::enter(device_);
+    check(n.comm_init_rank(&comm_, s.size, id, s.rank), "ncclCommInitRank");
+    cu::check(cu::api().stream_create(&comm_stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    watchdog_ = std::thread([this] { watch(); });
+  }
+  ~NcclBackend() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    watchdog_.join();
+    if (comm_ && !aborted_) nccl().comm_destroy(comm_);
+  }
+  const char* name() const override { return "nccl"; }
+
+  CompletionPtr all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    return enqueue("all_reduce", [&](CUstream s) {
+      return nccl().all_reduce(in, out, count, nccl_type(dtype), nccl_op(op, dtype), comm_, s);
+    });
+  }
+  CompletionPtr broadcast(const void* in, void* out, size_t count, DType dtype, int root) override {
+    return enqueue("broadcast", [&](CUstream s) {
+      return nccl().broadcast(in, out, count, nccl_type(dtype), root, comm_, s);
+    });
+  }
+  CompletionPtr all_gather(const void* in, void* out, size_t count, DType dtype) override {
+    return enqueue("all_gather", [&](CUstream s) { return nccl().all_gather(in, out, count, nccl_type(dtype), comm_, s); });
+  }
+  CompletionPtr reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    return enqueue("reduce_scatter", [&](CUstream s) {
+      return nccl().reduce_scatter(in, out, count, nccl_type(dtype), nccl_op(op, dtype), comm_, s);
+    });
+  }
+  CompletionPtr all_to_all(const void* in, const std::vector<size_t>& in_counts, void* out,
+                           const std::vector<size_t>& out_counts, DType dtype) override {
+    const size_t isz = itemsize(dtype);
+    return enqueue("all_to_all", [&](CUstream s) {
+      const Nccl& n = nccl();
+      ncclResult_t r = n.group_start();
+      size_t in_off = 0, out_off = 0;
+      for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+        const size_t ib = in_counts[static_cast<size_t>(p)] * isz, ob = out_counts[static_cast<size_t>(p)] * isz;
+        if (ib) r = n.send(static_cast<const char*>(in) + in_off, ib, ncclInt8, p, comm_, s);
+        if (ob && r == ncclSuccess) r = n.recv(static_cast<char*>(out) + out_off, ob, ncclInt8, p, comm_, s);
+        in_off += ib;
+        out_off += ob;
+      }
+      const ncclResult_t e = n.group_end();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  CompletionPtr send(const void* data, size_t count, DType dtype, int peer) override {
+    return enqueue("send", [&](CUstream s) { return nccl().send(data, count, nccl_type(dtype), peer, comm_, s); });
+  }
+  CompletionPtr recv(void* data, size_t count, DType dtype, int peer) override {
+    return enqueue("recv", [&](CUstream s) { return nccl().recv(data, count, nccl_type(dtype), peer, comm_, s); });
+  }
+  // NCCL has no barrier: a one-element all-reduce, waited for on the host.
+  void barrier() override {
+    CUstream s = cu::enter(device_);
+    CUdeviceptr buf = 0;
+    cu::check(cu::api().mem_alloc(&buf, 4), "cuMemAlloc");
+    CompletionPtr c;
+    try {
+      c = all_reduce(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf), 1, DType::Float32, ReduceOp::Sum);
+      c->wait();
+      cu::check(cu::api().stream_synchronize(s), "cuStreamSynchronize");
+    } catch (...) {
+      cu::api().mem_free(buf);
+      throw;
+    }
+    cu::api().mem_free(buf);
+    raise_if_failed();
+  }
+  void abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    abort_locked("aborted");
+  }
+
+  // Raises the communicator's recorded failure (a timeout, an asynchronous error).
+  void raise_if_failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!failure_.empty()) throw Error(failure_);
+  }
+  void make_stream_wait(CUevent ev) {
+    raise_if_failed();
+    cu::check(cu::api().stream_wait_event(cu::enter(device_), ev, 0), "cuStreamWaitEvent");
+  }
+  int device() const { return device_; }
+
+ private:
+  static void check(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw Error(std::string("NCCL ") + what + ": " + nccl().get_error_string(r));
+  }
+
+  template <class F>
+  CompletionPtr enqueue(const char* what, F&& call) {
+    raise_if_failed();
+    CUstream compute = cu::enter(device_);
+    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+    cu::check(cu::api().stream_is_capturing(compute, &capture), "cuStreamIsCapturing");
+    // Every rank would have to record and replay the same graph together: not recorded.
+    KILN_CHECK(capture == CU_STREAM_CAPTURE_STATUS_NONE, "NCCL ", what, " is not recorded into a CUDA graph");
+    const auto& api = cu::api();
+    CUevent ready = nullptr, end = nullptr;
+    cu::check(api.event_create(&ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    cu::check(api.event_record(ready, compute), "cuEventRecord");
+    cu::check(api.stream_wait_event(comm_stream_, ready, 0), "cuStreamWaitEvent");
+    api.event_destroy(ready);
+    const ncclResult_t r = call(comm_stream_);
+    if (r != ncclSuccess) {
+      const char* last = nccl().get_last_error(comm_);
+      throw Error(std::string("NCCL ") + what + ": " + nccl().get_error_string(r) + (last && *last ? std::string(" (") + last + ")" : ""));
+    }
+    cu::check(api.event_create(&end, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    cu::check(api.event_record(end, comm_stream_), "cuEventRecord");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      CUevent watched = nullptr;
+      cu::check(api.event_create(&watched, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+      cu::check(api.event_record(watched, comm_stream_), "cuEventRecord");
+      pending_.push_back({watched, std::chrono::steady_clock::now(), what});
+    }
+    cv_.notify_all();
+    return std::make_shared<NcclCompletion>(this, end);
+  }
+
+  // The watchdog: aborts the communicator when a collective outlives the timeout or NCCL
+  // reports an asynchronous error, so that no rank hangs on a peer that is gone.
+  void watch() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      cv_.wait_for(lock, std::chrono::milliseconds(100));
+      if (stop_ || aborted_) continue;
+      try {
+        cu::enter(device_);
+      } catch (...) {
+        continue;
+      }
+      while (!pending_.empty() && cu::api().event_query(pending_.front().ev) == CUDA_SUCCESS) {
+        cu::api().event_destroy(pending_.front().ev);
+        pending_.pop_front();
+      }
+      ncclResult_t async = ncclSuccess;
+      nccl().comm_get_async_error(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        abort_locked(std::string("asynchronous NCCL error: ") + nccl().get_error_string(async));
+      } else if (!pending_.empty() && std::chrono::steady_clock::now() - pending_.front().start > timeout_) {
+        abort_locked(std::string(pending_.front().what) + " did not finish within " + std::to_string(timeout_.count()) +
+                     " ms (a rank stopped taking part); the communicator was aborted");
+      }
+    }
+  }
+
+  void abort_locked(const std::string& why) {
+    if (aborted_) return;
+    failure_ = "dist: NCCL on cuda:" + std::to_string(device_) + ": " + why;
+    aborted_ = true;
+    nccl().comm_abort(comm_);  // in-flight kernels exit; the device stays usable (comm_ now fails every call)
+  }
+
+  struct Pending {
+    CUevent ev;
+    std::chrono::steady_clock::time_point start;
+    const char* what;
+  };
+  int device_;
+  std::chrono::milliseconds timeout_;
+  int size_;
+  ncclComm_t comm_ = nullptr;
+  CUstream comm_stream_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> pending_;
+  std::string failure_;
+  bool aborted_ = false, stop_ = false;
+  std::thread watchdog_;
+};
+
+NcclCompletion::~NcclCompletion() { cu::api().event_destroy(ev_); }
+void NcclCompletion::wait() { b_->make_stream_wait(ev_); }
+
+}  // namespace
+
+std::string unavailable_reason() { return nccl().reason; }
+
+std::unique_ptr<Backend> make_backend(const GroupSpec& spec) {
+  KILN_CHECK(nccl().reason.empty(), "NCCL is unavailable: ", nccl().reason);
+  return std::make_unique<NcclBackend>(spec);
+}
+
+}  // namespace kiln::dist::nccl_impl

@@ -1,0 +1,383 @@
+// One rank of the multi-process tests (tests/test_dist.cpp starts N of these, or kiln-run does):
+// `dist_worker SCENARIO`. Each scenario joins the process group from the environment, checks
+// its results against what a single process computes from every rank's inputs, prints "ok" and
+// exits 0; any mismatch prints what differed and exits 1.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "kiln.h"
+
+using namespace kiln;
+namespace dist = kiln::dist;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what) {
+  std::cerr << "rank " << (dist::is_initialized() ? dist::get_rank() : -1) << ": FAIL: " << what << std::endl;
+  std::exit(1);
+}
+#define EXPECT(cond, ...)                                        \
+  do {                                                           \
+    if (!(cond)) fail(kiln::detail::cat(#cond, ": ", __VA_ARGS__)); \
+  } while (0)
+
+Device device() {
+  const char* d = std::getenv("KILN_TEST_DEVICE");
+  return d && std::string(d).rfind("cuda", 0) == 0 ? Device(kiln::cuda(dist::local_rank())) : cpu();
+}
+
+std::chrono::milliseconds timeout() {
+  const char* t = std::getenv("KILN_TEST_TIMEOUT_MS");
+  return std::chrono::milliseconds(t ? std::atol(t) : 60000);
+}
+
+void init() {
+  dist::ProcessGroupOptions o;
+  o.timeout = timeout();
+  if (const char* b = std::getenv("KILN_TEST_BACKEND")) o.backend = b;
+  dist::init_process_group(o);
+}
+
+// Rank r's input of `n` elements: small integers (sums, products and means of a few ranks are
+// exact in every dtype, so results compare bit for bit).
+std::vector<double> input_values(int r, int64_t n, DType dt, int salt) {
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t x = (r * 7 + i * 3 + salt) % 5 - 2;  // -2..2
+    if (dt == kBool) x = (r + i + salt) % 3 == 0;
+    v[static_cast<size_t>(i)] = static_cast<double>(x);
+  }
+  return v;
+}
+
+Tensor make(const std::vector<double>& v, DType dt) {
+  // Built lazily (a pending producer the collective must compute first).
+  Tensor t = from_vector(v, std::vector<int64_t>{static_cast<int64_t>(v.size())}).to(device());
+  return (t * 1.0).to(dt);
+}
+
+std::vector<double> values(const Tensor& t) { return t.cpu().to(kFloat64).reshape({-1}).to_vector<double>(); }
+
+void expect_equal(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+  EXPECT(got.size() == want.size(), what, ": ", got.size(), " elements, expected ", want.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])), what, ": element ", i, " is ", got[i],
+           ", expected ", want[i]);
+}
+
+std::vector<double> reduce_all(int size, int64_t n, DType dt, int salt, dist::ReduceOp op) {
+  std::vector<double> acc = input_values(0, n, dt, salt);
+  for (int r = 1; r < size; ++r) {
+    auto v = input_values(r, n, dt, salt);
+    for (size_t i = 0; i < acc.size(); ++i) {
+      switch (op) {
+        case dist::ReduceOp::Sum:
+        case dist::ReduceOp::Avg: acc[i] = dt == kBool ? (acc[i] || v[i]) : acc[i] + v[i]; break;
+        case dist::ReduceOp::Product: acc[i] = dt == kBool ? (acc[i] && v[i]) : acc[i] * v[i]; break;
+        case dist::ReduceOp::Min: acc[i] = std::min(acc[i], v[i]); break;
+        case dist::ReduceOp::Max: acc[i] = std::max(acc[i], v[i]); break;
+      }
+    }
+  }
+  if (op == dist::ReduceOp::Avg)
+    for (auto& x : acc) x /= size;
+  return acc;
+}
+
+// Every collective x dtype x size against the single-process result.
+void collectives() {
+  init();
+  const int rank = dist::get_rank(), size = dist::get_world_size();
+  const std::vector<DType> dtypes = {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kBool};
+  int salt = 0;
+  for (DType dt : dtypes)
+    for (int64_t n : {0, 1, 7, 1000}) {
+      ++salt;
+      const std::string tag = kiln::detail::cat(dtype_name(dt), " n=", n);
+      for (auto op : {dist::ReduceOp::Sum, dist::ReduceOp::Avg, dist::ReduceOp::Product, dist::ReduceOp::Min,
+                      dist::ReduceOp::Max}) {
+        if (op == dist::ReduceOp::Avg && !is_floating(dt)) continue;
+        Tensor t = make(input_values(rank, n, dt, salt), dt);
+        dist::all_reduce(t, op);
+        EXPECT(t.dtype() == dt, "all_reduce changed the dtype");
+        expect_equal(values(t), reduce_all(size, n, dt, salt, op),
+                     "all_reduce " + std::string(dist::reduce_op_name(op)) + " " + tag);
+      }
+      for (int src = 0; src < size; ++src) {
+        Tensor t = make(input_values(rank, n, dt, salt + src), dt);
+        dist::broadcast(t, src);
+        expect_equal(values(t), input_values(src, n, dt, salt + src), "broadcast " + tag);
+      }
+      // all_gather (one tensor, and a list)
+      std::vector<double> gathered;
+      for (int r = 0; r < size; ++r) {
+        auto v = input_values(r, n, dt, salt);
+        gathered.insert(gathered.end(), v.begin(), v.end());
+      }
+      Tensor in = make(input_values(rank, n, dt, salt), dt);
+      Tensor out = zeros({size, n}, dt).to(device());
+      dist::all_gather_into_tensor(out, in);
+      expect_equal(values(out), gathered, "all_gather_into_tensor " + tag);
+      std::vector<Tensor> list;
+      dist::all_gather(list, in);
+      EXPECT(static_cast<int>(list.size()) == size, "all_gather list size");
+      for (int r = 0; r < size; ++r) expect_equal(values(list[r]), input_values(r, n, dt, salt), "all_gather " + tag);
+      // reduce_scatter: rank r keeps block r of the sum of every rank's [size * n] input
+      if (dt != kBool) {
+        Tensor big = make(input_values(rank, n * size, dt, salt), dt);
+        Tensor mine = zeros({n}, dt).to(device());
+        dist::reduce_scatter_tensor(mine, big, dist::ReduceOp::Sum);
+        auto all = reduce_all(size, n * size, dt, salt, dist::ReduceOp::Sum);
+        expect_equal(values(mine), std::vector<double>(all.begin() + rank * n, all.begin() + (rank + 1) * n),
+                     "reduce_scatter " + tag);
+      }
+    }
+  // all_to_all, equal and uneven (rank r sends (r + q) % 3 rows of 2 to rank q; empty blocks too)
+  for (bool uneven : {false, true}) {
+    auto rows_to = [&](int from, int to) -> int64_t { return uneven ? (from + to) % 3 : 2; };
+    std::vector<int64_t> in_splits, out_splits;
+    std::vector<double> in_vals, want;
+    for (int q = 0; q < size; ++q) {
+      in_splits.push_back(rows_to(rank, q));
+      out_splits.push_back(rows_to(q, rank));
+      for (int64_t k = 0; k < rows_to(rank, q) * 2; ++k) in_vals.push_back(rank * 1000 + q * 100 + k);
+      for (int64_t k = 0; k < rows_to(q, rank) * 2; ++k) want.push_back(q * 1000 + rank * 100 + k);
+    }
+    const int64_t in_rows = std::accumulate(in_splits.begin(), in_splits.end(), int64_t{0});
+    const int64_t out_rows = std::accumulate(out_splits.begin(), out_splits.end(), int64_t{0});
+    Tensor in = from_vector(in_vals, std::vector<int64_t>{in_rows, 2}).to(device());
+    Tensor out = zeros({out_rows, 2}, kFloat64).to(device());
+    if (uneven)
+      dist::all_to_all_single(out, in, out_splits, in_splits);
+    else
+      dist::all_to_all_single(out, in);
+    expect_equal(values(out), want, uneven ? "all_to_all uneven" : "all_to_all equal");
+  }
+  // send / recv around the ring
+  {
+    Tensor mine = full({3}, static_cast<double>(rank)).to(device());
+    Tensor got = zeros({3}).to(device());
+    const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    if (rank % 2 == 0) {
+      dist::send(mine, next).wait();
+      dist::recv(got, prev);
+    } else {
+      dist::recv(got, prev);
+      dist::send(mine, next).wait();
+    }
+    expect_equal(values(got), std::vector<double>(3, prev), "send/recv");
+  }
+  // async: the tensor holds the result after wait()
+  {
+    Tensor t = full({4}, static_cast<double>(rank + 1)).to(device());
+    dist::Work w = dist::all_reduce(t, dist::ReduceOp::Sum, {}, true);
+    w.wait();
+    EXPECT(w.is_completed(), "work not completed after wait");
+    expect_equal(values(t), std::vector<double>(4, size * (size + 1) / 2.0), "async all_reduce");
+  }
+  dist::barrier();
+  dist::destroy_process_group();
+}
+
+// Sub-groups, color splits and a device mesh.
+void groups() {
+  init();
+  const int rank = dist::get_rank(), size = dist::get_world_size();
+  // new_group of the even ranks: every rank calls it.
+  std::vector<int> evens;
+  for (int r = 0; r < size; r += 2) evens.push_back(r);
+  dist::ProcessGroup g = dist::new_group(evens);
+  EXPECT(g.is_member() == (rank % 2 == 0), "membership");
+  if (g.is_member()) {
+    Tensor t = full({2}, static_cast<double>(rank)).to(device());
+    dist::all_reduce(t, dist::ReduceOp::Sum, g);
+    double want = 0;
+    for (int r : evens) want += r;
+    expect_equal(values(t), {want, want}, "new_group all_reduce");
+  }
+  // split by color: odd and even ranks, ordered by descending key
+  dist::ProcessGroup s = dist::split_group(rank % 2, -rank);
+  EXPECT(s.size() == (size + 1 - rank % 2) / 2, "split size ", s.size());
+  EXPECT(s.ranks().front() > s.ranks().back() || s.size() == 1, "split order by key");
+  Tensor t = full({1}, static_cast<double>(rank)).to(device());
+  dist::all_reduce(t, dist::ReduceOp::Max, s);
+  expect_equal(values(t), {static_cast<double>(s.ranks().front())}, "split_group all_reduce max");
+  // A 2-d mesh when the world has 4 ranks (2 x 2), else 1-d.
+  std::vector<int64_t> shape = size == 4 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{size};
+  std::vector<std::string> names = size == 4 ? std::vector<std::string>{"dp", "tp"} : std::vector<std::string>{"dp"};
+  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", shape, names);
+  for (int64_t d = 0; d < mesh.ndim(); ++d) {
+    dist::ProcessGroup pg = mesh.get_group(d);
+    EXPECT(pg.size() == shape[d], "mesh group size");
+    EXPECT(mesh.get_local_rank(d) == mesh.coordinate()[d], "mesh local rank vs coordinate");
+    Tensor x = full({1}, static_cast<double>(rank)).to(device());
+    dist::all_reduce(x, dist::ReduceOp::Sum, pg);
+    double want = 0;
+    for (int r : pg.ranks()) want += r;
+    expect_equal(values(x), {want}, "mesh dim " + std::to_string(d));
+  }
+  if (size == 4) {
+    EXPECT(mesh.get_group("tp").ranks() == (rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3}), "tp group");
+    EXPECT(mesh.get_group("dp").ranks() == (rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3}),
+           "dp group");
+  }
+  dist::destroy_process_group();
+}
+
+// Functional collectives: lazy, differentiable, and traced by kiln::compile.
+void functional() {
+  init();
+  const int rank = dist::get_rank(), size = dist::get_world_size();
+  Tensor x = (arange(0, 6).to(kFloat64) + rank).reshape({2, 3}).to(device()).requires_grad_();
+  // loss on each rank: sum(all_reduce(x) * w_r); d loss_total / dx_r = sum over ranks of w_q
+  Tensor w = full({2, 3}, static_cast<double>(rank + 1)).to(kFloat64).to(device());
+  Tensor y = dist::functional::all_reduce(x * 2, dist::ReduceOp::Sum);
+  (y * w).sum().backward();
+  const double wsum = size * (size + 1) / 2.0;
+  expect_equal(values(x.grad()), std::vector<double>(6, 2 * wsum), "all_reduce backward");
+  // all_gather along dim 1, reduce_scatter along dim 1
+  Tensor g = dist::functional::all_gather(x.detach(), 1);
+  EXPECT(g.size(1) == 3 * size, "all_gather dim 1 size");
+  std::vector<double> want;
+  for (int i = 0; i < 2; ++i)
+    for (int r = 0; r < size; ++r)
+      for (int j = 0; j < 3; ++j) want.push_back(i * 3 + j + r);
+  expect_equal(values(g), want, "all_gather dim 1");
+  Tensor rs = dist::functional::reduce_scatter(g, dist::ReduceOp::Sum, 1);
+  std::vector<double> want_rs;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j) want_rs.push_back(size * (i * 3 + j + rank));
+  expect_equal(values(rs), want_rs, "reduce_scatter dim 1");
+  // compiled: the collective is a node of the traced graph; two calls, same bits as eager
+  auto fn = [](const Tensor& a) {
+    Tensor s = dist::functional::all_reduce(a.exp() * 0.5, dist::ReduceOp::Avg);
+    return s.tanh() + dist::functional::all_gather(a, 0).sum(0);
+  };
+  auto compiled = kiln::compile(fn);
+  Tensor a = (arange(0, 8).to(kFloat32) * 0.1 + rank).reshape({2, 4}).to(device());
+  Tensor eager = fn(a);
+  for (int k = 0; k < 2; ++k) {
+    Tensor c = compiled(a);
+    expect_equal(values(c), values(eager), "compiled call " + std::to_string(k));
+  }
+  dist::destroy_process_group();
+}
+
+// A rank that dies: the others get a kiln::Error naming it within the timeout, and can still
+// compute on their own; the tensor of the failed collective keeps its value.
+void rank_dies() {
+  init();
+  const int rank = dist::get_rank();
+  Tensor t = full({4}, 1.0).to(device());
+  dist::all_reduce(t);  // everyone alive
+  if (rank == 1) {
+    std::cout << "rank 1 exits" << std::endl;
+    kill(getpid(), SIGKILL);
+  }
+  Tensor u = full({4}, 5.0).to(device());
+  try {
+    dist::all_reduce(u);
+    fail("all_reduce with a dead rank returned");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    std::cout << "error: " << m << std::endl;
+    EXPECT(m.find("all_reduce") != std::string::npos, "message names the collective: ", m);
+    EXPECT(m.find("rank 1") != std::string::npos, "message names the dead rank: ", m);
+  }
+  expect_equal(values(u), std::vector<double>(4, 5.0), "input after the failed collective");
+  expect_equal(values((u * 2).sum({})), {40.0}, "single-device work after the failure");
+  std::exit(0);  // (the group is broken: no destroy)
+}
+
+// Ranks pass different sizes: each gets an Error saying the ranks disagree.
+void mismatch() {
+  init();
+  const int rank = dist::get_rank();
+  Tensor t = ones({4 + rank}).to(device());
+  try {
+    dist::all_reduce(t);
+    fail("mismatched all_reduce returned");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    std::cout << "error: " << m << std::endl;
+    EXPECT(m.find("disagree") != std::string::npos, "message says the ranks disagree: ", m);
+  }
+  expect_equal(values(t), std::vector<double>(4 + rank, 1.0), "input after the failed collective");
+  dist::destroy_process_group();
+}
+
+// WORLD_SIZE ranks are expected, fewer started: init fails naming the missing ones.
+void never_joins() {
+  try {
+    init();
+    fail("init_process_group returned without every rank");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    std::cout << "error: " << m << std::endl;
+    EXPECT(m.find("did not join") != std::string::npos && m.find("rank") != std::string::npos,
+           "message names the missing rank: ", m);
+  }
+}
+
+// Bad input: clear errors, nothing changed.
+void bad_input() {
+  init();
+  Tensor i = ones({3}, kInt32).to(device());
+  bool threw = false;
+  try {
+    dist::all_reduce(i, dist::ReduceOp::Avg);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("floating") != std::string::npos;
+  }
+  EXPECT(threw, "Avg on int32 is refused");
+  threw = false;
+  try {
+    Tensor t = ones({3}).to(device());
+    dist::broadcast(t, 7);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("out of range") != std::string::npos;
+  }
+  EXPECT(threw, "broadcast from a rank out of range is refused");
+  threw = false;
+  try {
+    Tensor out = zeros({5}).to(device()), in = ones({3}).to(device());
+    dist::all_gather_into_tensor(out, in);
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("expected") != std::string::npos;
+  }
+  EXPECT(threw, "all_gather_into_tensor with a wrong output size is refused");
+  dist::barrier();
+  dist::destroy_process_group();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::map<std::string, std::function<void()>> scenarios = {
+      {"collectives", collectives}, {"groups", groups},     {"functional", functional}, {"rank_dies", rank_dies},
+      {"mismatch", mismatch},       {"never_joins", never_joins}, {"bad_input", bad_input},
+  };
+  if (argc < 2 || !scenarios.count(argv[1])) {
+    std::cerr << "usage: dist_worker SCENARIO (";
+    for (auto& [k, _] : scenarios) std::cerr << k << " ";
+    std::cerr << ")\n";
+    return 2;
+  }
+  try {
+    scenarios.at(argv[1])();
+  } catch (const std::exception& e) {
+    fail(std::string("uncaught: ") + e.what());
+  }
+  std::cout << "ok" << std::endl;
+  return 0;
+}
