@@ -11,5 +11,6 @@
 #include "runtime/nn/nn.h"
 #include "runtime/optim/optim.h"
 #include "runtime/dist/dist.h"
+#include "runtime/parallel/data_parallel.h"
 #include "jit/compile/compile.h"
 #include "jit/compile/patterns.h"

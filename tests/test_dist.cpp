@@ -55,6 +55,24 @@ TEST_P(Dist, BadInputIsRefusedOnEveryRank) {
   expect_all_ok(run_ranks("dist_worker", {"bad_input"}, GetParam(), GetParam(), base_env()));
 }
 
+TEST_P(Dist, DataParallelMlpEqualsOneProcess) {
+  for (const char* mode : {"eager", "accumulate", "unused", "compiled"}) {
+    auto env = base_env();
+    env["KILN_TEST_DDP_MODE"] = mode;
+    SCOPED_TRACE(mode);
+    expect_all_ok(run_ranks("dist_worker", {"ddp_mlp"}, GetParam(), GetParam(), env));
+  }
+}
+
+TEST_P(Dist, DataParallelGptEqualsOneProcess) {
+  for (const char* mode : {"eager", "compiled"}) {
+    auto env = base_env();
+    env["KILN_TEST_DDP_MODE"] = mode;
+    SCOPED_TRACE(mode);
+    expect_all_ok(run_ranks("dist_worker", {"ddp_gpt"}, GetParam(), GetParam(), env));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, Dist, ::testing::Values(2, 4), [](const auto& p) {
   return std::to_string(p.param) + "ranks";
 });

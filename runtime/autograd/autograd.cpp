@@ -2,6 +2,8 @@
 #include "runtime/autograd/autograd.h"
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -20,6 +22,7 @@ thread_local bool g_grad_enabled __attribute__((tls_model("initial-exec"))) = tr
 // Accumulates into a leaf's .grad().
 struct AccumulateGrad final : GradNode {
   std::weak_ptr<TensorImpl> leaf;
+  std::vector<std::pair<int64_t, std::function<void(const Tensor&)>>> hooks;  // post-accumulate
   explicit AccumulateGrad(const std::shared_ptr<TensorImpl>& l) : leaf(l) {}
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
     auto impl = leaf.lock();
@@ -34,6 +37,10 @@ struct AccumulateGrad final : GradNode {
     impl->grad = Tensor(gd).impl();
     // A fresh handle so later in-place on the returned grad does not alias the leaf's.
     if (!create_graph) impl->grad->requires_grad = false;
+    if (!hooks.empty()) {
+      const Tensor param(impl);
+      for (auto hook : hooks) hook.second(param);  // (a copy: a hook may remove itself)
+    }
     return {};
   }
   const char* name() const override { return "AccumulateGrad"; }
@@ -161,10 +168,56 @@ void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>
 
 namespace {
 
+thread_local int t_backward_depth = 0;
+thread_local std::vector<std::function<void()>> t_backward_callbacks;
+
+}  // namespace
+
+int64_t register_post_accumulate_grad_hook(const Tensor& param, std::function<void(const Tensor&)> hook) {
+  KILN_CHECK(param.defined() && param.is_leaf() && param.requires_grad(),
+             "register_post_accumulate_grad_hook: expected a leaf tensor that requires grad");
+  static std::atomic<int64_t> next{1};
+  detail::grad_edge(param);  // make sure the leaf has its accumulator
+  auto* acc = dynamic_cast<AccumulateGrad*>(param.impl()->accumulator.get());
+  KILN_CHECK(acc, "register_post_accumulate_grad_hook: the tensor has no gradient accumulator");
+  const int64_t id = next++;
+  acc->hooks.emplace_back(id, std::move(hook));
+  return id;
+}
+
+void remove_post_accumulate_grad_hook(const Tensor& param, int64_t id) {
+  auto* acc = param.defined() ? dynamic_cast<AccumulateGrad*>(param.impl()->accumulator.get()) : nullptr;
+  if (!acc) return;
+  std::erase_if(acc->hooks, [id](const auto& h) { return h.first == id; });
+}
+
+void queue_backward_callback(std::function<void()> fn) {
+  KILN_CHECK(t_backward_depth > 0, "queue_backward_callback: no backward is running on this thread");
+  t_backward_callbacks.push_back(std::move(fn));
+}
+
+namespace {
+
 // Runs the backward pass from (edge, gradient) roots. With `capture`, gradients reaching the
 // captured nodes are stored there and leaves are not accumulated into.
 void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain_graph, bool create_graph,
                   std::unordered_map<GradNode*, Tensor>* capture) {
+  // The callbacks queued during the outermost backward run when it has finished.
+  struct Depth {
+    Depth() { ++t_backward_depth; }
+    ~Depth() {
+      if (--t_backward_depth == 0 && std::uncaught_exceptions()) t_backward_callbacks.clear();
+    }
+  } depth;
+  struct RunCallbacks {
+    ~RunCallbacks() noexcept(false) {
+      if (t_backward_depth != 1 || std::uncaught_exceptions()) return;
+      while (!t_backward_callbacks.empty()) {
+        auto cbs = std::exchange(t_backward_callbacks, {});
+        for (auto& cb : cbs) cb();
+      }
+    }
+  } run_callbacks;
   std::optional<NoGradGuard> no_grad;
   std::optional<EnableGradGuard> with_grad;
   if (create_graph)

@@ -49,6 +49,15 @@ KILN_API std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std:
 KILN_API void backward(const std::vector<Tensor>& outputs, const std::vector<Tensor>& grad_outputs = {},
                        bool retain_graph = false, bool create_graph = false);
 
+// Calls `hook(param)` each time a backward accumulates a gradient into leaf `param`'s .grad(),
+// right after the accumulation (as torch's register_post_accumulate_grad_hook; not under
+// kiln::grad, which accumulates nothing). Returns an id for remove_post_accumulate_grad_hook.
+KILN_API int64_t register_post_accumulate_grad_hook(const Tensor& param, std::function<void(const Tensor&)> hook);
+KILN_API void remove_post_accumulate_grad_hook(const Tensor& param, int64_t id);
+// Runs `fn` once the backward now running on this thread has finished (as PyTorch's
+// queue_callback of the autograd engine); kiln::Error outside a backward.
+KILN_API void queue_backward_callback(std::function<void()> fn);
+
 // An edge of the backward graph: which node, and which of its outputs.
 struct Edge {
   std::shared_ptr<GradNode> fn;

@@ -13,8 +13,14 @@ struct Work::State {
   CompletionPtr done;
   std::vector<std::shared_ptr<Storage>> keep;
   std::function<void()> finish;  // writes the result into the caller's tensors
+  Tensor result;
   bool finished = false;
 };
+
+Tensor Work::result() const {
+  KILN_CHECK(s_ && s_->finished, "Work::result: call wait() first");
+  return s_->result;
+}
 
 void Work::wait() {
   if (!s_ || s_->finished) return;
@@ -54,6 +60,7 @@ Work complete(const Tensor& result, std::function<void()> finish, bool async_op)
   s->done = std::move(f.done);
   s->keep = std::move(f.keep);
   s->finish = std::move(finish);
+  s->result = result;
   Work w(s);
   if (!async_op) w.wait();
   return w;

@@ -78,6 +78,9 @@ class KILN_API Work {
   void wait();
   // Whether the collective has finished (never blocks).
   bool is_completed() const;
+  // The collective's output as a fresh tensor (as torch's Work.result()), valid after wait():
+  // the value written into the caller's tensor, without aliasing it.
+  Tensor result() const;
 
  private:
   std::shared_ptr<State> s_;
