@@ -78,6 +78,7 @@ struct Options {
   uint64_t seed = 1337;
   bool tie = false;
   bool graphs = true;  // --no-graphs: compiled steps run kernel by kernel (KILN_PROFILE sees each)
+  bool ddp = false;  // --ddp: nn::DistributedDataParallel over kiln-run's ranks (NCCL on CUDA, Gloo on the CPU)
   double peak_flops = 0;  // 0: the H100 figure for the dtype
   // Overrides of the configuration (-1: the configuration's).
   int64_t batch = -1, seq = -1, d = -1, layers = -1, heads = -1, vocab = -1, mlp = -1;
@@ -187,6 +188,8 @@ class Row {
     return *this;
   }
   void print() {
+    if (kiln::dist::is_initialized() && kiln::dist::get_rank() != 0) return;  // (rank 0 speaks for all)
+    if (kiln::dist::is_initialized()) integer("world_size", kiln::dist::get_world_size());
     std::printf("%s}\n", s_.c_str());
     std::fflush(stdout);
   }
@@ -279,6 +282,9 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   kiln::manual_seed(o.seed);
   auto model = std::make_shared<Gpt>(c, o.attn == "manual", o.tie);
   model->to(dev);
+  // Data parallel: the model's gradients are averaged over the ranks during the backward.
+  std::shared_ptr<nn::DistributedDataParallel> ddp;
+  if (o.ddp) ddp = std::make_shared<nn::DistributedDataParallel>(model);
   kiln::eval(model->parameters());
   int64_t params = 0, wpe = model->wpe->weight.numel(), wte = model->wte->weight.numel();
   for (const Tensor& p : model->parameters()) params += p.numel();
@@ -288,7 +294,8 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   const double flops_per_token =
       6.0 * static_cast<double>(n_flops) +
       12.0 * static_cast<double>(c.n_layer * c.n_head * (c.n_embd / c.n_head) * c.block_size);
-  const double tokens = static_cast<double>(c.batch * c.block_size);
+  const double world = o.ddp ? kiln::dist::get_world_size() : 1;
+  const double tokens = static_cast<double>(c.batch * c.block_size) * world;  // (every rank's batch)
   const double flops_per_step = flops_per_token * tokens;
 
   // AdamW as nanoGPT's configure_optimizers: weight decay on 2-D parameters only.
@@ -416,6 +423,8 @@ Options parse(int argc, char** argv) {
       o.tie = true;
     else if (key == "--no-graphs")
       o.graphs = false;
+    else if (key == "--ddp")
+      o.ddp = true;
     else if (key == "--matmul-precision")
       o.precision = value();
     else if (key == "--peak-flops")
@@ -495,6 +504,10 @@ int main(int argc, char** argv) {
   }
   kiln::Device dev = kiln::cpu();
   if (cuda) dev = kiln::cuda(0);
+  if (o.ddp) {  // one process per GPU, started by kiln-run; each rank trains on its own batches
+    kiln::dist::init_process_group();
+    if (cuda) dev = kiln::cuda(kiln::dist::local_rank());
+  }
   std::vector<std::string> dtypes =
       o.dtype == "all" ? std::vector<std::string>{"fp32", "bf16"} : std::vector<std::string>{o.dtype};
   std::vector<bool> modes;
@@ -505,7 +518,7 @@ int main(int argc, char** argv) {
   std::vector<Batch> data;
   try {
     kiln::set_float32_matmul_precision(o.precision);
-    data = make_batches(c, o.seed, o.batches, dev);
+    data = make_batches(c, o.seed + (o.ddp ? 1000 * kiln::dist::get_rank() : 0), o.batches, dev);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpt: setup: %s\n", e.what());
     return 1;
@@ -526,5 +539,6 @@ int main(int argc, char** argv) {
       }
     }
   }
+  if (o.ddp) kiln::dist::destroy_process_group();
   return failures ? 1 : 0;
 }

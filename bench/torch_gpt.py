@@ -22,6 +22,7 @@
 # backward compiled by AOTAutograd, the clip and the optimizer step compiled as a second graph);
 # --compile-target model compiles the model alone, as nanoGPT's train.py does (optimizer eager).
 import argparse
+import os
 import gc
 import json
 import math
@@ -205,6 +206,8 @@ def build(args, c, dtype, mode):
     torch.manual_seed(args.seed)
     model = GPT(c, args.attn == "manual", args.tie_weights).to(args.device)
     opt = make_optimizer(model)
+    if args.ddp:  # (DDP's default buckets; the model is what DDP wraps, the optimizer steps its params)
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.local_rank])
     bf16 = dtype == "bf16"
     dev_type = "cuda" if args.device.startswith("cuda") else "cpu"
     fwd = model
@@ -245,11 +248,12 @@ def run_mode(args, c, dtype, mode, data):
         torch.cuda.reset_peak_memory_stats()
     model, opt, call = build(args, c, dtype, mode)
     params = sum(p.numel() for p in model.parameters())  # (a tied weight counts once)
-    wpe = model.transformer.wpe.weight.numel()
-    wte = model.transformer.wte.weight.numel()
+    inner = model.module if args.ddp else model
+    wpe = inner.transformer.wpe.weight.numel()
+    wte = inner.transformer.wte.weight.numel()
     n_flops = params - wpe - (0 if args.tie_weights else wte)
     flops_per_token = 6 * n_flops + 12 * c["n_layer"] * c["n_head"] * (c["n_embd"] // c["n_head"]) * c["block_size"]
-    tokens = c["batch"] * c["block_size"]
+    tokens = c["batch"] * c["block_size"] * args.world_size  # (every rank's batch)
     flops_per_step = flops_per_token * tokens
 
     times, first_ms, first_loss, final_loss = [], None, None, None
@@ -281,7 +285,9 @@ def run_mode(args, c, dtype, mode, data):
     if cuda:
         row["peak_alloc_mib"] = torch.cuda.max_memory_allocated() / 2**20
         row["peak_reserved_mib"] = torch.cuda.max_memory_reserved() / 2**20
-    emit(row)
+    row["world_size"] = args.world_size
+    if args.rank == 0:
+        emit(row)
     del model, opt, call
 
 
@@ -356,6 +362,7 @@ def main():
     p.add_argument("--compile-target", default="step", choices=["step", "model"])
     p.add_argument("--peak-flops", type=float, default=0.0)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over torchrun's ranks (NCCL)")
     p.add_argument("--profile-steps", type=int, default=5)
     for k in ("batch", "seq", "d", "layers", "heads", "vocab", "mlp"):
         p.add_argument(f"--{k}", type=int, default=None)
@@ -378,10 +385,17 @@ def main():
     args.warmup = args.warmup if args.warmup is not None else warmup
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("torch_gpt: no CUDA device")
+    args.rank, args.world_size, args.local_rank = 0, 1, 0
+    if args.ddp:  # one process per GPU under torchrun; each rank trains on its own batches
+        torch.distributed.init_process_group("nccl")
+        args.rank, args.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+        args.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(args.local_rank)
+        args.device = f"cuda:{args.local_rank}"
     torch.set_float32_matmul_precision(args.matmul_precision)
     dtypes = ["fp32", "bf16"] if args.dtype == "all" else [args.dtype]
     modes = ["eager", "compile", "reduce-overhead"] if args.mode == "all" else [args.mode]
-    data = make_batches(c, args.seed, args.batches, args.device)
+    data = make_batches(c, args.seed + 1000 * args.rank, args.batches, args.device)
     failures = 0
     for dtype in dtypes:
         for mode in modes:
@@ -395,6 +409,8 @@ def main():
                 row["error"] = " ".join(msg)[:500]
                 emit(row)
             cleanup(args)
+    if args.ddp:
+        torch.distributed.destroy_process_group()
     sys.exit(1 if failures else 0)
 
 

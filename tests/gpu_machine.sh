@@ -2,8 +2,8 @@
 # Runs kiln's suites and benchmarks on a GPU machine from binaries built here.
 #
 #   tests/gpu_machine.sh pack [BUILD]   (here) packs BUILD's (default build/) test and benchmark
-#                                       programs, libkiln, the libraries a bare Ubuntu GPU host
-#                                       lacks (TBB, oneDNN, SLEEF) and ../shared's corpora into
+#                                       programs, kiln-run, libkiln, the libraries a bare Ubuntu GPU
+#                                       host lacks (TBB, oneDNN, SLEEF, Gloo) and ../shared's corpora into
 #                                       .carry/kiln-gpu.tar.xz (git-ignored; name .carry in carry)
 #   tests/gpu_machine.sh unpack         (there) unpacks it to .carry/gpu and ../shared
 #   tests/gpu_machine.sh suite OUTDIR   (there) every test program once with KILN_TEST_DEVICE=cuda,
@@ -20,16 +20,19 @@ case "$cmd" in
   pack)
     build=$(cd "${2:-$ROOT/build}" && pwd)
     stage=$(mktemp -d)
-    mkdir -p "$stage/gpu/tests" "$stage/gpu/bench" "$stage/gpu/lib" "$stage/shared"
+    mkdir -p "$stage/gpu/tests" "$stage/gpu/bench" "$stage/gpu/examples" "$stage/gpu/lib" "$stage/shared"
     for f in "$build"/tests/*; do [ -f "$f" ] && [ -x "$f" ] && cp "$f" "$stage/gpu/tests/"; done
     for f in "$build"/bench/*; do [ -f "$f" ] && [ -x "$f" ] && cp "$f" "$stage/gpu/bench/"; done
+    cp "$build"/examples/kiln-run "$stage/gpu/examples/"
     cp -L "$build"/libkiln.so.0 "$stage/gpu/lib/"
-    for l in libtbb.so.12 libsleefgnuabi.so.3 libdnnl.so.2; do
+    # (Gloo and what it links: hiredis, ibverbs and netlink, absent on the GPU host)
+    for l in libtbb.so.12 libsleefgnuabi.so.3 libdnnl.so.2 libgloo.so.0 libhiredis.so.0.14 libibverbs.so.1 \
+             libnl-route-3.so.200 libnl-3.so.200; do
       p=$(ldconfig -p | awk -v l="$l" '$1 == l && !f {print $NF; f = 1}')  # (no early exit: ldconfig would get SIGPIPE)
       [ -n "$p" ] && cp -L "$p" "$stage/gpu/lib/$l"
     done
     cp -r "$ROOT/../shared/torch-parity" "$ROOT/../shared/torch-programs" "$stage/shared/"
-    strip --strip-unneeded "$stage"/gpu/tests/* "$stage"/gpu/bench/* "$stage"/gpu/lib/* 2>/dev/null || true
+    strip --strip-unneeded "$stage"/gpu/tests/* "$stage"/gpu/bench/* "$stage"/gpu/examples/* "$stage"/gpu/lib/* 2>/dev/null || true
     mkdir -p "$CARRY"
     tar -C "$stage" -cf - gpu shared | xz -T2 -6 > "$CARRY/kiln-gpu.tar.xz"
     rm -rf "$stage"

@@ -26,10 +26,11 @@ struct CudaCode : Code {
   CUmodule module = nullptr;
   CUfunction fn = nullptr;
   int buffers = 0, iparams = 0, fparams = 0, lanes = 1, shared = 0;
+  int device = 0;  // the device whose context holds the module
   std::string symbol;
   ~CudaCode() override {
     if (!module || !cu::available()) return;
-    cu::issue_launches(0);  // launches of this kernel still queued are issued first
+    cu::issue_launches(device);  // launches of this kernel still queued are issued first
     // Ignored result: at process exit the driver may be shut down already.
     cu::api().module_unload(module);
   }
@@ -98,7 +99,7 @@ class CudaBackend final : public Backend {
   // Reads the device's properties only: the context and stream are made at the first compile,
   // load or launch (a process that never runs CUDA code never creates a context).
   CudaBackend() {
-    cc_ = cu::compute_capability(0);
+    cc_ = cu::compute_capability(cu::jit_device());
     int sms = 0;
     CUdevice d = 0;
     cu::check(cu::api().device_get(&d, 0), "cuDeviceGet");
@@ -153,9 +154,9 @@ class CudaBackend final : public Backend {
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
     const long long threads = std::max(kCudaBlock, c.lanes);
     const long long blocks = std::min<long long>((l.extent * c.lanes + threads - 1) / threads, max_blocks_);
-    cu::launch_kernel(0, c.fn, static_cast<unsigned>(blocks), static_cast<unsigned>(threads),
+    cu::launch_kernel(c.device, c.fn, static_cast<unsigned>(blocks), static_cast<unsigned>(threads),
                       static_cast<unsigned>(c.shared), 0, l.extent, args, static_cast<int>(nb + ni + nf), c.symbol);
-    cu::note_launch(0, c.symbol);
+    cu::note_launch(c.device, c.symbol);
   }
 
   void dump(const Kernel& k, const std::string& symbol) const override {
@@ -165,8 +166,11 @@ class CudaBackend final : public Backend {
  private:
   std::shared_ptr<Code> load_binary(const std::string& binary, const std::string& symbol, const Header& h) const {
     const cu::Api& a = cu::api();
-    cu::enter(0);
+    const int device = cu::jit_device();
+    cu::lock_jit_device();
+    cu::enter(device);
     auto code = std::make_shared<CudaCode>();
+    code->device = device;
     code->backend = this;
     code->symbol = symbol;
     code->buffers = h.buffers;

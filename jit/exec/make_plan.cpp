@@ -111,10 +111,11 @@ void choose_target(Planning& p) {
     static std::once_flag told;
     std::call_once(told, [&] { log_line("jit", std::string(e.what()) + "; running kernels on the interpreter"); });
   }
-  if (p.tgt && p.device != DeviceType::CPU && p.seg.nodes[0]->device.index != 0) {
+  const int jit_index = p.device == DeviceType::CUDA ? cuda::current_device() : 0;
+  if (p.tgt && p.device != DeviceType::CPU && p.seg.nodes[0]->device.index != jit_index) {
     static std::once_flag told;
     std::call_once(told, [&] {
-      log_line("jit", "generated kernels run on " + Device{p.device, 0}.str() + " only; " +
+      log_line("jit", "generated kernels run on " + Device{p.device, jit_index}.str() + " only; " +
                           p.seg.nodes[0]->device.str() + " runs its ops one by one through the device runtime");
     });
     p.tgt = nullptr;

@@ -55,6 +55,12 @@ struct KILN_API cuda {
   static void reset_peak_memory_stats(int index = 0);
   // Gives every cached, unused block of every device back to the driver.
   static void empty_cache();
+  // The device kiln's generated kernels run on in this process (default 0; other devices run
+  // their ops one by one). Set it before the first kernel runs, as torch.cuda.set_device: one
+  // process per GPU sets its LOCAL_RANK's device (init_process_group does it for NCCL groups).
+  // kiln::Error for an index out of range, or once kernels were loaded on another device.
+  static void set_device(int index);
+  static int current_device();
 };
 
 }  // namespace kiln

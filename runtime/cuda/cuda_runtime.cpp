@@ -200,8 +200,13 @@ void run_on_host(Node& n) {
   n.set_storage(std::move(out), false);
 }
 
+std::atomic<int> g_jit_device{0};
+std::atomic<bool> g_jit_device_locked{false};
+
 class CudaRuntime final : public DeviceRuntime {
  public:
+  void select_device(int index) override { cu::select_jit_device(index); }
+  int selected_device() const override { return cu::jit_device(); }
   bool available() const override { return cu::available(); }
   std::string unavailable_reason() const override { return cu::unavailable_reason(); }
   int device_count() const override { return cu::device_count(); }
@@ -404,6 +409,17 @@ const bool g_registered = [] {
 }();
 
 }  // namespace
+
+int jit_device() { return g_jit_device.load(std::memory_order_relaxed); }
+
+void select_jit_device(int index) {
+  if (index == g_jit_device.load()) return;
+  KILN_CHECK(!g_jit_device_locked.load(), "cuda::set_device(", index, "): kiln's kernels already run on cuda:",
+             g_jit_device.load(), "; set the device before the first CUDA operation");
+  g_jit_device.store(index);
+}
+
+void lock_jit_device() { g_jit_device_locked.store(true); }
 
 CUstream enter(int index) {
   DeviceState& s = ready(index);

@@ -36,6 +36,12 @@ void note_launch(int index, const std::string& kernel, bool reports_index_errors
 // OpKind's value.
 CUdeviceptr index_error_record(int index);
 
+// The device generated kernels are loaded into and launched on (kiln::cuda::set_device,
+// default 0). lock_jit_device() fixes it (called when the first kernel is loaded).
+int jit_device();
+void select_jit_device(int index);
+void lock_jit_device();
+
 // Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
 // kernel queued before the failure was seen, and a reported bad index a kiln::Error worded as
 // the CPU kernels' ("gather: index 12 is out of bounds for dimension 0 with size 10",

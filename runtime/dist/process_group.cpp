@@ -130,6 +130,12 @@ void init_process_group(const ProcessGroupOptions& o) {
   if (!g_owned_store_dir.empty()) std::filesystem::create_directories(g_owned_store_dir);
   std::vector<int> members(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) members[static_cast<size_t>(r)] = r;
+  // One process per GPU: kiln's kernels run on this rank's LOCAL_RANK device (as a PyTorch user
+  // calls torch.cuda.set_device(local_rank)); left alone when kernels already run elsewhere.
+  if (libraries.find("nccl") != std::string::npos && cuda::is_available() && local_rank() < cuda::device_count()) try {
+      cuda::set_device(local_rank());
+    } catch (const Error&) {
+    }
   auto g = std::make_shared<Group>(make_store(url), "kiln/world", std::move(members), rank, libraries, o.timeout);
   g->connect();
   if (libraries == "nccl") g->run("init", cuda(local_rank()), [](Backend&) -> CompletionPtr { return nullptr; });

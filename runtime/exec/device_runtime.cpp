@@ -69,6 +69,16 @@ MemoryStats cuda::memory_stats(int index) { return device_runtime(cuda(index)).m
 
 void cuda::reset_peak_memory_stats(int index) { device_runtime(cuda(index)).reset_peak_memory_stats(index); }
 
+void cuda::set_device(int index) {
+  DeviceRuntime& rt = device_runtime(cuda(index));  // (checks the index)
+  rt.select_device(index);
+}
+
+int cuda::current_device() {
+  DeviceRuntime* rt = usable_cuda();
+  return rt ? rt->selected_device() : 0;
+}
+
 void cuda::empty_cache() {
   if (DeviceRuntime* rt = usable_cuda()) rt->empty_cache();
 }

@@ -51,6 +51,9 @@ class DeviceRuntime {
   // on CUDA): `a` [M, K], `b` [K, N], `bias` [N] (or broadcast over rows) materialized on out's
   // device. False, computing nothing, when the device cannot (then GEMM and epilogue run apart).
   virtual bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool relu) { return false; }
+  // The device generated kernels load into (cuda::set_device); see there.
+  virtual void select_device(int index) {}
+  virtual int selected_device() const { return 0; }
   // Waits until all work queued on device `index` has finished (raising its errors).
   virtual void synchronize(int index) = 0;
   // Device-side timing (KILN_PROFILE): a mark queued on device `index`'s stream after the work

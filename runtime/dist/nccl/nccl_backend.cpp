@@ -8,6 +8,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstring>
@@ -184,20 +185,33 @@ class NcclBackend final : public Backend {
   }
   // NCCL has no barrier: a one-element all-reduce, waited for on the host.
   void barrier() override {
+    std::vector<int64_t> one = {0};
+    exchange(one);
+  }
+  // Every rank's words through a device all-gather, waited for on the host (barrier and the
+  // KILN_DIST_DEBUG agreement check).
+  std::vector<int64_t> exchange(const std::vector<int64_t>& words) override {
+    const auto& api = cu::api();
     CUstream s = cu::enter(device_);
+    const size_t n = std::max<size_t>(words.size(), 1), bytes = n * sizeof(int64_t);
+    std::vector<int64_t> in(n, 0), all(n * static_cast<size_t>(size_));
+    std::copy(words.begin(), words.end(), in.begin());
     CUdeviceptr buf = 0;
-    cu::check(cu::api().mem_alloc(&buf, 4), "cuMemAlloc");
-    CompletionPtr c;
-    try {
-      c = all_reduce(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf), 1, DType::Float32, ReduceOp::Sum);
-      c->wait();
-      cu::check(cu::api().stream_synchronize(s), "cuStreamSynchronize");
-    } catch (...) {
-      cu::api().mem_free(buf);
-      throw;
-    }
-    cu::api().mem_free(buf);
-    raise_if_failed();
+    cu::check(api.mem_alloc(&buf, bytes * (static_cast<size_t>(size_) + 1)), "cuMemAlloc");
+    struct Free {
+      CUdeviceptr p;
+      ~Free() { cu::api().mem_free(p); }
+    } free_buf{buf};
+    cu::check(api.memcpy_htod_async(buf, in.data(), bytes, s), "cuMemcpyHtoDAsync");
+    CompletionPtr c = all_gather(reinterpret_cast<void*>(buf), reinterpret_cast<void*>(buf + bytes), n, DType::Int64);
+    c->wait();
+    cu::check(api.memcpy_dtoh_async(all.data(), buf + bytes, bytes * static_cast<size_t>(size_), s),
+              "cuMemcpyDtoHAsync");
+    const CUresult r = api.stream_synchronize(s);
+    raise_if_failed();  // (an aborted communicator explains a failed wait)
+    cu::check(r, "cuStreamSynchronize");
+    if (words.empty()) return {};
+    return all;
   }
   void abort() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -261,7 +275,7 @@ class NcclBackend final : public Backend {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
       if (stop_ || aborted_) continue;
       try {
-        cu::enter(device_);
+        cu::make_current(device_);  // (this thread only queries events and the communicator)
       } catch (...) {
         continue;
       }
