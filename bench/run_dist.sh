@@ -7,7 +7,8 @@
 #     summed over the ranks and the scaling efficiency against one GPU.
 #
 #   bench/run_dist.sh [--build-dir DIR] [--gpus "1 2 4"] [--config M] [--dtype fp32] [--quick]
-#                     [--device cuda|cpu] [--keep DIR]
+#                     [--device cuda|cpu] [--keep DIR] [--parts "allreduce gpt"] [--impls "kiln torch"]
+#                     [--table DIR]   (prints the tables of rows kept in DIR, runs nothing)
 set -uo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/.." && pwd)
@@ -18,6 +19,9 @@ DTYPE=fp32
 QUICK=0
 KEEP=""
 GPUS=""
+PARTS="allreduce gpt"
+IMPLS="kiln torch"
+TABLE=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --build-dir) BUILD="$2"; shift ;;
@@ -27,12 +31,17 @@ while [ $# -gt 0 ]; do
     --device) DEVICE="$2"; shift ;;
     --quick) QUICK=1 ;;
     --keep) KEEP="$2"; shift ;;
+    --parts) PARTS="$2"; shift ;;
+    --impls) IMPLS="$2"; shift ;;
+    --table) TABLE="$2"; shift ;;
     -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     *) echo "run_dist.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
 PY=${PYTHON:-python3}
+has() { case " $1 " in *" $2 "*) return 0 ;; esac; return 1; }
+if [ -n "$TABLE" ]; then PARTS=""; KEEP="$TABLE"; GPUS=1; fi
 export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
 if [ -z "$GPUS" ]; then
   if [ "$DEVICE" = cuda ]; then
@@ -51,23 +60,25 @@ STEPS=(); [ "$QUICK" = 1 ] && STEPS=(--steps 30 --warmup 8)
 # ---- 1. all-reduce bandwidth ----
 MAXMIB=1024; [ "$QUICK" = 1 ] && MAXMIB=256
 for n in $GPUS; do
+  has "$PARTS" allreduce || break
   [ "$n" -ge 2 ] || continue
   [ "$n" = "$MAXN" ] || [ "$n" = 2 ] || continue
-  timeout 600 "$RUN" --nproc "$n" "$BUILD/bench/bench_allreduce" --device "$DEVICE" --max-mib "$MAXMIB" \
+  has "$IMPLS" kiln && timeout 600 "$RUN" --nproc "$n" "$BUILD/bench/bench_allreduce" --device "$DEVICE" --max-mib "$MAXMIB" \
     >> "$OUT/allreduce.jsonl" 2>> "$OUT/allreduce.log" || echo "run_dist.sh: kiln all-reduce on $n failed (see $OUT/allreduce.log)" >&2
-  timeout 600 "$PY" -m torch.distributed.run --nproc_per_node "$n" "$HERE/torch_allreduce.py" --device "$DEVICE" \
+  has "$IMPLS" torch && timeout 600 "$PY" -m torch.distributed.run --nproc_per_node "$n" "$HERE/torch_allreduce.py" --device "$DEVICE" \
     --max-mib "$MAXMIB" >> "$OUT/allreduce.jsonl" 2>> "$OUT/allreduce.log" ||
     echo "run_dist.sh: torch all-reduce on $n failed (see $OUT/allreduce.log)" >&2
 done
 
 # ---- 2. data-parallel GPT ----
 for n in $GPUS; do
-  for mode in eager compiled; do
+  has "$PARTS" gpt || break
+  has "$IMPLS" kiln && for mode in eager compiled; do
     timeout 900 "$RUN" --nproc "$n" "$BUILD/bench/bench_gpt" --ddp --config "$CONFIG" --dtype "$DTYPE" --mode "$mode" \
       --device "$DEVICE" "${STEPS[@]}" >> "$OUT/gpt.jsonl" 2>> "$OUT/gpt.log" ||
       echo "run_dist.sh: kiln $mode on $n failed (see $OUT/gpt.log)" >&2
   done
-  for mode in eager compile; do
+  has "$IMPLS" torch && for mode in eager compile; do
     timeout 900 "$PY" -m torch.distributed.run --nproc_per_node "$n" "$HERE/torch_gpt.py" --ddp --config "$CONFIG" \
       --dtype "$DTYPE" --mode "$mode" --device "$DEVICE" "${STEPS[@]}" >> "$OUT/gpt.jsonl" 2>> "$OUT/gpt.log" ||
       echo "run_dist.sh: torch $mode on $n failed (see $OUT/gpt.log)" >&2

@@ -47,6 +47,7 @@ void init() {
   dist::ProcessGroupOptions o;
   o.timeout = timeout();
   if (const char* b = std::getenv("KILN_TEST_BACKEND")) o.backend = b;
+  if (const char* m = std::getenv("KILN_TEST_INIT_METHOD")) o.init_method = m;
   dist::init_process_group(o);
 }
 

@@ -34,7 +34,10 @@ inline std::string binary_dir() {
 inline std::vector<RankOutcome> run_ranks(const std::string& program, const std::vector<std::string>& args,
                                           int world, int started, const std::map<std::string, std::string>& env,
                                           std::chrono::seconds deadline = std::chrono::seconds(120)) {
-  const std::string exe = program.find('/') == std::string::npos ? binary_dir() + "/" + program : program;
+  // A bare name is a program next to the test binary, else one on the PATH (mpirun).
+  std::string exe = program;
+  if (program.find('/') == std::string::npos && std::filesystem::exists(binary_dir() + "/" + program))
+    exe = binary_dir() + "/" + program;
   std::random_device rd;
   const int port = 20000 + static_cast<int>(rd() % 30000);
   const std::string run_id = std::to_string(getpid()) + "-" + std::to_string(rd());
@@ -59,7 +62,7 @@ inline std::vector<RankOutcome> run_ranks(const std::string& program, const std:
       argv.push_back(const_cast<char*>(exe.c_str()));
       for (auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
-      execv(exe.c_str(), argv.data());
+      execvp(exe.c_str(), argv.data());
       _exit(127);
     }
     pids.push_back(pid);

@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <thread>
 
 #include "rank_launcher.h"
+#include "temp_dir.h"
 
 namespace {
 
@@ -98,6 +100,42 @@ TEST(DistFaults, MismatchedShapesAreReportedOnEveryRank) {
   auto env = base_env(10000);
   env["KILN_DIST_DEBUG"] = "1";  // (on CUDA the check runs under KILN_DIST_DEBUG; on the CPU always)
   expect_all_ok(run_ranks("dist_worker", {"mismatch"}, 2, 2, env, std::chrono::seconds(60)));
+}
+
+// Other ways to start and meet: an explicit file:// store, a real Redis server, and mpirun.
+TEST(DistLaunch, ExplicitFileStore) {
+  kiln::testing::TempDir dir("kiln-store");
+  auto env = base_env();
+  env["KILN_TEST_INIT_METHOD"] = "file://" + dir.path();
+  env["MASTER_ADDR"] = "";  // (not needed: the store is given)
+  expect_all_ok(run_ranks("dist_worker", {"groups"}, 2, 2, env));
+}
+
+TEST(DistLaunch, RedisStore) {
+  if (std::system("command -v redis-server > /dev/null 2>&1") != 0) GTEST_SKIP() << "no redis-server";
+  const int port = 21000 + static_cast<int>(getpid() % 20000);
+  const std::string start = "redis-server --port " + std::to_string(port) +
+                            " --save '' --appendonly no --daemonize yes --pidfile /tmp/kiln-redis-" +
+                            std::to_string(port) + ".pid > /dev/null";
+  ASSERT_EQ(std::system(start.c_str()), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto env = base_env();
+  env["KILN_TEST_INIT_METHOD"] = "redis://127.0.0.1:" + std::to_string(port);
+  auto out = run_ranks("dist_worker", {"groups"}, 2, 2, env);
+  std::system(("kill $(cat /tmp/kiln-redis-" + std::to_string(port) + ".pid) 2> /dev/null").c_str());
+  expect_all_ok(out);
+}
+
+TEST(DistLaunch, Mpirun) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
+  if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  auto env = base_env();
+  // Only mpirun's variables: no torchrun-style ones.
+  for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = "";
+  auto out = run_ranks("mpirun", {"--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                  kiln::testing::binary_dir() + "/dist_worker", "groups"},
+                       1, 1, env);
+  EXPECT_EQ(out[0].status, 0) << out[0].output;
 }
 
 // The launcher users start jobs with: kiln-run --nproc N prog args.

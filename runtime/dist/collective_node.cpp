@@ -14,6 +14,10 @@ namespace kiln::dist {
 namespace {
 
 thread_local InFlight t_in_flight;
+// Set while record_collective runs its own node in lazy eager: only then may an async
+// collective stay in flight (its Work waits for it). Anywhere else (a compiled program, a node
+// materialized later) kiln's stream waits for it at once, before any consumer runs.
+thread_local bool t_eager_call = false;
 
 bool debug_checks() {
   static const bool on = [] {
@@ -73,7 +77,7 @@ void run(Node& n) {
       return nullptr;
     });
   InFlight f{done, {in.storage, out}};
-  if (done && !c.async) {
+  if (done && !(c.async && t_eager_call)) {
     done->wait();  // kiln's stream waits for it; later frees are ordered after it
     f = {};
   }
@@ -129,6 +133,10 @@ Tensor record_collective(const CollAttrs& c, const Tensor& input, Shape out_shap
   }
   if (!kiln::detail::trace_observer()) {
     t_in_flight = {};
+    struct EagerCall {
+      EagerCall() { t_eager_call = true; }
+      ~EagerCall() { t_eager_call = false; }
+    } eager;
     out.eval();  // lazy eager: run now, in call order (every rank makes the same calls)
   }
   return out;

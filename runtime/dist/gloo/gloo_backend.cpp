@@ -85,7 +85,7 @@ std::shared_ptr<gloo::transport::Device> tcp_device() {
   const char* addr = std::getenv("MASTER_ADDR");
   if (iface && *iface) {
     attr.iface = iface;
-  } else if (!addr || std::string(addr) == "localhost" || std::string(addr).rfind("127.", 0) == 0) {
+  } else if (!addr || !*addr || std::string(addr) == "localhost" || std::string(addr).rfind("127.", 0) == 0) {
     attr.hostname = "127.0.0.1";
   } else {
     char host[256] = {};
