@@ -4,6 +4,8 @@
 #
 #   bench/run.sh            full run (about 3-5 minutes after the build)
 #   bench/run.sh --quick    short run (well under 2 minutes after the build)
+#   bench/run.sh --device cuda --dist   all-reduce bandwidth and data-parallel GPT beside
+#                torch.distributed (bench/run_dist.sh) on every GPU of the host
 #   bench/run.sh --device cuda   the GPU table: kiln (lazy eager, compiled) beside PyTorch eager
 #                                and torch.compile (python3 with torch, same call), copy bandwidth,
 #                                NVRTC cold compile and disk-cache warm load per kernel
@@ -35,6 +37,7 @@ while [ $# -gt 0 ]; do
     --no-torch-compile) TORCH_COMPILE=0 ;;
     --device) DEVICE="$2"; shift ;;
     --quick) QUICK="--quick" ;;
+    --dist) DIST=1 ;;
     --threads) THREADS="$2"; shift ;;
     --no-build) DO_BUILD=0 ;;
     --build-dir) BUILD="$2"; shift ;;
@@ -48,6 +51,13 @@ done
 LOCK=/tmp/kiln-build.lock
 locked() { if command -v flock >/dev/null; then flock "$LOCK" "$@"; else "$@"; fi; }
 
+if [ "${DIST:-0}" = 1 ]; then  # the distributed tables (all GPUs of the host, or 2 Gloo ranks on the CPU)
+  if [ "$DO_BUILD" = 1 ]; then
+    [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2
+    locked cmake --build "$BUILD" --target bench_allreduce bench_gpt kiln-run -j2 >&2
+  fi
+  exec bash "$ROOT/bench/run_dist.sh" --build-dir "$BUILD" --device "$DEVICE" ${QUICK:+--quick}
+fi
 if [ "$DEVICE" = cuda ]; then
   if [ "$DO_BUILD" = 1 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2

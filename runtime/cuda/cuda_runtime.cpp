@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <functional>
+#include <map>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -308,8 +310,10 @@ class CudaGraph final : public DeviceGraph {
   }
   void launch() override {
     std::lock_guard<std::mutex> lock(blas_mutex());  // (its captured GEMMs use the BLAS workspace)
-    check(api().graph_launch(exec_, enter(index_)), "cuGraphLaunch");
+    CUstream stream = enter(index_);
+    check(api().graph_launch(exec_, stream), "cuGraphLaunch");
     note_launch(index_, name_, reports_);
+    notify_graph_launch(index_, stream);
   }
   size_t size() const override { return size_; }
   bool owns(const void* p) const override { return pool_->owns(p); }
@@ -409,6 +413,28 @@ const bool g_registered = [] {
 }();
 
 }  // namespace
+
+namespace {
+std::mutex& g_listeners_mu = *new std::mutex;
+auto& g_listeners = *new std::map<int, std::function<void(int, CUstream)>>;
+int g_next_listener = 1;
+}  // namespace
+
+int add_graph_launch_listener(std::function<void(int, CUstream)> fn) {
+  std::lock_guard<std::mutex> lock(g_listeners_mu);
+  g_listeners[g_next_listener] = std::move(fn);
+  return g_next_listener++;
+}
+
+void remove_graph_launch_listener(int id) {
+  std::lock_guard<std::mutex> lock(g_listeners_mu);
+  g_listeners.erase(id);
+}
+
+void notify_graph_launch(int index, CUstream stream) {
+  std::lock_guard<std::mutex> lock(g_listeners_mu);
+  for (auto& [id, fn] : g_listeners) fn(index, stream);
+}
 
 int jit_device() { return g_jit_device.load(std::memory_order_relaxed); }
 

@@ -5,6 +5,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace kiln::cu {
@@ -41,6 +42,12 @@ CUdeviceptr index_error_record(int index);
 int jit_device();
 void select_jit_device(int index);
 void lock_jit_device();
+
+// Called after every CUDA-graph replay is queued on device `index`'s stream (the NCCL backend's
+// watchdog follows the collectives a graph holds). Returns an id for removal.
+int add_graph_launch_listener(std::function<void(int index, CUstream stream)> fn);
+void remove_graph_launch_listener(int id);
+void notify_graph_launch(int index, CUstream stream);
 
 // Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
 // kernel queued before the failure was seen, and a reported bad index a kiln::Error worded as

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -125,12 +126,17 @@ class NcclBackend final : public Backend {
       KILN_CHECK(v.size() == sizeof id, "NCCL's unique id in the store has ", v.size(), " bytes");
       std::memcpy(&id, v.data(), sizeof id);
     }
-    cu::enter(device_);
+    KILN_CHECK(!capturing(cu::enter(device_)), "NCCL's communicator is not made while a CUDA graph is recorded");
     check(n.comm_init_rank(&comm_, s.size, id, s.rank), "ncclCommInitRank");
     cu::check(cu::api().stream_create(&comm_stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     watchdog_ = std::thread([this] { watch(); });
+    // A replayed graph may hold this group's collectives: the watchdog follows each replay.
+    listener_ = cu::add_graph_launch_listener([this](int index, CUstream stream) {
+      if (index == device_) watch_stream(stream, "a CUDA graph's collectives");
+    });
   }
   ~NcclBackend() override {
+    cu::remove_graph_launch_listener(listener_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -235,14 +241,36 @@ class NcclBackend final : public Backend {
       throw Error(std::string("NCCL ") + what + ": " + nccl().get_error_string(r));
   }
 
+  static bool capturing(CUstream s) {
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    cu::check(cu::api().stream_is_capturing(s, &st), "cuStreamIsCapturing");
+    return st != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
+  // Whether collectives may be recorded into CUDA graphs (KILN_NCCL_GRAPHS=1). Off by default:
+  // the compiled GPT data-parallel step replays as one graph with its NCCL calls, but a compiled
+  // function returning the collectives' results directly hung on 2 and 4 H100s (not understood
+  // yet); without it a graph being recorded refuses the collective and the program runs step by
+  // step.
+  static bool graphs_allowed() {
+    static const bool on = [] {
+      const char* v = std::getenv("KILN_NCCL_GRAPHS");
+      return v && std::string(v) == "1";
+    }();
+    return on;
+  }
+
+  // Queues `call` on the communication stream, ordered after the work queued on kiln's stream.
+  // While kiln's stream records a CUDA graph (KILN_NCCL_GRAPHS=1) the fork and the join below are
+  // recorded too: the graph holds the collective on a branch of its own (every rank replays its
+  // graph at the same call of the compiled function, so the collectives still meet in one order).
   template <class F>
   CompletionPtr enqueue(const char* what, F&& call) {
     raise_if_failed();
     CUstream compute = cu::enter(device_);
-    CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
-    cu::check(cu::api().stream_is_capturing(compute, &capture), "cuStreamIsCapturing");
-    // Every rank would have to record and replay the same graph together: not recorded.
-    KILN_CHECK(capture == CU_STREAM_CAPTURE_STATUS_NONE, "NCCL ", what, " is not recorded into a CUDA graph");
+    const bool recording = capturing(compute);
+    KILN_CHECK(!recording || graphs_allowed(), "NCCL ", what,
+               " is not recorded into a CUDA graph (KILN_NCCL_GRAPHS=1 allows it)");
     const auto& api = cu::api();
     CUevent ready = nullptr, end = nullptr;
     cu::check(api.event_create(&ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
@@ -252,19 +280,25 @@ class NcclBackend final : public Backend {
     const ncclResult_t r = call(comm_stream_);
     if (r != ncclSuccess) {
       const char* last = nccl().get_last_error(comm_);
-      throw Error(std::string("NCCL ") + what + ": " + nccl().get_error_string(r) + (last && *last ? std::string(" (") + last + ")" : ""));
+      throw Error(std::string("NCCL ") + what + ": " + nccl().get_error_string(r) +
+                  (last && *last ? std::string(" (") + last + ")" : ""));
     }
     cu::check(api.event_create(&end, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     cu::check(api.event_record(end, comm_stream_), "cuEventRecord");
+    if (!recording) watch_stream(comm_stream_, what);
+    return std::make_shared<NcclCompletion>(this, end);
+  }
+
+  // The watchdog follows the work queued on `stream` so far.
+  void watch_stream(CUstream stream, const char* what) {
+    CUevent watched = nullptr;
+    cu::check(cu::api().event_create(&watched, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    cu::check(cu::api().event_record(watched, stream), "cuEventRecord");
     {
       std::lock_guard<std::mutex> lock(mu_);
-      CUevent watched = nullptr;
-      cu::check(api.event_create(&watched, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
-      cu::check(api.event_record(watched, comm_stream_), "cuEventRecord");
       pending_.push_back({watched, std::chrono::steady_clock::now(), what});
     }
     cv_.notify_all();
-    return std::make_shared<NcclCompletion>(this, end);
   }
 
   // The watchdog: aborts the communicator when a collective outlives the timeout or NCCL
@@ -317,6 +351,7 @@ class NcclBackend final : public Backend {
   std::string failure_;
   bool aborted_ = false, stop_ = false;
   std::thread watchdog_;
+  int listener_ = 0;
 };
 
 NcclCompletion::~NcclCompletion() { cu::api().event_destroy(ev_); }
