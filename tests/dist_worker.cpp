@@ -17,6 +17,7 @@
 
 #include "examples/gpt_model.h"
 #include "kiln.h"
+#include "runtime/dtensor/dtensor.h"
 #include "runtime/parallel/data_parallel.h"
 
 using namespace kiln;
@@ -521,13 +522,103 @@ void ddp_gpt() {
   dist::destroy_process_group();
 }
 
+// DTensor: every placement -> placement transition on a 1-d mesh (and a 2 x 2 mesh with 4
+// ranks), uneven and empty pieces, against the full tensor every rank knows; values are small
+// integers, so results compare exactly. Gradients follow DTensor's rules.
+void dtensor() {
+  init();
+  const int rank = dist::get_rank(), size = dist::get_world_size();
+  std::vector<std::vector<int64_t>> mesh_shapes = {{size}};
+  if (size == 4) mesh_shapes.push_back({2, 2});
+  for (const auto& ms : mesh_shapes) {
+    dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", ms);
+    // Placements of one mesh dim, and all combinations over the mesh's dims.
+    const std::vector<dist::Placement> one = {dist::Replicate(), dist::Shard(0), dist::Shard(1), dist::Partial()};
+    std::vector<std::vector<dist::Placement>> all = {{}};
+    for (size_t d = 0; d < ms.size(); ++d) {
+      std::vector<std::vector<dist::Placement>> next;
+      for (auto& p : all)
+        for (auto& q : one) {
+          auto r = p;
+          r.push_back(q);
+          next.push_back(r);
+        }
+      all = next;
+    }
+    for (std::vector<int64_t> shape : {std::vector<int64_t>{5, 7}, {1, 3}, {0, 4}, {8, 2}}) {
+      const int64_t n = shape[0] * shape[1];
+      std::vector<double> v(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>((i * 7) % 11 - 5);
+      Tensor full = from_vector(v, shape).to(device());
+      for (const auto& src : all)
+        for (const auto& dst : all) {
+          auto name = [&] {
+            auto dims = [](const std::vector<int64_t>& v) {
+              std::string r = "[";
+              for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+              return r + "]";
+            };
+            std::string s = dims(shape) + " mesh " + dims(ms) + ": ";
+            for (auto& p : src) s += p.str() + " ";
+            s += "->";
+            for (auto& p : dst) s += " " + p.str();
+            return s;
+          };
+          // The source: shards of `full`; a Partial mesh dim holds the value on its coordinate 0.
+          std::vector<dist::Placement> src_no_partial = src;
+          for (auto& p : src_no_partial)
+            if (p.is_partial()) p = dist::Replicate();
+          Tensor local = dist::distribute_tensor(full, mesh, src_no_partial).to_local();
+          for (size_t d = 0; d < src.size(); ++d)
+            if (src[d].is_partial() && mesh.coordinate()[d] != 0) local = zeros_like(local);
+          dist::DTensor x = dist::DTensor::from_local(local, mesh, src, shape);
+          dist::DTensor y = x.redistribute(dst);
+          EXPECT(y.shape() == shape, name(), ": global shape");
+          EXPECT(y.to_local().sizes() == dist::DTensor::local_shape(shape, y.placements(), mesh, mesh.coordinate()),
+                 name(), ": local shape");
+          expect_equal(values(y.full_tensor()), v, name());
+          bool has_partial = false;
+          for (auto& p : dst) has_partial |= p.is_partial();
+          if (!has_partial) {
+            std::vector<dist::Placement> dst_copy = dst;
+            expect_equal(values(y.to_local()), values(dist::distribute_tensor(full, mesh, dst_copy).to_local()),
+                         name() + " (local piece)");
+          }
+        }
+    }
+  }
+  // Gradients: Shard(0) -> Replicate, a loss every rank computes alike; the shard's gradient is
+  // its rows of the weights (not size times them, as a sum over ranks would give).
+  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  Tensor W = (arange(0, 7 * 3).to(kFloat64).reshape({7, 3}) * 0.5).to(device());
+  const dist::ChunkRange mine = dist::chunk_range(7, size, rank);
+  Tensor local = zeros({mine.length, 3}, kFloat64).to(device()).requires_grad_();
+  dist::DTensor x = dist::DTensor::from_local(local, mesh, {dist::Shard(0)}, std::vector<int64_t>{7, 3});
+  (x.full_tensor() * W).sum({}).backward();
+  expect_equal(values(local.grad()), values(W.narrow(0, mine.start, mine.length)), "S(0) -> R backward");
+  // Partial -> Replicate: the gradient comes back replicated.
+  Tensor p = ones({2, 2}, kFloat64).to(device()).requires_grad_();
+  dist::DTensor px = dist::DTensor::from_local(p, mesh, {dist::Partial()});
+  (px.full_tensor() * 3.0).sum({}).backward();
+  expect_equal(values(p.grad()), std::vector<double>(4, 3.0), "P -> R backward");
+  // Bad input.
+  bool threw = false;
+  try {
+    dist::DTensor::from_local(ones({3, 3}).to(device()), mesh, {dist::Shard(0)}, std::vector<int64_t>{7, 3});
+  } catch (const Error& e) {
+    threw = std::string(e.what()).find("shard") != std::string::npos;
+  }
+  EXPECT(threw || mine.length == 3, "a wrong local shape is refused");
+  dist::destroy_process_group();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> scenarios = {
       {"collectives", collectives}, {"groups", groups},     {"functional", functional}, {"rank_dies", rank_dies},
       {"mismatch", mismatch},       {"never_joins", never_joins}, {"bad_input", bad_input},
-      {"ddp_mlp", ddp_mlp},         {"ddp_gpt", ddp_gpt},
+      {"ddp_mlp", ddp_mlp},         {"ddp_gpt", ddp_gpt},       {"dtensor", dtensor},
   };
   if (argc < 2 || !scenarios.count(argv[1])) {
     std::cerr << "usage: dist_worker SCENARIO (";

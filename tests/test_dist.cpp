@@ -57,6 +57,10 @@ TEST_P(Dist, BadInputIsRefusedOnEveryRank) {
   expect_all_ok(run_ranks("dist_worker", {"bad_input"}, GetParam(), GetParam(), base_env()));
 }
 
+TEST_P(Dist, DTensorEveryTransitionUnevenAndDifferentiable) {
+  expect_all_ok(run_ranks("dist_worker", {"dtensor"}, GetParam(), GetParam(), base_env()));
+}
+
 TEST_P(Dist, DataParallelMlpEqualsOneProcess) {
   for (const char* mode : {"eager", "accumulate", "unused", "compiled"}) {
     auto env = base_env();

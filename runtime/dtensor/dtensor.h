@@ -1,0 +1,95 @@
+// DTensor: a tensor laid out over a DeviceMesh. Each mesh dim has a placement: Shard(d) (the
+// tensor's dim d cut in torch.chunk pieces along the mesh dim: the last pieces may be smaller or
+// empty), Replicate() (every rank holds it all) or Partial(op) (every rank holds a part; the
+// value is their reduction). The global shape is carried, never inferred from a shard.
+//
+//   auto mesh = dist::init_device_mesh("cuda", {4});
+//   DTensor w = dist::distribute_tensor(weight, mesh, {dist::Shard(0)});   // rows over 4 ranks
+//   Tensor mine = w.to_local();                                            // this rank's rows
+//   Tensor all = w.full_tensor();                                          // all_gather
+//   DTensor r = w.redistribute(mesh, {dist::Replicate()});
+//
+// Every transition (Shard->Replicate all_gather, Partial->Replicate all_reduce, Partial->Shard
+// reduce_scatter, Replicate->Shard local chunk, Replicate->Partial local division,
+// Shard(i)->Shard(j)) works on n-d meshes with uneven sizes and is differentiable with DTensor's
+// semantics: the gradient is redistributed back to the input's placements (a Partial input's
+// gradient arriving Replicate), as PyTorch's Redistribute does.
+#pragma once
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/dist/dist.h"
+#include "runtime/tensor/tensor.h"
+
+namespace kiln::dist {
+
+struct KILN_API Placement {
+  enum class Kind { Shard, Replicate, Partial };
+  Kind kind = Kind::Replicate;
+  int64_t dim = 0;  // Shard
+  ReduceOp op = ReduceOp::Sum;  // Partial
+  bool is_shard() const { return kind == Kind::Shard; }
+  bool is_replicate() const { return kind == Kind::Replicate; }
+  bool is_partial() const { return kind == Kind::Partial; }
+  bool operator==(const Placement& o) const {
+    return kind == o.kind && (kind != Kind::Shard || dim == o.dim) && (kind != Kind::Partial || op == o.op);
+  }
+  bool operator!=(const Placement& o) const { return !(*this == o); }
+  // "S(0)", "R", "P(sum)".
+  std::string str() const;
+};
+inline Placement Shard(int64_t dim) { return {Placement::Kind::Shard, dim, ReduceOp::Sum}; }
+inline Placement Replicate() { return {Placement::Kind::Replicate, 0, ReduceOp::Sum}; }
+inline Placement Partial(ReduceOp op = ReduceOp::Sum) { return {Placement::Kind::Partial, 0, op}; }
+
+// Where piece `index` of `n` of a dim of `size` lies (torch.chunk): its start and length.
+struct ChunkRange {
+  int64_t start = 0, length = 0;
+};
+KILN_API ChunkRange chunk_range(int64_t size, int64_t n, int64_t index);
+
+class KILN_API DTensor {
+ public:
+  DTensor() = default;
+  // Wraps this rank's shard. `shape`: the global shape; without it the shards are taken to be
+  // even (each Shard(d) multiplies dim d by the mesh dim's size), as PyTorch's from_local.
+  // Differentiable with respect to `local`. kiln::Error when `local` does not have the shape this
+  // rank's shard of `shape` has.
+  static DTensor from_local(const Tensor& local, const DeviceMesh& mesh, std::vector<Placement> placements,
+                            std::optional<std::vector<int64_t>> shape = std::nullopt);
+  // This rank's shard (differentiable).
+  const Tensor& to_local() const { return local_; }
+  // The whole tensor on every rank (redistributed to Replicate everywhere).
+  Tensor full_tensor() const;
+  // The same tensor with other placements.
+  DTensor redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const;
+  DTensor redistribute(std::vector<Placement> placements) const { return redistribute(mesh_, std::move(placements)); }
+
+  const DeviceMesh& device_mesh() const { return mesh_; }
+  const std::vector<Placement>& placements() const { return placements_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
+  DType dtype() const { return local_.dtype(); }
+  // "DTensor(shape [5, 7], placements [S(0), R], local [3, 7])".
+  std::string str() const;
+
+  // The shape of the shard a rank at `coordinate` holds.
+  static std::vector<int64_t> local_shape(const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
+                                          const DeviceMesh& mesh, const std::vector<int64_t>& coordinate);
+
+ private:
+  DTensor(Tensor local, DeviceMesh mesh, std::vector<Placement> placements, std::vector<int64_t> shape)
+      : local_(std::move(local)), mesh_(std::move(mesh)), placements_(std::move(placements)), shape_(std::move(shape)) {}
+  friend KILN_API DTensor distribute_tensor(const Tensor&, const DeviceMesh&, std::vector<Placement>);
+  Tensor local_;
+  DeviceMesh mesh_;
+  std::vector<Placement> placements_;
+  std::vector<int64_t> shape_;
+};
+
+// Places `tensor` (the same full value on every rank) on the mesh: each rank keeps its pieces.
+// No communication; a Partial placement is not allowed (use from_local). Differentiable.
+KILN_API DTensor distribute_tensor(const Tensor& tensor, const DeviceMesh& mesh, std::vector<Placement> placements);
+
+}  // namespace kiln::dist
