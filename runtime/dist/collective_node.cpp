@@ -2,6 +2,8 @@
 // and the runner that computes one on its group's backend.
 #include "runtime/dist/collective_node.h"
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -28,6 +30,15 @@ bool debug_checks() {
 }
 
 std::vector<size_t> as_sizes(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+// KILN_LOG=dist (or all): one line per collective run, in the user's terms.
+bool log_dist() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_LOG");
+    return v && (std::strstr(v, "dist") || std::strstr(v, "all"));
+  }();
+  return on;
+}
 
 // Every member agrees on what it is about to run: always on the host path (Gloo), where the
 // exchange costs little next to the collective; on CUDA only under KILN_DIST_DEBUG=1.
@@ -62,6 +73,7 @@ void run(Node& n) {
   const void* src = static_cast<const char*>(in.storage->data) + in.offset.as_int() * static_cast<int64_t>(isz);
   void* dst = out->data;
   const int size = g->size();
+  const auto t0 = std::chrono::steady_clock::now();
   CompletionPtr done;
   if (in_count != 0 || out_count != 0)
     done = g->run(coll_name(c.kind), n.device, [&](Backend& b) -> CompletionPtr {
@@ -76,6 +88,15 @@ void run(Node& n) {
       }
       return nullptr;
     });
+  if (log_dist()) {
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "[kiln:dist] %s%s%s %s %s -> %s on %s, group of %d (rank %d of it): %s %.3f ms%s\n",
+                 coll_name(c.kind), c.kind == CollKind::AllReduce || c.kind == CollKind::ReduceScatter ? " " : "",
+                 c.kind == CollKind::AllReduce || c.kind == CollKind::ReduceScatter ? reduce_op_name(c.op) : "",
+                 dtype_name(n.dtype), kiln::detail::str(in.shape).c_str(), kiln::detail::str(n.shape).c_str(),
+                 n.device.str().c_str(), size, g->rank(), done ? "queued in" : "done in", ms,
+                 done && c.async && t_eager_call ? " (async: its Work waits)" : "");
+  }
   InFlight f{done, {in.storage, out}};
   if (done && !(c.async && t_eager_call)) {
     done->wait();  // kiln's stream waits for it; later frees are ordered after it
