@@ -41,9 +41,10 @@ bool log_dist() {
 }
 
 // Every member agrees on what it is about to run: always on the host path (Gloo), where the
-// exchange costs little next to the collective; on CUDA only under KILN_DIST_DEBUG=1.
+// exchange costs little next to the collective; on CUDA through the group's Gloo checker off the
+// collective's path (backend auto), or on it under KILN_DIST_DEBUG=1.
 void check_agreement(Group& g, const CollAttrs& c, const Node& n, const Node& in) {
-  if (n.device.type != DeviceType::CPU && !debug_checks()) return;
+  if (n.device.type != DeviceType::CPU && !debug_checks() && !g.checks_off_path()) return;
   std::vector<int64_t> words = {static_cast<int64_t>(c.kind), static_cast<int64_t>(n.dtype),
                                 static_cast<int64_t>(c.op), c.root};
   if (c.kind == CollKind::AllToAll) {

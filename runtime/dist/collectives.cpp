@@ -289,6 +289,7 @@ Work recv(Tensor& tensor, int src, const ProcessGroup& group) {
 
 void barrier(const ProcessGroup& group) {
   Group& g = member_group(group, "barrier");
+  g.settle_checks();  // (a disagreement found on another thread surfaces here at the latest)
   g.run("barrier", g.libraries().find("gloo") != std::string::npos ? cpu() : cuda(local_rank()),
         [](Backend& b) -> CompletionPtr {
           b.barrier();

@@ -101,6 +101,7 @@ void Group::connect() {
   GroupSpec spec{store_, prefix_, rank_, size(), timeout_, cpu()};
   try {
     if (libraries_.find("gloo") != std::string::npos) gloo_ = make_backend("gloo", spec);
+    if (gloo_ && libraries_.find("nccl") != std::string::npos && backend_available("nccl")) start_checker(spec);
   } catch (const Error& e) {
     throw Error(detail::cat("dist: connecting rank ", members_[rank_], " to the group of ", size(), " failed: ",
                             e.what(), gone_ranks()));
@@ -151,6 +152,7 @@ std::string Group::gone_ranks() {
 
 CompletionPtr Group::run(const char* what, Device device, const std::function<CompletionPtr(Backend&)>& op) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
+  raise_disagreement();
   Backend& b = backend_for(device);
   try {
     return op(b);
@@ -160,28 +162,128 @@ CompletionPtr Group::run(const char* what, Device device, const std::function<Co
   }
 }
 
+namespace {
+
+// What each rank passed, when they differ ("" when they agree).
+std::string disagreement(const char* what, const std::vector<int64_t>& words, const std::vector<int64_t>& all,
+                         const std::vector<int>& members) {
+  const size_t n = words.size();
+  if (all.size() != n * members.size()) return "";
+  bool same = true;
+  for (size_t r = 0; r < members.size() && same; ++r)
+    same = std::equal(words.begin(), words.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n));
+  if (same) return "";
+  std::string s;
+  for (size_t q = 0; q < members.size(); ++q) {
+    s += detail::cat(q ? "; " : "", "rank ", members[q], ": [");
+    for (size_t i = 0; i < n; ++i) s += detail::cat(i ? ", " : "", all[q * n + i]);
+    s += "]";
+  }
+  return detail::cat("dist: ", what, ": the ranks disagree on the collective (kind, dtype, element counts per rank): ",
+                     s, "; every rank must make the same collectives with matching tensors");
+}
+
+}  // namespace
+
+// The checks of CUDA collectives, on a thread and a Gloo context of their own.
+struct Group::Checker {
+  std::unique_ptr<Backend> gloo;
+  std::vector<int> members;
+  std::weak_ptr<Group> group;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<const char*, std::vector<int64_t>>> queue;
+  std::string error;
+  bool busy = false, stop = false;
+
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return stop || !queue.empty(); });
+      if (stop) return;
+      auto [what, words] = std::move(queue.front());
+      queue.pop_front();
+      busy = true;
+      lock.unlock();
+      std::string found;
+      try {
+        found = disagreement(what, words, gloo->exchange(words), members);
+      } catch (const std::exception&) {
+        return;  // a peer is gone: the collectives' own errors say so
+      }
+      lock.lock();
+      busy = false;
+      if (!found.empty() && error.empty()) {
+        error = found;
+        lock.unlock();
+        if (auto g = group.lock()) g->abort_nccl();
+        lock.lock();
+      }
+      cv.notify_all();
+    }
+  }
+};
+
+void Group::start_checker(const GroupSpec& spec) {
+  GroupSpec cs = spec;
+  cs.prefix += "/check";
+  auto c = std::make_shared<Checker>();
+  c->gloo = make_backend("gloo", cs);
+  c->members = members_;
+  c->group = weak_from_this();
+  std::thread([c] { c->loop(); }).detach();
+  checker_ = std::move(c);
+}
+
+void Group::abort_nccl() {
+  if (nccl_) nccl_->abort();
+}
+
+void Group::raise_disagreement() {
+  if (!checker_) return;
+  std::lock_guard<std::mutex> lock(checker_->mu);
+  if (!checker_->error.empty()) throw Error(checker_->error);
+}
+
+void Group::settle_checks() {
+  if (!checker_) return;
+  {
+    std::unique_lock<std::mutex> lock(checker_->mu);
+    checker_->cv.wait_for(lock, timeout_, [&] {
+      return !checker_->error.empty() || (checker_->queue.empty() && !checker_->busy);
+    });
+  }
+  raise_disagreement();
+}
+
 void Group::check_same(const char* what, Device device, const std::vector<int64_t>& words) {
+  if (device.type != DeviceType::CPU && checker_) {
+    raise_disagreement();
+    {
+      std::lock_guard<std::mutex> lock(checker_->mu);
+      checker_->queue.emplace_back(what, words);
+    }
+    checker_->cv.notify_all();
+    return;
+  }
   std::vector<int64_t> all;
   run(what, device.type == DeviceType::CPU || !gloo_ ? device : cpu(), [&](Backend& b) -> CompletionPtr {
     all = b.exchange(words);
     return nullptr;
   });
-  if (all.empty()) return;
-  const size_t n = words.size();
-  for (int r = 0; r < size(); ++r)
-    if (!std::equal(words.begin(), words.end(), all.begin() + static_cast<std::ptrdiff_t>(r * n))) {
-      std::string s;
-      for (int q = 0; q < size(); ++q) {
-        s += detail::cat(q ? "; " : "", "rank ", members_[q], ": [");
-        for (size_t i = 0; i < n; ++i) s += detail::cat(i ? ", " : "", all[q * n + i]);
-        s += "]";
-      }
-      throw Error(detail::cat("dist: ", what, ": the ranks disagree on the collective (kind, dtype, element counts ",
-                              "per rank): ", s, "; every rank must make the same collectives with matching tensors"));
-    }
+  const std::string found = disagreement(what, words, all, members_);
+  if (!found.empty()) throw Error(found);
 }
 
 void Group::shutdown(bool abort) {
+  if (checker_) {
+    {
+      std::lock_guard<std::mutex> lock(checker_->mu);
+      checker_->stop = true;
+    }
+    checker_->cv.notify_all();
+    checker_.reset();  // (its thread holds it until it returns)
+  }
   std::lock_guard<std::recursive_mutex> lock(mu_);
   if (abort) {
     if (nccl_) nccl_->abort();

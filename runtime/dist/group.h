@@ -1,7 +1,10 @@
 // A process group's internals: its members, its backends (Gloo for CPU tensors, NCCL for CUDA
 // tensors) and how a failure becomes a kiln::Error that names the collective and the ranks.
 #pragma once
+#include <condition_variable>
+#include <deque>
 #include <functional>
+#include <thread>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -34,15 +37,25 @@ class Group : public std::enable_shared_from_this<Group> {
   // a failure becomes a kiln::Error naming `what`, this rank and the ranks that are gone.
   CompletionPtr run(const char* what, Device device, const std::function<CompletionPtr(Backend&)>& op);
   // Checks every member called the same collective with the same sizes (a host exchange of
-  // `words`); throws kiln::Error listing what each rank passed when they differ.
+  // `words`); throws kiln::Error listing what each rank passed when they differ. A CUDA
+  // collective of a group that also has Gloo is checked off the calling thread (no latency on
+  // its path): a disagreement aborts the NCCL communicator and is raised at the group's next call.
   void check_same(const char* what, Device device, const std::vector<int64_t>& words);
+  // Whether CUDA collectives are checked off their path (the group has Gloo beside NCCL).
+  bool checks_off_path() const { return checker_ != nullptr; }
+  // Waits until the checks queued so far are done; raises a disagreement they found.
+  void settle_checks();
   // The group with id `id` (the node attribute of a collective), or Error.
   static std::shared_ptr<Group> find(int64_t id);
   // Releases the backends (aborting them when `abort`).
   void shutdown(bool abort);
 
  private:
+  struct Checker;
   Backend& backend_for(Device device);
+  void raise_disagreement();
+  void start_checker(const GroupSpec& spec);
+  void abort_nccl();
   std::string gone_ranks();
   void announce();
 
@@ -55,6 +68,7 @@ class Group : public std::enable_shared_from_this<Group> {
   int64_t id_;
   std::recursive_mutex mu_;
   std::unique_ptr<Backend> gloo_, nccl_;
+  std::shared_ptr<Checker> checker_;
   int nccl_device_ = -1;
 };
 
