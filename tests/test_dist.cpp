@@ -99,6 +99,21 @@ TEST(DistFaults, ARankThatNeverJoinsIsNamed) {
   EXPECT_NE(out[0].output.find("rank 1 did not join"), std::string::npos) << out[0].output;
 }
 
+// A crashed run leaves its rendezvous files; the next run at the same address and run id (as
+// torchrun's default id gives) must not take them for its own.
+TEST(DistFaults, ARunAfterACrashAtTheSameAddressStarts) {
+  if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  auto env = base_env(4000);
+  env["MASTER_PORT"] = std::to_string(20000 + getpid() % 9000);
+  env["KILN_RUN_ID"] = "none";
+  auto crashed = run_ranks("dist_worker", {"rank_dies"}, 2, 2, env, std::chrono::seconds(60));
+  EXPECT_EQ(crashed[1].status, 128 + SIGKILL);
+  auto next = run_ranks("dist_worker", {"groups"}, 2, 2, env, std::chrono::seconds(60));
+  expect_all_ok(next);
+  std::error_code ec;
+  std::filesystem::remove_all("/tmp/kiln-rendezvous/127.0.0.1-" + env["MASTER_PORT"] + "-none", ec);
+}
+
 TEST(DistFaults, MismatchedShapesAreReportedOnEveryRank) {
   if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
   auto env = base_env(10000);

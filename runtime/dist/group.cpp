@@ -22,13 +22,14 @@ std::map<int64_t, std::weak_ptr<Group>>& registry() {
 }
 std::atomic<int64_t> g_next_id{1};
 
+}  // namespace
+
 std::string host_name() {
   char buf[256] = {};
   gethostname(buf, sizeof(buf) - 1);
   return buf;
 }
 
-// Whether process `pid` on this host has exited (gone, or a zombie not yet reaped).
 bool process_gone(long pid) {
   if (kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -41,6 +42,8 @@ bool process_gone(long pid) {
   const auto st = rest.find_first_not_of(' ', close + 1);
   return st != std::string::npos && (rest[st] == 'Z' || rest[st] == 'X');
 }
+
+namespace {
 
 std::string join(const std::vector<int>& v) {
   std::string s;

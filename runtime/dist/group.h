@@ -72,6 +72,10 @@ class Group : public std::enable_shared_from_this<Group> {
   int nccl_device_ = -1;
 };
 
+// This host's name, and whether process `pid` on it has exited (gone, or a zombie not reaped).
+std::string host_name();
+bool process_gone(long pid);
+
 // The world group (null before init_process_group).
 std::shared_ptr<Group> world_group();
 

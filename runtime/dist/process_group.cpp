@@ -7,6 +7,10 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <random>
+#include <thread>
 
 #include "runtime/core/error.h"
 #include "runtime/dist/group.h"
@@ -66,6 +70,55 @@ std::string store_url(const ProcessGroupOptions& o) {
   // One host: a directory of files, named by the address, the port and the launcher's run id.
   g_owned_store_dir = std::string("/tmp/kiln-rendezvous/") + addr + "-" + port + (run_id ? std::string("-") + run_id : "");
   return "file://" + g_owned_store_dir;
+}
+
+// A fresh key prefix for this job. Rank 0 writes the owner record (host, pid, generation,
+// nonce); the others take its nonce once the record is this generation's and its writer is alive.
+// A record left by a crashed run on this host (its pid gone) makes rank 0 clear a directory kiln
+// named itself (Gloo's FileStore writes each key once), else say how to; a live writer of
+// another job at the same address is an error.
+std::string world_prefix(Store& store, int rank, std::chrono::milliseconds timeout) {
+  static int generation = 0;  // init_process_group calls so far (the same on every rank)
+  const int gen = generation++;
+  const std::string key = "kiln/owner", me = host_name();
+  struct Owner {
+    std::string host;
+    long pid = 0;
+    int gen = -1;
+    std::string nonce;
+  };
+  auto read_owner = [&](std::chrono::milliseconds wait) -> std::optional<Owner> {
+    if (!store.wait({key}, wait)) return std::nullopt;
+    std::istringstream in(store.get(key, std::chrono::milliseconds(1)));
+    Owner o;
+    in >> o.host >> o.pid >> o.gen >> o.nonce;
+    return o;
+  };
+  auto stale = [&](const Owner& o) { return o.host == me && process_gone(o.pid); };
+  if (rank == 0) {
+    if (auto o = read_owner(std::chrono::milliseconds(1))) {
+      KILN_CHECK(stale(*o), "init_process_group: another job (pid ", o->pid, " on ", o->host,
+                 ") is meeting through the same store ", store.where(), "; give this one its own MASTER_PORT or KILN_RUN_ID");
+      KILN_CHECK(!g_owned_store_dir.empty(), "init_process_group: the store ", store.where(),
+                 " holds the keys of an earlier run that did not finish (pid ", o->pid, "); remove them first");
+      std::filesystem::remove_all(g_owned_store_dir);  // (a crashed run's files)
+      std::filesystem::create_directories(g_owned_store_dir);
+    }
+    std::random_device rd;
+    const std::string nonce = std::to_string(rd()) + std::to_string(rd());
+    store.set(key, me + " " + std::to_string(getpid()) + " " + std::to_string(gen) + " " + nonce);
+    return "kiln/world/" + nonce;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    std::optional<Owner> o = left.count() > 0 ? read_owner(left) : std::nullopt;
+    if (!o)
+      throw Error(detail::cat("dist: rendezvous failed: rank 0 did not join within ", timeout.count(), " ms (store ",
+                              store.where(), "); check that rank 0 started and MASTER_ADDR / MASTER_PORT"));
+    if (o->gen == gen && !stale(*o)) return "kiln/world/" + o->nonce;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // an earlier run's record: wait for rank 0's
+  }
 }
 
 std::string libraries_for(const std::string& backend) {
@@ -136,7 +189,9 @@ void init_process_group(const ProcessGroupOptions& o) {
       cuda::set_device(local_rank());
     } catch (const Error&) {
     }
-  auto g = std::make_shared<Group>(make_store(url), "kiln/world", std::move(members), rank, libraries, o.timeout);
+  std::shared_ptr<Store> store = make_store(url);
+  const std::string prefix = world_prefix(*store, rank, o.timeout);
+  auto g = std::make_shared<Group>(store, prefix, std::move(members), rank, libraries, o.timeout);
   g->connect();
   if (libraries == "nccl") g->run("init", cuda(local_rank()), [](Backend&) -> CompletionPtr { return nullptr; });
   std::lock_guard<std::mutex> lock(g_world_mu);
