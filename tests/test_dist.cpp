@@ -86,7 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Dist, ::testing::Values(2, 4), [](const auto& p)
 TEST(DistFaults, ARankThatDiesIsNamedWithinTheTimeout) {
   if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
   const auto start = std::chrono::steady_clock::now();
-  auto out = run_ranks("dist_worker", {"rank_dies"}, 2, 2, base_env(4000), std::chrono::seconds(60));
+  auto out = run_ranks("dist_worker", {"rank_dies"}, 2, 2, base_env(8000), std::chrono::seconds(60));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(out[0].status, 0) << out[0].output;
   EXPECT_EQ(out[1].status, 128 + SIGKILL) << out[1].output;
@@ -103,7 +103,7 @@ TEST(DistFaults, ARankThatNeverJoinsIsNamed) {
 // torchrun's default id gives) must not take them for its own.
 TEST(DistFaults, ARunAfterACrashAtTheSameAddressStarts) {
   if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
-  auto env = base_env(4000);
+  auto env = base_env(8000);
   env["MASTER_PORT"] = std::to_string(20000 + getpid() % 9000);
   env["KILN_RUN_ID"] = "none";
   auto crashed = run_ranks("dist_worker", {"rank_dies"}, 2, 2, env, std::chrono::seconds(60));

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "runtime/core/error.h"
 
@@ -135,33 +136,71 @@ Backend& Group::backend_for(Device device) {
 
 std::string Group::gone_ranks() {
   const std::string me = host_name();
-  std::vector<int> gone;
+  // Each peer on this host: its pid (announced at the rendezvous).
+  std::vector<std::pair<int, long>> peers;
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
     std::string who;
     try {
-      who = store_->get(prefix_ + "/member/" + std::to_string(r), std::chrono::milliseconds(0));
+      who = store_->get(prefix_ + "/member/" + std::to_string(r), std::chrono::milliseconds(1));
     } catch (...) {
       continue;
     }
     const auto sp = who.rfind(' ');
-    if (sp == std::string::npos || who.substr(0, sp) != me) continue;
-    if (process_gone(std::stol(who.substr(sp + 1)))) gone.push_back(members_[r]);
+    if (sp != std::string::npos && who.substr(0, sp) == me) peers.emplace_back(members_[r], std::stol(who.substr(sp + 1)));
+  }
+  // A peer that closed its connections may still be exiting: look again for up to a second.
+  std::vector<int> gone;
+  for (int attempt = 0; attempt < 50 && gone.empty() && !peers.empty(); ++attempt) {
+    if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (const auto& [rank, pid] : peers)
+      if (process_gone(pid)) gone.push_back(rank);
   }
   if (gone.empty()) return "";
   return detail::cat("; rank", gone.size() > 1 ? "s " : " ", join(gone), gone.size() > 1 ? " have" : " has",
                      " exited");
 }
 
+namespace {
+
+// A backend's completion whose failure, found when it is waited for (Gloo's worker, NCCL's
+// watchdog), is worded like a failure at the call: the collective, the rank, the ranks gone.
+class Worded final : public Completion {
+ public:
+  Worded(CompletionPtr inner, std::function<std::string(const std::exception&)> word)
+      : inner_(std::move(inner)), word_(std::move(word)) {}
+  void wait() override {
+    try {
+      inner_->wait();
+    } catch (const std::exception& e) {
+      throw Error(word_(e));
+    }
+  }
+  bool done() override { return inner_->done(); }
+
+ private:
+  CompletionPtr inner_;
+  std::function<std::string(const std::exception&)> word_;
+};
+
+}  // namespace
+
 CompletionPtr Group::run(const char* what, Device device, const std::function<CompletionPtr(Backend&)>& op) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   raise_disagreement();
   Backend& b = backend_for(device);
+  const char* lib = b.name();
+  auto word = [what, lib, g = weak_from_this()](const std::exception& e) {
+    auto self = g.lock();
+    if (!self) return detail::cat("dist: ", what, " (", lib, ") failed: ", e.what());
+    return detail::cat("dist: ", what, " on rank ", self->members_[self->rank_], " (", lib, ", group of ", self->size(),
+                       ", timeout ", self->timeout_.count(), " ms) failed: ", e.what(), self->gone_ranks());
+  };
   try {
-    return op(b);
+    CompletionPtr c = op(b);
+    return c ? std::make_shared<Worded>(std::move(c), word) : nullptr;
   } catch (const std::exception& e) {
-    throw Error(detail::cat("dist: ", what, " on rank ", members_[rank_], " (", b.name(), ", group of ", size(),
-                            ", timeout ", timeout_.count(), " ms) failed: ", e.what(), gone_ranks()));
+    throw Error(word(e));
   }
 }
 

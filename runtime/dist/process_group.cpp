@@ -87,11 +87,16 @@ std::string world_prefix(Store& store, int rank, std::chrono::milliseconds timeo
     int gen = -1;
     std::string nonce;
   };
+  // The record, once there (nullopt after `wait`); one being replaced reads as a stale one.
   auto read_owner = [&](std::chrono::milliseconds wait) -> std::optional<Owner> {
     if (!store.wait({key}, wait)) return std::nullopt;
-    std::istringstream in(store.get(key, std::chrono::milliseconds(1)));
     Owner o;
-    in >> o.host >> o.pid >> o.gen >> o.nonce;
+    try {
+      std::istringstream in(store.get(key, std::chrono::milliseconds(1)));
+      in >> o.host >> o.pid >> o.gen >> o.nonce;
+    } catch (const std::exception&) {  // (rank 0 clearing a crashed run's files just now)
+      o.gen = -1;
+    }
     return o;
   };
   auto stale = [&](const Owner& o) { return o.host == me && process_gone(o.pid); };
@@ -101,8 +106,8 @@ std::string world_prefix(Store& store, int rank, std::chrono::milliseconds timeo
                  ") is meeting through the same store ", store.where(), "; give this one its own MASTER_PORT or KILN_RUN_ID");
       KILN_CHECK(!g_owned_store_dir.empty(), "init_process_group: the store ", store.where(),
                  " holds the keys of an earlier run that did not finish (pid ", o->pid, "); remove them first");
-      std::filesystem::remove_all(g_owned_store_dir);  // (a crashed run's files)
-      std::filesystem::create_directories(g_owned_store_dir);
+      // A crashed run's files go; the directory stays (the other ranks' stores are open on it).
+      for (const auto& f : std::filesystem::directory_iterator(g_owned_store_dir)) std::filesystem::remove_all(f.path());
     }
     std::random_device rd;
     const std::string nonce = std::to_string(rd()) + std::to_string(rd());

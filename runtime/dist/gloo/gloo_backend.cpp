@@ -11,6 +11,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <thread>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -96,6 +100,81 @@ std::shared_ptr<gloo::transport::Device> tcp_device() {
   return dev;
 }
 
+// A Gloo operation queued on the context's worker: done once the worker ran it.
+class GlooCompletion final : public Completion {
+ public:
+  void finish(std::exception_ptr e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = e;
+    done_ = true;
+    cv_.notify_all();
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool done() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+// Every operation of a context runs on one worker thread, in the order queued (Gloo's context
+// is not for concurrent use): a collective queued async runs while the caller goes on.
+class Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  std::shared_ptr<GlooCompletion> submit(std::function<void()> task) {
+    auto c = std::make_shared<GlooCompletion>();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.emplace_back(std::move(task), c);
+    }
+    cv_.notify_all();
+    return c;
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // (stop, with everything queued done)
+      auto [task, c] = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      std::exception_ptr e;
+      try {
+        task();
+      } catch (...) {
+        e = std::current_exception();
+      }
+      c->finish(e);
+      lock.lock();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<GlooCompletion>>> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class GlooBackend final : public Backend {
  public:
   explicit GlooBackend(const GroupSpec& s) : timeout_(s.timeout), size_(s.size), rank_(s.rank) {
@@ -108,41 +187,88 @@ class GlooBackend final : public Backend {
   const char* name() const override { return "gloo"; }
 
   CompletionPtr all_reduce(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
-    if (out != in) std::memcpy(out, in, count * itemsize(dtype));
-    reduce_in_place(out, count, dtype, op);
-    return nullptr;
+    return worker_.submit([=] {
+      if (out != in) std::memcpy(out, in, count * itemsize(dtype));
+      reduce_in_place(out, count, dtype, op);
+    });
   }
 
   CompletionPtr broadcast(const void* in, void* out, size_t count, DType dtype, int root) override {
-    if (out != in) std::memcpy(out, in, count * itemsize(dtype));
-    gloo::BroadcastOptions o(ctx_);
-    o.setOutput(static_cast<char*>(out), count * itemsize(dtype));
-    o.setRoot(root);
-    o.setTimeout(timeout_);
-    gloo::broadcast(o);
-    return nullptr;
+    return worker_.submit([=] {
+      if (out != in) std::memcpy(out, in, count * itemsize(dtype));
+      gloo::BroadcastOptions o(ctx_);
+      o.setOutput(static_cast<char*>(out), count * itemsize(dtype));
+      o.setRoot(root);
+      o.setTimeout(timeout_);
+      gloo::broadcast(o);
+    });
   }
 
   CompletionPtr all_gather(const void* in, void* out, size_t count, DType dtype) override {
-    const size_t bytes = count * itemsize(dtype);
+    return worker_.submit([=] { gather_now(in, out, count * itemsize(dtype)); });
+  }
+
+  CompletionPtr reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
+    return worker_.submit([=] {
+      const size_t bytes = count * itemsize(dtype);
+      std::vector<char> all(static_cast<const char*>(in),
+                            static_cast<const char*>(in) + bytes * static_cast<size_t>(size_));
+      reduce_in_place(all.data(), count * static_cast<size_t>(size_), dtype, op);
+      std::memcpy(out, all.data() + bytes * static_cast<size_t>(rank_), bytes);
+    });
+  }
+
+  CompletionPtr all_to_all(const void* in, const std::vector<size_t>& in_counts, void* out,
+                           const std::vector<size_t>& out_counts, DType dtype) override {
+    return worker_.submit([=] { all_to_all_now(in, in_counts, out, out_counts, dtype); });
+  }
+
+  CompletionPtr send(const void* data, size_t count, DType dtype, int peer) override {
+    const uint64_t sl = slot(sends_, peer);
+    return worker_.submit([=] {
+      auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), count * itemsize(dtype));
+      buf->send(peer, sl);
+      KILN_CHECK(buf->waitSend(timeout_), "send to group rank ", peer, " timed out");
+    });
+  }
+
+  CompletionPtr recv(void* data, size_t count, DType dtype, int peer) override {
+    const uint64_t sl = slot(recvs_, peer);
+    return worker_.submit([=] {
+      auto buf = ctx_->createUnboundBuffer(data, count * itemsize(dtype));
+      buf->recv(peer, sl);
+      KILN_CHECK(buf->waitRecv(timeout_), "recv from group rank ", peer, " timed out");
+    });
+  }
+
+  void barrier() override {
+    worker_
+        .submit([=] {
+          gloo::BarrierOptions o(ctx_);
+          o.setTimeout(timeout_);
+          gloo::barrier(o);
+        })
+        ->wait();
+  }
+
+  std::vector<int64_t> exchange(const std::vector<int64_t>& words) override {
+    std::vector<int64_t> all(words.size() * static_cast<size_t>(size_));
+    if (!words.empty())
+      worker_.submit([&] { gather_now(words.data(), all.data(), words.size() * sizeof(int64_t)); })->wait();
+    return all;
+  }
+
+ private:
+  void gather_now(const void* in, void* out, size_t bytes) {
     gloo::AllgatherOptions o(ctx_);
     o.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
     o.setOutput(static_cast<char*>(out), bytes * static_cast<size_t>(size_));
     o.setTimeout(timeout_);
     gloo::allgather(o);
-    return nullptr;
   }
 
-  CompletionPtr reduce_scatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op) override {
-    const size_t bytes = count * itemsize(dtype);
-    std::vector<char> all(static_cast<const char*>(in), static_cast<const char*>(in) + bytes * static_cast<size_t>(size_));
-    reduce_in_place(all.data(), count * static_cast<size_t>(size_), dtype, op);
-    std::memcpy(out, all.data() + bytes * static_cast<size_t>(rank_), bytes);
-    return nullptr;
-  }
-
-  CompletionPtr all_to_all(const void* in, const std::vector<size_t>& in_counts, void* out,
-                           const std::vector<size_t>& out_counts, DType dtype) override {
+  void all_to_all_now(const void* in, const std::vector<size_t>& in_counts, void* out,
+                      const std::vector<size_t>& out_counts, DType dtype) {
     gloo::AlltoallvOptions o(ctx_);
     // As bytes: Gloo's typed form takes the element size from the pointer type.
     auto bytes = [&](const std::vector<size_t>& counts) {
@@ -154,36 +280,8 @@ class GlooBackend final : public Backend {
     o.setOutput(static_cast<char*>(out), bytes(out_counts));
     o.setTimeout(timeout_);
     gloo::alltoallv(o);
-    return nullptr;
   }
 
-  CompletionPtr send(const void* data, size_t count, DType dtype, int peer) override {
-    auto buf = ctx_->createUnboundBuffer(const_cast<void*>(data), count * itemsize(dtype));
-    buf->send(peer, slot(sends_, peer));
-    KILN_CHECK(buf->waitSend(timeout_), "send to group rank ", peer, " timed out");
-    return nullptr;
-  }
-
-  CompletionPtr recv(void* data, size_t count, DType dtype, int peer) override {
-    auto buf = ctx_->createUnboundBuffer(data, count * itemsize(dtype));
-    buf->recv(peer, slot(recvs_, peer));
-    KILN_CHECK(buf->waitRecv(timeout_), "recv from group rank ", peer, " timed out");
-    return nullptr;
-  }
-
-  void barrier() override {
-    gloo::BarrierOptions o(ctx_);
-    o.setTimeout(timeout_);
-    gloo::barrier(o);
-  }
-
-  std::vector<int64_t> exchange(const std::vector<int64_t>& words) override {
-    std::vector<int64_t> all(words.size() * static_cast<size_t>(size_));
-    if (!words.empty()) all_gather(words.data(), all.data(), words.size(), DType::Int64);
-    return all;
-  }
-
- private:
   void reduce_in_place(void* buf, size_t count, DType dtype, ReduceOp op) {
     gloo::AllreduceOptions o(ctx_);
     dispatch_dtype(dtype, [&](auto tag) {
@@ -204,6 +302,7 @@ class GlooBackend final : public Backend {
   std::chrono::milliseconds timeout_;
   int size_, rank_;
   std::map<int, uint64_t> sends_, recvs_;
+  Worker worker_;  // (last: joined before the context goes)
 };
 
 }  // namespace
