@@ -59,6 +59,7 @@
 
 #include "examples/gpt_model.h"
 #include "kiln.h"
+#include "runtime/parallel/tensor_parallel.h"
 
 using kiln::Tensor;
 namespace nn = kiln::nn;
@@ -79,6 +80,7 @@ struct Options {
   bool tie = false;
   bool graphs = true;  // --no-graphs: compiled steps run kernel by kernel (KILN_PROFILE sees each)
   bool ddp = false;  // --ddp: nn::DistributedDataParallel over kiln-run's ranks (NCCL on CUDA, Gloo on the CPU)
+  bool fsdp = false;  // --fsdp: dist::fully_shard over kiln-run's ranks, each rank its own batches (eager)
   double peak_flops = 0;  // 0: the H100 figure for the dtype
   // Overrides of the configuration (-1: the configuration's).
   int64_t batch = -1, seq = -1, d = -1, layers = -1, heads = -1, vocab = -1, mlp = -1;
@@ -205,6 +207,8 @@ Row head_row(const Options& o, const GptConfig& c, const std::string& dtype, con
   r.integer("batch", c.batch).integer("seq", c.block_size).integer("d_model", c.n_embd).integer("n_layer", c.n_layer);
   r.integer("n_head", c.n_head).integer("vocab", c.vocab).integer("mlp", c.mlp).boolean("tie_weights", o.tie);
   r.integer("seed", static_cast<long long>(o.seed)).str("data_checksum", g_data_checksum);
+  r.str("parallel", o.fsdp ? "fully_shard" : o.ddp ? "ddp" : "none");
+  if (o.ddp) r.integer("world_size", kiln::dist::get_world_size());
   return r;
 }
 
@@ -284,9 +288,15 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   model->to(dev);
   // Data parallel: the model's gradients are averaged over the ranks during the backward.
   std::shared_ptr<nn::DistributedDataParallel> ddp;
-  if (o.ddp) ddp = std::make_shared<nn::DistributedDataParallel>(model);
+  std::optional<kiln::dist::DeviceMesh> mesh;  // --fsdp: parameters Shard(0), each rank's batch a Shard(0) piece
+  if (o.fsdp) {
+    mesh = kiln::dist::init_device_mesh(cuda ? "cuda" : "cpu", {kiln::dist::get_world_size()});
+    kiln::dist::fully_shard(*model, *mesh);
+  } else if (o.ddp) {
+    ddp = std::make_shared<nn::DistributedDataParallel>(model);
+  }
   kiln::eval(model->parameters());
-  int64_t params = 0, wpe = model->wpe->weight.numel(), wte = model->wte->weight.numel();
+  int64_t params = 0, wpe = model->wpe->weight.numel(), wte = model->wte->weight.numel();  // (global sizes)
   for (const Tensor& p : model->parameters()) params += p.numel();
   // nanoGPT's estimate_mfu: N = get_num_params() (non-embedding: without wpe; with tying, wte is
   // lm_head and counts), flops per token 6 N + 12 L H Q T, per step that times B T tokens.
@@ -315,7 +325,9 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   const int64_t vocab = c.vocab;
   auto step = [&](const Tensor& idx, const Tensor& tgt) {
     opt.zero_grad();
-    Tensor loss = forward_loss(m, idx, tgt, vocab, bf16, dev);
+    Tensor loss = mesh ? forward_loss(m, kiln::dist::DTensor::from_local(idx, *mesh, {kiln::dist::Shard(0)}),
+                                      kiln::dist::DTensor::from_local(tgt, *mesh, {kiln::dist::Shard(0)}), vocab, bf16, dev)
+                       : forward_loss(m, idx, tgt, vocab, bf16, dev);
     loss.backward();
     optim::clip_grad_norm_(m.parameters(), 1.0);
     opt.step();
@@ -425,6 +437,8 @@ Options parse(int argc, char** argv) {
       o.graphs = false;
     else if (key == "--ddp")
       o.ddp = true;
+    else if (key == "--fsdp")
+      o.fsdp = o.ddp = true;  // (the same ranks and batches as --ddp)
     else if (key == "--matmul-precision")
       o.precision = value();
     else if (key == "--peak-flops")

@@ -192,7 +192,8 @@ def head(args, c, dtype, impl):
     return {"workload": f"GPT-{c['name']}", "impl": impl, "framework": "torch", "config": c["name"], "dtype": dtype,
             "device": args.device, "attn": args.attn, "batch": c["batch"], "seq": c["block_size"],
             "d_model": c["n_embd"], "n_layer": c["n_layer"], "n_head": c["n_head"], "vocab": c["vocab"],
-            "mlp": c["mlp"], "tie_weights": args.tie_weights, "seed": args.seed, "data_checksum": DATA_CHECKSUM}
+            "mlp": c["mlp"], "tie_weights": args.tie_weights, "seed": args.seed, "data_checksum": DATA_CHECKSUM,
+            "parallel": "fully_shard" if args.fsdp else "ddp" if args.ddp else "none", "world_size": args.world_size}
 
 
 def emit(row):
@@ -206,7 +207,13 @@ def build(args, c, dtype, mode):
     torch.manual_seed(args.seed)
     model = GPT(c, args.attn == "manual", args.tie_weights).to(args.device)
     opt = make_optimizer(model)
-    if args.ddp:  # (DDP's default buckets; the model is what DDP wraps, the optimizer steps its params)
+    if args.fsdp:  # FSDP2: each block its own unit, then the root; the optimizer is built on the DTensor params
+        from torch.distributed.fsdp import fully_shard
+        for block in model.transformer.h:
+            fully_shard(block)
+        fully_shard(model)
+        opt = make_optimizer(model)
+    elif args.ddp:  # (DDP's default buckets; the model is what DDP wraps, the optimizer steps its params)
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[args.local_rank])
     bf16 = dtype == "bf16"
     dev_type = "cuda" if args.device.startswith("cuda") else "cpu"
@@ -248,7 +255,7 @@ def run_mode(args, c, dtype, mode, data):
         torch.cuda.reset_peak_memory_stats()
     model, opt, call = build(args, c, dtype, mode)
     params = sum(p.numel() for p in model.parameters())  # (a tied weight counts once)
-    inner = model.module if args.ddp else model
+    inner = model.module if args.ddp and not args.fsdp else model
     wpe = inner.transformer.wpe.weight.numel()
     wte = inner.transformer.wte.weight.numel()
     n_flops = params - wpe - (0 if args.tie_weights else wte)
@@ -363,6 +370,7 @@ def main():
     p.add_argument("--peak-flops", type=float, default=0.0)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over torchrun's ranks (NCCL)")
+    p.add_argument("--fsdp", action="store_true", help="fully_shard (FSDP2) per block over torchrun's ranks (NCCL)")
     p.add_argument("--profile-steps", type=int, default=5)
     for k in ("batch", "seq", "d", "layers", "heads", "vocab", "mlp"):
         p.add_argument(f"--{k}", type=int, default=None)
@@ -386,6 +394,7 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("torch_gpt: no CUDA device")
     args.rank, args.world_size, args.local_rank = 0, 1, 0
+    args.ddp = args.ddp or args.fsdp  # (the same ranks and batches)
     if args.ddp:  # one process per GPU under torchrun; each rank trains on its own batches
         torch.distributed.init_process_group("nccl")
         args.rank, args.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()

@@ -61,6 +61,14 @@ TEST_P(Dist, DTensorEveryTransitionUnevenAndDifferentiable) {
   expect_all_ok(run_ranks("dist_worker", {"dtensor"}, GetParam(), GetParam(), base_env()));
 }
 
+TEST_P(Dist, DTensorProgramsUnderRandomPlacementsEqualPyTorch) {
+  expect_all_ok(run_ranks("dist_worker", {"dtensor_programs"}, GetParam(), GetParam(), base_env()));
+}
+
+TEST_P(Dist, TensorSequenceAndFullyShardedGptEqualsOneProcess) {
+  expect_all_ok(run_ranks("dist_worker", {"dtensor_gpt"}, GetParam(), GetParam(), base_env()));
+}
+
 TEST_P(Dist, DataParallelMlpEqualsOneProcess) {
   for (const char* mode : {"eager", "accumulate", "unused", "compiled"}) {
     auto env = base_env();

@@ -39,46 +39,9 @@
 namespace {
 
 namespace fs = std::filesystem;
+using torch_programs::find_corpus;
 using torch_programs::json;
-
-std::optional<fs::path> find_corpus(std::string& tried) {
-  const char* rel = "shared/torch-programs/programs.jsonl.gz";
-  auto check = [&](const fs::path& p) {
-    tried += (tried.empty() ? "" : ", ") + p.string();
-    return fs::exists(p);
-  };
-  if (const char* e = std::getenv("KILN_PROGRAMS_FILE"); e && *e)
-    return check(e) ? std::optional<fs::path>(e) : std::nullopt;
-  if (const char* s = std::getenv("KILN_SOURCE_DIR"); s && *s)
-    if (fs::path p = fs::path(s) / ".." / rel; check(p)) return p;
-  for (const char* up : {"..", "../..", "../../.."})
-    if (fs::path p = fs::path(up) / rel; check(p)) return p;
-  return std::nullopt;
-}
-
-// Every line of the gzip'd corpus.
-std::vector<std::string> read_corpus(const fs::path& path) {
-  std::string cmd = "gzip -dc '" + path.string() + "'";
-  FILE* f = popen(cmd.c_str(), "r");
-  if (!f) throw std::runtime_error("cannot run " + cmd);
-  std::vector<std::string> lines;
-  std::string line;
-  char buf[1 << 16];
-  while (size_t n = fread(buf, 1, sizeof buf, f)) {
-    for (size_t i = 0; i < n; ++i) {
-      if (buf[i] == '\n') {
-        if (!line.empty()) lines.push_back(std::move(line));
-        line.clear();
-      } else {
-        line += buf[i];
-      }
-    }
-  }
-  if (!line.empty()) lines.push_back(std::move(line));
-  int rc = pclose(f);
-  if (rc != 0) throw std::runtime_error(cmd + " failed");
-  return lines;
-}
+using torch_programs::read_corpus;
 
 std::string one_line(std::string s) {
   for (char& c : s)

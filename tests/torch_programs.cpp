@@ -1,7 +1,11 @@
 // Replaying torch-programs (see torch_programs.h).
 #include "torch_programs.h"
 
+#include <stdexcept>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <set>
@@ -269,11 +273,17 @@ struct Checker {
   }
 
   void grads(const std::string& mode, size_t s, const std::vector<Tensor>& xs) {
+    std::vector<Tensor> gs;
+    for (const Tensor& x : xs) gs.push_back(x.grad().defined() ? x.grad() : kiln::zeros_like(x));
+    grad_values(mode, s, gs);
+  }
+
+  // The gradients `gs` of the inputs (whole) against the corpus.
+  void grad_values(const std::string& mode, size_t s, const std::vector<Tensor>& gs) {
     const json& exp = p.sets.at(s).at("grads");
-    for (size_t i = 0; i < xs.size() && i < exp.size(); ++i) {
+    for (size_t i = 0; i < gs.size() && i < exp.size(); ++i) {
       if (exp[i].is_null()) continue;
-      Tensor g = xs[i].grad();
-      if (!g.defined()) g = kiln::zeros_like(xs[i]);
+      const Tensor& g = gs[i];
       // A gradient through a result that went through float32 values (marked "f32") went
       // through them too: float32 tolerance, as for that result.
       std::string dt = exp[i].at("dtype").get<std::string>();
@@ -390,5 +400,81 @@ Outcome replay(const Program& p) {
   });
   return o;
 }
+
+Outcome replay_placed(const Program& p, const Placer& placer) {
+  Outcome o;
+  Checker ck{p, o};
+  auto placed_inputs = [&](size_t s, bool leaves) {
+    std::vector<Tensor> xs = set_inputs(p, s, false);
+    for (size_t i = 0; i < xs.size(); ++i) {
+      xs[i] = placer.place(xs[i], i);
+      if (leaves && kiln::is_floating(xs[i].dtype())) xs[i].requires_grad_();
+    }
+    return xs;
+  };
+  auto gathered = [&](std::vector<Tensor> ts) {
+    for (Tensor& t : ts) t = placer.gather(t);
+    return ts;
+  };
+  auto fn = [&p](const std::vector<Tensor>& xs) { return run_program(p, xs); };
+  for (size_t s = 0; s < p.sets.size(); ++s)
+    ck.guarded(cat("placed eager set ", s), [&] { ck.outputs("placed eager", s, gathered(fn(placed_inputs(s, false)))); });
+  ck.guarded("placed compiled", [&] {
+    auto f = kiln::compile(fn, {.name = p.id});
+    ck.outputs("placed compiled", 0, gathered(f(placed_inputs(0, false))));
+  });
+  if (!p.grad) return o;
+  for (size_t s = 0; s < p.sets.size(); ++s)
+    ck.guarded(cat("placed grad set ", s), [&] {
+      std::vector<Tensor> xs = placed_inputs(s, true);
+      Tensor loss = loss_of(p, s, fn(xs));
+      if (loss.defined()) loss.backward();
+      std::vector<Tensor> gs;
+      for (const Tensor& x : xs) gs.push_back(placer.gather(x.grad().defined() ? x.grad() : kiln::zeros_like(x)));
+      ck.grad_values("placed grad", s, gs);
+    });
+  return o;
+}
+
+namespace fs = std::filesystem;
+
+std::optional<fs::path> find_corpus(std::string& tried) {
+  const char* rel = "shared/torch-programs/programs.jsonl.gz";
+  auto check = [&](const fs::path& p) {
+    tried += (tried.empty() ? "" : ", ") + p.string();
+    return fs::exists(p);
+  };
+  if (const char* e = std::getenv("KILN_PROGRAMS_FILE"); e && *e)
+    return check(e) ? std::optional<fs::path>(e) : std::nullopt;
+  if (const char* s = std::getenv("KILN_SOURCE_DIR"); s && *s)
+    if (fs::path p = fs::path(s) / ".." / rel; check(p)) return p;
+  for (const char* up : {"..", "../..", "../../.."})
+    if (fs::path p = fs::path(up) / rel; check(p)) return p;
+  return std::nullopt;
+}
+
+std::vector<std::string> read_corpus(const fs::path& path) {
+  std::string cmd = "gzip -dc '" + path.string() + "'";
+  FILE* f = popen(cmd.c_str(), "r");
+  if (!f) throw std::runtime_error("cannot run " + cmd);
+  std::vector<std::string> lines;
+  std::string line;
+  char buf[1 << 16];
+  while (size_t n = fread(buf, 1, sizeof buf, f)) {
+    for (size_t i = 0; i < n; ++i) {
+      if (buf[i] == '\n') {
+        if (!line.empty()) lines.push_back(std::move(line));
+        line.clear();
+      } else {
+        line += buf[i];
+      }
+    }
+  }
+  if (!line.empty()) lines.push_back(std::move(line));
+  int rc = pclose(f);
+  if (rc != 0) throw std::runtime_error(cmd + " failed");
+  return lines;
+}
+
 
 }  // namespace torch_programs

@@ -1,6 +1,9 @@
 // Replaying one program of the torch-programs corpus (../shared/torch-programs/README.md) with
 // kiln's public API, in every mode the README lists.
 #pragma once
+#include <filesystem>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,5 +43,21 @@ struct Outcome {
 
 // Runs every mode on one program (exceptions become failures).
 Outcome replay(const Program& p);
+
+// How a distributed replay lays tensors out (DTensors, runtime/dtensor): `place` puts input
+// `i` on the mesh, `gather` reads a result or gradient back whole.
+struct Placer {
+  std::function<Tensor(const Tensor& x, size_t input)> place;
+  std::function<Tensor(const Tensor& t)> gather;
+};
+// Replays the program with its inputs placed: eager on every set, gradients eager on every set,
+// and compiled on set 0 (kiln::compile runs DTensor programs eagerly), all compared whole.
+Outcome replay_placed(const Program& p, const Placer& placer);
+
+// The corpus file ($KILN_PROGRAMS_FILE, else shared/torch-programs next to the source or up to
+// three levels up); `tried` collects the places looked at.
+std::optional<std::filesystem::path> find_corpus(std::string& tried);
+// Every line of the gzip'd corpus.
+std::vector<std::string> read_corpus(const std::filesystem::path& path);
 
 }  // namespace torch_programs

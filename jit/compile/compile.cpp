@@ -193,6 +193,8 @@ class CompiledCore {
   std::vector<Value> call(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn,
                           std::vector<int64_t>& out_spec) {
     if (trace_observer()) return run_eager(args, fn, out_spec, false);  // inside another trace: inline
+    if (has_dtensor(args)) [[unlikely]]
+      return run_dtensors_eagerly(args, fn, out_spec);
     std::vector<int64_t> syms;
     // Fast path: the entry that served the last hit (entries are immutable and never freed;
     // continuations after breaks are only ever added).
@@ -334,6 +336,28 @@ class CompiledCore {
     return split_results(out, out_spec);
   }
 
+  // DTensor arguments (a node placed over a device mesh) are not traced yet: such a call runs in
+  // lazy eager mode, said once per function.
+  static bool has_dtensor(const std::vector<Value>& args) {
+    for (const Value& a : args)
+      if (const Tensor* t = as_tensor(a); t && t->defined() && t->node()->placed) return true;
+    return false;
+  }
+  std::vector<Value> run_dtensors_eagerly(const std::vector<Value>& args, const TraceFn& fn,
+                                          std::vector<int64_t>& out_spec) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_.eager_calls++;
+      if (!dtensor_warned_)
+        std::fprintf(stderr,
+                     "[kiln] warning: compile(%s) got a DTensor argument; DTensor programs are not traced yet, "
+                     "so its calls with DTensors run in lazy eager mode\n",
+                     opt_.name.c_str());
+      dtensor_warned_ = true;
+    }
+    return run_eager(args, fn, out_spec, true);
+  }
+
   // A call run in lazy eager mode, outside the lock (counted).
   // A recompile because Tensor::size(), sizes() or numel() made a size that had become symbolic
   // a constant again: every new size then compiles again. Said once per function on stderr
@@ -464,6 +488,7 @@ class CompiledCore {
   CompileStats stats_;
   bool eager_ = false;
   bool size_warned_ = false;  // warn_size_specialized has spoken
+  bool dtensor_warned_ = false;  // run_dtensors_eagerly has spoken
   std::map<int, std::vector<int64_t>> seen_sizes_;
   std::set<std::pair<int, int>> changed_;
 };

@@ -110,6 +110,8 @@ bool TraceSession::on_materialize(const std::vector<Node*>& order, const NodePtr
   return true;
 }
 
+void TraceSession::cannot_trace(const std::string& why) { throw GraphBreak{why}; }
+
 void TraceSession::on_random(const Node& n) {
   rng_offsets[n.id] = rng_total;
   rng_total = rng_total + numel(n.shape);

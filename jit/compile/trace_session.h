@@ -65,6 +65,7 @@ class TraceSession final : public detail::TraceObserver, public ShapeOracle {
   void on_write(const std::shared_ptr<TensorImpl>& impl) override;
   bool on_materialize(const std::vector<Node*>& order, const NodePtr* roots, size_t nroots) override;
   void on_random(const Node& n) override;
+  [[noreturn]] void cannot_trace(const std::string& why) override;
   void on_grad(TensorImpl& leaf, bool accumulate) override;
   // Whether the trace relied on `impl`'s .grad() being defined or not (a backward accumulated
   // into it before fn set it).

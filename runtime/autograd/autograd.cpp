@@ -12,6 +12,7 @@
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
+#include "runtime/tensor/placed_hooks.h"
 #include "runtime/tensor/trace.h"
 
 namespace kiln {
@@ -30,6 +31,7 @@ struct AccumulateGrad final : GradNode {
     if (auto* o = detail::trace_observer()) o->on_grad(*impl, true);
     Tensor gd = create_graph ? g : g.detach();
     gd = detail::cast(gd, Tensor(impl).node()->dtype);
+    if (Tensor(impl).node()->placed) gd = detail::placed_hooks_checked().as_placed_like(gd, Tensor(impl));
     if (impl->grad) {
       Tensor old(impl->grad);
       gd = add(old, gd);

@@ -49,44 +49,49 @@ struct ChunkRange {
 };
 KILN_API ChunkRange chunk_range(int64_t size, int64_t n, int64_t index);
 
-class KILN_API DTensor {
+// A DTensor is a Tensor: every kiln op, autograd, printing and the optimizers accept it. Its
+// sizes() are the global ones; its node stands on this rank's shard. An op with a DTensor input
+// runs on the shards by its op family's sharding rule (runtime/dtensor/rules): the rule offers
+// ways to lay the inputs out, the cheapest by bytes moved is taken, the inputs are redistributed
+// to it and the op is recorded on the shards; the result is a DTensor with the rule's
+// placements. A plain tensor mixed in is read as Replicate (the same value on every rank). An op
+// without a rule runs on replicated inputs (said once per op on stderr). Reading values
+// (item(), to_vector(), printing) reads the whole tensor (a collective: every rank must read).
+// The gradient of a DTensor leaf has the leaf's placements. Not traced by kiln::compile yet:
+// a compiled function that meets a DTensor runs in lazy eager mode (said once).
+class KILN_API DTensor : public Tensor {
  public:
   DTensor() = default;
+  // `t` seen as the DTensor it is; kiln::Error when it is a plain tensor.
+  explicit DTensor(const Tensor& t);
   // Wraps this rank's shard. `shape`: the global shape; without it the shards are taken to be
   // even (each Shard(d) multiplies dim d by the mesh dim's size), as PyTorch's from_local.
   // Differentiable with respect to `local`. kiln::Error when `local` does not have the shape this
   // rank's shard of `shape` has.
   static DTensor from_local(const Tensor& local, const DeviceMesh& mesh, std::vector<Placement> placements,
                             std::optional<std::vector<int64_t>> shape = std::nullopt);
-  // This rank's shard (differentiable).
-  const Tensor& to_local() const { return local_; }
-  // The whole tensor on every rank (redistributed to Replicate everywhere).
+  // This rank's shard (differentiable: its gradient comes back with this DTensor's placements).
+  Tensor to_local() const;
+  // The whole tensor on every rank (redistributed to Replicate everywhere), as a plain tensor.
   Tensor full_tensor() const;
-  // The same tensor with other placements.
+  // The same tensor with other placements (differentiable).
   DTensor redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const;
-  DTensor redistribute(std::vector<Placement> placements) const { return redistribute(mesh_, std::move(placements)); }
+  DTensor redistribute(std::vector<Placement> placements) const {
+    return redistribute(device_mesh(), std::move(placements));
+  }
 
-  const DeviceMesh& device_mesh() const { return mesh_; }
-  const std::vector<Placement>& placements() const { return placements_; }
-  const std::vector<int64_t>& shape() const { return shape_; }
-  int64_t dim() const { return static_cast<int64_t>(shape_.size()); }
-  DType dtype() const { return local_.dtype(); }
+  const DeviceMesh& device_mesh() const;
+  const std::vector<Placement>& placements() const;
   // "DTensor(shape [5, 7], placements [S(0), R], local [3, 7])".
   std::string str() const;
 
   // The shape of the shard a rank at `coordinate` holds.
   static std::vector<int64_t> local_shape(const std::vector<int64_t>& shape, const std::vector<Placement>& placements,
                                           const DeviceMesh& mesh, const std::vector<int64_t>& coordinate);
-
- private:
-  DTensor(Tensor local, DeviceMesh mesh, std::vector<Placement> placements, std::vector<int64_t> shape)
-      : local_(std::move(local)), mesh_(std::move(mesh)), placements_(std::move(placements)), shape_(std::move(shape)) {}
-  friend KILN_API DTensor distribute_tensor(const Tensor&, const DeviceMesh&, std::vector<Placement>);
-  Tensor local_;
-  DeviceMesh mesh_;
-  std::vector<Placement> placements_;
-  std::vector<int64_t> shape_;
 };
+
+// Whether `t` is a DTensor.
+KILN_API bool is_dtensor(const Tensor& t);
 
 // Places `tensor` (the same full value on every rank) on the mesh: each rank keeps its pieces.
 // No communication; a Partial placement is not allowed (use from_local). Differentiable.

@@ -18,3 +18,12 @@ int64_t size_before(const std::vector<int64_t>& shape, const std::vector<Placeme
                     const std::vector<int64_t>& coord, size_t mesh_dim, int64_t tensor_dim);
 
 }  // namespace kiln::dist::detail_dt
+
+namespace kiln::dist::detail_dt {
+// The transition without gradients: `local` laid out by `src` becomes the shard of `dst`
+// (collectives on the mesh dims' groups; see redistribute.cpp).
+Tensor redistribute_local(Tensor local, const std::vector<int64_t>& shape, const std::vector<Placement>& src,
+                          const std::vector<Placement>& dst, const DeviceMesh& mesh);
+// `p` with every Partial read as Replicate (the placements a gradient flows back with).
+std::vector<Placement> partials_replicated(std::vector<Placement> p);
+}  // namespace kiln::dist::detail_dt

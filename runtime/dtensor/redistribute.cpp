@@ -9,16 +9,19 @@
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/dtensor/layout.h"
+#include "runtime/dtensor/placed.h"
 #include "runtime/ops/ops.h"
 
 namespace kiln::dist {
-namespace {
-
+namespace detail_dt {
 std::vector<Placement> partials_replicated(std::vector<Placement> p) {
   for (Placement& x : p)
     if (x.is_partial()) x = Replicate();
   return p;
 }
+}  // namespace detail_dt
+
+namespace {
 
 // `t` padded with zeros along `dim` to `size`.
 Tensor pad_to(const Tensor& t, int64_t dim, int64_t size) {
@@ -56,8 +59,9 @@ Tensor partition_value(const Tensor& t, ReduceOp op, int n) {
   throw Error("DTensor::redistribute: Replicate -> Partial(product) has no local form");
 }
 
-// The transition without gradients: `local` laid out by `src` becomes the shard of `dst`.
-Tensor redistribute_local(Tensor local, const std::vector<int64_t>& shape, const std::vector<Placement>& src,
+}  // namespace
+
+Tensor detail_dt::redistribute_local(Tensor local, const std::vector<int64_t>& shape, const std::vector<Placement>& src,
                           const std::vector<Placement>& dst, const DeviceMesh& mesh) {
   NoGradGuard no_grad;
   const size_t nd = src.size();
@@ -117,24 +121,24 @@ Tensor redistribute_local(Tensor local, const std::vector<int64_t>& shape, const
   return local;
 }
 
-}  // namespace
 
 DTensor DTensor::redistribute(const DeviceMesh& mesh, std::vector<Placement> placements) const {
-  KILN_CHECK(mesh.mesh() == mesh_.mesh() && mesh.shape() == mesh_.shape(),
-             "DTensor::redistribute: to another mesh (", kiln::detail::str(mesh.shape()), " vs ",
-             kiln::detail::str(mesh_.shape()), "); redistribution stays on the tensor's mesh");
-  placements = detail_dt::normalized(std::move(placements), dim(), mesh_, "DTensor::redistribute");
-  if (placements == placements_) return *this;
-  const std::vector<Placement> src = placements_, dst = placements;
-  Tensor out = redistribute_local(local_, shape_, src, dst, mesh_);
-  // The gradient arrives with the output's placements (Partial read as Replicate) and goes back
-  // to the input's.
-  kiln::detail::attach_custom_grad(out, "redistribute", {local_},
-                                   [mesh = mesh_, shape = shape_, src, dst](const Tensor& g, bool) {
-                                     return std::vector<Tensor>{redistribute_local(g, shape, partials_replicated(dst),
-                                                                                   partials_replicated(src), mesh)};
-                                   });
-  return DTensor(out, mesh_, std::move(placements), shape_);
+  const DeviceMesh& own = device_mesh();
+  KILN_CHECK(mesh.mesh() == own.mesh() && mesh.shape() == own.shape(), "DTensor::redistribute: to another mesh (",
+             kiln::detail::str(mesh.shape()), " vs ", kiln::detail::str(own.shape()),
+             "); redistribution stays on the tensor's mesh");
+  placements = detail_dt::normalized(std::move(placements), dim(), own, "DTensor::redistribute");
+  if (placements == this->placements()) return *this;
+  const std::vector<Placement> src = this->placements(), dst = placements;
+  const std::vector<int64_t> shape = sizes();
+  Tensor local = detail_dt::redistribute_local(detail_dt::shard_of(*node()), shape, src, dst, own);
+  Tensor out = detail_dt::placed_tensor(local.node(), own, std::move(placements), node()->shape);
+  // The gradient arrives with any placements and goes back to the input's (a Partial input's
+  // gradient as Replicate).
+  kiln::detail::attach_custom_grad(out, "redistribute", {*this}, [src, own](const Tensor& g, bool) {
+    return std::vector<Tensor>{detail_dt::as_placed(g, own).redistribute(detail_dt::partials_replicated(src))};
+  });
+  return DTensor(out);
 }
 
 }  // namespace kiln::dist

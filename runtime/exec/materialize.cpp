@@ -398,7 +398,20 @@ void materialize_roots(const NodePtr* roots, size_t nroots) {
 }
 }  // namespace
 
-void materialize(const std::vector<NodePtr>& roots) { materialize_roots(roots.data(), roots.size()); }
-void materialize(const NodePtr& root) { materialize_roots(&root, 1); }
+// A DTensor's node is materialized by materializing its shard.
+void materialize(const std::vector<NodePtr>& roots) {
+  bool placed = false;
+  for (const NodePtr& r : roots) placed = placed || (r && r->placed);
+  if (!placed) return materialize_roots(roots.data(), roots.size());
+  std::vector<NodePtr> shards = roots;
+  for (NodePtr& r : shards)
+    if (r && r->placed) r = r->placed->local;
+  materialize_roots(shards.data(), shards.size());
+}
+void materialize(const NodePtr& root) {
+  if (root->placed) [[unlikely]]
+    return materialize_roots(&root->placed->local, 1);
+  materialize_roots(&root, 1);
+}
 
 }  // namespace kiln

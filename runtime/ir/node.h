@@ -166,6 +166,12 @@ struct KILN_API Storage {
 
 struct Node;
 using NodePtr = std::shared_ptr<Node>;
+// What a node placed over a device mesh (a DTensor) stands on: this rank's shard. The mesh and
+// the placements are added by runtime/dtensor (PlacedLayout), which alone makes these.
+struct Placed {
+  NodePtr local;
+  virtual ~Placed() = default;
+};
 // A node's inputs.
 using NodeList = std::vector<NodePtr, detail::PoolAllocator<NodePtr>>;
 
@@ -193,6 +199,10 @@ struct KILN_API Node : std::enable_shared_from_this<Node> {
   // The thread whose materialize() owns this pending node now (0: none). Only the owner reads
   // or changes a pending node's inputs, storage and scratch (see materialize.cpp).
   std::atomic<uint32_t> claim{0};
+  // Set on the node of a DTensor: its shard (the local node), mesh and placements. Such a node
+  // has the global shape and is never computed itself: ops on it record ops on the shard
+  // (runtime/tensor/placed_hooks.h), materializing it materializes the shard.
+  std::shared_ptr<const Placed> placed;
 
   Node();
   ~Node();

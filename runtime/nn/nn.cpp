@@ -116,7 +116,9 @@ Linear::Linear(int64_t in, int64_t out, bool has_bias, DType dtype) {
   if (has_bias) bias = register_parameter("bias", (rand({out}, dtype) * 2 - 1) * bound);
 }
 Tensor Linear::forward(const Tensor& x) {
-  return linear(x, weight, bias.defined() ? std::optional<Tensor>(bias) : std::nullopt);
+  return hooked(x, [&](const Tensor& in) {
+    return linear(in, weight, bias.defined() ? std::optional<Tensor>(bias) : std::nullopt);
+  });
 }
 
 Conv2d::Conv2d(int64_t in, int64_t out, std::vector<int64_t> k, std::vector<int64_t> s, std::vector<int64_t> p,
@@ -130,12 +132,16 @@ Conv2d::Conv2d(int64_t in, int64_t out, std::vector<int64_t> k, std::vector<int6
   if (has_bias) bias = register_parameter("bias", (rand({out}) * 2 - 1) * bound);
 }
 Tensor Conv2d::forward(const Tensor& x) {
-  return conv2d(x, weight, bias.defined() ? std::optional<Tensor>(bias) : std::nullopt, stride, padding, dilation,
-                groups);
+  return hooked(x, [&](const Tensor& in) {
+    return conv2d(in, weight, bias.defined() ? std::optional<Tensor>(bias) : std::nullopt, stride, padding, dilation,
+                  groups);
+  });
 }
 
 Embedding::Embedding(int64_t n, int64_t dim) { weight = register_parameter("weight", randn({n, dim})); }
-Tensor Embedding::forward(const Tensor& idx) { return embedding(idx, weight); }
+Tensor Embedding::forward(const Tensor& idx) {
+  return hooked(idx, [&](const Tensor& in) { return embedding(in, weight); });
+}
 
 LayerNorm::LayerNorm(std::vector<int64_t> shape, double e, bool affine) : normalized_shape(std::move(shape)), eps(e) {
   if (affine) {
@@ -145,13 +151,24 @@ LayerNorm::LayerNorm(std::vector<int64_t> shape, double e, bool affine) : normal
 }
 Tensor LayerNorm::forward(const Tensor& x) {
   auto opt = [](const Tensor& t) { return t.defined() ? std::optional<Tensor>(t) : std::nullopt; };
-  return layer_norm(x, normalized_shape, opt(weight), opt(bias), eps);
+  return hooked(x, [&](const Tensor& in) { return layer_norm(in, normalized_shape, opt(weight), opt(bias), eps); });
 }
 
 Dropout::Dropout(double prob) : p(prob) {
   KILN_CHECK(p >= 0 && p <= 1, "Dropout: probability has to be between 0 and 1, got ", p);
 }
-Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+Tensor Dropout::forward(const Tensor& x) {
+  return hooked(x, [&](const Tensor& in) { return dropout(in, p, is_training()); });
+}
+
+void Module::register_forward_pre_hook(std::function<Tensor(Module&, const Tensor&)> hook) {
+  KILN_CHECK(hook != nullptr, "register_forward_pre_hook: empty hook");
+  pre_hooks_.push_back(std::move(hook));
+}
+void Module::register_forward_hook(std::function<Tensor(Module&, const Tensor&, const Tensor&)> hook) {
+  KILN_CHECK(hook != nullptr, "register_forward_hook: empty hook");
+  hooks_.push_back(std::move(hook));
+}
 
 Sequential::Sequential(std::vector<std::shared_ptr<Module>> layers) {
   for (auto& l : layers) push_back(std::move(l));

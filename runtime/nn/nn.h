@@ -1,6 +1,7 @@
 // nn: modules with named parameters and buffers, common layers, initializers and a
 // versioned binary state-dict format.
 #pragma once
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,6 +48,13 @@ class KILN_API Module {
   // elsewhere (an optimizer's parameter list) follow. Build optimizers after moving.
   Module& to(Device device);
 
+  // Forward hooks, as PyTorch's register_forward_pre_hook / register_forward_hook: a pre-hook
+  // maps the input before the layer computes, a hook maps the output (given the input). They run
+  // in the forward of kiln's built-in layers (Linear, Conv2d, Embedding, LayerNorm, Dropout),
+  // in registration order; the parallel styles (runtime/parallel) lay activations out with them.
+  void register_forward_pre_hook(std::function<Tensor(Module&, const Tensor&)> hook);
+  void register_forward_hook(std::function<Tensor(Module&, const Tensor& input, const Tensor& output)> hook);
+
   // Parameters and buffers by dotted name.
   std::map<std::string, Tensor> state_dict() const;
   // Copies values in; with `strict`, names must match exactly. Validates everything first:
@@ -60,6 +68,20 @@ class KILN_API Module {
   std::vector<std::pair<std::string, Tensor>> params_, buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
+  // Runs a built-in layer's forward `f` on `x` between the hooks.
+  template <class F>
+  Tensor hooked(const Tensor& x, F&& f) {
+    if (pre_hooks_.empty() && hooks_.empty()) return f(x);
+    Tensor in = x;
+    for (auto& h : pre_hooks_) in = h(*this, in);
+    Tensor out = f(in);
+    for (auto& h : hooks_) out = h(*this, in, out);
+    return out;
+  }
+
+ private:
+  std::vector<std::function<Tensor(Module&, const Tensor&)>> pre_hooks_;
+  std::vector<std::function<Tensor(Module&, const Tensor&, const Tensor&)>> hooks_;
 };
 
 // y = x W^T + b, W [out, in], initialized like PyTorch (uniform in +-1/sqrt(in)).

@@ -4,6 +4,7 @@
 #include "runtime/exec/device_runtime.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ir/sym_facts.h"
+#include "runtime/tensor/placed_hooks.h"
 #include "runtime/tensor/trace.h"
 
 #include <algorithm>
@@ -42,7 +43,21 @@ const SymFacts* facts_for(const Shape& s) {
 }
 }  // namespace
 
+PlacedHooks& placed_hooks() {
+  static PlacedHooks hooks;
+  return hooks;
+}
+
+const PlacedHooks& placed_hooks_checked() {
+  const PlacedHooks& h = placed_hooks();
+  KILN_CHECK(h.record && h.view && h.full && h.as_placed_like,
+             "a DTensor reached an op, but kiln's DTensor layer (runtime/dtensor) is not linked in");
+  return h;
+}
+
 Tensor record(OpKind op, NodeList inputs, Attrs attrs, DType dtype, Shape shape, Device device) {
+  if (any_placed(inputs)) [[unlikely]]  // a DTensor op: recorded on the shards
+    return Tensor::from_node(placed_hooks_checked().record(op, inputs, attrs, dtype, shape, device));
   if (device.type != DeviceType::CPU) [[unlikely]]
     device_runtime(device);  // usable, or a clear error now
   auto n = new_node();
@@ -134,6 +149,8 @@ Tensor record_refs(OpKind op, std::initializer_list<const Tensor*> inputs, Attrs
 }
 
 NodePtr record_view_node(OpKind op, const NodePtr& in, Attrs attrs, Shape shape, Shape strides, SymInt offset) {
+  if (in->placed) [[unlikely]]  // a view of a DTensor: taken of its shard
+    return placed_hooks_checked().view(op, in, attrs, shape, strides, offset);
   auto n = new_node();
   n->op = op;
   n->inputs = {in};

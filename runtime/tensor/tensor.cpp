@@ -5,6 +5,7 @@
 #include "runtime/autograd/autograd.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
+#include "runtime/tensor/placed_hooks.h"
 #include "runtime/tensor/trace.h"
 #include "runtime/exec/device_runtime.h"
 
@@ -78,6 +79,7 @@ void eval(const std::vector<Tensor>& ts) {
 template <class T>
 T Tensor::item() const {
   KILN_CHECK(numel() == 1, "item(): expected a tensor with one element, got shape ", detail::str(shape()));
+  if (node()->placed) return detail::placed_hooks_checked().full(*this).template item<T>();  // a DTensor's value
   if (device().type != DeviceType::CPU) return cpu().item<T>();
   eval();
   const auto& n = node();
@@ -93,6 +95,8 @@ template <class T>
 const T* Tensor::data() const {
   KILN_CHECK(dtype() == dtype_of<T>(), "data<T>(): tensor has dtype ", dtype_name(dtype()), ", requested ",
              dtype_name(dtype_of<T>()));
+  KILN_CHECK(!node()->placed, "data<T>(): a DTensor has no single buffer; read its shard with to_local() or the "
+             "whole tensor with full_tensor()");
   eval();
   if (device().type != DeviceType::CPU) device_runtime(device()).synchronize(device().index);  // finished writing
   return node()->data<T>();
@@ -100,6 +104,7 @@ const T* Tensor::data() const {
 
 template <class T>
 std::vector<T> Tensor::to_vector() const {
+  if (node()->placed) return detail::placed_hooks_checked().full(*this).template to_vector<T>();  // a DTensor's values
   Tensor c = device().type == DeviceType::CPU ? contiguous() : contiguous().cpu();
   c.eval();
   const auto& n = c.node();

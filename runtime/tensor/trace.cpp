@@ -1,5 +1,7 @@
 #include "runtime/tensor/trace.h"
 
+#include "runtime/core/error.h"
+
 namespace kiln::detail {
 thread_local TraceObserver* t_trace_observer __attribute__((tls_model("initial-exec"))) = nullptr;
 
@@ -8,5 +10,7 @@ TraceObserver* set_trace_observer(TraceObserver* o) {
   t_trace_observer = o;
   return prev;
 }
+
+void TraceObserver::cannot_trace(const std::string& why) { throw Error(why); }
 
 }  // namespace kiln::detail

@@ -2,6 +2,7 @@
 // knows who listens. With no trace active on the thread every hook is one branch.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,9 @@ class TraceObserver {
   // Whether random ops recorded now reserve numbers of the generator (false for graphs that never
   // run, such as pattern graphs: they leave the user's generator where it is).
   virtual bool draws() const { return true; }
+  // Something fn does cannot be traced (a DTensor op): the trace stops and fn runs eagerly.
+  // (Without an override: a kiln::Error saying `why`.)
+  [[noreturn]] virtual void cannot_trace(const std::string& why);
 };
 
 // The observer of the trace running on this thread, or null (inline: read on every op).

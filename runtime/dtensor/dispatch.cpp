@@ -1,0 +1,238 @@
+// The DTensor dispatcher: an op with a DTensor input runs on the shards. For every mesh dim the
+// op family's rule offers strategies (rules/), the all-Replicate one is added, each is costed
+// by the bytes its redistributions move (ties: the fewest changed placements) and the cheapest
+// is taken; the inputs are redistributed to it (collectives recorded on the shards), the op is
+// recorded on the shards and the result placed with the strategy's output placements.
+// Installed as the tensor layer's placed hooks (runtime/tensor/placed_hooks.h).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "runtime/dtensor/layout.h"
+#include "runtime/dtensor/placed.h"
+#include "runtime/dtensor/rules/rule.h"
+#include "runtime/tensor/placed_hooks.h"
+#include "runtime/tensor/record.h"
+#include "runtime/tensor/trace.h"
+
+namespace kiln::dist::detail_dt {
+namespace {
+
+// KILN_LOG=dtensor (or dist, all): one line per op on DTensors, with the placements chosen.
+bool log_dtensor() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_LOG");
+    return v && (std::strstr(v, "dtensor") || std::strstr(v, "dist") || std::strstr(v, "all"));
+  }();
+  return on;
+}
+
+std::string placements_str(const std::vector<Placement>& p) {
+  std::string s = "[";
+  for (size_t i = 0; i < p.size(); ++i) s += (i ? ", " : "") + p[i].str();
+  return s + "]";
+}
+
+// An op with no rule, said once per op kind (only when inputs had to be gathered for it).
+void warn_no_rule(OpKind op) {
+  static std::mutex mu;
+  static std::set<OpKind> said;
+  std::lock_guard<std::mutex> lock(mu);
+  if (!said.insert(op).second) return;
+  std::fprintf(stderr,
+               "[kiln] warning: DTensor: %s has no sharding rule; its inputs are replicated (gathered on every "
+               "rank) to run it. Not said again for %s.\n",
+               op_name(op), op_name(op));
+}
+
+// Bytes moved to bring one input from `from` to `to` along a mesh dim of `n` ranks.
+double move_cost(const Placement& from, const Placement& to, double bytes, int64_t n) {
+  if (from == to || n == 1) return 0;
+  const double f = static_cast<double>(n - 1) / static_cast<double>(n);
+  if (from.is_replicate()) return 0;  // a local cut or a local division
+  if (to.is_replicate()) return from.is_partial() ? 2 * f * bytes : f * bytes;  // all_reduce / all_gather
+  if (to.is_shard()) return f * bytes;  // reduce_scatter, or Shard(i)->Shard(j) through a gather
+  return from.is_partial() ? 2 * f * bytes : f * bytes;  // to another Partial: through Replicate
+}
+
+// The placements chosen for one op: per input, and the output's.
+struct Plan {
+  std::vector<std::vector<Placement>> inputs;
+  std::vector<Placement> output;
+  bool replicated_without_rule = false;
+  rules::LocalFn local = nullptr;  // a strategy computing the shard its own way (on mesh dim local_dim)
+  size_t local_dim = 0;
+};
+
+Plan plan_op(OpKind op, const Attrs& attrs, const std::vector<std::vector<int64_t>>& in_shapes,
+             const std::vector<DType>& in_dtypes, const std::vector<int64_t>& out_shape, DType dtype,
+             const std::vector<std::vector<Placement>>& current, const DeviceMesh& mesh) {
+  const size_t n_in = in_shapes.size(), n_mesh = static_cast<size_t>(mesh.ndim());
+  rules::OpView v{op, attrs, in_shapes, in_dtypes, out_shape, dtype, current, mesh};
+  const rules::Rule rule = rules::rule_for(op);
+  std::vector<double> bytes(n_in);
+  for (size_t i = 0; i < n_in; ++i) {
+    double e = static_cast<double>(itemsize(in_dtypes[i]));
+    for (int64_t s : in_shapes[i]) e *= static_cast<double>(s);
+    bytes[i] = e;
+  }
+  Plan plan;
+  plan.inputs.assign(n_in, std::vector<Placement>(n_mesh, Replicate()));
+  plan.output.assign(n_mesh, Replicate());
+  for (size_t m = 0; m < n_mesh; ++m) {
+    rules::Strategies options = rule ? rule(v, m) : rules::Strategies{};
+    options.push_back({rules::all(n_in, Replicate()), Replicate()});
+    double best = 0;
+    const rules::Strategy* chosen = nullptr;
+    for (const rules::Strategy& s : options) {
+      double cost = 0;
+      int changes = 0;
+      for (size_t i = 0; i < n_in; ++i) {
+        cost += move_cost(current[i][m], s.inputs[i], bytes[i], mesh.shape()[m]);
+        changes += current[i][m] != s.inputs[i] ? 1 : 0;
+      }
+      cost += 1e-3 * changes;  // equal bytes: keep what is there
+      if (!chosen || cost < best) {
+        best = cost;
+        chosen = &s;
+      }
+    }
+    for (size_t i = 0; i < n_in; ++i) plan.inputs[i][m] = chosen->inputs[i];
+    plan.output[m] = chosen->output;
+    if (chosen->local) {
+      plan.local = chosen->local;
+      plan.local_dim = m;
+    }
+    if (!rule)
+      for (size_t i = 0; i < n_in; ++i) plan.replicated_without_rule |= current[i][m] != chosen->inputs[i];
+  }
+  return plan;
+}
+
+// The mesh of the placed inputs (kiln::Error when they differ).
+const DeviceMesh& mesh_of(const NodeList& inputs, OpKind op) {
+  const PlacedLayout* first = nullptr;
+  for (const NodePtr& n : inputs)
+    if (const PlacedLayout* l = layout_of(*n)) {
+      if (!first) first = l;
+      KILN_CHECK(l->mesh.mesh() == first->mesh.mesh() && l->mesh.shape() == first->mesh.shape(), op_name(op),
+                 ": DTensor inputs on different meshes (", kiln::detail::str(first->mesh.shape()), " and ",
+                 kiln::detail::str(l->mesh.shape()), "); redistribute them onto one mesh first");
+    }
+  return first->mesh;
+}
+
+void stop_any_trace(OpKind op) {
+  if (auto* o = kiln::detail::trace_observer())
+    o->cannot_trace(std::string("a DTensor op (") + op_name(op) +
+                    ") while tracing: kiln::compile does not trace DTensors yet");
+}
+
+// Everything an op on placed inputs needs: global shapes, placements, and the plan.
+struct Prepared {
+  Attrs attrs;
+  DType dtype;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<DType> dtypes;
+  std::vector<std::vector<Placement>> current;
+  std::vector<int64_t> out_shape;
+  Plan plan;
+};
+
+Prepared prepare(OpKind op, const NodeList& inputs, const Attrs& attrs, DType dtype, const Shape& shape,
+                 const DeviceMesh& mesh) {
+  Prepared p{.attrs = attrs, .dtype = dtype};
+  const std::vector<Placement> whole(static_cast<size_t>(mesh.ndim()), Replicate());
+  for (const NodePtr& n : inputs) {
+    p.shapes.push_back(constant_sizes(n->shape, op_name(op)));
+    p.dtypes.push_back(n->dtype);
+    const PlacedLayout* l = layout_of(*n);
+    p.current.push_back(l ? l->placements : whole);  // a plain tensor reads as Replicate
+  }
+  p.out_shape = constant_sizes(shape, op_name(op));
+  p.plan = plan_op(op, attrs, p.shapes, p.dtypes, p.out_shape, dtype, p.current, mesh);
+  if (p.plan.replicated_without_rule) warn_no_rule(op);
+  if (log_dtensor()) {
+    std::string line = std::string("[kiln] dtensor: ") + op_name(op);
+    for (size_t i = 0; i < inputs.size(); ++i)
+      line += (i ? ", " : " ") + placements_str(p.current[i]) + (p.current[i] != p.plan.inputs[i]
+                                                                      ? "->" + placements_str(p.plan.inputs[i])
+                                                                      : std::string());
+    std::fprintf(stderr, "%s => %s %s\n", line.c_str(), placements_str(p.plan.output).c_str(),
+                 kiln::detail::str(p.out_shape).c_str());
+  }
+  return p;
+}
+
+// Input `i` as the shard its plan asks for.
+Tensor shard_for(const NodePtr& n, const Prepared& p, size_t i, const DeviceMesh& mesh) {
+  const PlacedLayout* l = layout_of(*n);
+  Tensor local = l ? Tensor::from_node(l->local) : Tensor::from_node(n);
+  return redistribute_local(local, p.shapes[i], p.current[i], p.plan.inputs[i], mesh);
+}
+
+Shape local_shape_of(const Prepared& p, const DeviceMesh& mesh) {
+  const std::vector<int64_t> s = DTensor::local_shape(p.out_shape, p.plan.output, mesh, mesh.coordinate());
+  return Shape(s.begin(), s.end());
+}
+
+NodePtr record_placed(OpKind op, const NodeList& inputs, const Attrs& attrs, DType dtype, const Shape& shape,
+                      Device device) {
+  stop_any_trace(op);
+  KILN_CHECK(op != OpKind::Collective, "a collective got a DTensor; pass its to_local() shard");
+  const DeviceMesh& mesh = mesh_of(inputs, op);
+  const Prepared p = prepare(op, inputs, attrs, dtype, shape, mesh);
+  std::vector<Tensor> shards;  // (held until recorded)
+  NodeList local;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    shards.push_back(shard_for(inputs[i], p, i, mesh));
+    local.push_back(shards.back().node());
+  }
+  Tensor out;
+  if (p.plan.local) {  // the strategy's own computation of the shard
+    const rules::OpView v{op, p.attrs, p.shapes, p.dtypes, p.out_shape, p.dtype, p.current, mesh};
+    out = p.plan.local(v, p.plan.local_dim, shards);
+  } else {
+    out = kiln::detail::record(op, std::move(local), attrs, dtype, local_shape_of(p, mesh), device);
+  }
+  return make_placed(out.node(), mesh, p.plan.output, shape);
+}
+
+NodePtr view_placed(OpKind op, const NodePtr& in, const Attrs& attrs, const Shape& shape, const Shape& strides,
+                    const SymInt& offset) {
+  stop_any_trace(op);
+  const DeviceMesh& mesh = layout_of(*in)->mesh;
+  NodeList inputs;
+  inputs.push_back(in);
+  const Prepared p = prepare(op, inputs, attrs, in->dtype, shape, mesh);
+  Tensor local = shard_for(in, p, 0, mesh);
+  ViewStep step{op, attrs, local_shape_of(p, mesh)};
+  if (op == OpKind::View || op == OpKind::AsStrided) local = local.contiguous();  // their layouts assume a dense input
+  if (op == OpKind::View) step.attrs.strides = contiguous_strides(step.shape);  // the shard's own
+  return make_placed(kiln::detail::apply_view(local.node(), step), mesh, p.plan.output, shape, strides, offset);
+}
+
+Tensor full(const Tensor& t) { return DTensor(t).full_tensor(); }
+
+Tensor as_placed_like(const Tensor& grad, const Tensor& leaf) {
+  const PlacedLayout* l = layout_of(*leaf.node());
+  return as_placed(grad, l->mesh).redistribute(l->placements);
+}
+
+}  // namespace
+
+void install_placed_hooks() {
+  static const bool installed = [] {
+    kiln::detail::PlacedHooks& h = kiln::detail::placed_hooks();
+    h.record = record_placed;
+    h.view = view_placed;
+    h.full = full;
+    h.as_placed_like = as_placed_like;
+    return true;
+  }();
+  (void)installed;
+}
+
+}  // namespace kiln::dist::detail_dt
