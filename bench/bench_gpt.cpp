@@ -81,6 +81,7 @@ struct Options {
   bool graphs = true;  // --no-graphs: compiled steps run kernel by kernel (KILN_PROFILE sees each)
   bool ddp = false;  // --ddp: nn::DistributedDataParallel over kiln-run's ranks (NCCL on CUDA, Gloo on the CPU)
   bool fsdp = false;  // --fsdp: dist::fully_shard over kiln-run's ranks, each rank its own batches (eager)
+  bool tp = false;  // --tp: the MLPs tensor parallel (c_fc colwise, c_proj rowwise), every rank the same batches
   double peak_flops = 0;  // 0: the H100 figure for the dtype
   // Overrides of the configuration (-1: the configuration's).
   int64_t batch = -1, seq = -1, d = -1, layers = -1, heads = -1, vocab = -1, mlp = -1;
@@ -207,7 +208,7 @@ Row head_row(const Options& o, const GptConfig& c, const std::string& dtype, con
   r.integer("batch", c.batch).integer("seq", c.block_size).integer("d_model", c.n_embd).integer("n_layer", c.n_layer);
   r.integer("n_head", c.n_head).integer("vocab", c.vocab).integer("mlp", c.mlp).boolean("tie_weights", o.tie);
   r.integer("seed", static_cast<long long>(o.seed)).str("data_checksum", g_data_checksum);
-  r.str("parallel", o.fsdp ? "fully_shard" : o.ddp ? "ddp" : "none");
+  r.str("parallel", o.fsdp ? "fully_shard" : o.tp ? "tensor_parallel_mlp" : o.ddp ? "ddp" : "none");
   if (o.ddp) r.integer("world_size", kiln::dist::get_world_size());
   return r;
 }
@@ -292,6 +293,11 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   if (o.fsdp) {
     mesh = kiln::dist::init_device_mesh(cuda ? "cuda" : "cpu", {kiln::dist::get_world_size()});
     kiln::dist::fully_shard(*model, *mesh);
+  } else if (o.tp) {  // Megatron's MLP split, as bench/torch_gpt.py --tp
+    kiln::dist::DeviceMesh tp_mesh = kiln::dist::init_device_mesh(cuda ? "cuda" : "cpu", {kiln::dist::get_world_size()});
+    kiln::dist::parallelize_module(*model, tp_mesh,
+                                   {{"h.*.mlp.c_fc", kiln::dist::ColwiseParallel()},
+                                    {"h.*.mlp.c_proj", kiln::dist::RowwiseParallel()}});
   } else if (o.ddp) {
     ddp = std::make_shared<nn::DistributedDataParallel>(model);
   }
@@ -304,7 +310,7 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   const double flops_per_token =
       6.0 * static_cast<double>(n_flops) +
       12.0 * static_cast<double>(c.n_layer * c.n_head * (c.n_embd / c.n_head) * c.block_size);
-  const double world = o.ddp ? kiln::dist::get_world_size() : 1;
+  const double world = o.ddp && !o.tp ? kiln::dist::get_world_size() : 1;  // (tensor parallel: one batch)
   const double tokens = static_cast<double>(c.batch * c.block_size) * world;  // (every rank's batch)
   const double flops_per_step = flops_per_token * tokens;
 
@@ -439,6 +445,8 @@ Options parse(int argc, char** argv) {
       o.ddp = true;
     else if (key == "--fsdp")
       o.fsdp = o.ddp = true;  // (the same ranks and batches as --ddp)
+    else if (key == "--tp")
+      o.tp = o.ddp = true;  // (the same ranks; every rank the same batches)
     else if (key == "--matmul-precision")
       o.precision = value();
     else if (key == "--peak-flops")
@@ -532,7 +540,7 @@ int main(int argc, char** argv) {
   std::vector<Batch> data;
   try {
     kiln::set_float32_matmul_precision(o.precision);
-    data = make_batches(c, o.seed + (o.ddp ? 1000 * kiln::dist::get_rank() : 0), o.batches, dev);
+    data = make_batches(c, o.seed + (o.ddp && !o.tp ? 1000 * kiln::dist::get_rank() : 0), o.batches, dev);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpt: setup: %s\n", e.what());
     return 1;

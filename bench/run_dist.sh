@@ -4,7 +4,10 @@
 #     bench/torch_allreduce.py under torchrun, at the largest GPU count (and 2 when more);
 #  2. data-parallel training of the GPT benchmark's config M on 1, 2, ... GPUs: bench_gpt --ddp
 #     (lazy eager and compiled) beside torch_gpt.py --ddp (eager and torch.compile), tokens/s
-#     summed over the ranks and the scaling efficiency against one GPU.
+#     summed over the ranks and the scaling efficiency against one GPU;
+#  3. (--parts sharded) the same GPT fully sharded (bench_gpt --fsdp beside torch_gpt.py --fsdp,
+#     FSDP2) and with tensor-parallel MLPs (--tp, beside parallelize_module) on 2, ... GPUs:
+#     tokens/s, peak memory per GPU, kiln / torch.
 #
 #   bench/run_dist.sh [--build-dir DIR] [--gpus "1 2 4"] [--config M] [--dtype fp32] [--quick]
 #                     [--device cuda|cpu] [--keep DIR] [--parts "allreduce gpt"] [--impls "kiln torch"]
@@ -85,6 +88,22 @@ for n in $GPUS; do
   done
 done
 
+# ---- 3. fully sharded and tensor parallel GPT ----
+for n in $GPUS; do
+  has "$PARTS" sharded || break
+  [ "$n" -ge 2 ] || continue
+  for par in fsdp tp; do
+    has "$IMPLS" kiln && timeout 900 "$RUN" --nproc "$n" "$BUILD/bench/bench_gpt" --$par --config "$CONFIG" \
+      --dtype "$DTYPE" --mode eager --device "$DEVICE" "${STEPS[@]}" >> "$OUT/sharded.jsonl" 2>> "$OUT/sharded.log" ||
+      echo "run_dist.sh: kiln --$par on $n failed (see $OUT/sharded.log)" >&2
+    has "$IMPLS" torch && for mode in eager compile; do
+      timeout 900 "$PY" -m torch.distributed.run --nproc_per_node "$n" "$HERE/torch_gpt.py" --$par --config "$CONFIG" \
+        --dtype "$DTYPE" --mode "$mode" --device "$DEVICE" "${STEPS[@]}" >> "$OUT/sharded.jsonl" 2>> "$OUT/sharded.log" ||
+        echo "run_dist.sh: torch --$par $mode on $n failed (see $OUT/sharded.log)" >&2
+    done
+  done
+done
+
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys, collections
 out = sys.argv[1]
@@ -126,5 +145,23 @@ if g:
     for n, v in sorted(best.items()):
         k = max([v[i] for i in v if i.startswith("kiln")] or [0]); p = max([v[i] for i in v if i.startswith("torch")] or [0])
         if k and p: print(f"GPUs {n}: kiln best / torch best = {k / p:.3f}")
+sh = rows("sharded.jsonl")
+if sh:
+    print("\n## Fully sharded and tensor-parallel GPT (tokens/s over the job; peak MiB on rank 0)\n")
+    print("| parallel | impl | GPUs | steps/s | tokens/s | peak MiB | final loss | error |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in sorted(sh, key=lambda r: (r.get("parallel", ""), r.get("world_size", 1), r["impl"])):
+        tps = r.get("tokens_per_s")
+        print(f"| {r.get('parallel')} | {r['impl']} | {r.get('world_size', 1)} | "
+              f"{round(r['steps_per_s'], 1) if 'steps_per_s' in r else '-'} | {round(tps) if tps else '-'} | "
+              f"{round(r['peak_alloc_mib']) if r.get('peak_alloc_mib') else '-'} | {r.get('final_loss', '-')} | "
+              f"{r.get('error', '')[:80]} |")
+    best = collections.defaultdict(dict)
+    for r in sh:
+        if "tokens_per_s" in r: best[(r.get("parallel"), r.get("world_size", 1))][r["impl"]] = r["tokens_per_s"]
+    print()
+    for (par, n), v in sorted(best.items()):
+        k = max([v[i] for i in v if i.startswith("kiln")] or [0]); p = max([v[i] for i in v if i.startswith("torch")] or [0])
+        if k and p: print(f"{par} on {n} GPUs: kiln best / torch best = {k / p:.3f}")
 PYEOF
 echo "(raw rows in $OUT)"

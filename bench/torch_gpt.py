@@ -193,7 +193,8 @@ def head(args, c, dtype, impl):
             "device": args.device, "attn": args.attn, "batch": c["batch"], "seq": c["block_size"],
             "d_model": c["n_embd"], "n_layer": c["n_layer"], "n_head": c["n_head"], "vocab": c["vocab"],
             "mlp": c["mlp"], "tie_weights": args.tie_weights, "seed": args.seed, "data_checksum": DATA_CHECKSUM,
-            "parallel": "fully_shard" if args.fsdp else "ddp" if args.ddp else "none", "world_size": args.world_size}
+            "parallel": "fully_shard" if args.fsdp else "tensor_parallel_mlp" if args.tp else "ddp" if args.ddp else "none",
+            "world_size": args.world_size}
 
 
 def emit(row):
@@ -202,12 +203,33 @@ def emit(row):
     print(json.dumps({k: clean(v) for k, v in row.items()}), flush=True)
 
 
+def clip_mixed(params, max_norm):
+    """clip_grad_norm_ over parameters some of which are DTensors (tensor parallel)."""
+    from torch.distributed.tensor import DTensor
+    grads = [p.grad for p in params if p.grad is not None]
+    norms = []
+    for g in grads:
+        n = torch.linalg.vector_norm(g)
+        norms.append(n.full_tensor() if isinstance(n, DTensor) else n)
+    total = torch.linalg.vector_norm(torch.stack(norms))
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef)
+
+
 def build(args, c, dtype, mode):
     """Model, optimizer and a call(x, y) -> loss tensor for one mode."""
     torch.manual_seed(args.seed)
     model = GPT(c, args.attn == "manual", args.tie_weights).to(args.device)
     opt = make_optimizer(model)
-    if args.fsdp:  # FSDP2: each block its own unit, then the root; the optimizer is built on the DTensor params
+    if args.tp:  # Megatron's MLP split: c_fc colwise, c_proj rowwise (every rank the same batch)
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+        mesh = init_device_mesh("cuda", (args.world_size,))
+        for block in model.transformer.h:
+            parallelize_module(block.mlp, mesh, {"c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
+        opt = make_optimizer(model)
+    elif args.fsdp:  # FSDP2: each block its own unit, then the root; the optimizer is built on the DTensor params
         from torch.distributed.fsdp import fully_shard
         for block in model.transformer.h:
             fully_shard(block)
@@ -226,7 +248,10 @@ def build(args, c, dtype, mode):
         with torch.autocast(device_type=dev_type, dtype=torch.bfloat16, enabled=bf16):
             loss = fwd(x, y)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if args.tp:  # (clip_grad_norm_'s foreach norms refuse a mix of DTensor and plain gradients)
+            clip_mixed(model.parameters(), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss.detach()
 
@@ -255,12 +280,12 @@ def run_mode(args, c, dtype, mode, data):
         torch.cuda.reset_peak_memory_stats()
     model, opt, call = build(args, c, dtype, mode)
     params = sum(p.numel() for p in model.parameters())  # (a tied weight counts once)
-    inner = model.module if args.ddp and not args.fsdp else model
+    inner = model.module if args.ddp and not (args.fsdp or args.tp) else model
     wpe = inner.transformer.wpe.weight.numel()
     wte = inner.transformer.wte.weight.numel()
     n_flops = params - wpe - (0 if args.tie_weights else wte)
     flops_per_token = 6 * n_flops + 12 * c["n_layer"] * c["n_head"] * (c["n_embd"] // c["n_head"]) * c["block_size"]
-    tokens = c["batch"] * c["block_size"] * args.world_size  # (every rank's batch)
+    tokens = c["batch"] * c["block_size"] * (1 if args.tp else args.world_size)  # (every rank's batch; TP: one)
     flops_per_step = flops_per_token * tokens
 
     times, first_ms, first_loss, final_loss = [], None, None, None
@@ -371,6 +396,7 @@ def main():
     p.add_argument("--profile", action="store_true")
     p.add_argument("--ddp", action="store_true", help="DistributedDataParallel over torchrun's ranks (NCCL)")
     p.add_argument("--fsdp", action="store_true", help="fully_shard (FSDP2) per block over torchrun's ranks (NCCL)")
+    p.add_argument("--tp", action="store_true", help="tensor parallel MLPs (parallelize_module) over torchrun's ranks")
     p.add_argument("--profile-steps", type=int, default=5)
     for k in ("batch", "seq", "d", "layers", "heads", "vocab", "mlp"):
         p.add_argument(f"--{k}", type=int, default=None)
@@ -394,7 +420,7 @@ def main():
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("torch_gpt: no CUDA device")
     args.rank, args.world_size, args.local_rank = 0, 1, 0
-    args.ddp = args.ddp or args.fsdp  # (the same ranks and batches)
+    args.ddp = args.ddp or args.fsdp or args.tp  # (the same ranks; TP: the same batches on every rank)
     if args.ddp:  # one process per GPU under torchrun; each rank trains on its own batches
         torch.distributed.init_process_group("nccl")
         args.rank, args.world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -404,7 +430,7 @@ def main():
     torch.set_float32_matmul_precision(args.matmul_precision)
     dtypes = ["fp32", "bf16"] if args.dtype == "all" else [args.dtype]
     modes = ["eager", "compile", "reduce-overhead"] if args.mode == "all" else [args.mode]
-    data = make_batches(c, args.seed + 1000 * args.rank, args.batches, args.device)
+    data = make_batches(c, args.seed + (0 if args.tp else 1000 * args.rank), args.batches, args.device)
     failures = 0
     for dtype in dtypes:
         for mode in modes:

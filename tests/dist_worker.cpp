@@ -643,7 +643,11 @@ void dtensor_gpt() {
       {"h.*.attn.c_proj", dist::RowwiseParallel(dist::Shard(-1), dist::Shard(1))},
       {"h.*.mlp.c_fc", dist::ColwiseParallel()},
       {"h.*.mlp.c_proj", dist::RowwiseParallel(dist::Shard(-1), dist::Shard(1))}};
-  for (const std::string mode : {"tensor", "sequence", "fully_sharded"}) {
+  std::vector<std::string> modes = {"tensor", "sequence", "fully_sharded"};
+  if (size == 4) modes.push_back("2d");  // fully sharded over "dp" x tensor parallel over "tp" (2 x 2)
+  dist::DeviceMesh mesh2;
+  if (size == 4) mesh2 = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {2, 2}, {"dp", "tp"});
+  for (const std::string& mode : modes) {
     manual_seed(7);
     auto model = std::make_shared<gpt::Gpt>(c, false, false);
     model->to(device());
@@ -654,8 +658,12 @@ void dtensor_gpt() {
     if (mode == "tensor") dist::parallelize_module(*model, mesh, tp);
     if (mode == "sequence") dist::parallelize_module(*model, mesh, sp);
     if (mode == "fully_sharded") dist::fully_shard(*model, mesh);
+    if (mode == "2d") {
+      dist::parallelize_module(*model, mesh2, tp, 1);
+      dist::fully_shard(*model, mesh2, 0);
+    }
     for (const Tensor& p : model->parameters())
-      EXPECT(dist::is_dtensor(p) || mode != "fully_sharded", mode, ": a parameter is not a DTensor");
+      EXPECT(dist::is_dtensor(p) || (mode != "fully_sharded" && mode != "2d"), mode, ": a parameter is not a DTensor");
     optim::AdamOptions ao;
     ao.lr = 3e-3;
     ao.weight_decay = 0.1;
@@ -664,8 +672,14 @@ void dtensor_gpt() {
     Tensor X = randint(0, c.vocab, {c.batch * 2, c.block_size}).to(device());
     Tensor Y = randint(0, c.vocab, {c.batch * 2, c.block_size}).to(device());
     // Fully sharded is data parallel too: each rank runs its rows of the batch.
-    Tensor x = mode == "fully_sharded" ? Tensor(dist::distribute_tensor(X, mesh, {dist::Shard(0)})) : X;
-    Tensor y = mode == "fully_sharded" ? Tensor(dist::distribute_tensor(Y, mesh, {dist::Shard(0)})) : Y;
+    Tensor x = X, y = Y;
+    if (mode == "fully_sharded") {
+      x = dist::distribute_tensor(X, mesh, {dist::Shard(0)});
+      y = dist::distribute_tensor(Y, mesh, {dist::Shard(0)});
+    } else if (mode == "2d") {  // the batch cut over "dp", whole on "tp"
+      x = dist::distribute_tensor(X, mesh2, {dist::Shard(0), dist::Replicate()});
+      y = dist::distribute_tensor(Y, mesh2, {dist::Shard(0), dist::Replicate()});
+    }
     for (int it = 0; it < 10; ++it) {
       opt.zero_grad();
       Tensor loss = cross_entropy(model->forward(x).reshape({-1, c.vocab}), y.reshape({-1}));
@@ -682,8 +696,99 @@ void dtensor_gpt() {
       const double d = max_diff(*model, ref);
       EXPECT(d < 1e-4, mode, " step ", it, ": parameters differ from one process by ", d);
     }
-    if (dist::get_rank() == 0) std::cout << "dtensor_gpt " << mode << ": 10 steps equal one process\n";
+    // State dicts: whole (equal to one process's), loaded back into the sharded model; each
+    // rank's shards, loaded back.
+    const std::map<std::string, Tensor> full = dist::full_state_dict(*model), want = ref.state_dict();
+    for (auto& [name, t] : want) {
+      EXPECT(full.count(name) && !dist::is_dtensor(full.at(name)), mode, ": full state dict entry ", name);
+      const double d = (full.at(name) - t).abs().amax({}).cpu().item<double>();
+      EXPECT(d < 1e-4, mode, ": full state dict ", name, " differs by ", d);
+    }
+    const std::map<std::string, Tensor> local = dist::local_state_dict(*model);
+    {
+      NoGradGuard ng;
+      for (Tensor& p : model->parameters()) p.mul_(0.0);
+    }
+    dist::load_full_state_dict(*model, full);
+    EXPECT(max_diff(*model, ref) < 1e-4, mode, ": after load_full_state_dict");
+    for (const Tensor& p : model->parameters())
+      EXPECT(dist::is_dtensor(p) || (mode != "fully_sharded" && mode != "2d"), mode, ": load made a parameter plain");
+    {
+      NoGradGuard ng;
+      for (Tensor& p : model->parameters()) p.mul_(0.0);
+    }
+    dist::load_local_state_dict(*model, local);
+    EXPECT(max_diff(*model, ref) < 1e-4, mode, ": after load_local_state_dict");
+    bool threw = false;
+    try {
+      std::map<std::string, Tensor> bad = full;
+      bad.begin()->second = zeros({3});
+      dist::load_full_state_dict(*model, bad);
+    } catch (const Error& e) {
+      threw = std::string(e.what()).find("shape") != std::string::npos;
+    }
+    EXPECT(threw, mode, ": a wrong shape is refused");
+    EXPECT(max_diff(*model, ref) < 1e-4, mode, ": a refused load changed the model");
+    if (dist::get_rank() == 0) std::cout << "dtensor_gpt " << mode << ": 10 steps and state dicts equal one process\n";
   }
+  dist::destroy_process_group();
+}
+
+// Context parallelism: scaled_dot_product_attention on q, k, v cut along the sequence runs ring
+// attention (uneven pieces, causal and not), equal to one process's output and gradients within
+// 1e-5; and an attention module (the GPT's) put through distribute_module with its input cut
+// along the sequence gives one process's output and parameter gradients.
+void context_parallel() {
+  init();
+  const int size = dist::get_world_size();
+  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  auto diff = [](const Tensor& a, const Tensor& b) { return (a - b).abs().amax({}).cpu().item<double>(); };
+  for (bool causal : {false, true}) {
+    manual_seed(3);
+    const int64_t T = 7;  // (uneven pieces over 2 and 4 ranks)
+    Tensor Q = randn({2, 2, T, 8}).to(device()), K = randn({2, 2, T, 8}).to(device()),
+           V = randn({2, 2, T, 8}).to(device()), W = randn({2, 2, T, 8}).to(device());
+    Tensor q = Q.clone().requires_grad_(), k = K.clone().requires_grad_(), v = V.clone().requires_grad_();
+    Tensor want = scaled_dot_product_attention(q, k, v, std::nullopt, causal);
+    (want * W).sum({}).backward();
+    Tensor qd = dist::distribute_tensor(Q, mesh, {dist::Shard(2)}), kd = dist::distribute_tensor(K, mesh, {dist::Shard(2)}),
+           vd = dist::distribute_tensor(V, mesh, {dist::Shard(2)});
+    qd.requires_grad_(), kd.requires_grad_(), vd.requires_grad_();
+    Tensor got = scaled_dot_product_attention(qd, kd, vd, std::nullopt, causal);
+    EXPECT(dist::DTensor(got).placements()[0] == dist::Shard(2), "ring attention keeps the sequence cut, got ",
+           dist::DTensor(got).str());
+    EXPECT(diff(dist::DTensor(got).full_tensor(), want) < 1e-5, "ring attention output (causal ", causal, ")");
+    (got * W).sum({}).backward();
+    EXPECT(diff(dist::DTensor(qd.grad()).full_tensor(), q.grad()) < 1e-5, "ring attention dq (causal ", causal, ")");
+    EXPECT(diff(dist::DTensor(kd.grad()).full_tensor(), k.grad()) < 1e-5, "ring attention dk (causal ", causal, ")");
+    EXPECT(diff(dist::DTensor(vd.grad()).full_tensor(), v.grad()) < 1e-5, "ring attention dv (causal ", causal, ")");
+  }
+  // The GPT's attention module, context parallel through distribute_module.
+  gpt::GptConfig c;
+  c.n_embd = 32, c.n_head = 4, c.block_size = 16;
+  manual_seed(5);
+  auto attn = std::make_shared<gpt::CausalSelfAttention>(c, false);
+  attn->to(device());
+  manual_seed(5);
+  gpt::CausalSelfAttention ref(c, false);
+  ref.to(device());
+  copy_params(*attn, ref);
+  std::shared_ptr<nn::Module> cp = dist::distribute_module(
+      attn, mesh, nullptr,
+      [](nn::Module&, const Tensor& x, const dist::DeviceMesh& m) {
+        return Tensor(dist::distribute_tensor(x, m, {dist::Shard(1)}));
+      },
+      [](nn::Module&, const Tensor& y, const dist::DeviceMesh&) { return dist::DTensor(y).full_tensor(); });
+  manual_seed(6);
+  Tensor x = randn({2, c.block_size, c.n_embd}).to(device());
+  Tensor y = cp->forward(x), y_ref = ref.forward(x);
+  EXPECT(!dist::is_dtensor(y) && diff(y, y_ref) < 1e-5, "context-parallel attention module output");
+  y.square().sum({}).backward();
+  y_ref.square().sum({}).backward();
+  auto a = attn->parameters(), b = ref.parameters();
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT(diff(dist::DTensor(a[i].grad()).full_tensor(), b[i].grad()) < 1e-4, "context-parallel gradient ", i);
+  if (dist::get_rank() == 0) std::cout << "context_parallel: ring attention equals one process\n";
   dist::destroy_process_group();
 }
 
@@ -769,6 +874,7 @@ void dtensor_programs() {
         ++pass;
       } else {
         fails.push_back(prog.id + " mesh " + std::to_string(mi) + placed_as + ": " + o.failures[0]);
+        if (dist::get_rank() == 0) std::cout << "  FAIL " << fails.back().substr(0, 500) << std::endl;  // (as found)
       }
     }
   }
@@ -781,7 +887,6 @@ void dtensor_programs() {
       std::cout << "]";
     }
     std::cout << ")\n";
-    for (size_t i = 0; i < fails.size() && i < 30; ++i) std::cout << "  FAIL " << fails[i].substr(0, 500) << "\n";
   }
   EXPECT(fails.empty(), fails.size(), " replays differ from PyTorch's; first: ", fails.empty() ? "" : fails[0].substr(0, 800));
   dist::destroy_process_group();
@@ -794,7 +899,7 @@ int main(int argc, char** argv) {
       {"collectives", collectives}, {"groups", groups},     {"functional", functional}, {"rank_dies", rank_dies},
       {"mismatch", mismatch},       {"never_joins", never_joins}, {"bad_input", bad_input},
       {"ddp_mlp", ddp_mlp},         {"ddp_gpt", ddp_gpt},       {"dtensor", dtensor},
-      {"dtensor_programs", dtensor_programs}, {"dtensor_gpt", dtensor_gpt},
+      {"dtensor_programs", dtensor_programs}, {"dtensor_gpt", dtensor_gpt}, {"context_parallel", context_parallel},
   };
   if (argc < 2 || !scenarios.count(argv[1])) {
     std::cerr << "usage: dist_worker SCENARIO (";

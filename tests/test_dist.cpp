@@ -69,6 +69,10 @@ TEST_P(Dist, TensorSequenceAndFullyShardedGptEqualsOneProcess) {
   expect_all_ok(run_ranks("dist_worker", {"dtensor_gpt"}, GetParam(), GetParam(), base_env()));
 }
 
+TEST_P(Dist, ContextParallelRingAttentionEqualsOneProcess) {
+  expect_all_ok(run_ranks("dist_worker", {"context_parallel"}, GetParam(), GetParam(), base_env()));
+}
+
 TEST_P(Dist, DataParallelMlpEqualsOneProcess) {
   for (const char* mode : {"eager", "accumulate", "unused", "compiled"}) {
     auto env = base_env();

@@ -67,12 +67,81 @@ std::shared_ptr<nn::Module> distribute_module(std::shared_ptr<nn::Module> module
   return module;
 }
 
-void fully_shard(nn::Module& module, const DeviceMesh& mesh) {
-  KILN_CHECK(mesh.ndim() == 1, "fully_shard: expected a 1-d mesh, got ", mesh.ndim(), " dims");
-  for (auto& [name, p] : module.named_parameters())
-    distribute_parameter(p, mesh, {p.dim() == 0 ? Replicate() : Shard(0)});
+void fully_shard(nn::Module& module, const DeviceMesh& mesh, int64_t mesh_dim) {
+  const int64_t nd = mesh.ndim();
+  KILN_CHECK(mesh_dim >= -nd && mesh_dim < nd, "fully_shard: mesh dim ", mesh_dim, " of a ", nd, "-d mesh");
+  const size_t md = static_cast<size_t>(mesh_dim < 0 ? mesh_dim + nd : mesh_dim);
+  const std::vector<Placement> whole(static_cast<size_t>(nd), Replicate());
+  for (auto& [name, p] : module.named_parameters()) {
+    std::vector<Placement> want = is_dtensor(p) ? DTensor(p).placements() : whole;
+    want[md] = p.dim() == 0 ? Replicate() : Shard(0);
+    distribute_parameter(p, mesh, want);
+  }
   for (auto& [name, b] : module.named_buffers())
-    if (!is_dtensor(b)) distribute_parameter(b, mesh, {Replicate()});
+    if (!is_dtensor(b)) distribute_parameter(b, mesh, whole);
+}
+
+// ---- state dicts ----
+std::map<std::string, Tensor> full_state_dict(const nn::Module& module) {
+  NoGradGuard no_grad;
+  std::map<std::string, Tensor> out = module.state_dict();
+  for (auto& [name, t] : out)
+    if (is_dtensor(t)) t = DTensor(t.detach()).full_tensor();
+  return out;
+}
+
+std::map<std::string, Tensor> local_state_dict(const nn::Module& module) {
+  std::map<std::string, Tensor> out = module.state_dict();
+  for (auto& [name, t] : out)
+    if (is_dtensor(t)) t = DTensor(t.detach()).to_local().detach();
+  return out;
+}
+
+namespace {
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Loads `sd` into the module's tensors, each value made by `value(name, target, given)`; every
+// name and shape checked before anything changes.
+void load_into(nn::Module& module, const std::map<std::string, Tensor>& sd, const char* what,
+               const std::function<Tensor(const Tensor& target, const Tensor& given)>& value) {
+  std::map<std::string, Tensor> targets = module.state_dict();
+  std::map<std::string, Tensor> values;
+  for (auto& [name, t] : targets) {
+    auto it = sd.find(name);
+    KILN_CHECK(it != sd.end() && it->second.defined(), what, ": no value for '", name, "'");
+    values[name] = value(t, it->second);
+  }
+  for (auto& [name, t] : sd) KILN_CHECK(targets.count(name), what, ": unexpected key '", name, "'");
+  NoGradGuard no_grad;
+  for (auto& [name, t] : targets) t.set_data(values[name]);
+}
+}  // namespace
+
+void load_full_state_dict(nn::Module& module, const std::map<std::string, Tensor>& sd) {
+  load_into(module, sd, "load_full_state_dict", [](const Tensor& target, const Tensor& given) {
+    KILN_CHECK(given.sizes() == target.sizes(), "load_full_state_dict: a value of shape ",
+               shape_text(given.sizes()), " for a tensor of shape ", shape_text(target.sizes()));
+    Tensor v = given.to(target.dtype()).to(target.device()).contiguous();
+    if (!is_dtensor(target)) return v.clone();
+    const DTensor d(target);
+    return Tensor(distribute_tensor(v, d.device_mesh(), d.placements()));
+  });
+}
+
+void load_local_state_dict(nn::Module& module, const std::map<std::string, Tensor>& sd) {
+  load_into(module, sd, "load_local_state_dict", [](const Tensor& target, const Tensor& given) {
+    const Tensor shard = is_dtensor(target) ? DTensor(target).to_local() : target;
+    KILN_CHECK(given.sizes() == shard.sizes(), "load_local_state_dict: a shard of shape ",
+               shape_text(given.sizes()), " for one of shape ", shape_text(shard.sizes()));
+    Tensor v = given.to(target.dtype()).to(target.device()).contiguous().clone();
+    if (!is_dtensor(target)) return v;
+    const DTensor d(target);
+    return Tensor(DTensor::from_local(v, d.device_mesh(), d.placements(), d.sizes()));
+  });
 }
 
 }  // namespace kiln::dist

@@ -29,10 +29,23 @@ void collect(const std::string& name, nn::Module& m, std::vector<std::pair<std::
   for (const auto& [child, sub] : m.children()) collect(name.empty() ? child : name + "." + child, *sub, out);
 }
 
-// `x` brought to `p` on the (1-d) mesh: a plain tensor is the whole value.
-Tensor laid_out(const Tensor& x, const DeviceMesh& mesh, const Placement& p) {
-  DTensor d = is_dtensor(x) ? DTensor(x) : distribute_tensor(x, mesh, {Replicate()});
-  return d.redistribute(mesh, {p});
+// `x` brought to `p` along mesh dim `m` (other dims as they are; a plain tensor is the whole
+// value, replicated).
+Tensor laid_out(const Tensor& x, const DeviceMesh& mesh, size_t m, const Placement& p) {
+  DTensor d = is_dtensor(x) ? DTensor(x)
+                            : distribute_tensor(x, mesh, std::vector<Placement>(static_cast<size_t>(mesh.ndim()),
+                                                                                Replicate()));
+  std::vector<Placement> want = d.placements();
+  want[m] = p;
+  return d.redistribute(mesh, want);
+}
+
+// `param` cut as `p` along mesh dim `m`, keeping its other mesh dims.
+void place(Tensor& param, const DeviceMesh& mesh, size_t m, const Placement& p) {
+  std::vector<Placement> want = is_dtensor(param) ? DTensor(param).placements()
+                                                  : std::vector<Placement>(static_cast<size_t>(mesh.ndim()), Replicate());
+  want[m] = p;
+  distribute_parameter(param, mesh, want);
 }
 
 const char* style_name(ParallelStyle::Kind k) {
@@ -44,7 +57,7 @@ const char* style_name(ParallelStyle::Kind k) {
   return "?";
 }
 
-void apply(const std::string& name, nn::Module& m, const DeviceMesh& mesh, const ParallelStyle& s) {
+void apply(const std::string& name, nn::Module& m, const DeviceMesh& mesh, size_t md, const ParallelStyle& s) {
   auto* lin = dynamic_cast<nn::Linear*>(&m);
   auto* emb = dynamic_cast<nn::Embedding*>(&m);
   const bool col = s.kind == ParallelStyle::Kind::Colwise;
@@ -54,21 +67,21 @@ void apply(const std::string& name, nn::Module& m, const DeviceMesh& mesh, const
       KILN_CHECK(lin || emb, "parallelize_module: ", style_name(s.kind), " applies to Linear and Embedding; '", name,
                  "' is neither");
       if (lin) {
-        distribute_parameter(lin->weight, mesh, {col ? Shard(0) : Shard(1)});
-        if (lin->bias.defined()) distribute_parameter(lin->bias, mesh, {col ? Shard(0) : Replicate()});
+        place(lin->weight, mesh, md, col ? Shard(0) : Shard(1));
+        if (lin->bias.defined()) place(lin->bias, mesh, md, col ? Shard(0) : Replicate());
       } else {
-        distribute_parameter(emb->weight, mesh, {col ? Shard(1) : Shard(0)});
+        place(emb->weight, mesh, md, col ? Shard(1) : Shard(0));
       }
       break;
     case ParallelStyle::Kind::Sequence:
-      for (auto& [pname, p] : m.named_parameters(false)) distribute_parameter(p, mesh, {Replicate()});
+      for (auto& [pname, p] : m.named_parameters(false)) place(p, mesh, md, Replicate());
       break;
   }
   // An embedding's input is indices: replicated whatever the style says of activations.
   const Placement in = emb ? Replicate() : s.input_layout;
-  m.register_forward_pre_hook([mesh, in](nn::Module&, const Tensor& x) { return laid_out(x, mesh, in); });
-  m.register_forward_hook([mesh, s](nn::Module&, const Tensor&, const Tensor& y) {
-    Tensor out = laid_out(y, mesh, s.output_layout);
+  m.register_forward_pre_hook([mesh, md, in](nn::Module&, const Tensor& x) { return laid_out(x, mesh, md, in); });
+  m.register_forward_hook([mesh, md, s](nn::Module&, const Tensor&, const Tensor& y) {
+    Tensor out = laid_out(y, mesh, md, s.output_layout);
     return s.use_local_output ? DTensor(out).to_local() : out;
   });
 }
@@ -86,8 +99,10 @@ ParallelStyle SequenceParallel(int64_t sequence_dim, bool use_local_output) {
 }
 
 void parallelize_module(nn::Module& module, const DeviceMesh& mesh,
-                        const std::vector<std::pair<std::string, ParallelStyle>>& plan) {
-  KILN_CHECK(mesh.ndim() == 1, "parallelize_module: expected a 1-d mesh, got ", mesh.ndim(), " dims");
+                        const std::vector<std::pair<std::string, ParallelStyle>>& plan, int64_t mesh_dim) {
+  const int64_t nd = mesh.ndim();
+  KILN_CHECK(mesh_dim >= -nd && mesh_dim < nd, "parallelize_module: mesh dim ", mesh_dim, " of a ", nd, "-d mesh");
+  const size_t md = static_cast<size_t>(mesh_dim < 0 ? mesh_dim + nd : mesh_dim);
   std::vector<std::pair<std::string, nn::Module*>> all;
   collect("", module, all);
   for (const auto& [pattern, style] : plan) {
@@ -95,7 +110,7 @@ void parallelize_module(nn::Module& module, const DeviceMesh& mesh,
     int found = 0;
     for (auto& [name, m] : all)
       if (matches(want, parts(name))) {
-        apply(name, *m, mesh, style);
+        apply(name, *m, mesh, md, style);
         ++found;
       }
     KILN_CHECK(found > 0, "parallelize_module: no submodule is named '", pattern, "'");

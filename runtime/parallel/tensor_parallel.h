@@ -14,6 +14,7 @@
 // reads one whole.
 #pragma once
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -64,16 +65,31 @@ KILN_API ParallelStyle RowwiseParallel(Placement input_layout = Shard(-1), Place
 KILN_API ParallelStyle SequenceParallel(int64_t sequence_dim = 1, bool use_local_output = false);
 
 // Applies styles to the submodules named in `plan` (dotted names; a "*" part matches any child,
-// as "h.*.mlp.c_fc"), on a 1-d mesh; kiln::Error for a name that matches nothing or a style
-// that does not fit the layer. Parameters of other modules are left as they are.
+// as "h.*.mlp.c_fc") along mesh dim `mesh_dim` (default: the last; other mesh dims keep what the
+// parameters and activations have there, Replicate for plain ones, so a 2-d mesh runs tensor
+// parallel on one dim and data parallel or fully_shard on the other); kiln::Error for a name
+// that matches nothing or a style that does not fit the layer. Other modules are left as they are.
 KILN_API void parallelize_module(nn::Module& module, const DeviceMesh& mesh,
-                                 const std::vector<std::pair<std::string, ParallelStyle>>& plan);
+                                 const std::vector<std::pair<std::string, ParallelStyle>>& plan,
+                                 int64_t mesh_dim = -1);
 
-// ZeRO-3 / FSDP2 on a 1-d mesh: every parameter Shard(0) (a 0-d one replicated). A layer's
-// parameters are gathered where they are used (the all-gather recorded lazily before the op),
-// gradients come back reduce-scattered to Shard(0), and optimizer state built from the
-// parameters is sharded too. Memory per rank: about 1/N of parameters, gradients and optimizer
-// state, plus the gathered parameters of the layers in flight.
-KILN_API void fully_shard(nn::Module& module, const DeviceMesh& mesh);
+// ZeRO-3 / FSDP2 along mesh dim `mesh_dim` (default 0): every parameter cut along its dim 0
+// there (a 0-d one replicated), nested inside what other mesh dims already cut (fully_shard after
+// parallelize_module on a 2-d mesh). A layer's parameters are gathered where they are used (the
+// all-gather recorded lazily before the op), gradients come back reduce-scattered, and optimizer
+// state built from the parameters is sharded too. Memory per rank: about 1/N of parameters,
+// gradients and optimizer state, plus the gathered parameters of the layers in flight. The
+// batch is cut over the same mesh dim by the caller (DTensor::from_local(x, mesh, {Shard(0)})).
+KILN_API void fully_shard(nn::Module& module, const DeviceMesh& mesh, int64_t mesh_dim = 0);
+
+// State dicts of modules with DTensor parameters (PyTorch's get/set_model_state_dict):
+// full: every tensor whole (a collective: every rank calls it; rank 0 may save it alone);
+// local: each rank's shards (each rank saves its own file). Loading puts values back in place
+// with the parameters' placements; kiln::Error on a missing name or a wrong shape, with nothing
+// changed.
+KILN_API std::map<std::string, Tensor> full_state_dict(const nn::Module& module);
+KILN_API std::map<std::string, Tensor> local_state_dict(const nn::Module& module);
+KILN_API void load_full_state_dict(nn::Module& module, const std::map<std::string, Tensor>& sd);
+KILN_API void load_local_state_dict(nn::Module& module, const std::map<std::string, Tensor>& sd);
 
 }  // namespace kiln::dist

@@ -45,7 +45,8 @@ using Strategies = std::vector<Strategy>;
 Strategies pointwise(const OpView& op, size_t m);    // pointwise.cpp: unary, binary, where, casts
 Strategies reduction(const OpView& op, size_t m);    // reduction.cpp: sum, prod, amax, amin, arg*, cumsum
 Strategies view(const OpView& op, size_t m);         // view.cpp: every view op, contiguous, copies
-Strategies matmul(const OpView& op, size_t m);       // matmul.cpp: batched GEMM, attention, im2col
+Strategies matmul(const OpView& op, size_t m);       // matmul.cpp: batched GEMM, im2col
+Strategies attention(const OpView& op, size_t m);    // attention.cpp: fused attention, ring attention
 Strategies indexing(const OpView& op, size_t m);     // indexing.cpp: cat, gather, scatter, index ops
 
 using Rule = Strategies (*)(const OpView&, size_t);

@@ -23,9 +23,9 @@ Rule rule_for(OpKind op) {
     case OpKind::IndexSelect:
     case OpKind::IndexAdd: return indexing;
     case OpKind::Matmul:
-    case OpKind::Im2Col:
+    case OpKind::Im2Col: return matmul;
     case OpKind::Attention:
-    case OpKind::AttentionBackward: return matmul;
+    case OpKind::AttentionBackward: return attention;
     default: return nullptr;  // ViewScatter (an in-place write's window), sources, collectives
   }
 }
