@@ -108,7 +108,9 @@ std::string shape_text(const std::vector<int64_t>& s) {
 // name and shape checked before anything changes.
 void load_into(nn::Module& module, const std::map<std::string, Tensor>& sd, const char* what,
                const std::function<Tensor(const Tensor& target, const Tensor& given)>& value) {
-  std::map<std::string, Tensor> targets = module.state_dict();
+  std::map<std::string, Tensor> targets;  // (the module's own handles: state_dict() detaches)
+  for (auto& [name, t] : module.named_parameters()) targets[name] = t;
+  for (auto& [name, t] : module.named_buffers()) targets[name] = t;
   std::map<std::string, Tensor> values;
   for (auto& [name, t] : targets) {
     auto it = sd.find(name);
