@@ -91,7 +91,13 @@ std::vector<int64_t> splits_or_equal(std::vector<int64_t> s, int64_t n, int size
   return s;
 }
 
-int64_t row_elems(const Tensor& t) { return t.dim() == 0 ? 1 : (t.size(0) == 0 ? 0 : t.numel() / t.size(0)); }
+// Elements in one row (dim 0 index) of `t`: the product of its other sizes (also when dim 0 is
+// empty: a rank sending no rows still receives rows of that size).
+int64_t row_elems(const Tensor& t) {
+  int64_t n = 1;
+  for (int64_t d = 1; d < t.dim(); ++d) n *= t.size(d);
+  return n;
+}
 
 Tensor all_to_all_impl(const Tensor& input, std::vector<int64_t> output_splits, std::vector<int64_t> input_splits,
                        Group& g, bool async) {

@@ -183,6 +183,12 @@ NodePtr record_placed(OpKind op, const NodeList& inputs, const Attrs& attrs, DTy
   stop_any_trace(op);
   KILN_CHECK(op != OpKind::Collective, "a collective got a DTensor; pass its to_local() shard");
   const DeviceMesh& mesh = mesh_of(inputs, op);
+  if (op == OpKind::ToDevice && inputs[0]->device.type != device.type) {
+    // Off the mesh's device (x.cpu()): the whole tensor, plain (its collectives stay on the
+    // mesh's device; the CPU side of a NCCL mesh has none).
+    Tensor whole = DTensor(Tensor::from_node(inputs[0])).full_tensor();
+    return kiln::detail::record(op, NodeList{whole.node()}, attrs, dtype, whole.shape(), device).node();
+  }
   const Prepared p = prepare(op, inputs, attrs, dtype, shape, mesh);
   std::vector<Tensor> shards;  // (held until recorded)
   NodeList local;

@@ -11,7 +11,8 @@
 namespace kiln::detail {
 
 struct PlacedHooks {
-  // The op over `inputs` (at least one placed) recorded on the shards; returns the placed result.
+  // The op over `inputs` (at least one placed) recorded on the shards; returns the placed result
+  // (or a plain one where the op leaves the mesh: a copy to another device type).
   NodePtr (*record)(OpKind op, const NodeList& inputs, const Attrs& attrs, DType dtype, const Shape& shape,
                     Device device) = nullptr;
   // The view step of placed `in` whose global layout is (shape, strides, offset).
