@@ -135,12 +135,12 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def make_optimizer(model):
+def make_optimizer(model, foreach=None):
     params = [p for p in model.parameters() if p.requires_grad]
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8, foreach=foreach)
 
 
 # ---------------- data: the same batches as bench_gpt.cpp ----------------
@@ -228,7 +228,7 @@ def build(args, c, dtype, mode):
         mesh = init_device_mesh("cuda", (args.world_size,))
         for block in model.transformer.h:
             parallelize_module(block.mlp, mesh, {"c_fc": ColwiseParallel(), "c_proj": RowwiseParallel()})
-        opt = make_optimizer(model)
+        opt = make_optimizer(model, foreach=False)  # (foreach kernels refuse a mix of DTensor and plain params)
     elif args.fsdp:  # FSDP2: each block its own unit, then the root; the optimizer is built on the DTensor params
         from torch.distributed.fsdp import fully_shard
         for block in model.transformer.h:
