@@ -643,7 +643,12 @@ void dtensor_gpt() {
       {"h.*.attn.c_proj", dist::RowwiseParallel(dist::Shard(-1), dist::Shard(1))},
       {"h.*.mlp.c_fc", dist::ColwiseParallel()},
       {"h.*.mlp.c_proj", dist::RowwiseParallel(dist::Shard(-1), dist::Shard(1))}};
-  std::vector<std::string> modes = {"tensor", "sequence", "fully_sharded"};
+  // Vocabulary parallel on top of tensor parallel: the token embedding's rows and the head's
+  // outputs cut over the vocabulary, the loss computed on vocabulary-cut logits.
+  std::vector<std::pair<std::string, dist::ParallelStyle>> vocab = tp;
+  vocab.push_back({"wte", dist::RowwiseParallel()});
+  vocab.push_back({"lm_head", dist::ColwiseParallel(dist::Replicate(), dist::Shard(-1))});
+  std::vector<std::string> modes = {"tensor", "vocab", "sequence", "fully_sharded"};
   if (size == 4) modes.push_back("2d");  // fully sharded over "dp" x tensor parallel over "tp" (2 x 2)
   dist::DeviceMesh mesh2;
   if (size == 4) mesh2 = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {2, 2}, {"dp", "tp"});
@@ -656,6 +661,7 @@ void dtensor_gpt() {
     ref.to(device());
     copy_params(*model, ref);
     if (mode == "tensor") dist::parallelize_module(*model, mesh, tp);
+    if (mode == "vocab") dist::parallelize_module(*model, mesh, vocab);
     if (mode == "sequence") dist::parallelize_module(*model, mesh, sp);
     if (mode == "fully_sharded") dist::fully_shard(*model, mesh);
     if (mode == "2d") {

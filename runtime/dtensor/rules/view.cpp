@@ -21,8 +21,12 @@ int64_t product(const std::vector<int64_t>& s, size_t from, size_t to) {
 // The output dim of a reshape that input dim `k`, cut in `n` pieces, becomes; -1 if none.
 int64_t reshape_dim(const std::vector<int64_t>& in, const std::vector<int64_t>& out, int64_t k, int64_t n) {
   const size_t ku = static_cast<size_t>(k);
-  if (product(in, 0, in.size()) == 0 || in[ku] % n != 0) return -1;
+  if (product(in, 0, in.size()) == 0) return -1;
   const int64_t before = product(in, 0, ku);
+  // The same dim (as many elements before it and the same size): any pieces line up.
+  for (size_t c = 0; c < out.size(); ++c)
+    if (product(out, 0, c) == before && out[c] == in[ku]) return static_cast<int64_t>(c);
+  if (in[ku] % n != 0) return -1;
   for (size_t c = 0; c < out.size(); ++c)
     if (product(out, 0, c) == before && out[c] != 1 && out[c] % n == 0) return static_cast<int64_t>(c);
   return -1;
