@@ -611,6 +611,17 @@ void dtensor() {
   dist::DTensor px = dist::DTensor::from_local(p, mesh, {dist::Partial()});
   (px.full_tensor() * 3.0).sum({}).backward();
   expect_equal(values(p.grad()), std::vector<double>(4, 3.0), "P -> R backward");
+  // Random numbers on a DTensor are the numbers the whole tensor gets (dropout's mask included).
+  {
+    Tensor whole = ones({7, 5}, kFloat32).to(device());
+    manual_seed(9);
+    const std::vector<double> want = values(dropout(whole, 0.5, true) + rand_like(whole));
+    manual_seed(9);
+    dist::DTensor d = dist::distribute_tensor(whole, mesh, {dist::Shard(0)});
+    Tensor r = dropout(d, 0.5, true) + rand_like(d);
+    EXPECT(dist::is_dtensor(r), "dropout of a DTensor is a DTensor");
+    expect_equal(values(dist::DTensor(r).full_tensor()), want, "dropout and rand_like of a DTensor");
+  }
   // Bad input.
   bool threw = false;
   try {
