@@ -9,6 +9,8 @@
 //   Partial sums. index_add into a target cut along d: each rank adds the rows it holds.
 //   index_add: target and source cut alike along a dim other than d; or the index and the
 //   source's rows cut, each rank adding its rows: Partial sums (as embedding's gradient does).
+#include <algorithm>
+
 #include "runtime/dtensor/rules/rule.h"
 #include "runtime/ops/ops.h"
 
@@ -70,6 +72,8 @@ Tensor masked_index_add(const OpView& v, size_t m, const std::vector<Tensor>& sh
   return index_add(x, d, local, where(held.reshape(mask_shape), src, kNothing));
 }
 
+bool partial_now(const OpView& v, size_t i, size_t m) { return v.in_placements[i][m] == Partial(); }
+
 bool same_size(const OpView& v, int64_t k) {
   for (const auto& s : v.in_shapes)
     if (static_cast<int64_t>(s.size()) <= k || s[static_cast<size_t>(k)] != v.in_shapes[0][static_cast<size_t>(k)])
@@ -79,7 +83,7 @@ bool same_size(const OpView& v, int64_t k) {
 
 }  // namespace
 
-Strategies indexing(const OpView& v, size_t) {
+Strategies indexing(const OpView& v, size_t m) {
   Strategies out;
   const int64_t d = v.attrs.ints.at(0);
   const size_t n = v.in_shapes.size();
@@ -89,28 +93,30 @@ Strategies indexing(const OpView& v, size_t) {
     case OpKind::Cat:
       for (int64_t k = 0; k < v.out_rank(); ++k)
         if (k != d && same_size(v, k)) out.push_back({all(n, Shard(k)), Shard(k)});
-      if (fp) out.push_back({all(n, P), P});
+      if (fp && std::all_of(v.in_placements.begin(), v.in_placements.end(),
+                            [&](const std::vector<Placement>& p) { return p[m] == P; }))
+        out.push_back({all(n, P), P});
       break;
     case OpKind::Gather:
     case OpKind::Scatter:
     case OpKind::ScatterAdd:
       for (int64_t k = 0; k < v.out_rank(); ++k)
         if (k != d && same_size(v, k)) out.push_back({all(n, Shard(k)), Shard(k)});
-      if (fp && v.op == OpKind::ScatterAdd) out.push_back({{P, R, P}, P});
+      if (fp && v.op == OpKind::ScatterAdd && partial_now(v, 0, m)) out.push_back({{P, R, P}, P});
       if (fp && v.op == OpKind::Gather && v.mesh.ndim() == 1) out.push_back({{Shard(d), R}, P, masked_gather});
       break;
     case OpKind::IndexSelect:
       for (int64_t k = 0; k < v.rank(0); ++k)
         if (k != d) out.push_back({{Shard(k), R}, Shard(k)});
       out.push_back({{R, Shard(0)}, Shard(d)});
-      if (fp) out.push_back({{P, R}, P});
+      if (fp && partial_now(v, 0, m)) out.push_back({{P, R}, P});
       if (fp && v.mesh.ndim() == 1) out.push_back({{Shard(d), R}, P, masked_index_select});
       break;
     case OpKind::IndexAdd:
       for (int64_t k = 0; k < v.rank(0); ++k)
         if (k != d && v.in_shapes[0][static_cast<size_t>(k)] == v.in_shapes[2][static_cast<size_t>(k)])
           out.push_back({{Shard(k), R, Shard(k)}, Shard(k)});
-      if (fp) {
+      if (fp && partial_now(v, 0, m)) {  // (the target partial already: see rule.h)
         out.push_back({{P, R, P}, P});
         out.push_back({{P, Shard(0), Shard(d)}, P});
       }

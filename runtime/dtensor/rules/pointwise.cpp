@@ -3,6 +3,8 @@
 // Partial sums pass through the ops that are linear in them and add nothing but sums: negation,
 // float casts, sums and differences of partials. Not products with whole values: (a + b) * r
 // and a * r + b * r differ when r is infinite (2 * inf vs inf - inf), so those reduce first.
+#include <algorithm>
+
 #include "runtime/dtensor/rules/rule.h"
 
 namespace kiln::dist::rules {
@@ -44,7 +46,7 @@ Strategies pointwise(const OpView& v, size_t m) {
   if (!is_floating(v.dtype)) return out;
   bool any_partial = false;
   for (size_t i = 0; i < n; ++i) any_partial = any_partial || sum_partial(v.in_placements[i][m]);
-  if (!any_partial) return out;
+  if (!any_partial) return out;  // (so a unary op's input is partial already)
   const Placement P = Partial(ReduceOp::Sum);
   switch (v.op) {
     case OpKind::Neg: out.push_back({{P}, P}); break;
@@ -53,7 +55,11 @@ Strategies pointwise(const OpView& v, size_t m) {
       if (is_floating(v.in_dtypes[0]) && itemsize(v.dtype) >= itemsize(v.in_dtypes[0])) out.push_back({{P}, P});
       break;
     case OpKind::Add:
-    case OpKind::Sub: out.push_back({all(n, P), P}); break;
+    case OpKind::Sub:  // (only partials already: see rule.h on making Partial values)
+      if (std::all_of(v.in_placements.begin(), v.in_placements.end(),
+                      [&](const std::vector<Placement>& p) { return sum_partial(p[m]); }))
+        out.push_back({all(n, P), P});
+      break;
     default: break;
   }
   return out;

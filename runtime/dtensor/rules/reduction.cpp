@@ -47,7 +47,7 @@ Strategies reduction(const OpView& v, size_t m) {
     const int64_t scan = v.attrs.ints.at(0);
     for (int64_t k = 0; k < v.rank(0); ++k)
       if (k != scan) out.push_back({{Shard(k)}, Shard(k)});
-    if (is_floating(v.dtype)) out.push_back({{Partial()}, Partial()});
+    if (is_floating(v.dtype) && v.in_placements[0][m] == Partial()) out.push_back({{Partial()}, Partial()});
     return out;
   }
   for (int64_t k = 0; k < v.rank(0); ++k) {

@@ -5,6 +5,10 @@
 // valid: every rank then computes the whole op), costs each by the bytes its redistributions
 // move and takes the cheapest. A rule must only offer strategies whose local ops, run on each
 // rank's shards, give the shards (or partial values) of the global result.
+// Partial values come from reductions over cut dims (and the masked lookups) and combine only
+// with other partials: a rule never asks to turn a whole value into parts (value / n) to add it
+// to partials, since (x0 - m/2) + (x1 - m/2) cancels where (x0 + x1) - m is exact (x ~ m ~ 1e20
+// gives inf - inf).
 #pragma once
 #include <vector>
 
