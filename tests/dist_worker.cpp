@@ -760,8 +760,9 @@ void context_parallel() {
   const int size = dist::get_world_size();
   dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
   auto diff = [](const Tensor& a, const Tensor& b) { return (a - b).abs().amax({}).cpu().item<double>(); };
-  for (const auto& [causal, T] : std::vector<std::pair<bool, int64_t>>{{false, 7}, {true, 7}, {true, 3}}) {
-    manual_seed(3);  // (T 7: uneven pieces over 2 and 4 ranks; T 3 over 4: an empty one)
+  for (const auto& [causal, T] : std::vector<std::pair<bool, int64_t>>{{false, 7}, {true, 7}, {true, 3}, {false, 1}}) {
+    manual_seed(3);  // (T 7: uneven pieces over 2 and 4 ranks; 3 over 4: an empty one; 1: ranks
+                     // passing and receiving nothing, which must still take part)
     Tensor Q = randn({2, 2, T, 8}).to(device()), K = randn({2, 2, T, 8}).to(device()),
            V = randn({2, 2, T, 8}).to(device()), W = randn({2, 2, T, 8}).to(device());
     Tensor q = Q.clone().requires_grad_(), k = K.clone().requires_grad_(), v = V.clone().requires_grad_();
