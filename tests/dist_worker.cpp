@@ -633,7 +633,7 @@ void dtensor() {
   dist::destroy_process_group();
 }
 
-// The GPT (tiny config) trained for 10 steps with each kind of DTensor parallelism equals one
+// The GPT (tiny config) trained for 6 steps with each kind of DTensor parallelism equals one
 // process training on the same batch: tensor parallel (attention and MLP Linears colwise /
 // rowwise), sequence parallel on top (LayerNorms cut along the sequence, row-wise outputs
 // reduce-scattered to it), fully sharded (every parameter Shard(0), the batch cut over ranks),
@@ -697,7 +697,7 @@ void dtensor_gpt() {
       x = dist::distribute_tensor(X, mesh2, {dist::Shard(0), dist::Replicate()});
       y = dist::distribute_tensor(Y, mesh2, {dist::Shard(0), dist::Replicate()});
     }
-    for (int it = 0; it < 10; ++it) {
+    for (int it = 0; it < 6; ++it) {
       opt.zero_grad();
       Tensor loss = cross_entropy(model->forward(x).reshape({-1, c.vocab}), y.reshape({-1}));
       loss.backward();
@@ -746,7 +746,7 @@ void dtensor_gpt() {
     }
     EXPECT(threw, mode, ": a wrong shape is refused");
     EXPECT(max_diff(*model, ref) < 1e-4, mode, ": a refused load changed the model");
-    if (dist::get_rank() == 0) std::cout << "dtensor_gpt " << mode << ": 10 steps and state dicts equal one process\n";
+    if (dist::get_rank() == 0) std::cout << "dtensor_gpt " << mode << ": 6 steps and state dicts equal one process\n";
   }
   dist::destroy_process_group();
 }
@@ -814,7 +814,7 @@ void context_parallel() {
 // the others zeros) on a 1-d mesh of every rank and, with 4 ranks, a 2 x 2 mesh: the whole of
 // every result and gradient must equal PyTorch's at the corpus tolerances. Every rank draws the
 // same placements (seeded by program id and KILN_TEST_SEED). KILN_DT_PROGRAMS: how many
-// programs (a deterministic sample, every k-th; default 40; "all").
+// programs (a deterministic sample, every k-th; default 40 on 2 ranks, 20 on more; "all").
 void dtensor_programs() {
   init();
   if (device().type != DeviceType::CPU) {  // (the corpus' index constants are CPU tensors; see README)
@@ -833,7 +833,8 @@ void dtensor_programs() {
   const std::vector<std::string> lines = torch_programs::read_corpus(*path);
   const char* want = std::getenv("KILN_DT_PROGRAMS");
   size_t n = lines.size();
-  if (!(want && std::string(want) == "all")) n = std::min<size_t>(n, want ? std::stoul(want) : 40);
+  // (default: 40 programs on 2 ranks, 20 on more: each replays on two meshes there)
+  if (!(want && std::string(want) == "all")) n = std::min<size_t>(n, want ? std::stoul(want) : size > 2 ? 20 : 40);
   const uint64_t seed = std::getenv("KILN_TEST_SEED") ? std::stoull(std::getenv("KILN_TEST_SEED")) : 1;
   std::vector<std::vector<int64_t>> meshes = {{size}};
   if (size == 4) meshes.push_back({2, 2});
