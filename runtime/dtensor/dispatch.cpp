@@ -66,16 +66,15 @@ struct Plan {
   size_t local_dim = 0;
 };
 
-Plan plan_op(OpKind op, const Attrs& attrs, const std::vector<std::vector<int64_t>>& in_shapes,
-             const std::vector<DType>& in_dtypes, const std::vector<int64_t>& out_shape, DType dtype,
-             const std::vector<std::vector<Placement>>& current, const DeviceMesh& mesh) {
-  const size_t n_in = in_shapes.size(), n_mesh = static_cast<size_t>(mesh.ndim());
-  rules::OpView v{op, attrs, in_shapes, in_dtypes, out_shape, dtype, current, mesh};
-  const rules::Rule rule = rules::rule_for(op);
+Plan plan_op(const rules::OpView& v) {
+  const std::vector<std::vector<Placement>>& current = v.in_placements;
+  const DeviceMesh& mesh = v.mesh;
+  const size_t n_in = v.in_shapes.size(), n_mesh = static_cast<size_t>(mesh.ndim());
+  const rules::Rule rule = rules::rule_for(v.op);
   std::vector<double> bytes(n_in);
   for (size_t i = 0; i < n_in; ++i) {
-    double e = static_cast<double>(itemsize(in_dtypes[i]));
-    for (int64_t s : in_shapes[i]) e *= static_cast<double>(s);
+    double e = static_cast<double>(itemsize(v.in_dtypes[i]));
+    for (int64_t s : v.in_shapes[i]) e *= static_cast<double>(s);
     bytes[i] = e;
   }
   Plan plan;
@@ -132,6 +131,7 @@ void stop_any_trace(OpKind op) {
 
 // Everything an op on placed inputs needs: global shapes, placements, and the plan.
 struct Prepared {
+  OpKind op;
   Attrs attrs;
   DType dtype;
   std::vector<std::vector<int64_t>> shapes;
@@ -139,11 +139,15 @@ struct Prepared {
   std::vector<std::vector<Placement>> current;
   std::vector<int64_t> out_shape;
   Plan plan;
+  // What the rules see of the op.
+  rules::OpView view(const DeviceMesh& mesh) const {
+    return {op, attrs, shapes, dtypes, out_shape, dtype, current, mesh};
+  }
 };
 
 Prepared prepare(OpKind op, const NodeList& inputs, const Attrs& attrs, DType dtype, const Shape& shape,
                  const DeviceMesh& mesh) {
-  Prepared p{.attrs = attrs, .dtype = dtype};
+  Prepared p{.op = op, .attrs = attrs, .dtype = dtype};
   const std::vector<Placement> whole(static_cast<size_t>(mesh.ndim()), Replicate());
   for (const NodePtr& n : inputs) {
     p.shapes.push_back(constant_sizes(n->shape, op_name(op)));
@@ -152,7 +156,7 @@ Prepared prepare(OpKind op, const NodeList& inputs, const Attrs& attrs, DType dt
     p.current.push_back(l ? l->placements : whole);  // a plain tensor reads as Replicate
   }
   p.out_shape = constant_sizes(shape, op_name(op));
-  p.plan = plan_op(op, attrs, p.shapes, p.dtypes, p.out_shape, dtype, p.current, mesh);
+  p.plan = plan_op(p.view(mesh));
   if (p.plan.replicated_without_rule) warn_no_rule(op);
   if (log_dtensor()) {
     std::string line = std::string("[kiln] dtensor: ") + op_name(op);
@@ -175,7 +179,7 @@ Tensor shard_for(const NodePtr& n, const Prepared& p, size_t i, const DeviceMesh
 
 Shape local_shape_of(const Prepared& p, const DeviceMesh& mesh) {
   const std::vector<int64_t> s = DTensor::local_shape(p.out_shape, p.plan.output, mesh, mesh.coordinate());
-  return Shape(s.begin(), s.end());
+  return make_shape(s);
 }
 
 NodePtr record_placed(OpKind op, const NodeList& inputs, const Attrs& attrs, DType dtype, const Shape& shape,
@@ -198,8 +202,7 @@ NodePtr record_placed(OpKind op, const NodeList& inputs, const Attrs& attrs, DTy
   }
   Tensor out;
   if (p.plan.local) {  // the strategy's own computation of the shard
-    const rules::OpView v{op, p.attrs, p.shapes, p.dtypes, p.out_shape, p.dtype, p.current, mesh};
-    out = p.plan.local(v, p.plan.local_dim, shards);
+    out = p.plan.local(p.view(mesh), p.plan.local_dim, shards);
   } else {
     out = kiln::detail::record(op, std::move(local), attrs, dtype, local_shape_of(p, mesh), device);
   }

@@ -130,7 +130,7 @@ DTensor DTensor::from_local(const Tensor& local, const DeviceMesh& mesh, std::ve
              " tensor with these placements is ", kiln::detail::str(expect), ", the local tensor is ",
              kiln::detail::str(local.shape()), shape ? "" : " (without shape= the shards are taken to be even)");
   const std::vector<Placement> src = placements;
-  Tensor out = detail_dt::placed_tensor(local.node(), mesh, std::move(placements), Shape(global.begin(), global.end()));
+  Tensor out = detail_dt::placed_tensor(local.node(), mesh, std::move(placements), make_shape(global));
   // The gradient comes back to the shard with these placements (a Partial one as Replicate).
   kiln::detail::attach_custom_grad(out, "from_local", {local}, [src, mesh](const Tensor& g, bool) {
     return std::vector<Tensor>{
@@ -157,7 +157,6 @@ DTensor distribute_tensor(const Tensor& tensor, const DeviceMesh& mesh, std::vec
   for (const Placement& p : placements)
     KILN_CHECK(!p.is_partial(), "distribute_tensor: ", p.str(),
                " is not a placement of a full tensor; use DTensor::from_local");
-  const std::vector<Placement> all_r(placements.size(), Replicate());
   // The full tensor read as Replicate, redistributed (each rank cuts its pieces, no communication).
   return detail_dt::as_placed(tensor, mesh).redistribute(std::move(placements));
 }

@@ -1,5 +1,6 @@
 // distribute_module, distribute_parameter and fully_shard (tensor_parallel.h).
 #include "runtime/autograd/autograd.h"
+#include "runtime/parallel/placements.h"
 #include "runtime/parallel/tensor_parallel.h"
 
 namespace kiln::dist {
@@ -68,15 +69,10 @@ std::shared_ptr<nn::Module> distribute_module(std::shared_ptr<nn::Module> module
 }
 
 void fully_shard(nn::Module& module, const DeviceMesh& mesh, int64_t mesh_dim) {
-  const int64_t nd = mesh.ndim();
-  KILN_CHECK(mesh_dim >= -nd && mesh_dim < nd, "fully_shard: mesh dim ", mesh_dim, " of a ", nd, "-d mesh");
-  const size_t md = static_cast<size_t>(mesh_dim < 0 ? mesh_dim + nd : mesh_dim);
-  const std::vector<Placement> whole(static_cast<size_t>(nd), Replicate());
-  for (auto& [name, p] : module.named_parameters()) {
-    std::vector<Placement> want = is_dtensor(p) ? DTensor(p).placements() : whole;
-    want[md] = p.dim() == 0 ? Replicate() : Shard(0);
-    distribute_parameter(p, mesh, want);
-  }
+  const size_t md = parallel_detail::mesh_dim_index(mesh_dim, mesh, "fully_shard");
+  const std::vector<Placement> whole(static_cast<size_t>(mesh.ndim()), Replicate());
+  for (auto& [name, p] : module.named_parameters())
+    distribute_parameter(p, mesh, parallel_detail::with_dim(p, mesh, md, p.dim() == 0 ? Replicate() : Shard(0)));
   for (auto& [name, b] : module.named_buffers())
     if (!is_dtensor(b)) distribute_parameter(b, mesh, whole);
 }

@@ -1,6 +1,7 @@
 // The tensor-parallel styles and parallelize_module (tensor_parallel.h): each style lays a
 // layer's parameters out and adds forward hooks bringing its input and output to the style's
 // placements.
+#include "runtime/parallel/placements.h"
 #include "runtime/parallel/tensor_parallel.h"
 
 namespace kiln::dist {
@@ -35,17 +36,12 @@ Tensor laid_out(const Tensor& x, const DeviceMesh& mesh, size_t m, const Placeme
   DTensor d = is_dtensor(x) ? DTensor(x)
                             : distribute_tensor(x, mesh, std::vector<Placement>(static_cast<size_t>(mesh.ndim()),
                                                                                 Replicate()));
-  std::vector<Placement> want = d.placements();
-  want[m] = p;
-  return d.redistribute(mesh, want);
+  return d.redistribute(mesh, parallel_detail::with_dim(d, mesh, m, p));
 }
 
 // `param` cut as `p` along mesh dim `m`, keeping its other mesh dims.
 void place(Tensor& param, const DeviceMesh& mesh, size_t m, const Placement& p) {
-  std::vector<Placement> want = is_dtensor(param) ? DTensor(param).placements()
-                                                  : std::vector<Placement>(static_cast<size_t>(mesh.ndim()), Replicate());
-  want[m] = p;
-  distribute_parameter(param, mesh, want);
+  distribute_parameter(param, mesh, parallel_detail::with_dim(param, mesh, m, p));
 }
 
 const char* style_name(ParallelStyle::Kind k) {
@@ -100,9 +96,7 @@ ParallelStyle SequenceParallel(int64_t sequence_dim, bool use_local_output) {
 
 void parallelize_module(nn::Module& module, const DeviceMesh& mesh,
                         const std::vector<std::pair<std::string, ParallelStyle>>& plan, int64_t mesh_dim) {
-  const int64_t nd = mesh.ndim();
-  KILN_CHECK(mesh_dim >= -nd && mesh_dim < nd, "parallelize_module: mesh dim ", mesh_dim, " of a ", nd, "-d mesh");
-  const size_t md = static_cast<size_t>(mesh_dim < 0 ? mesh_dim + nd : mesh_dim);
+  const size_t md = parallel_detail::mesh_dim_index(mesh_dim, mesh, "parallelize_module");
   std::vector<std::pair<std::string, nn::Module*>> all;
   collect("", module, all);
   for (const auto& [pattern, style] : plan) {

@@ -101,7 +101,7 @@ Tensor ring_backward(const OpView& v, size_t m, const std::vector<Tensor>& shard
   std::vector<int64_t> bs = full;
   bs[static_cast<size_t>(d)] = mine.length + 2 * Tk;
   Tensor packed = kiln::detail::record(OpKind::AttentionBackward, ins, a, q.dtype(),
-                                       Shape(bs.begin(), bs.end()));
+                                       make_shape(bs));
   return cat({zero_rows(mine.start), packed.narrow(d, 0, mine.length), zero_rows(Tq - mine.start - mine.length),
               packed.narrow(d, mine.length, 2 * Tk)},
              d);
