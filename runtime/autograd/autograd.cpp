@@ -30,8 +30,9 @@ struct AccumulateGrad final : GradNode {
     if (!impl) return {};
     if (auto* o = detail::trace_observer()) o->on_grad(*impl, true);
     Tensor gd = create_graph ? g : g.detach();
-    gd = detail::cast(gd, Tensor(impl).node()->dtype);
-    if (Tensor(impl).node()->placed) gd = detail::placed_hooks_checked().as_placed_like(gd, Tensor(impl));
+    const Tensor param(impl);
+    gd = detail::cast(gd, param.node()->dtype);
+    if (param.node()->placed) gd = detail::placed_hooks_checked().as_placed_like(gd, param);
     if (impl->grad) {
       Tensor old(impl->grad);
       gd = add(old, gd);
@@ -39,10 +40,7 @@ struct AccumulateGrad final : GradNode {
     impl->grad = Tensor(gd).impl();
     // A fresh handle so later in-place on the returned grad does not alias the leaf's.
     if (!create_graph) impl->grad->requires_grad = false;
-    if (!hooks.empty()) {
-      const Tensor param(impl);
-      for (auto hook : hooks) hook.second(param);  // (a copy: a hook may remove itself)
-    }
+    for (auto hook : hooks) hook.second(param);  // (a copy: a hook may remove itself)
     return {};
   }
   const char* name() const override { return "AccumulateGrad"; }

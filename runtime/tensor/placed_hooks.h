@@ -26,7 +26,6 @@ struct PlacedHooks {
 // The installed hooks (all null without runtime/dtensor).
 PlacedHooks& placed_hooks();
 
-inline bool is_placed(const Node& n) { return n.placed != nullptr; }
 // Whether any of `inputs` is placed.
 inline bool any_placed(const NodeList& inputs) {
   for (const NodePtr& n : inputs)
