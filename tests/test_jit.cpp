@@ -1083,6 +1083,28 @@ TEST(JitGemm, BiasGradientReadsTheStoredEpilogue) {
   }
 }
 
+// A row loop that reads a cached value and hands its slot on to a value computed from it (the
+// normalized x of a layer_norm read back, x̂ = (x - mean) * rstd written in its place) must not
+// have its writes hoisted into a loop of their own: that loop overwrote the slot before the main
+// loop read the old value for its other uses (forward-over-reverse of layer_norm hit it).
+TEST(JitCodegen, RowCacheSlotHandedOnIsReadBeforeWritten) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  for (int64_t cols : {6, 37, 500}) {
+    SCOPED_TRACE(cols);
+    Tensor x = kiln::randn({4, cols}, kF64).eval(), wt = kiln::randn({4, cols}, kF64).eval();
+    auto f = [&] {
+      Tensor xc = kiln::sub(x, kiln::mean(x, {1}, true));
+      Tensor xh = kiln::mul(xc, kiln::rsqrt(kiln::add(kiln::mean(kiln::mul(xc, xc), {1}, true), 1e-5)));
+      return std::vector<Tensor>{kiln::mul(xh, kiln::sum(kiln::add(xh, kiln::mul(wt, xc)), {1}, true))};
+    };
+    kiln::eval(f());  // compiled (the optimizing tier, which keeps the row cache, in the background)
+    kiln::jit::wait_background_compiles();
+    const auto [got, want] = jit_and_interpreter(f);
+    auto a = got[0].to_vector<double>(), e = want[0].to_vector<double>();
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-12 * (1 + std::abs(e[i]))) << "i=" << i;
+  }
+}
+
 // Host row kernels keep the values several stages of a row use on the stack (the row cache,
 // jit/loop/row_cache.h): softmax(gelu(layer_norm(x))) over random sizes runs as one kernel;
 // when its rows fit the cache each element's erf and exp are computed once, in vectorized loops

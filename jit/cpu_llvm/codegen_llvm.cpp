@@ -339,6 +339,12 @@ struct Emitter {
   // loops that no accumulator of its own feeds: those can be computed in a loop before it.
   bool hoistable(const Stmt& L, const RowCachePlan::LoopCache& c) const {
     if (c.writes.empty()) return false;
+    // A slot this loop reads and also writes (the row cache hands a value's slot on to one
+    // computed from it) must be read before it is written in each iteration: hoisting the
+    // writes into a loop of their own would overwrite the values the main loop still reads.
+    for (const auto& [w_id, w_slot] : c.writes)
+      for (const auto& [r_id, r_slot] : c.reads)
+        if (w_slot == r_slot) return false;
     std::vector<bool> updated(k.accs.size(), false);
     bool ordered = false;
     for (const Stmt& s : L.body)
