@@ -3,6 +3,8 @@
 #include "runtime/core/dtype.h"
 #include "runtime/core/error.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
+#include "runtime/autograd/transforms.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/autocast.h"

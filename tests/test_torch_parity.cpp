@@ -87,25 +87,6 @@ std::vector<Tensor> run_op_mode(const Ctx& c) {
   return outs;
 }
 
-// A case's op name, attrs and inputs.
-Ctx make_ctx(const json& j) {
-  Ctx c;
-  c.op = j.at("op").get<std::string>();
-  if (j.contains("attrs") && j["attrs"].is_object()) c.attrs = j["attrs"];
-  if (j.contains("inputs")) {
-    const json& in = j["inputs"];
-    if (in.is_array()) {
-      for (const auto& v : in) c.pos.push_back(arg_of(v));
-    } else if (in.is_object()) {
-      for (auto it = in.begin(); it != in.end(); ++it) {
-        c.names.push_back(it.key());
-        c.named[it.key()] = arg_of(it.value());
-      }
-    }
-  }
-  return c;
-}
-
 // Runs one case; returns "" on a pass, else what went wrong.
 std::string run_case(const json& j) {
   Ctx c = make_ctx(j);

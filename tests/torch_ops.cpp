@@ -1027,4 +1027,22 @@ Tensor make_tensor(const json& t) {
   return d == kiln::cpu() ? h : h.to(d).detach();  // a leaf on the device
 }
 
+Ctx make_ctx(const json& j) {
+  Ctx c;
+  c.op = j.at("op").get<std::string>();
+  if (j.contains("attrs") && j["attrs"].is_object()) c.attrs = j["attrs"];
+  if (j.contains("inputs")) {
+    const json& in = j["inputs"];
+    if (in.is_array()) {
+      for (const auto& v : in) c.pos.push_back(arg_of(v));
+    } else if (in.is_object()) {
+      for (auto it = in.begin(); it != in.end(); ++it) {
+        c.names.push_back(it.key());
+        c.named[it.key()] = arg_of(it.value());
+      }
+    }
+  }
+  return c;
+}
+
 }  // namespace torch_ops

@@ -167,6 +167,8 @@ std::string shape_str(const std::vector<int64_t>& s);
 // Compares one output with an expected tensor object; "" when they match, else the first
 // difference. `tol_override` replaces the forward tolerance.
 std::string compare(const Tensor& got, const json& exp, bool loose, std::optional<Tol> tol_override = std::nullopt);
+// A case's op name, attrs and inputs (its "op", "attrs" and "inputs" fields).
+Ctx make_ctx(const json& j);
 // Every tensor a case passes (positional, then named; list elements in order).
 std::vector<Tensor*> tensor_slots(Ctx& c);
 

@@ -17,6 +17,7 @@
 #include "jit/compile/program.h"
 #include "jit/compile/trace_session.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
 #include "runtime/exec/executor.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/tensor/record.h"
@@ -193,8 +194,8 @@ class CompiledCore {
   std::vector<Value> call(const std::vector<Value>& args, const std::vector<int64_t>& spec, const TraceFn& fn,
                           std::vector<int64_t>& out_spec) {
     if (trace_observer()) return run_eager(args, fn, out_spec, false);  // inside another trace: inline
-    if (has_dtensor(args)) [[unlikely]]
-      return run_dtensors_eagerly(args, fn, out_spec);
+    if (const char* why = untraceable_argument(args)) [[unlikely]]
+      return run_untraceable_eagerly(why, args, fn, out_spec);
     std::vector<int64_t> syms;
     // Fast path: the entry that served the last hit (entries are immutable and never freed;
     // continuations after breaks are only ever added).
@@ -336,24 +337,28 @@ class CompiledCore {
     return split_results(out, out_spec);
   }
 
-  // DTensor arguments (a node placed over a device mesh) are not traced yet: such a call runs in
-  // lazy eager mode, said once per function.
-  static bool has_dtensor(const std::vector<Value>& args) {
-    for (const Value& a : args)
-      if (const Tensor* t = as_tensor(a); t && t->defined() && t->node()->placed) return true;
-    return false;
+  // Arguments a trace cannot capture yet: DTensors (a node placed over a device mesh) and dual
+  // tensors made outside fn (their tangents are not inputs of the traced program). Such a call
+  // runs in lazy eager mode, said once per function and kind.
+  static const char* untraceable_argument(const std::vector<Value>& args) {
+    for (const Value& a : args) {
+      const Tensor* t = as_tensor(a);
+      if (!t || !t->defined()) continue;
+      if (t->node()->placed) return "a DTensor argument; DTensor programs are not traced yet";
+      if (detail::has_visible_tangent(*t))
+        return "a dual tensor argument (a tangent made outside fn); tangents are traced when fn makes its "
+               "duals itself (kiln::jvp, kiln::hvp ... inside fn)";
+    }
+    return nullptr;
   }
-  std::vector<Value> run_dtensors_eagerly(const std::vector<Value>& args, const TraceFn& fn,
-                                          std::vector<int64_t>& out_spec) {
+  std::vector<Value> run_untraceable_eagerly(const char* why, const std::vector<Value>& args, const TraceFn& fn,
+                                             std::vector<int64_t>& out_spec) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_.eager_calls++;
-      if (!dtensor_warned_)
-        std::fprintf(stderr,
-                     "[kiln] warning: compile(%s) got a DTensor argument; DTensor programs are not traced yet, "
-                     "so its calls with DTensors run in lazy eager mode\n",
-                     opt_.name.c_str());
-      dtensor_warned_ = true;
+      if (untraceable_warned_.insert(why).second)
+        std::fprintf(stderr, "[kiln] warning: compile(%s) got %s, so such calls run in lazy eager mode\n",
+                     opt_.name.c_str(), why);
     }
     return run_eager(args, fn, out_spec, true);
   }
@@ -488,7 +493,7 @@ class CompiledCore {
   CompileStats stats_;
   bool eager_ = false;
   bool size_warned_ = false;  // warn_size_specialized has spoken
-  bool dtensor_warned_ = false;  // run_dtensors_eagerly has spoken
+  std::set<const char*> untraceable_warned_;  // what run_untraceable_eagerly has spoken of
   std::map<int, std::vector<int64_t>> seen_sizes_;
   std::set<std::pair<int, int>> changed_;
 };

@@ -53,6 +53,7 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   Shape view_shape;
   std::vector<Tensor> inputs;  // snapshots
   NodePtr out;
+  std::vector<TensorImpl::Tangent> out_tangents;  // the output's, for forward-over-reverse
   bool released_ = false;
 
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
@@ -62,6 +63,7 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     impl->node_ = out;
     impl->requires_grad = true;
     impl->grad_fn = shared_from_this();
+    impl->tangents = out_tangents;
     Tensor o(impl);
     return detail::vjp(op, attrs, inputs, o, g, view_shape);
   }
@@ -70,6 +72,7 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     // intermediate that the pending backward could otherwise recompute or fuse.
     inputs.clear();
     out.reset();
+    out_tangents.clear();
     released_ = true;
   }
   bool released() const override { return released_; }
@@ -118,6 +121,7 @@ Tensor snapshot(const Tensor& t) {
   impl->node_ = t.node();
   impl->requires_grad = t.requires_grad();
   impl->grad_fn = t.impl()->grad_fn;
+  impl->tangents = t.impl()->tangents;  // (forward-over-reverse: saved inputs keep their tangents)
   if (impl->requires_grad && !impl->grad_fn) {
     grad_edge(t);  // make sure the leaf has its accumulator
     impl->accumulator = t.impl()->accumulator;
@@ -142,6 +146,7 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   node->attrs = attrs;
   node->view_shape = view_shape;
   node->out = out.node();
+  node->out_tangents = out.impl()->tangents;
   for (const auto& t : inputs) {
     node->inputs.push_back(snapshot(t));
     node->next.push_back(t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});

@@ -96,6 +96,8 @@ Tensor inverse_view(OpKind op, const Attrs& a, const Tensor& x, const Tensor& g)
   }
 }
 
+}  // namespace
+
 Tensor expand_reduced(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims) {
   // g has the reduced shape (keepdim or not); bring it back to x's rank, then broadcast.
   Tensor r = g;
@@ -103,7 +105,25 @@ Tensor expand_reduced(const Tensor& g, const Tensor& x, const std::vector<int64_
     for (int64_t d : dims) r = unsqueeze(r, d);
   return expand_to(r, x.shape());
 }
-}  // namespace
+
+Tensor prod_partials(const Tensor& x, const Tensor& out, const std::vector<int64_t>& dims) {
+  // out / x, except where x is 0: there the product of the others if it is the only zero, else 0.
+  Tensor outx = expand_reduced(out, x, dims);
+  Tensor is_zero = eq(x, 0);
+  Tensor nz = where(is_zero, ones_like(x), x);
+  Tensor prod_nz = expand_reduced(prod(nz, dims, true), x, dims);
+  Tensor zeros_cnt = expand_reduced(sum(is_zero, dims, true), x, dims);
+  Tensor at_zero = where(eq(zeros_cnt, 1), prod_nz, zeros_like(x));
+  return where(is_zero, at_zero, div(outx, nz));
+}
+
+Tensor extremum_partials(const Tensor& x, const Tensor& out, const std::vector<int64_t>& dims) {
+  // PyTorch: ties share evenly.
+  Tensor outx = expand_reduced(out, x, dims);
+  Tensor mask = to(eq(x, outx), x.dtype());
+  Tensor cnt = expand_reduced(sum(mask, dims, true), x, dims);
+  return div(mask, cnt);
+}
 
 std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in, const Tensor& out, const Tensor& g,
                         const Shape& view_shape) {
@@ -175,22 +195,9 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
     case OpKind::Where: return {Tensor(), sum_to(where(x, g, 0), in[1].shape()), sum_to(where(x, 0, g), in[2].shape())};
     // ---- reductions ----
     case OpKind::Sum: return {expand_reduced(g, x, a.ints)};
-    case OpKind::Prod: {
-      Tensor outx = expand_reduced(out, x, a.ints), gx = expand_reduced(g, x, a.ints);
-      Tensor is_zero = eq(x, 0);
-      Tensor nz = where(is_zero, ones_like(x), x);
-      Tensor prod_nz = expand_reduced(prod(nz, a.ints, true), x, a.ints);
-      Tensor zeros_cnt = expand_reduced(sum(is_zero, a.ints, true), x, a.ints);
-      Tensor at_zero = where(eq(zeros_cnt, 1), prod_nz, zeros_like(x));
-      return {mul(gx, where(is_zero, at_zero, div(outx, nz)))};
-    }
+    case OpKind::Prod: return {mul(expand_reduced(g, x, a.ints), prod_partials(x, out, a.ints))};
     case OpKind::Amax:
-    case OpKind::Amin: {
-      Tensor outx = expand_reduced(out, x, a.ints);
-      Tensor mask = to(eq(x, outx), g.dtype());
-      Tensor cnt = expand_reduced(sum(mask, a.ints, true), x, a.ints);
-      return {div(mul(expand_reduced(g, x, a.ints), mask), cnt)};
-    }
+    case OpKind::Amin: return {mul(expand_reduced(g, x, a.ints), extremum_partials(x, out, a.ints))};
     case OpKind::Cumsum: {
       int64_t d = a.ints[0];
       return {flip(cumsum(flip(g, {d}), d), {d})};

@@ -15,5 +15,11 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& attrs, const std::vector<Tensor>
                         const Tensor& g, const Shape& view_shape);
 // Sums a broadcast gradient back to `shape`.
 Tensor sum_to(const Tensor& g, const Shape& shape);
+// g of a reduction's output shape (keepdim or not) broadcast back over x (reduced over `dims`).
+Tensor expand_reduced(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims);
+// The partial derivatives d out / d x of prod(x, dims) and of amax/amin(x, dims), x's shape
+// (shared by the vjp and jvp rules).
+Tensor prod_partials(const Tensor& x, const Tensor& out, const std::vector<int64_t>& dims);
+Tensor extremum_partials(const Tensor& x, const Tensor& out, const std::vector<int64_t>& dims);
 
 }  // namespace kiln::detail

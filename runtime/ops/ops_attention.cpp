@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -92,8 +94,15 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const bool fused_head = d.is_constant() && d.as_int() >= 1 && d.as_int() <= kMaxFusedHead &&
                           vs.back().is_constant() && vs.back().as_int() == d.as_int();
   const bool mask_grad = attn_mask && attn_mask->requires_grad() && attn_mask->dtype() != kBool;
+  // Tangents that a recorded backward will carry (forward-over-reverse: hvp, hessian) need the
+  // backward in primitives, which have jvp rules; the fused backward has none.
+  const bool dual_backward = detail::forward_ad_visible() && grad_enabled() &&
+                             (q.requires_grad() || k.requires_grad() || v.requires_grad()) &&
+                             (detail::has_visible_tangent(q) || detail::has_visible_tangent(k) ||
+                              detail::has_visible_tangent(v) || (attn_mask && detail::has_visible_tangent(*attn_mask)));
   std::optional<Shape> batch =
-      fused_dtype && fused_device && fused_head && !mask_grad && q.dim() == k.dim() && q.dim() == v.dim()
+      fused_dtype && fused_device && fused_head && !mask_grad && !dual_backward && q.dim() == k.dim() &&
+              q.dim() == v.dim()
           ? common_batch(q, k, v)
           : std::nullopt;
   const SymInt &tq = qs[qs.size() - 2], &tk = ks[ks.size() - 2];

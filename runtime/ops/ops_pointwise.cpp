@@ -141,11 +141,13 @@ Tensor softplus(const Tensor& x_in, double beta, double threshold) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
   const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
-  // Stable form max(z, 0) + log1p(exp(-|z|)) with z = beta*x; linear above the threshold.
-  // maximum (not relu) so that the gradient at z = 0 is sigmoid(0) = 1/2: maximum splits the tie
-  // (relu's and abs's rules both give 0 there).
+  // Stable form max(z, 0) + log1p(exp(-|z|)) with z = beta*x; linear above the threshold. The
+  // max and -|z| are spelled as selections between smooth pieces (z > 0: z and -z, else 0 and
+  // z), so every derivative is that of log1p(exp(z)) at z = 0 too: the gradient sigmoid(0) = 1/2
+  // and the second derivative 1/4 (max and abs rules would give 1/2 by splitting a tie and 0).
   Tensor z = beta == 1 ? f : mul(f, beta);
-  Tensor soft = add(maximum(z, 0.0), log1p(exp(neg(abs(z)))));
+  Tensor pos = gt(z, 0.0);
+  Tensor soft = add(where(pos, z, 0.0), log1p(exp(where(pos, neg(z), z))));
   if (beta != 1) soft = div(soft, beta);
   return where(gt(z, threshold), f, soft);
 }

@@ -1,6 +1,7 @@
 #include "runtime/tensor/record.h"
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
 #include "runtime/exec/device_runtime.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ir/sym_facts.h"
@@ -107,8 +108,14 @@ Tensor record_tensors(OpKind op, const Tensor* const* inputs, size_t count, Attr
     }
     wants_grad = wants_grad || t.requires_grad();
   }
-  if (!wants_grad || !grad_enabled()) return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
+  const bool track = wants_grad && grad_enabled();
+  const bool dual = forward_ad_visible();
+  if (!track && !dual) [[likely]]
+    return record(op, std::move(ins), std::move(attrs), dtype, std::move(shape), dev);
   Tensor out = record(op, std::move(ins), attrs, dtype, std::move(shape), dev);
+  // Tangents first: the backward node keeps the output's (forward-over-reverse reads them).
+  if (dual) attach_tangents(out, op, attrs, inputs, count);
+  if (!track) return out;
   std::vector<Tensor> grad_inputs = moved;
   if (grad_inputs.empty())
     for (size_t j = 0; j < count; ++j) grad_inputs.push_back(*inputs[j]);
@@ -471,6 +478,10 @@ NodePtr apply_view(const NodePtr& in, const ViewStep& step) {
 
 Tensor view_step(const Tensor& x, const ViewStep& step) {
   Tensor out = Tensor::from_node(apply_view(x.node(), step));
+  if (forward_ad_visible()) [[unlikely]] {
+    const Tensor* in = &x;
+    attach_tangents(out, step.op, step.attrs, &in, 1, step.shape);
+  }
   attach_grad(out, step.op, step.attrs, {x}, step.shape);
   return out;
 }

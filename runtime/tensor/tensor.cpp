@@ -3,6 +3,7 @@
 
 #include "runtime/ops/advindex.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 #include "runtime/tensor/placed_hooks.h"
@@ -21,6 +22,7 @@ const NodePtr& TensorImpl::view_node() {
     for (const auto& step : chain) cur = detail::view_step(cur, step);
     node_ = cur.node();
     detail::copy_autograd(*this, cur);
+    detail::copy_tangents(*this, *cur.impl());
     base_version = base->version;
   }
   return node_;
@@ -180,6 +182,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
     Tensor old_base(base);
     Tensor nb = detail::record(OpKind::ViewScatter, {old_base, v}, a, old_base.dtype(), old_base.shape());
     base->node_ = nb.node();
+    detail::copy_tangents(base, *nb.impl());  // the window's tangent written into the base's
     if (tracking)
       detail::copy_autograd(*base, nb);
     else
@@ -191,6 +194,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
     // non-view tensor always names dense storage.
     Tensor nv = is_view_op(v.node()->op) ? detail::record(OpKind::Contiguous, {v}, Attrs{}, dtype(), target) : v;
     impl_->node_ = nv.node();
+    detail::copy_tangents(impl_, *nv.impl());  // the new value's tangent (none: none)
     if (tracking) {
       detail::copy_autograd(*impl_, nv);
     } else if (impl_->grad_fn) {

@@ -51,6 +51,13 @@ struct KILN_API TensorImpl {
   std::shared_ptr<GradNode> grad_fn;  // null for leaves
   std::shared_ptr<GradNode> accumulator;  // leaves: where gradients accumulate (lazy)
   std::shared_ptr<TensorImpl> grad;  // accumulated gradient (leaves)
+  // Forward-mode AD (runtime/autograd/forward_ad.h): this tensor's tangent at each dual level
+  // that gave it one (entries of exited levels are dropped when the level exits).
+  struct Tangent {
+    uint64_t level;
+    std::shared_ptr<TensorImpl> value;
+  };
+  std::vector<Tangent> tangents;
   // The current node, rebuilt from the base if the base was written since (a compile() trace
   // hears of the read through Tensor::node(), which knows the owning handle).
   const NodePtr& node() { return base ? view_node() : node_; }
