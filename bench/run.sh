@@ -6,6 +6,8 @@
 #   bench/run.sh --quick    short run (well under 2 minutes after the build)
 #   bench/run.sh --device cuda --dist   all-reduce bandwidth and data-parallel GPT beside
 #                torch.distributed (bench/run_dist.sh) on every GPU of the host
+#   bench/run.sh --transforms [--device cuda]   forward / jvp / grad / hvp of an MLP beside
+#                torch.func's, eager and compiled (bench/run_transforms.sh)
 #   bench/run.sh --device cuda   the GPU table: kiln (lazy eager, compiled) beside PyTorch eager
 #                                and torch.compile (python3 with torch, same call), copy bandwidth,
 #                                NVRTC cold compile and disk-cache warm load per kernel
@@ -38,11 +40,12 @@ while [ $# -gt 0 ]; do
     --device) DEVICE="$2"; shift ;;
     --quick) QUICK="--quick" ;;
     --dist) DIST=1 ;;
+    --transforms) TRANSFORMS=1 ;;
     --threads) THREADS="$2"; shift ;;
     --no-build) DO_BUILD=0 ;;
     --build-dir) BUILD="$2"; shift ;;
     --keep) KEEP=1 ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "run.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -51,6 +54,13 @@ done
 LOCK=/tmp/kiln-build.lock
 locked() { if command -v flock >/dev/null; then flock "$LOCK" "$@"; else "$@"; fi; }
 
+if [ "${TRANSFORMS:-0}" = 1 ]; then  # the function-transform table
+  if [ "$DO_BUILD" = 1 ]; then
+    [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2
+    locked cmake --build "$BUILD" --target bench_transforms -j2 >&2
+  fi
+  exec bash "$ROOT/bench/run_transforms.sh" --build-dir "$BUILD" --device "$DEVICE"
+fi
 if [ "${DIST:-0}" = 1 ]; then  # the distributed tables (all GPUs of the host, or 2 Gloo ranks on the CPU)
   if [ "$DO_BUILD" = 1 ]; then
     [ -f "$BUILD/CMakeCache.txt" ] || locked cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release >&2
