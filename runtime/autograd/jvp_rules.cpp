@@ -13,6 +13,11 @@ namespace kiln::detail {
 
 namespace {
 
+// (The unary pointwise ops with floating results sit from Neg to Sign in OpKind.)
+static_assert(static_cast<int>(OpKind::Sign) - static_cast<int>(OpKind::Neg) == 22 &&
+                  static_cast<int>(OpKind::IsNan) == static_cast<int>(OpKind::Sign) + 1,
+              "OpKind's unary pointwise ops moved: update jvp()'s range");
+
 // a + b where an undefined operand is zero.
 Tensor plus(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
@@ -86,31 +91,11 @@ Tensor jvp(OpKind op, const Attrs& a, const std::vector<Tensor>& in, const std::
            const Shape& view_shape) {
   const Tensor& x = in[0];
   const Tensor& tx = t[0];
+  // A unary pointwise op has a diagonal Jacobian: its tangent is its vjp rule applied to it.
+  if (op >= OpKind::Neg && op <= OpKind::Sign) return vjp(op, a, in, out, tx, view_shape)[0];
+  // A view's tangent is the same view of the tangent.
+  if (is_view_op(op)) return view_tangent(op, a, tx, view_shape);
   switch (op) {
-    // ---- unary: a diagonal Jacobian, so the tangent is the vjp rule applied to it ----
-    case OpKind::Neg:
-    case OpKind::Abs:
-    case OpKind::Exp:
-    case OpKind::Exp2:
-    case OpKind::Expm1:
-    case OpKind::Log:
-    case OpKind::Log2:
-    case OpKind::Log1p:
-    case OpKind::Sqrt:
-    case OpKind::Rsqrt:
-    case OpKind::Reciprocal:
-    case OpKind::Sin:
-    case OpKind::Cos:
-    case OpKind::Tan:
-    case OpKind::Atan:
-    case OpKind::Tanh:
-    case OpKind::Sigmoid:
-    case OpKind::Relu:
-    case OpKind::Erf:
-    case OpKind::Floor:
-    case OpKind::Ceil:
-    case OpKind::Round:
-    case OpKind::Sign: return vjp(op, a, in, out, tx, view_shape)[0];
     case OpKind::ToDevice: return to(tx, out.device());
     case OpKind::Cast: return is_floating(out.dtype()) ? cast(tx, out.dtype()) : Tensor();
     case OpKind::Contiguous: return contiguous(tx);
@@ -161,16 +146,6 @@ Tensor jvp(OpKind op, const Attrs& a, const std::vector<Tensor>& in, const std::
     case OpKind::Amax:
     case OpKind::Amin: return reduce_like(mul(tx, extremum_partials(x, out, a.ints)), a.ints, out);
     case OpKind::Cumsum: return cumsum(tx, a.ints[0]);
-    // ---- views ----
-    case OpKind::View:
-    case OpKind::Permute:
-    case OpKind::Expand:
-    case OpKind::Slice:
-    case OpKind::Select:
-    case OpKind::Squeeze:
-    case OpKind::Unsqueeze:
-    case OpKind::Flip:
-    case OpKind::AsStrided: return view_tangent(op, a, tx, view_shape);
     // ---- copies ----
     case OpKind::Cat: {
       std::vector<Tensor> parts;

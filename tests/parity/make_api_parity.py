@@ -15,19 +15,12 @@ import sys
 
 import torch
 
+from parity_json import tj
+
 torch.manual_seed(0)
 torch.set_default_dtype(torch.float32)
 cases = []
 
-
-def tj(t):
-    t = t.detach()
-    data = t.reshape(-1).tolist()
-    if t.dtype.is_floating_point:
-        data = [("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")) if not math.isfinite(v) else v for v in data]
-    elif t.dtype == torch.bool:
-        data = [bool(v) for v in data]
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "data": data}
 
 
 def add0(op, inputs, attrs, fn, grad=True):

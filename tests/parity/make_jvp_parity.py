@@ -18,19 +18,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from parity_json import tj
+
 torch.manual_seed(0)
 D = torch.float64
 cases = []
 
-
-def tj(t):
-    t = t.detach()
-    data = t.reshape(-1).tolist()
-    if t.dtype.is_floating_point:
-        data = [("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")) if not math.isfinite(v) else v for v in data]
-    elif t.dtype == torch.bool:
-        data = [bool(v) for v in data]
-    return {"dtype": str(t.dtype).replace("torch.", ""), "shape": list(t.shape), "data": data}
 
 
 def R(*s, lo=-1.5, hi=1.5):
