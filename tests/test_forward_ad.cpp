@@ -627,6 +627,12 @@ TEST(Transforms, VjpAndJvpAgree) {
   for (size_t i = 0; i < 2; ++i) rhs += kiln::sum(kiln::mul(g[i], vs[i])).item<double>();
   EXPECT_NEAR(lhs, rhs, 1e-12 * (1 + std::abs(lhs)));
   EXPECT_CLOSE(g2[0], g[0], 0, 0);
+  // a function returning one tensor is a function returning a list of one
+  auto one = kiln::jvp([](const V& a) { return kiln::sin(a[0]); }, {xs[0]}, {vs[0]});
+  ASSERT_EQ(one.tangents.size(), 1u);
+  EXPECT_CLOSE(one.tangents[0], kiln::mul(kiln::cos(xs[0]), vs[0]), 1e-15, 1e-14);
+  EXPECT_EQ(kiln::hessian([](const V& a) { return kiln::sum(kiln::exp(a[0])); })({xs[0]})[0].sizes(),
+            (std::vector<int64_t>{2, 3, 2, 3}));
   // an input the outputs ignore gets zeros
   auto u = kiln::vjp([](const V& a) { return V{kiln::exp(a[0])}; }, {xs[0], xs[1]});
   V gu = u.vjp_fn({kiln::ones_like(xs[0])});
@@ -675,6 +681,30 @@ TEST(Transforms, CompiledEqualsEagerWhileTheBatchChanges) {
   EXPECT_GE(compiled.stats().hits, 2);
   EXPECT_LE(compiled.stats().entries, 3);
   EXPECT_EQ(compiled.stats().eager_calls, 0);
+}
+
+// jacfwd, jacrev and hessian traced into one compiled graph: equal to eager, replayed.
+TEST(Transforms, JacobiansAndHessianCompiled) {
+  KILN_NEED_DEVICE();
+  auto f = [](const V& a) { return V{kiln::mul(kiln::tanh(a[0]), kiln::sum(kiln::exp(a[1])))}; };
+  auto scalar = [](const V& a) { return V{kiln::sum(kiln::mul(kiln::softplus(a[0]), kiln::sin(a[0])))}; };
+  auto cf = kiln::compile([&](const V& a) { return kiln::jacfwd(f)(a); });
+  auto cr = kiln::compile([&](const V& a) { return kiln::jacrev(f)(a); });
+  auto ch = kiln::compile([&](const V& a) { return kiln::hessian(scalar)(a); });
+  for (int call = 0; call < 2; ++call) {
+    V xs = {rnd({3}, 1 + static_cast<uint64_t>(call)), rnd({2}, 5)};
+    V ef = kiln::jacfwd(f)(xs), er = kiln::jacrev(f)(xs), gf = cf(xs), gr = cr(xs);
+    ASSERT_EQ(gf.size(), ef.size());
+    for (size_t i = 0; i < ef.size(); ++i) {
+      EXPECT_CLOSE(gf[i], ef[i], 1e-14, 1e-13);
+      EXPECT_CLOSE(gr[i], er[i], 1e-14, 1e-13);
+      EXPECT_CLOSE(ef[i], er[i], 1e-14, 1e-13);
+    }
+    EXPECT_CLOSE(ch(V{xs[0]})[0], kiln::hessian(scalar)({xs[0]})[0], 1e-14, 1e-13);
+  }
+  EXPECT_EQ(cf.stats().hits, 1);
+  EXPECT_EQ(cr.stats().hits, 1);
+  EXPECT_EQ(ch.stats().hits, 1);
 }
 
 TEST(Transforms, DualArgumentsToACompiledFunctionRunEagerly) {

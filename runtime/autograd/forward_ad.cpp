@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/autograd_rules.h"
@@ -25,6 +27,7 @@ struct Level {
   uint64_t id;
   std::vector<std::weak_ptr<TensorImpl>> holders;
   size_t compact_at = 256;
+  int64_t tangents = 0;  // tangents recorded at this level (KILN_LOG=fwad)
 };
 
 struct Levels {
@@ -76,6 +79,7 @@ void set_tangent(const std::shared_ptr<TensorImpl>& impl, uint64_t level, std::s
       return;
     }
   impl->tangents.push_back({level, std::move(value)});
+  ++l->tangents;
   remember(*l, impl);
 }
 
@@ -124,6 +128,10 @@ DualLevel::~DualLevel() {
   auto& st = t_levels.stack;
   auto it = std::find_if(st.begin(), st.end(), [&](const Level& l) { return l.id == level_; });
   if (it == st.end()) return;
+  if (detail::log_forward_ad())
+    std::fprintf(stderr, "[kiln fwad] dual level %llu (depth %zu) exits: %lld tangents recorded\n",
+                 static_cast<unsigned long long>(level_), static_cast<size_t>(it - st.begin()) + 1,
+                 static_cast<long long>(it->tangents));
   for (auto& w : it->holders)
     if (auto p = w.lock())
       std::erase_if(p->tangents, [&](const TensorImpl::Tangent& t) { return t.level == level_; });
@@ -171,6 +179,14 @@ UnpackedDual unpack_dual(const Tensor& t, int64_t level) {
 namespace detail {
 
 bool forward_ad_visible() { return t_levels.visible > 0; }
+
+bool log_forward_ad() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_LOG");
+    return v && (std::strstr(v, "fwad") || std::strstr(v, "all"));
+  }();
+  return on;
+}
 
 bool has_visible_tangent(const Tensor& t) {
   if (!t.defined() || t.impl()->tangents.empty()) return false;

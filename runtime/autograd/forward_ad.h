@@ -49,6 +49,9 @@ KILN_API int64_t current_level();
 namespace kiln::detail {
 // Whether any dual level is live (and visible) on this thread: the ops' fast path.
 bool forward_ad_visible();
+// KILN_LOG=fwad (or all): levels say how many tangents they recorded, ops what forward mode
+// changed in them.
+bool log_forward_ad();
 // Records the tangents of `out` for every visible level at which an input has one, through the
 // jvp rule of `op` (inputs by address; `view_shape` for View/Expand).
 void attach_tangents(Tensor& out, OpKind op, const Attrs& attrs, const Tensor* const* inputs, size_t count,

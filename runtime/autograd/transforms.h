@@ -5,7 +5,9 @@
 // are differentiable where a primal requires grad (the reverse passes then keep their graphs),
 // so transforms nest both ways.
 #pragma once
+#include <concepts>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "runtime/core/export.h"
@@ -13,8 +15,26 @@
 
 namespace kiln {
 
-// A function of a list of tensors (what the transforms take and return).
-using TensorsFn = std::function<std::vector<Tensor>(const std::vector<Tensor>&)>;
+// A function of a list of tensors (what the transforms take and return): any callable taking
+// `const std::vector<Tensor>&` and returning a `std::vector<Tensor>`, or one Tensor (a list of one).
+class TensorsFn {
+ public:
+  TensorsFn() = default;
+  template <class F>
+    requires std::invocable<F&, const std::vector<Tensor>&> && (!std::same_as<std::decay_t<F>, TensorsFn>)
+  TensorsFn(F f) {  // NOLINT: implicit, so a lambda passes where a TensorsFn is taken
+    using R = std::invoke_result_t<F&, const std::vector<Tensor>&>;
+    if constexpr (std::is_convertible_v<R, std::vector<Tensor>>)
+      fn_ = std::move(f);
+    else
+      fn_ = [f = std::move(f)](const std::vector<Tensor>& a) mutable { return std::vector<Tensor>{Tensor(f(a))}; };
+  }
+  std::vector<Tensor> operator()(const std::vector<Tensor>& a) const { return fn_(a); }
+  explicit operator bool() const { return static_cast<bool>(fn_); }
+
+ private:
+  std::function<std::vector<Tensor>(const std::vector<Tensor>&)> fn_;
+};
 
 struct JvpResult {
   std::vector<Tensor> outputs;  // fn(primals)

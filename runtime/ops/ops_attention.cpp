@@ -2,6 +2,7 @@
 // float64, equal head sizes for keys and values, a constant head size up to 256, a mask that
 // needs no gradient), else the unfused graph dropout(softmax(q·kᵀ·scale + mask))·v.
 #include <cmath>
+#include <cstdio>
 #include <limits>
 
 #include "runtime/autograd/autograd.h"
@@ -100,6 +101,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
                              (q.requires_grad() || k.requires_grad() || v.requires_grad()) &&
                              (detail::has_visible_tangent(q) || detail::has_visible_tangent(k) ||
                               detail::has_visible_tangent(v) || (attn_mask && detail::has_visible_tangent(*attn_mask)));
+  if (dual_backward && detail::log_forward_ad())
+    std::fprintf(stderr,
+                 "[kiln fwad] scaled_dot_product_attention runs unfused: tangents meet a recorded backward "
+                 "(forward-over-reverse), and the fused backward has no jvp rule\n");
   std::optional<Shape> batch =
       fused_dtype && fused_device && fused_head && !mask_grad && !dual_backward && q.dim() == k.dim() &&
               q.dim() == v.dim()
