@@ -319,10 +319,10 @@ TEST(JvpRules, OpsOutsideTheCorpus) {
 // with random v over the floating inputs and u over the floating results (rtol 1e-9; 1e-4 where
 // a program computes in float32). A sample of KILN_JVP_PROGRAMS (default 60; "all") programs.
 // Left out, with PyTorch's reason, programs where PyTorch's own two modes disagree (kiln gives
-// PyTorch's answer in each): clamp(x, min=m, max=m) with one tensor as both bounds (torch's clamp
-// backward gives neither bound a gradient where they tie, clamp_backward_min_max; its jvp gives
-// min's tangent, clamp_jvp), and results with NaN or inf (maximum of a NaN: the backward sends
-// the gradient to both operands, the jvp the other operand's tangent).
+// PyTorch's answer in each): clamp(x, min=m, max=m) with one tensor as both bounds (PyTorch 2.11:
+// the jvp along m is 1 everywhere, the vjp gives m the gradient only where x < m), and results
+// with NaN or inf (maximum(NaN, y): the jvp takes y's tangent, the vjp sends the gradient to
+// both operands).
 TEST(JvpRules, DirectionalDerivativesOnTorchPrograms) {
   KILN_NEED_DEVICE();
   std::string tried;
