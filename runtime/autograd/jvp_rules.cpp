@@ -82,11 +82,6 @@ Tensor attention_tangent(const Attrs& a, const std::vector<Tensor>& in, const st
 
 }  // namespace
 
-bool has_jvp_rule(OpKind op) {
-  return is_differentiable(op) && op != OpKind::AttentionBackward && op != OpKind::Collective &&
-         op != OpKind::NumOps;
-}
-
 Tensor jvp(OpKind op, const Attrs& a, const std::vector<Tensor>& in, const std::vector<Tensor>& t, const Tensor& out,
            const Shape& view_shape) {
   const Tensor& x = in[0];

@@ -6,9 +6,6 @@
 
 namespace kiln::detail {
 
-// Whether `op` has a jvp rule (every op with a vjp rule in autograd_rules.cpp; collectives and
-// the fused attention's backward have neither).
-bool has_jvp_rule(OpKind op);
 // The tangent of the output of one recorded primitive, given its inputs, their tangents
 // (undefined: zero) and its output; undefined when no tangent reaches the output. Written with
 // ordinary ops, so tangents are lazy nodes of the same graph as the primal.

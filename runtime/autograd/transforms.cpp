@@ -1,6 +1,6 @@
 // torch.func's transforms on kiln's two AD modes: jvp through dual levels (forward_ad.h), vjp
-// through kiln::grad with create_graph (so every result stays differentiable), Jacobians as
-// stacks of either, the Hessian and hvp forward-over-reverse.
+// through kiln::grad (with create_graph where a primal requires grad), Jacobians as stacks of
+// either, the Hessian and hvp forward-over-reverse.
 #include "runtime/autograd/transforms.h"
 
 #include "runtime/autograd/autograd.h"
@@ -30,10 +30,7 @@ std::vector<int64_t> joined(const Tensor& out, const Tensor& in) {
 // A Jacobian block from its columns (jacfwd: stacked last) or rows (jacrev: stacked first).
 Tensor block(const std::vector<Tensor>& parts, bool columns, const Tensor& out, const Tensor& in) {
   if (parts.empty()) return zeros(joined(out, in), out.dtype(), out.device());
-  if (!columns) return reshape(stack(parts, 0), joined(out, in));
-  std::vector<int64_t> shape = joined(out, in);
-  // stacked last: [out..., n] -> [out..., in...]
-  return reshape(stack(parts, -1), shape);
+  return reshape(stack(parts, columns ? -1 : 0), joined(out, in));
 }
 
 // jvp with undefined tangents allowed (those primals stay plain).
