@@ -107,28 +107,46 @@ struct Planner {
     // is earlier), within the budget. A slot also serves a value written by the loop that last
     // reads it when that value is computed from the read one (the read, kept in a register,
     // comes first in the iteration): layer_norm -> gelu -> softmax keeps x, x - mean, gelu(.)
-    // and exp(.) in one slot in turn.
+    // and exp(.) in one slot in turn. Every read of the slot in that loop must feed the value
+    // (a read that does not may come after the write in the iteration, and get the new value).
     std::stable_sort(cands.begin(), cands.end(),
                      [](const Candidate& a, const Candidate& b) { return a.writer < b.writer; });
     std::vector<size_t> free_after;  // per slot: last reader loop
-    std::vector<ExprId> last_read;  // per slot: what that loop reads from it
-    std::map<ExprId, std::vector<char>> reads_of;  // per value read last from a slot: who reads it
-    auto uses = [&](ExprId e, ExprId r) {
-      if (r < 0) return false;
-      auto it = reads_of.find(r);
-      if (it == reads_of.end()) it = reads_of.emplace(r, reaches(k, [r](ExprId x) { return x == r; })).first;
-      return it->second[static_cast<size_t>(e)] != 0;
+    std::vector<std::vector<ExprId>> last_reads;  // per slot: what that loop reads from it
+    // What each loop reads back: the evaluation of an expression stops there.
+    std::vector<std::set<ExprId>> reads_in(loops.size());
+    for (const Candidate& c : cands)
+      for (auto& r : c.readers) reads_in[r.first].insert(r.second);
+    // Whether computing `e` in loop `li` evaluates `r` (operands read back from a slot are not
+    // evaluated: what lies under them is not read there).
+    auto uses = [&](ExprId e, ExprId r, size_t li) {
+      std::set<ExprId> seen_here;
+      std::vector<ExprId> stack{e};
+      while (!stack.empty()) {
+        const ExprId x = stack.back();
+        stack.pop_back();
+        if (x < 0 || !seen_here.insert(x).second) continue;
+        if (x == r) return true;
+        if (x != e && reads_in[li].count(x)) continue;
+        const Expr& ex = k.exprs[x];
+        stack.insert(stack.end(), {ex.a, ex.b, ex.c});
+      }
+      return false;
     };
     for (const Candidate& c : cands) {
       const DType t = row_cache_slot_type(k.exprs[c.wid].dtype);
       size_t last = 0;
-      ExprId last_id = -1;
+      for (auto& r : c.readers) last = std::max(last, r.first);
+      std::vector<ExprId> last_ids;
       for (auto& r : c.readers)
-        if (r.first >= last) last = r.first, last_id = r.second;
+        if (r.first == last) last_ids.push_back(r.second);
+      auto feeds = [&](size_t sl) {
+        return std::all_of(last_reads[sl].begin(), last_reads[sl].end(),
+                           [&](ExprId r) { return uses(c.wid, r, c.writer); });
+      };
       int slot = -1;
       for (size_t sl = 0; sl < p.slots.size() && slot < 0; ++sl)
-        if (p.slots[sl] == t &&
-            (free_after[sl] < c.writer || (free_after[sl] == c.writer && uses(c.wid, last_read[sl]))))
+        if (p.slots[sl] == t && (free_after[sl] < c.writer || (free_after[sl] == c.writer && feeds(sl))))
           slot = static_cast<int>(sl);
       if (slot < 0) {
         const int64_t bytes = k.row_cache * static_cast<int64_t>(itemsize(t));
@@ -138,10 +156,10 @@ struct Planner {
         p.slot_offset.push_back(p.region);
         p.region += bytes;
         free_after.push_back(0);
-        last_read.push_back(-1);
+        last_reads.emplace_back();
       }
       free_after[static_cast<size_t>(slot)] = last;
-      last_read[static_cast<size_t>(slot)] = last_id;
+      last_reads[static_cast<size_t>(slot)] = last_ids;
       p.loops[loops[c.writer]].writes[c.wid] = slot;
       for (auto& r : c.readers) p.loops[loops[r.first]].reads[r.second] = slot;
     }
