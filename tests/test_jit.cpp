@@ -1083,6 +1083,48 @@ TEST(JitGemm, BiasGradientReadsTheStoredEpilogue) {
   }
 }
 
+// A residual stream through Linear layers on [B, T, C] inputs, whose products matmul folds into
+// [B·T, C] GEMMs viewed back: the running sum is stored often enough that no kernel reads more
+// than two products, however deep the stack (recomputed from every earlier product, each layer's
+// kernel read all the products before it, its cost growing with depth: on the GPU a GPT step's
+// row kernels took 25 µs in the first layer and 126 µs in the fourth).
+TEST(JitGemm, ResidualStreamOverFoldedProductsKeepsKernelReadsBounded) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  std::mt19937_64 rng(test_seed() ^ 0x4e51ull);
+  const int64_t b = 2 + static_cast<int64_t>(rng() % 3), t = 3 + static_cast<int64_t>(rng() % 20),
+                c = 8 + static_cast<int64_t>(rng() % 24);
+  const int layers = 8;
+  Tensor x0 = kiln::randn({b, t, c}).eval();
+  std::vector<Tensor> ws;
+  for (int l = 0; l < layers; ++l) ws.push_back((kiln::randn({c, c}) * 0.2).eval());
+  auto f = [&] {
+    Tensor x = x0;
+    for (const Tensor& w : ws) x = kiln::add(x, kiln::linear(kiln::tanh(x), w));
+    return std::vector<Tensor>{x, kiln::sum(x, {2})};
+  };
+  {
+    std::vector<Tensor> outs = f();
+    auto product_root = [](const kiln::Node* n) {
+      while (kiln::is_view_op(n->op) && !n->inputs.empty()) n = n->inputs[0].get();
+      return n->op == kiln::OpKind::Matmul;
+    };
+    int kernels = 0;
+    for (const auto& st : kiln::jit::schedule(make_segment(outs))) {
+      if (st.kind != kiln::jit::Step::Kind::Kernel) continue;
+      ++kernels;
+      const auto& in = st.group.inputs;
+      EXPECT_LE(std::count_if(in.begin(), in.end(), product_root), 2) << "a kernel reads more than two products";
+    }
+    EXPECT_GE(kernels, layers);
+  }
+  auto [got, want] = jit_and_interpreter(f);
+  for (size_t i = 0; i < got.size(); ++i) {
+    auto a = got[i].to_vector<double>(), e = want[i].to_vector<double>();
+    ASSERT_EQ(a.size(), e.size());
+    for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], e[j], 1e-4 * (1 + std::abs(e[j]))) << i << " " << j;
+  }
+}
+
 // A row loop that reads a cached value and hands its slot on to a value computed from it (the
 // normalized x of a layer_norm read back, x̂ = (x - mean) * rstd written in its place) must not
 // have its writes hoisted into a loop of their own: that loop overwrote the slot before the main
@@ -1196,7 +1238,8 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
         if (st.kind == kiln::jit::Step::Kind::Kernel) n += st.group.outputs.size();
       return n;
     };
-    EXPECT_EQ(stored(kept) + 2, stored(plain)) << "gelu and exp stay in the row kernel\n"
+    // (at least gelu or exp; a value that another kernel computes too is stored either way)
+    EXPECT_LT(stored(kept), stored(plain)) << "gelu and exp stay in the row kernel\n"
                                                << kiln::jit::describe(kept) << "\n"
                                                << kiln::jit::describe(plain);
     std::set<const kiln::Node*> read, needed;
@@ -1208,7 +1251,8 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
     for (const auto& st : kept)
       if (st.kind == kiln::jit::Step::Kind::Kernel)
         for (size_t o = 0; o < st.group.outputs.size(); ++o)
-          if (st.group.why[o] == "expensive value read by a reduction and another op")
+          if (st.group.why[o] == "expensive value read by a reduction and another op" ||
+              st.group.why[o] == "computed by several kernels, each reading many stored values")
             EXPECT_TRUE(read.count(st.group.outputs[o]) || needed.count(st.group.outputs[o]))
                 << "stored, read by no other step";
     const auto [got, want] = jit_and_interpreter(f);
@@ -1221,6 +1265,64 @@ TEST(JitCodegen, RowKernelsStoreOnlyWhatOtherStepsRead) {
       for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], e[i], tol) << "output " << k << " i=" << i;
     }
   }
+}
+
+// The row-cache plan hands a slot on to a value computed in the loop that last reads it only when
+// computing that value evaluates every read of the slot first. The backends evaluate each
+// expression once per iteration and do not evaluate what lies under a value read back from a
+// slot, so a read whose only path into the new value passes under another read-back value would
+// come after the write, and get the new value (a layer-norm backward's row kernel gave wrong
+// gradients so). Checked over row kernels with random values forced to memory.
+TEST(JitCodegen, RowCacheHandsSlotsOnOnlyPastEveryRead) {
+  const kiln::jit::Target& t = kiln::jit::target_for(kiln::DeviceType::CPU);
+  std::mt19937_64 rng(test_seed() ^ 0x5107ull);
+  int shared = 0;
+  for (int it = 0; it < 40; ++it) {
+    const int64_t rows = 2 + static_cast<int64_t>(rng() % 6), cols = 2 + static_cast<int64_t>(rng() % 300);
+    Tensor x = kiln::randn({rows, cols}).eval(), w = kiln::randn({cols}).eval(), b = kiln::randn({cols}).eval();
+    Tensor gy = kiln::randn({rows, cols}).eval();
+    Tensor xr = x.detach().requires_grad_(), wr = w.detach().requires_grad_(), br = b.detach().requires_grad_();
+    Tensor y = kiln::softmax(kiln::gelu(kiln::layer_norm(xr, {cols}, wr, br)), -1);
+    std::vector<Tensor> g = kiln::grad({y}, {xr, wr, br}, {gy});
+    const kiln::Segment seg = make_segment({y, g[0], g[1], g[2]});
+    std::vector<const kiln::Node*> stored;
+    for (const kiln::Node* n : seg.nodes)
+      if (kiln::jit::classify(*n) == kiln::jit::NodeClass::Pointwise && rng() % 4 == 0) stored.push_back(n);
+    kiln::jit::ScheduleOptions opts;
+    opts.merge_row_stages = true;
+    for (const auto& st : kiln::jit::schedule(seg, stored, opts)) {
+      if (st.kind != kiln::jit::Step::Kind::Kernel) continue;
+      const auto lowered = kiln::jit::lower(st.group, t);
+      const kiln::jit::Kernel& k = lowered->kernel;
+      const kiln::jit::RowCachePlan plan = kiln::jit::plan_row_cache(k, 1 << 20, /*cache_loads=*/it % 2 == 0);
+      for (const auto& [loop, c] : plan.loops) {
+        // Whether computing e evaluates r, not descending under this loop's other read-backs.
+        auto evaluates = [&](kiln::jit::ExprId e, kiln::jit::ExprId r) {
+          std::set<kiln::jit::ExprId> seen;
+          std::vector<kiln::jit::ExprId> stack{e};
+          while (!stack.empty()) {
+            const kiln::jit::ExprId v = stack.back();
+            stack.pop_back();
+            if (v < 0 || !seen.insert(v).second) continue;
+            if (v == r) return true;
+            if (v != e && c.reads.count(v)) continue;
+            const auto& ex = k.exprs[static_cast<size_t>(v)];
+            stack.insert(stack.end(), {ex.a, ex.b, ex.c});
+          }
+          return false;
+        };
+        for (const auto& [wid, wslot] : c.writes)
+          for (const auto& [rid, rslot] : c.reads) {
+            if (wslot != rslot) continue;
+            ++shared;
+            EXPECT_TRUE(evaluates(wid, rid)) << "slot " << wslot << " written with e" << wid << " before e" << rid
+                                             << " is read from it\n"
+                                             << k.str();
+          }
+      }
+    }
+  }
+  EXPECT_GT(shared, 0) << "no slot was handed on: the check checked nothing";
 }
 
 TEST(JitCodegen, ColumnReductionsMatchInterpreter) {

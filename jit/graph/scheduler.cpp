@@ -134,7 +134,7 @@ struct Scheduler {
       if ((c != NodeClass::Pointwise && c != NodeClass::Source) || !same_shape(i->shape, dom)) return false;
       if (costly.count(i)) return false;  // stored because it is expensive: read it back
       auto w = why.find(i);
-      if (w != why.end() && w->second == std::string("kernel depth limit")) return false;
+      if (w != why.end() && (w->second == std::string("kernel depth limit") || w->second == kManyReads)) return false;
       if (recompute_rereads_product(i)) return false;
       return ++inlined <= 16;
     };
@@ -159,6 +159,8 @@ struct Scheduler {
   // Whether recomputing the stored pointwise node n inline would read back, at full size, the
   // product of a library op of this segment (a GEMM's output): n is then that product's
   // epilogue, and reading n moves fewer bytes (the product itself need not be kept at all).
+  // "Full size" counts elements: a [B·T, N] product viewed as [B, T, N] (matmul's folded
+  // batch) is read at full size just the same.
   bool recompute_rereads_product(const Node* n) const {
     std::unordered_set<const Node*> seen{n};
     std::vector<const Node*> stack{n};
@@ -169,7 +171,7 @@ struct Scheduler {
         const Node* i = in.get();
         if (!seen.insert(i).second || !in_seg(i)) continue;
         const NodeClass c = cls(*i);
-        if (c == NodeClass::Opaque && same_shape(i->shape, n->shape)) return true;
+        if (c == NodeClass::Opaque && provably_equal(numel(i->shape), numel(n->shape))) return true;
         if (!M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View))
           stack.push_back(i);
       }
@@ -228,6 +230,48 @@ struct Scheduler {
     }
   }
 
+  // A value that several kernels compute and whose computation reads many stored values is
+  // stored once (as Inductor realizes a buffer with several users past its reads threshold):
+  // else a chain of them — a residual stream x_{k+1} = x_k + f_k read by each layer's norm —
+  // rereads every earlier term in every layer, the cost growing with depth. In topological
+  // order, so that each store cuts the cones counted after it; true when any was stored.
+  bool store_widely_recomputed(const std::vector<Step>& steps) {
+    std::unordered_map<const Node*, int> kernels_with;
+    for (const Step& st : steps)
+      if (st.kind == Step::Kind::Kernel)
+        for (const Node* n : st.group.nodes)
+          if (!M.count(n) && cls(*n) == NodeClass::Pointwise) kernels_with[n]++;
+    bool more = false;
+    for (Node* n : seg.nodes) {
+      auto it = kernels_with.find(n);
+      if (it == kernels_with.end() || it->second < 2 || recompute_reads(n) < kRecomputeReads) continue;
+      require(n, kManyReads);
+      more = true;
+    }
+    return more;
+  }
+
+  // The stored values (and library products, reductions and values from outside the segment)
+  // that computing n inline reads.
+  size_t recompute_reads(const Node* n) const {
+    std::unordered_set<const Node*> seen{n}, reads;
+    std::vector<const Node*> stack{n};
+    while (!stack.empty()) {
+      const Node* x = stack.back();
+      stack.pop_back();
+      for (const auto& in : x->inputs) {
+        const Node* i = in.get();
+        if (!seen.insert(i).second) continue;
+        const NodeClass c = in_seg(i) ? cls(*i) : NodeClass::Opaque;
+        if (in_seg(i) && !M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View))
+          stack.push_back(i);
+        else
+          reads.insert(storage_root(i));
+      }
+    }
+    return reads.size();
+  }
+
   static bool transcendental(OpKind op) {
     switch (op) {
       case OpKind::Exp:
@@ -273,10 +317,20 @@ struct Scheduler {
   }
 
   static constexpr const char* kReadByReduction = "expensive value read by a reduction and another op";
+  static constexpr const char* kManyReads = "computed by several kernels, each reading many stored values";
+  // (two kernels: storing costs r + 2 accesses, recomputing 2r)
+  static constexpr size_t kRecomputeReads = 3;
 
   // Values stored only as kReadByReduction that no other step reads, in a kernel that keeps
   // its rows (opts.keeps_rows): dropped from M; returns them.
   std::vector<const Node*> unstore_row_local(const std::vector<Step>& steps) {
+    return unstore_unread(steps, kReadByReduction, [&](const Group& g) { return opts.keeps_rows(g); });
+  }
+
+  // Outputs stored as `reason` that no other step reads, in kernels `in_kernel` accepts: dropped
+  // from M; returns them.
+  std::vector<const Node*> unstore_unread(const std::vector<Step>& steps, const char* reason,
+                                          const std::function<bool(const Group&)>& in_kernel) {
     std::unordered_map<const Node*, int> readers;  // steps reading a stored node
     for (const Step& st : steps) {
       if (st.kind == Step::Kind::Kernel)
@@ -286,10 +340,10 @@ struct Scheduler {
     }
     std::vector<const Node*> dropped;
     for (const Step& st : steps) {
-      if (st.kind != Step::Kind::Kernel || !opts.keeps_rows(st.group)) continue;
+      if (st.kind != Step::Kind::Kernel || !in_kernel(st.group)) continue;
       for (const Node* o : st.group.outputs) {
         auto w = why.find(o);
-        if (w == why.end() || w->second != kReadByReduction || readers.count(o) || seg.needed[pos.at(o)]) continue;
+        if (w == why.end() || w->second != reason || readers.count(o) || seg.needed[pos.at(o)]) continue;
         M.erase(o);
         why.erase(o);
         dropped.push_back(o);
@@ -301,9 +355,16 @@ struct Scheduler {
   std::vector<Step> run() {
     initial_requirements();
     std::vector<const Node*> dropped;  // by unstore_row_local, tried once
-    bool tried_unstore = !opts.keeps_rows;
+    bool tried_unstore = !opts.keeps_rows, tried_unread = false;
     for (;;) {
       std::vector<Step> steps = build_steps();
+      if (store_widely_recomputed(steps)) continue;
+      // Stores that left their value to one kernel after all (kernels merged once values were
+      // stored) are dropped, once; one computed by several kernels again is stored again above.
+      if (!tried_unread) {
+        tried_unread = true;
+        if (!unstore_unread(steps, kManyReads, [](const Group&) { return true; }).empty()) continue;
+      }
       // A transcendental op that several kernels would each recompute is computed once and
       // stored instead (e.g. a forward erf that the backward's kernels read again); not where
       // recomputing is cheaper than memory traffic (store_expensive off).
