@@ -412,10 +412,52 @@ TEST(Autograd, TransposedRightOperandGradientIsDense) {
     w.set_grad(Tensor());
     (matmul(x, w.t()) * g).sum().backward();
     Tensor gw = w.grad();
-    if (rank == 2) EXPECT_TRUE(gw.is_contiguous()) << "strides " << gw.strides()[0] << ", " << gw.strides()[1];
+    EXPECT_TRUE(gw.is_contiguous()) << "rank " << rank << ": strides " << gw.strides()[0] << ", " << gw.strides()[1];
     Tensor want = matmul(g.reshape({-1, 3}).t(), x.reshape({-1, 4}));
     expect_close(gw, want, 1e-12, 1e-12);
   }
+}
+
+// [..., M, K] x [K, N] with a dense left operand is one [rows, K] x [K, N] product (PyTorch's
+// matmul folds the batch so): the recorded product is 2-D, and the values and gradients equal
+// the batched form's. A left operand that is not dense (transposed) keeps the batched product;
+// size-0 and size-1 batches fold too.
+TEST(Autograd, MatmulFoldsTheBatchOfADenseLeftOperand) {
+  auto product_rank = [](const Tensor& y) {
+    const Node* n = y.node().get();
+    while (n->op != OpKind::Matmul && !n->inputs.empty()) n = n->inputs[0].get();
+    return n->op == OpKind::Matmul ? static_cast<int64_t>(n->shape.size()) : int64_t{-1};
+  };
+  for (const std::vector<int64_t>& xs :
+       std::vector<std::vector<int64_t>>{{2, 5, 4}, {3, 2, 5, 4}, {0, 5, 4}, {1, 1, 4}, {2, 0, 4}}) {
+    SCOPED_TRACE(::testing::PrintToString(xs));
+    Tensor x = randn(xs, kFloat64).requires_grad_(), w = randn({4, 3}, kFloat64).requires_grad_();
+    Tensor y = matmul(x, w);
+    EXPECT_EQ(product_rank(y), 2);
+    std::vector<int64_t> ys = xs;
+    ys.back() = 3;
+    EXPECT_EQ(y.sizes(), ys);
+    Tensor g = randn(ys, kFloat64);
+    auto got = grad({(y * g).sum()}, {x, w});
+    // The batched form: x against w expanded over the batch.
+    Tensor xb = x.detach().requires_grad_(), wb = w.detach().requires_grad_();
+    std::vector<int64_t> ws = xs;
+    ws[ws.size() - 2] = 4;
+    ws.back() = 3;
+    int64_t nb = 1;
+    for (size_t d = 0; d + 2 < xs.size(); ++d) nb *= xs[d];
+    Tensor yb = bmm(xb.reshape({nb, xs[xs.size() - 2], 4}), wb.expand(ws).reshape({nb, 4, 3})).reshape(ys);
+    auto want = grad({(yb * g).sum()}, {xb, wb});
+    expect_close(y, yb, 1e-12, 1e-12);
+    expect_close(got[0], want[0], 1e-12, 1e-12);
+    expect_close(got[1], want[1], 1e-12, 1e-12);
+    // A vector on the right folds as well.
+    Tensor v = randn({4}, kFloat64);
+    expect_close(matmul(x, v), matmul(x, v.unsqueeze(1)).squeeze(-1), 1e-12, 1e-12);
+  }
+  Tensor xt = randn({2, 4, 5}, kFloat64).transpose(1, 2), w = randn({4, 3}, kFloat64);
+  EXPECT_EQ(product_rank(matmul(xt, w)), 3);
+  expect_close(matmul(xt, w), matmul(xt.contiguous(), w), 1e-12, 1e-12);
 }
 
 TEST(Autograd, RetainGraphAndErrors) {

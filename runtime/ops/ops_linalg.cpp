@@ -22,6 +22,22 @@ void check_mm(const Tensor& a, const Tensor& b, const char* op) {
              " and ", dtype_name(b.dtype()));
   KILN_CHECK(a.dtype() != kBool, op, ": expected numeric operands, got bool");
 }
+
+// [..., M, K] x [K, N] with a dense left operand: one [prod(...)·M, K] x [K, N] product viewed
+// back, as PyTorch's matmul folds it. One GEMM instead of a batch against an expanded right
+// operand, and the right operand's gradient becomes one [K, rows] x [rows, N] product rather
+// than a batch of products summed over the batch.
+bool folds_into_one_gemm(const Tensor& a, const Tensor& b) {
+  return a.dim() > 2 && b.dim() == 2 && is_contiguous_layout(a.node()->shape, a.node()->strides);
+}
+
+Tensor folded_gemm(const Tensor& a, const Tensor& b) {
+  const Shape& as = a.shape();
+  Shape out(as.begin(), as.end() - 1);
+  out.push_back(b.shape().back());
+  Tensor rows = a.view_symint({numel(Shape(as.begin(), as.end() - 1)), as.back()});
+  return gemm(rows, b).view_symint(out);
+}
 }  // namespace
 
 Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
@@ -37,6 +53,10 @@ Tensor matmul(const Tensor& a_in, const Tensor& b_in) {
   if (a.dim() == 1 && b.dim() == 1) return reshape(gemm(unsqueeze(a, 0), unsqueeze(b, 1)), {});
   Tensor A = a.dim() == 1 ? unsqueeze(a, 0) : a;
   Tensor B = b.dim() == 1 ? unsqueeze(b, 1) : b;
+  if (folds_into_one_gemm(A, B)) {
+    Tensor r = folded_gemm(A, B);
+    return b.dim() == 1 ? squeeze(r, -1) : r;
+  }
   Shape ba(A.shape().begin(), A.shape().end() - 2), bb(B.shape().begin(), B.shape().end() - 2);
   Shape batch = detail::broadcast_shapes(ba, bb, "matmul");
   auto with_batch = [&](const Tensor& t) {
