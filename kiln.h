@@ -8,6 +8,7 @@
 #include "runtime/exec/executor.h"
 #include "runtime/ops/ops.h"
 #include "runtime/ops/autocast.h"
+#include "runtime/ops/sdpa_kernel.h"
 #include "runtime/ir/symint.h"
 #include "runtime/tensor/tensor.h"
 #include "runtime/nn/nn.h"

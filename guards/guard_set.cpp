@@ -5,6 +5,7 @@
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/ir/sym_facts.h"
+#include "runtime/ops/attention_policy.h"
 #include "runtime/ops/autocast_policy.h"
 
 namespace kiln::guards {
@@ -13,6 +14,11 @@ namespace {
 const char* kind_name(size_t k) {
   static const char* names[] = {"a tensor", "an int", "a double", "a bool"};
   return k < 4 ? names[k] : "?";
+}
+
+const char* backend_name(uint8_t b) {
+  static const char* names[] = {"Auto", "Math", "Fused"};
+  return b < 3 ? names[b] : "?";
 }
 
 template <class... A>
@@ -153,6 +159,8 @@ bool GuardSet::check(const std::vector<Value>& args, const std::vector<int64_t>&
                 grad_mode ? "disabled" : "enabled");
   if (const uint32_t ac = detail::autocast_key(); ac != autocast)
     return fail(why, "autocast: expected ", detail::autocast_key_str(autocast), ", got ", detail::autocast_key_str(ac));
+  if (const uint8_t sb = detail::sdpa_backend_key(); sb != sdpa_backend)
+    return fail(why, "sdpa_kernel: expected ", backend_name(sdpa_backend), ", got ", backend_name(sb));
   syms.assign(symbol_names.size(), -1);
   for (size_t i = 0; i < args.size(); ++i) {
     if (value_kind(args[i]) != kinds[i])
@@ -200,6 +208,7 @@ std::string GuardSet::str() const {
   std::ostringstream os;
   os << "grad mode " << (grad_mode ? "on" : "off") << "\n";
   if (autocast) os << "autocast " << detail::autocast_key_str(autocast) << "\n";
+  if (sdpa_backend) os << "sdpa_kernel " << backend_name(sdpa_backend) << "\n";
   for (size_t i = 0; i < kinds.size(); ++i) {
     os << "arg " << i << ": ";
     if (kinds[i] == 0)

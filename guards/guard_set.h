@@ -50,6 +50,7 @@ class GuardSet {
   std::vector<std::string> symbol_names;  // "s0", "s1", ...
   bool grad_mode = true;
   uint32_t autocast = 0;  // detail::autocast_key() when traced
+  uint8_t sdpa_backend = 0;  // detail::sdpa_backend_key() when traced (kiln::sdpa_kernel)
 
   // True when the call satisfies every guard; fills `syms` with the symbol values. On failure
   // and when `why` is given, says which guard failed ("arg 0 dim 0: expected 4096, got 1000").

@@ -88,6 +88,8 @@ void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Devic
   Tensor qd = on(q), kd = on(k), vd = on(v);
   std::optional<Tensor> md;
   if (mask) md = mask->to(dev);
+  // (on CUDA these small scores would run materialized under SdpaBackend::Auto)
+  sdpa_kernel kernels(SdpaBackend::Fused);
   Tensor y = scaled_dot_product_attention(qd, kd, vd, md, c.causal, scale);
   EXPECT_TRUE(fused(y));
   // The reference: the unfused graph in float64 on the same values, on the CPU.
@@ -137,7 +139,67 @@ TEST(Attention, CudaKernelsEqualTheUnfusedGraph) {
   expect_close(scaled_dot_product_attention(q, k, k).to(cpu()), zeros({2, 3, 4}));
   expect_close(scaled_dot_product_attention(randn({2, 0, 4}).to(g), q, q).to(cpu()), zeros({2, 0, 4}));
   Tensor one = randn({1, 1, 1});
+  sdpa_kernel kernels(SdpaBackend::Fused);
   expect_close(scaled_dot_product_attention(one.to(g), one.to(g), one.to(g)).to(cpu()), one);
+}
+
+// kiln::sdpa_kernel: Auto runs small scores materialized on the GPU and fused on the CPU, Math
+// never fuses, Fused fuses wherever the kernels apply; all three give the same values.
+TEST(Attention, BackendChoiceFollowsSdpaKernel) {
+  std::vector<Device> devices = {cpu()};
+  if (cuda::is_available()) devices.push_back(Device{DeviceType::CUDA, 0});
+  for (const Device& dev : devices) {
+    SCOPED_TRACE(dev.str());
+    manual_seed(kiln::testing::test_seed(70));
+    Tensor q = randn({2, 4, 33, 16}, kFloat32, dev), k = randn({2, 4, 40, 16}, kFloat32, dev),
+           v = randn({2, 4, 40, 16}, kFloat32, dev);
+    EXPECT_EQ(current_sdpa_backend(), SdpaBackend::Auto);
+    Tensor a = scaled_dot_product_attention(q, k, v, std::nullopt, true);
+    EXPECT_EQ(fused(a), dev.type == DeviceType::CPU);
+    Tensor m, f;
+    {
+      sdpa_kernel math(SdpaBackend::Math);
+      m = scaled_dot_product_attention(q, k, v, std::nullopt, true);
+      EXPECT_FALSE(fused(m));
+      {
+        sdpa_kernel inner(SdpaBackend::Fused);
+        f = scaled_dot_product_attention(q, k, v, std::nullopt, true);
+        EXPECT_TRUE(fused(f));
+      }
+      EXPECT_EQ(current_sdpa_backend(), SdpaBackend::Math);
+    }
+    EXPECT_EQ(current_sdpa_backend(), SdpaBackend::Auto);
+    expect_close(a.to(cpu()), m.to(cpu()), 1e-5, 1e-5);
+    expect_close(f.to(cpu()), m.to(cpu()), 1e-5, 1e-5);
+  }
+  EXPECT_THROW(sdpa_kernel(static_cast<SdpaBackend>(7)), Error);
+}
+
+// The backend is part of a compiled entry's guards: switching it retraces (a fused entry is not
+// replayed under Math), and switching back hits the first entry again.
+TEST(Attention, CompiledEntriesAreGuardedOnTheBackend) {
+  manual_seed(kiln::testing::test_seed(71));
+  Tensor q = randn({2, 3, 12, 8}), k = randn({2, 3, 12, 8}), v = randn({2, 3, 12, 8});
+  int traces = 0;
+  bool was_fused = false;
+  auto f = compile([&](const Tensor& a, const Tensor& b, const Tensor& c) {
+    ++traces;
+    Tensor y = scaled_dot_product_attention(a, b, c, std::nullopt, true);
+    was_fused = fused(y);
+    return y;
+  });
+  Tensor y0 = f(q, k, v);
+  EXPECT_TRUE(was_fused);
+  Tensor y1;
+  {
+    sdpa_kernel math(SdpaBackend::Math);
+    y1 = f(q, k, v);
+    EXPECT_FALSE(was_fused);
+  }
+  Tensor y2 = f(q, k, v);
+  EXPECT_EQ(traces, 2);
+  expect_close(y0, y1, 1e-5, 1e-5);
+  expect_close(y0, y2, 0, 0);
 }
 
 TEST(Attention, EdgeSizes) {
@@ -247,6 +309,7 @@ Tensor drawn_mask(uint64_t seed, const std::vector<int64_t>& batch, int64_t tq, 
   qs.insert(qs.end(), {tq, tk});
   vs.insert(vs.end(), {tk, tk});
   manual_seed(seed);
+  sdpa_kernel kernels(SdpaBackend::Fused);  // (the fused kernels' own mask)
   Tensor y =
       scaled_dot_product_attention(zeros(qs, kFloat64, dev), zeros(vs, kFloat64, dev),
                                    eye(tk, std::nullopt, kFloat64).expand(vs).to(dev), std::nullopt, false, 1.0, p);
@@ -279,6 +342,7 @@ void dropout_cases(Device dev) {
     if (masked) mask = am.to(dev);
     Tensor qd = q.to(dev).requires_grad_(), kd = k.to(dev).requires_grad_(), vd = v.to(dev).requires_grad_();
     manual_seed(seed);
+    sdpa_kernel kernels(SdpaBackend::Fused);
     Tensor y = scaled_dot_product_attention(qd, kd, vd, mask, causal, scale, p);
     EXPECT_TRUE(fused(y));
     auto g = grad({(y * w.to(dev)).sum()}, {qd, kd, vd});
@@ -758,6 +822,7 @@ TEST(Attention, NonFiniteInputsMatchTheUnfusedGraph) {
     for (const Device& dev : devices)
       for (DType dt : {kFloat64, kFloat32}) {
         SCOPED_TRACE(::testing::Message() << bad << " " << dev.str() << " " << dtype_name(dt));
+        sdpa_kernel kernels(SdpaBackend::Fused);
         Tensor y = scaled_dot_product_attention(q.to(dt).to(dev), k.to(dt).to(dev), v.to(dt).to(dev));
         EXPECT_TRUE(fused(y));
         auto a = y.to(cpu()).to_vector<double>(), b = want.to(dt).to_vector<double>();

@@ -19,6 +19,7 @@
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/forward_ad.h"
 #include "runtime/exec/executor.h"
+#include "runtime/ops/attention_policy.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/tensor/record.h"
 
@@ -504,6 +505,7 @@ std::unique_ptr<Entry> CompiledCore::trace(const std::vector<Value>& args, const
   e->guards.spec = spec;
   e->guards.grad_mode = grad_enabled();
   e->guards.autocast = detail::autocast_key();
+  e->guards.sdpa_backend = detail::sdpa_backend_key();
   Placeholders ph = make_placeholders(args, e->guards);
   TraceSession ts(ph.start_id, ph.hints);
   TraceState st{args, *e, ph, ts};

@@ -2,6 +2,7 @@
 #include "jit/exec/segment_signature.h"
 
 #include "jit/patterns/pattern_matcher.h"
+#include "runtime/ops/attention_policy.h"
 
 namespace kiln::jit {
 
@@ -13,6 +14,7 @@ void signature(const Segment& seg, RunScratch& sc) {
   sc.extern_ids.clear();
   const size_t N = seg.nodes.size();
   s.push_back(static_cast<int64_t>(patterns_generation()));  // (registered rewrites change plans)
+  s.push_back(detail::sdpa_backend_key());  // (the attention rewrite follows kiln::sdpa_kernel)
   if (N && seg.nodes[0]->device.type != DeviceType::CPU)  // a device's plans are its own
     s.push_back(-1000 - static_cast<int64_t>(seg.nodes[0]->device.type) * 64 - seg.nodes[0]->device.index);
   for (size_t i = 0; i < N; ++i) seg.nodes[i]->pos = static_cast<int32_t>(i);

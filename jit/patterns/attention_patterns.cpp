@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "jit/compile/patterns.h"
+#include "runtime/ops/attention_policy.h"
 #include "runtime/ops/ops.h"
 
 namespace kiln::jit {
@@ -118,23 +119,9 @@ Tensor replace(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
   return scaled_dot_product_attention(t[0], t[1], t[2], keep_form ? t[3] : logical_not(t[3]), false, scale, p);
 }
 
-// On the GPU the fused kernels are slower than the unfused graph (cuBLAS products and fused
-// softmax kernels) at the sizes measured (H100; docs/BENCHMARKS.md). There the rewrite is only
-// worth the memory it saves: it applies when the
-// Tq x Tk scores would take at least 1 GiB (or their sizes are symbolic: they may grow).
-constexpr double kMinGpuScoresBytes = double(int64_t{1} << 30);
-
-bool worth_fusing(const Ts& t) {
-  if (t[0].device().type != DeviceType::CUDA) return true;
-  double bytes = static_cast<double>(itemsize(t[0].dtype()));
-  const Shape &qs = t[0].shape(), &ks = t[1].shape();
-  for (size_t d = 0; d + 1 < qs.size(); ++d) {
-    if (!qs[d].is_constant()) return true;
-    bytes *= static_cast<double>(qs[d].as_int());
-  }
-  if (!ks[ks.size() - 2].is_constant()) return true;
-  return bytes * static_cast<double>(ks[ks.size() - 2].as_int()) >= kMinGpuScoresBytes;
-}
+// On the GPU the rewrite applies only where sdpa itself would take its tiled kernels
+// (runtime/ops/attention_policy.h): elsewhere the graph as written is what sdpa would run.
+bool worth_fusing(const Ts& t) { return !detail::attention_materializes(t[0], t[1]); }
 
 // The mask broadcasts to the scores without growing them, and an additive one has the scores'
 // dtype (sdpa's own rules; anything else stays as written).

@@ -1,12 +1,14 @@
 // scaled_dot_product_attention: one fused Attention node where its kernels apply (float32 /
 // float64, equal head sizes for keys and values, a constant head size up to 256, a mask that
-// needs no gradient), else the unfused graph dropout(softmax(q·kᵀ·scale + mask))·v.
+// needs no gradient) and kiln::sdpa_kernel's choice allows it (runtime/ops/attention_policy.h),
+// else the unfused graph dropout(softmax(q·kᵀ·scale + mask))·v.
 #include <cmath>
 #include <cstdio>
 #include <limits>
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/forward_ad.h"
+#include "runtime/ops/attention_policy.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -63,7 +65,34 @@ bool mask_fits(const Shape& m, const Shape& full) {
   return true;
 }
 
+thread_local SdpaBackend t_backend = SdpaBackend::Auto;
+
 }  // namespace
+
+sdpa_kernel::sdpa_kernel(SdpaBackend backend) : was_(t_backend) {
+  KILN_CHECK(backend == SdpaBackend::Auto || backend == SdpaBackend::Math || backend == SdpaBackend::Fused,
+             "sdpa_kernel: expected SdpaBackend Auto, Math or Fused, got ", static_cast<int>(backend));
+  t_backend = backend;
+}
+sdpa_kernel::~sdpa_kernel() { t_backend = was_; }
+SdpaBackend current_sdpa_backend() { return t_backend; }
+
+namespace detail {
+uint8_t sdpa_backend_key() { return static_cast<uint8_t>(t_backend); }
+
+bool attention_materializes(const Tensor& q, const Tensor& k) {
+  if (t_backend != SdpaBackend::Auto) return t_backend == SdpaBackend::Math;
+  if (q.device().type != DeviceType::CUDA) return false;
+  double bytes = static_cast<double>(itemsize(q.dtype()));
+  const Shape &qs = q.shape(), &ks = k.shape();
+  for (size_t d = 0; d + 1 < qs.size(); ++d) {
+    if (!qs[d].is_constant()) return false;
+    bytes *= static_cast<double>(qs[d].as_int());
+  }
+  if (!ks[ks.size() - 2].is_constant()) return false;
+  return bytes * static_cast<double>(ks[ks.size() - 2].as_int()) < kMinGpuFusedScoresBytes;
+}
+}  // namespace detail
 
 Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in,
                                     const std::optional<Tensor>& attn_mask_in, bool is_causal,
@@ -121,8 +150,9 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
       (!mask_fits(attn_mask->shape(), full) || (attn_mask->dtype() != kBool && attn_mask->dtype() != q.dtype())))
     batch = std::nullopt;
 
-  // (everything dropped: zeros, as dropout(p = 1) gives)
-  if (!batch || dropout_p == 1) return unfused_attention(q, k, v, attn_mask, is_causal, scale, dropout_p);
+  // (everything dropped: zeros, as dropout(p = 1) gives; small scores on the GPU: the materialized
+  // graph is faster there, runtime/ops/attention_policy.h)
+  if (!batch || dropout_p == 1 || detail::attention_materializes(q, k)) return unfused_attention(q, k, v, attn_mask, is_causal, scale, dropout_p);
 
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(d.as_int()));
   auto to_batch = [&](const Tensor& t, const SymInt& rows) {
