@@ -118,11 +118,27 @@ struct Geom {
   i64 nd;
   i64 size[8];
   i64 st[3][8];
+  i64 narrow;  // 1: the element count (so every index and size) fits in 32 bits
 };
 
-// The three operands' element offsets of row-major linear index i.
+// The three operands' element offsets of row-major linear index i. Where the element count fits
+// in 32 bits they divide in 32 bits: a 64-bit division is several times the instructions, and a
+// strided copy of a few million elements spent most of its time there.
 __device__ void offsets(const Geom& g, i64 i, i64* o) {
   o[0] = o[1] = o[2] = 0;
+  if (g.narrow) {
+    unsigned u = (unsigned)i;
+#pragma unroll
+    for (int d = 7; d >= 0; --d) {
+      if (d >= g.nd) continue;
+      const unsigned size = (unsigned)g.size[d], q = u / size, c = u - q * size;
+      u = q;
+      o[0] += (i64)c * g.st[0][d];
+      o[1] += (i64)c * g.st[1][d];
+      o[2] += (i64)c * g.st[2][d];
+    }
+    return;
+  }
 #pragma unroll
   for (int d = 7; d >= 0; --d) {
     if (d >= g.nd) continue;

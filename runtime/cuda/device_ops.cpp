@@ -26,6 +26,7 @@ struct Geom {
   int64_t nd = 0;
   int64_t size[8] = {};
   int64_t st[3][8] = {};
+  int64_t narrow = 0;  // 1: every index fits in 32 bits (the kernels divide in 32 bits)
 };
 
 // `sizes` with the operands' strides (up to 3), coalesced as kernels/cpu's nd_for does (size-1
@@ -49,6 +50,9 @@ Geom make_geom(const std::vector<int64_t>& sizes, const std::vector<std::vector<
     ++nd;
   }
   g.nd = nd;
+  int64_t n = 1;
+  for (int64_t d = 0; d < nd; ++d) n *= g.size[d];
+  g.narrow = n <= int64_t{0xffffffff} ? 1 : 0;
   return g;
 }
 
