@@ -281,6 +281,13 @@ std::vector<ExtraCase> extra_cases() {
          auto r = kiln::vjp(conv, {a});
          return r.vjp_fn({r.outputs[0]})[0];  // (the gradient of |conv(a)|²/2: the tangent crosses col2im)
        }}};
+  // (small scores on a GPU run materialized by default: the fused node, asked for, on every device)
+  cases.push_back({"fused attention", [](const Tensor& a) {
+                     kiln::sdpa_kernel fused(kiln::SdpaBackend::Fused);
+                     Tensor q = a.reshape({1, 3, 4});
+                     return kiln::scaled_dot_product_attention(q, rnd({1, 5, 4}, 4), q.sin().sum(1, true).expand({1, 5, 4}),
+                                                               std::nullopt, false);
+                   }});
   if (dev().type != kiln::DeviceType::CPU)
     cases.push_back({"to(cpu)", [](const Tensor& a) { return a.to(kiln::cpu()).exp(); }});
   return cases;
