@@ -235,13 +235,29 @@ TEST(CudaDevice, MatmulOnCublasMatchesTheCpu) {
     if (HasFailure()) return;
   }
   // Heads transposed out of a projection ([B, T, H, D] -> [B, H, T, D]: batch dims that do not
-  // collapse to one stride) and matrices without a unit stride: copied densely, still on the GPU.
+  // collapse to one stride: cuBLAS's pointer-array batch) and matrices without a unit stride
+  // (copied densely first), still on the GPU.
   for (int c = 0; c < 6; ++c) {
     kiln::DType dt = c % 2 ? kiln::kFloat64 : kiln::kFloat32;
     Tensor x = kiln::randn({2, 7, 3, 5}, dt).transpose(1, 2), y = kiln::randn({2, 9, 3, 5}, dt).transpose(1, 2);
     Tensor yt = c < 4 ? y.transpose(-2, -1) : kiln::randn({2, 3, 5, 9}, dt).flip({3});
     expect_close(kiln::matmul(x.cuda(), c < 4 ? y.cuda().transpose(-2, -1) : yt.cuda()), kiln::matmul(x, yt),
                  rtol_of(dt, true), atol_of(dt) * 60, "transposed heads " + std::to_string(c));
+  }
+  // The same split heads from one [B, T, 3·H·D] projection in a compiled function, replayed as a
+  // CUDA graph (the addresses are computed on the device, inside the graph), and in bfloat16.
+  for (kiln::DType dt : {kiln::kFloat32, kiln::kBFloat16}) {
+    auto heads = [](const Tensor& qkv, int64_t part) {
+      return qkv.slice(2, part * 12, (part + 1) * 12).reshape({2, 5, 3, 4}).transpose(1, 2);
+    };
+    auto scores = [&](const Tensor& qkv) { return kiln::matmul(heads(qkv, 0), heads(qkv, 1).transpose(-2, -1)); };
+    auto f = kiln::compile([&](const Tensor& qkv) { return scores(qkv); });
+    for (int call = 0; call < 3; ++call) {
+      Tensor qkv = kiln::randn({2, 5, 36}).to(dt);
+      Tensor want = scores(qkv.to(kiln::kFloat32));
+      expect_close(f(qkv.cuda()).cpu().to(kiln::kFloat32), want, dt == kiln::kBFloat16 ? 2e-2 : 1e-5,
+                   dt == kiln::kBFloat16 ? 5e-2 : 1e-5, "compiled split heads, call " + std::to_string(call));
+    }
   }
   Tensor i = kiln::randint(-5, 5, {4, 6}), j = kiln::randint(-5, 5, {6, 3});  // integers: exact
   EXPECT_EQ(kiln::matmul(i.cuda(), j.cuda()).cpu().to_vector<int64_t>(), kiln::matmul(i, j).to_vector<int64_t>());

@@ -465,6 +465,17 @@ __device__ void segment_add_elements_k(T* out, const T* src, const u64* key, con
   }
 }
 
+// Operands: 0 c, 1 a, 2 b, strides in bytes over the batch dims: out[i], out[n + i], out[2n + i].
+__device__ void batch_pointers_k(u64* out, u64 c, u64 a, u64 b, Geom g, i64 n) {
+  KILN_FOR(i, n) {
+    i64 o[3];
+    offsets(g, i, o);
+    out[i] = c + (u64)o[0];
+    out[n + i] = a + (u64)o[1];
+    out[2 * n + i] = b + (u64)o[2];
+  }
+}
+
 // One extern "C" kernel per instance (NAME, then the element types).
 #define KILN_COPY(NAME, TO, TI) \
   extern "C" __global__ void NAME(TO* out, const TI* in, Geom g, i64 n) { copy_k<TO, TI>(out, in, g, n); }
@@ -511,6 +522,8 @@ __device__ void segment_add_elements_k(T* out, const T* src, const u64* key, con
   extern "C" __global__ void __launch_bounds__(256) NAME(const u64* key, i64 n, i64 tiles, i32 shift, i64* hist) { \
     radix_count_k(key, n, tiles, shift, hist);                                                                    \
   }
+#define KILN_BATCH_POINTERS(NAME, T, I) \
+  extern "C" __global__ void NAME(u64* out, u64 c, u64 a, u64 b, Geom g, i64 n) { batch_pointers_k(out, c, a, b, g, n); }
 #define KILN_RADIX_SCAN(NAME, T, I) \
   extern "C" __global__ void __launch_bounds__(1024) NAME(i64* hist, i64 m) { radix_scan_k(hist, m); }
 #define KILN_RADIX_MOVE(NAME, T, I)                                                                             \
@@ -561,6 +574,7 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::RadixMove: return "KILN_RADIX_MOVE";
     case DeviceKernel::SegmentAddRows: return "KILN_SEGMENT_ADD_ROWS";
     case DeviceKernel::SegmentAddElements: return "KILN_SEGMENT_ADD_ELEMENTS";
+    case DeviceKernel::BatchPointers: return "KILN_BATCH_POINTERS";
     case DeviceKernel::AttentionForward:
     case DeviceKernel::AttentionBackwardQ:
     case DeviceKernel::AttentionBackwardKV:
@@ -607,6 +621,7 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::RadixMove: return "kiln_radix_move";
     case DeviceKernel::SegmentAddRows: return std::string("kiln_segment_add_rows_") + dtype_name(k.a);
     case DeviceKernel::SegmentAddElements: return std::string("kiln_segment_add_elements_") + dtype_name(k.a);
+    case DeviceKernel::BatchPointers: return "kiln_batch_pointers";
     case DeviceKernel::AttentionForward:
     case DeviceKernel::AttentionBackwardQ:
     case DeviceKernel::AttentionBackwardKV:
@@ -654,7 +669,9 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
     for (DeviceKernel k : {DeviceKernel::Remainder, DeviceKernel::Fmod, DeviceKernel::Pow}) v.push_back({k, i});
   }
   v.push_back({DeviceKernel::Pow, DType::Bool});
-  for (DeviceKernel k : {DeviceKernel::RadixCount, DeviceKernel::RadixScan, DeviceKernel::RadixMove}) v.push_back({k});
+  for (DeviceKernel k :
+       {DeviceKernel::RadixCount, DeviceKernel::RadixScan, DeviceKernel::RadixMove, DeviceKernel::BatchPointers})
+    v.push_back({k});
   for (DType t : {DType::Float16, DType::BFloat16, DType::Float32, DType::Float64})
     for (DeviceKernel k : {DeviceKernel::SegmentAddRows, DeviceKernel::SegmentAddElements}) v.push_back({k, t});
   for (DeviceKernel k :

@@ -35,6 +35,10 @@ enum class DeviceKernel {
   RadixMove,  // each block's pairs to their place by digit, keeping their order
   SegmentAddRows,  // out[.., key, ..] += src[.., pos, ..] per sorted run of a key, a thread per column (a: data)
   SegmentAddElements,  // out[key] += src[element pos] per sorted run of a key (a: data)
+  // A batched GEMM's matrix addresses, one per batch element for c, a and b in turn (u64 byte
+  // addresses; batch dims with per-operand byte strides): cuBLAS's pointer-array batch, for
+  // operands whose batch dims do not collapse to one stride (heads split out of a projection).
+  BatchPointers,
   // Fused attention (kernels/cuda/attention_kernels.h; a: float32/float64, head: bucket).
   AttentionForward,  // packed output rows + log-sum-exp
   AttentionBackwardQ,  // dq rows of the stacked gradient

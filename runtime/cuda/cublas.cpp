@@ -24,6 +24,10 @@ struct Cublas {
   cublasStatus_t (*gemm)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*, const void*,
                          cudaDataType, int, long long, const void*, cudaDataType, int, long long, const void*, void*,
                          cudaDataType, int, long long, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+  cublasStatus_t (*gemm_batched)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                                 const void* const[], cudaDataType, int, const void* const[], cudaDataType, int,
+                                 const void*, void* const[], cudaDataType, int, int, cublasComputeType_t,
+                                 cublasGemmAlgo_t) = nullptr;
   bool ok = false;
   std::string reason;
 };
@@ -40,6 +44,7 @@ const Cublas& lib() {
     l.symbol("cublasSetWorkspace_v2", c.set_workspace);
     l.symbol("cublasGetStatusName", c.status_name);
     l.symbol("cublasGemmStridedBatchedEx", c.gemm);
+    l.symbol("cublasGemmBatchedEx", c.gemm_batched);
     c.reason = l.reason();
     c.ok = c.reason.empty();
     return c;
@@ -156,30 +161,35 @@ bool gemm(Node& n) {
   cudaDataType_t type;
   cublasComputeType_t compute;
   if (!have_cublas() || !cuda_type(n.dtype, type, compute)) return false;
-  // Operands whose batch dims do not collapse to one stride (heads transposed out of a
-  // projection) or whose matrices have no unit stride are copied densely first.
+  // Operands whose matrices have no unit stride are copied densely first. Operands whose batch
+  // dims do not collapse to one stride (heads split out of a projection: [B, H] with strides
+  // T·3C and D) take cuBLAS's pointer-array batch, the addresses computed on the device.
   NodePtr dense_a, dense_b;
   const size_t r = n.shape.size(), nb = r - 2;
-  auto usable = [&](const Node& x) {
+  auto matrices_usable = [&](const Node& x) {
     cublasOperation_t op;
-    int64_t ld = 0, st = 0;
+    int64_t ld = 0;
     const int64_t rows = x.shape[r - 2].as_int(), cols = x.shape[r - 1].as_int();
-    return as_column_major(rows, cols, x.strides[r - 2].as_int(), x.strides[r - 1].as_int(), op, ld) &&
-           batch_stride(x, nb, st);
+    return as_column_major(rows, cols, x.strides[r - 2].as_int(), x.strides[r - 1].as_int(), op, ld);
   };
-  if (!usable(*n.inputs[0]) && !(dense_a = dense_copy(*n.inputs[0]))) return false;
-  if (!usable(*n.inputs[1]) && !(dense_b = dense_copy(*n.inputs[1]))) return false;
+  auto one_stride = [&](const Node& x) {
+    int64_t st = 0;
+    return batch_stride(x, nb, st);
+  };
+  if (!matrices_usable(*n.inputs[0]) && !(dense_a = dense_copy(*n.inputs[0]))) return false;
+  if (!matrices_usable(*n.inputs[1]) && !(dense_b = dense_copy(*n.inputs[1]))) return false;
   const Node& a = dense_a ? *dense_a : *n.inputs[0];
   const Node& b = dense_b ? *dense_b : *n.inputs[1];
+  const bool pointers = !one_stride(a) || !one_stride(b);
   const int64_t M = n.shape[r - 2].as_int(), N = n.shape[r - 1].as_int(), K = a.shape[r - 1].as_int();
   int64_t batch = 1;
   for (size_t d = 0; d < nb; ++d) batch *= n.shape[d].as_int();
   cublasOperation_t opa, opb;
   int64_t lda = 0, ldb = 0, sa = 0, sb = 0;
   if (!as_column_major(M, K, a.strides[r - 2].as_int(), a.strides[r - 1].as_int(), opa, lda) ||
-      !as_column_major(K, N, b.strides[r - 2].as_int(), b.strides[r - 1].as_int(), opb, ldb) ||
-      !batch_stride(a, nb, sa) || !batch_stride(b, nb, sb))
+      !as_column_major(K, N, b.strides[r - 2].as_int(), b.strides[r - 1].as_int(), opb, ldb))
     return false;
+  if (!pointers && (!batch_stride(a, nb, sa) || !batch_stride(b, nb, sb))) return false;
   const size_t esize = itemsize(n.dtype);
   auto out = Storage::allocate(static_cast<size_t>(batch * M * N) * esize, n.device);
   if (batch * M * N > 0) {
@@ -201,11 +211,35 @@ bool gemm(Node& n) {
                  "matmul on ", n.device.str(), ": sizes beyond cuBLAS's 32-bit limits (M=", M, ", N=", N, ", K=", K,
                  ")");
       cublasHandle_t h = bound_handle(n.device.index, s);
-      check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb, type,
-                       static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
-                       static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
-            "cublasGemmStridedBatchedEx");
-      note_launch(n.device.index, "cublasGemmStridedBatchedEx");
+      if (pointers) {
+        std::vector<int64_t> sizes(nb);
+        std::vector<std::vector<int64_t>> st(3, std::vector<int64_t>(nb));
+        for (size_t d = 0; d < nb; ++d) {
+          sizes[d] = n.shape[d].as_int();
+          st[1][d] = a.strides[d].as_int();
+          st[2][d] = b.strides[d].as_int();
+        }
+        for (size_t d = nb, run = static_cast<size_t>(M * N); d-- > 0;) {
+          st[0][d] = static_cast<int64_t>(run);
+          run *= static_cast<size_t>(sizes[d]);
+        }
+        auto ptrs = gemm_batch_pointers(n.device, sizes, st, {out->data, pa, pb}, esize);
+        if (!ptrs) return false;
+        auto** arr = static_cast<void**>(ptrs->data);
+        const int nbatch = static_cast<int>(batch);
+        check(lib().gemm_batched(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha,
+                                 arr + 2 * nbatch, type, static_cast<int>(ldb), arr + nbatch, type,
+                                 static_cast<int>(lda), beta, arr, type, static_cast<int>(N), nbatch, compute,
+                                 CUBLAS_GEMM_DEFAULT),
+              "cublasGemmBatchedEx");
+        note_launch(n.device.index, "cublasGemmBatchedEx");
+      } else {
+        check(lib().gemm(h, opb, opa, static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), alpha, pb, type,
+                         static_cast<int>(ldb), sb, pa, type, static_cast<int>(lda), sa, beta, out->data, type,
+                         static_cast<int>(N), M * N, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
+              "cublasGemmStridedBatchedEx");
+        note_launch(n.device.index, "cublasGemmStridedBatchedEx");
+      }
     }
   }
   n.set_storage(std::move(out), false);

@@ -517,6 +517,25 @@ NodePtr dense_copy(const Node& n) {
   return d;
 }
 
+std::shared_ptr<Storage> gemm_batch_pointers(Device device, const std::vector<int64_t>& sizes,
+                                             const std::vector<std::vector<int64_t>>& strides,
+                                             const std::vector<const void*>& bases, size_t itemsize) {
+  if (!have_nvrtc()) return nullptr;
+  int64_t dims = 0;
+  for (int64_t s : sizes) dims += s != 1;
+  if (dims > 8) return nullptr;
+  std::vector<std::vector<int64_t>> bytes = strides;
+  for (auto& st : bytes)
+    for (int64_t& x : st) x *= static_cast<int64_t>(itemsize);
+  const Geom g = make_geom(sizes, bytes);
+  const int64_t n = numel(sizes);
+  auto storage = Storage::allocate(static_cast<size_t>(3 * n) * sizeof(uint64_t), device);
+  auto addr = [](const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); };
+  launch(device.index, {DeviceKernel::BatchPointers}, n, false, storage->data, addr(bases[0]), addr(bases[1]),
+         addr(bases[2]), g, n);
+  return storage;
+}
+
 bool run_device_op(Node& n) {
   if (!handled(n)) return false;
   const int device = n.device.index;

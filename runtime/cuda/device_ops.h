@@ -20,4 +20,12 @@ bool run_device_op(Node& n);
 // 8 dims of size > 1, no NVRTC). For library calls that need a layout `n` does not have.
 NodePtr dense_copy(const Node& n);
 
+// The addresses of a batched GEMM's matrices, computed on the device (queued on its stream, so
+// a recorded CUDA graph recomputes them from the same bases): a device array of 3 x batch
+// addresses, c's, a's and b's in turn, for batch dims `sizes` with per-operand element strides;
+// null where the kernel does not take it (more than 8 dims, no NVRTC).
+std::shared_ptr<Storage> gemm_batch_pointers(Device device, const std::vector<int64_t>& sizes,
+                                             const std::vector<std::vector<int64_t>>& strides,
+                                             const std::vector<const void*>& bases, size_t itemsize);
+
 }  // namespace kiln::cu
