@@ -162,6 +162,17 @@ struct Scheduler {
   // "Full size" counts elements: a [B·T, N] product viewed as [B, T, N] (matmul's folded
   // batch) is read at full size just the same.
   bool recompute_rereads_product(const Node* n) const {
+    return inline_leaves(n, [&](const Node* i, bool inside, NodeClass c) {
+      return inside && c == NodeClass::Opaque && provably_equal(numel(i->shape), numel(n->shape));
+    });
+  }
+
+  // Walks what computing n inline reads: descends through the segment's unstored pointwise,
+  // source and view nodes and calls leaf(node, in the segment, class) on every other node it
+  // reaches (stored values, library products, reductions, values from outside the segment);
+  // stops, returning true, when leaf does.
+  template <class F>
+  bool inline_leaves(const Node* n, F&& leaf) const {
     std::unordered_set<const Node*> seen{n};
     std::vector<const Node*> stack{n};
     while (!stack.empty()) {
@@ -169,11 +180,13 @@ struct Scheduler {
       stack.pop_back();
       for (const auto& in : x->inputs) {
         const Node* i = in.get();
-        if (!seen.insert(i).second || !in_seg(i)) continue;
-        const NodeClass c = cls(*i);
-        if (c == NodeClass::Opaque && provably_equal(numel(i->shape), numel(n->shape))) return true;
-        if (!M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View))
+        if (!seen.insert(i).second) continue;
+        const bool inside = in_seg(i);
+        const NodeClass c = inside ? cls(*i) : NodeClass::Opaque;
+        if (inside && !M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View))
           stack.push_back(i);
+        else if (leaf(i, inside, c))
+          return true;
       }
     }
     return false;
@@ -254,23 +267,14 @@ struct Scheduler {
   // The stored values (and library products, reductions and values from outside the segment)
   // that computing n inline reads.
   size_t recompute_reads(const Node* n) const {
-    std::unordered_set<const Node*> seen{n}, reads;
-    std::vector<const Node*> stack{n};
-    while (!stack.empty()) {
-      const Node* x = stack.back();
-      stack.pop_back();
-      for (const auto& in : x->inputs) {
-        const Node* i = in.get();
-        if (!seen.insert(i).second) continue;
-        const NodeClass c = in_seg(i) ? cls(*i) : NodeClass::Opaque;
-        if (in_seg(i) && !M.count(i) && (c == NodeClass::Pointwise || c == NodeClass::Source || c == NodeClass::View))
-          stack.push_back(i);
-        else
-          reads.insert(storage_root(i));
-      }
-    }
+    std::unordered_set<const Node*> reads;
+    inline_leaves(n, [&](const Node* i, bool, NodeClass) {
+      reads.insert(storage_root(i));
+      return false;
+    });
     return reads.size();
   }
+
 
   static bool transcendental(OpKind op) {
     switch (op) {
