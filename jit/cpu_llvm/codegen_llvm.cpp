@@ -335,16 +335,38 @@ struct Emitter {
     return b.CreateInBoundsGEP(mem_type(k.buffers[buffer].dtype), bufs[buffer], index);
   }
 
+  // Whether the statements of loop `L`, its written values read back as after hoisting, still
+  // evaluate `r` (what lies under a value read back is not evaluated).
+  bool main_loop_reads(const Stmt& L, const RowCachePlan::LoopCache& c, ExprId r) const {
+    std::vector<char> seen(k.exprs.size(), 0);
+    std::vector<ExprId> stack;
+    for (const Stmt& s : L.body)
+      for (ExprId e : {s.value, s.index})
+        if (e >= 0 && (s.kind == Stmt::Kind::AccUpdate || s.kind == Stmt::Kind::Store)) stack.push_back(e);
+    while (!stack.empty()) {
+      const ExprId x = stack.back();
+      stack.pop_back();
+      if (x < 0 || seen[static_cast<size_t>(x)]) continue;
+      seen[static_cast<size_t>(x)] = 1;
+      if (x == r) return true;
+      if (c.reads.count(x) || c.writes.count(x)) continue;
+      const Expr& e = k.exprs[static_cast<size_t>(x)];
+      stack.insert(stack.end(), {e.a, e.b, e.c});
+    }
+    return false;
+  }
+
   // Whether row loop `L` sums floats in order (no vectorizing) and computes values for later
   // loops that no accumulator of its own feeds: those can be computed in a loop before it.
   bool hoistable(const Stmt& L, const RowCachePlan::LoopCache& c) const {
     if (c.writes.empty()) return false;
     // A slot this loop reads and also writes (the row cache hands a value's slot on to one
-    // computed from it) must be read before it is written in each iteration: hoisting the
-    // writes into a loop of their own would overwrite the values the main loop still reads.
+    // computed from it): the hoisted loop overwrites it, so the main loop, which then reads the
+    // written values back, must not need the value read from it by any other path (softmax's
+    // exp loop needs only exp(x - max), read back; one that still needs x is not hoisted).
     for (const auto& [w_id, w_slot] : c.writes)
       for (const auto& [r_id, r_slot] : c.reads)
-        if (w_slot == r_slot) return false;
+        if (w_slot == r_slot && main_loop_reads(L, c, r_id)) return false;
     std::vector<bool> updated(k.accs.size(), false);
     bool ordered = false;
     for (const Stmt& s : L.body)

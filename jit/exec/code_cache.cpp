@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kKilnVersion = "kiln-0.1.0";
 // Bump when a backend changes what it generates for the same loop IR.
-constexpr const char* kCodegenVersion = "codegen-13";  // 13: a row-cache slot is handed on only past every read that is evaluated
+constexpr const char* kCodegenVersion = "codegen-14";  // 14: row-cache writes hoisted past a handed-on slot where nothing else reads it
 
 std::mutex g_mu;
 std::unordered_map<std::string, std::shared_future<std::shared_ptr<CompiledKernel>>> g_cache;
