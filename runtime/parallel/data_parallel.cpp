@@ -103,6 +103,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
              options_.bucket_cap_mb);
   register_module("module", module_);
   KILN_CHECK(options_.process_group.is_member(), "DistributedDataParallel: this rank is not in the process group");
+  verify_replicas();
   broadcast_state();
   reducer_ = std::make_shared<Reducer>();
   Reducer& r = *reducer_;
@@ -142,6 +143,80 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<Module> module,
 DistributedDataParallel::~DistributedDataParallel() {
   for (size_t i = 0; i < reducer_->params.size(); ++i)
     remove_post_accumulate_grad_hook(reducer_->params[i], reducer_->hooks[i]);
+}
+
+namespace {
+
+// One parameter's metadata as words: dtype, rank (number of dims), then each size.
+void describe(const Tensor& p, std::vector<int64_t>& out) {
+  out.push_back(static_cast<int64_t>(p.dtype()));
+  out.push_back(p.dim());
+  for (int64_t d = 0; d < p.dim(); ++d) out.push_back(p.size(d));
+}
+
+std::string shape_text(const int64_t* w) {  // w: dtype, ndim, sizes
+  std::string s = detail::cat(dtype_name(static_cast<DType>(w[0])), " [");
+  for (int64_t d = 0; d < w[1]; ++d) s += detail::cat(d ? ", " : "", w[2 + d]);
+  return s + "]";
+}
+
+}  // namespace
+
+// As PyTorch's _verify_param_shape_across_processes: every rank's parameters must agree in
+// number, dtype and shape before rank 0's values are broadcast (a [16, 8] weight on one rank and
+// [8, 16] on another hold the same bytes, and averaging them would train silently wrong).
+// Two all-gathers: each rank's word count, then the words padded to the longest.
+void DistributedDataParallel::verify_replicas() {
+  NoGradGuard no_grad;
+  std::vector<std::string> names;
+  std::vector<int64_t> words;
+  Device dev = cpu();
+  auto named = module_->named_parameters();
+  for (auto& [name, p] : named) {
+    names.push_back(name);
+    describe(p, words);
+    dev = p.device();
+  }
+  const dist::ProcessGroup& pg = options_.process_group;
+  const int n = pg.size();
+  const Tensor lens = dist::functional::all_gather(
+      from_vector(std::vector<int64_t>{static_cast<int64_t>(names.size()), static_cast<int64_t>(words.size())}).to(dev), 0, pg);
+  const std::vector<int64_t> len = lens.cpu().to_vector<int64_t>();
+  int64_t longest = 0;
+  for (int r = 0; r < n; ++r) longest = std::max(longest, len[static_cast<size_t>(2 * r + 1)]);
+  std::vector<int64_t> mine = words;
+  mine.resize(static_cast<size_t>(longest), 0);
+  std::vector<int64_t> all;
+  if (longest > 0) all = dist::functional::all_gather(from_vector(mine).to(dev), 0, pg).cpu().to_vector<int64_t>();
+  const int me = pg.rank();
+  auto fail = [](const std::string& what) {
+    throw Error(detail::cat("DistributedDataParallel: the replicas differ across ranks: ", what,
+                            "; every rank must construct the same model (PyTorch's DDP checks the same)"));
+  };
+  for (int r = 0; r < n; ++r)
+    if (len[static_cast<size_t>(2 * r)] != static_cast<int64_t>(names.size()))
+      fail(detail::cat("rank ", pg.ranks()[static_cast<size_t>(me)], " has ", names.size(), " parameters, rank ",
+                       pg.ranks()[static_cast<size_t>(r)], " has ", len[static_cast<size_t>(2 * r)]));
+  // The first parameter whose words differ on some rank, with each rank's dtype and shape.
+  size_t at = 0;
+  for (size_t k = 0; k < names.size(); ++k) {
+    const size_t width = 2 + static_cast<size_t>(words[at + 1]);
+    bool same = true;
+    for (int r = 0; r < n && same; ++r) {
+      const int64_t* w = all.data() + static_cast<size_t>(r) * static_cast<size_t>(longest) + at;
+      same = w[1] == words[at + 1] && std::equal(words.begin() + static_cast<std::ptrdiff_t>(at),
+                                                 words.begin() + static_cast<std::ptrdiff_t>(at + width), w);
+    }
+    if (!same) {
+      std::string each;
+      for (int r = 0; r < n; ++r)
+        each += detail::cat(r ? ", " : "", "rank ", pg.ranks()[static_cast<size_t>(r)], ": ",
+                            shape_text(all.data() + static_cast<size_t>(r) * static_cast<size_t>(longest) + at));
+      fail(detail::cat("parameter ", k, " (\"", names[k], "\" on rank ", pg.ranks()[static_cast<size_t>(me)], ") is ",
+                       each));
+    }
+    at += width;
+  }
 }
 
 void DistributedDataParallel::broadcast_state() {

@@ -61,6 +61,7 @@ class KILN_API DistributedDataParallel : public Module {
 
  private:
   struct Reducer;
+  void verify_replicas();
   void broadcast_state();
   std::shared_ptr<Module> module_;
   DistributedDataParallelOptions options_;
