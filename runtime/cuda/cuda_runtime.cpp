@@ -436,6 +436,39 @@ void notify_graph_launch(int index, CUstream stream) {
   for (auto& [id, fn] : g_listeners) fn(index, stream);
 }
 
+namespace {
+std::mutex& g_sync_mu = *new std::mutex;
+auto& g_sync_listeners = *new std::map<int, std::shared_ptr<std::function<void(int)>>>;
+std::atomic<int> g_sync_count{0};  // listeners registered (sync() skips the lock when none)
+int g_next_sync = 1;
+}  // namespace
+
+int add_sync_listener(std::function<void(int)> fn) {
+  std::lock_guard<std::mutex> lock(g_sync_mu);
+  g_sync_listeners[g_next_sync] = std::make_shared<std::function<void(int)>>(std::move(fn));
+  g_sync_count.store(static_cast<int>(g_sync_listeners.size()));
+  return g_next_sync++;
+}
+
+void remove_sync_listener(int id) {
+  std::lock_guard<std::mutex> lock(g_sync_mu);
+  g_sync_listeners.erase(id);
+  g_sync_count.store(static_cast<int>(g_sync_listeners.size()));
+}
+
+namespace {
+// Runs the sync listeners (not under the lock: one may wait for peers).
+void notify_sync(int index) {
+  if (g_sync_count.load() == 0) return;
+  std::vector<std::shared_ptr<std::function<void(int)>>> fns;
+  {
+    std::lock_guard<std::mutex> lock(g_sync_mu);
+    for (auto& [id, fn] : g_sync_listeners) fns.push_back(fn);
+  }
+  for (auto& fn : fns) (*fn)(index);
+}
+}  // namespace
+
 int jit_device() { return g_jit_device.load(std::memory_order_relaxed); }
 
 void select_jit_device(int index) {
@@ -490,6 +523,7 @@ CUdeviceptr index_error_record(int index) { return ready(index).errors; }
 
 void sync(int index) {
   wait(index);
+  notify_sync(index);
   DeviceState& s = ready(index);
   if (s.unchecked.load() == 0) return;
   std::lock_guard<std::mutex> lock(s.errors_mu);

@@ -49,6 +49,12 @@ int add_graph_launch_listener(std::function<void(int index, CUstream stream)> fn
 void remove_graph_launch_listener(int id);
 void notify_graph_launch(int index, CUstream stream);
 
+// Called by sync(index) once the stream is idle, before the host reads anything: a listener
+// throws to refuse the values (the NCCL backend: an aborted collective wrote them). Returns an
+// id for removal.
+int add_sync_listener(std::function<void(int index)> fn);
+void remove_sync_listener(int id);
+
 // Waits for device `index`'s stream; a failed kernel becomes a kiln::Error naming the last
 // kernel queued before the failure was seen, and a reported bad index a kiln::Error worded as
 // the CPU kernels' ("gather: index 12 is out of bounds for dimension 0 with size 10",

@@ -4,6 +4,7 @@
 #pragma once
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,12 @@ struct GroupSpec {
   int rank = 0, size = 1;  // this process's rank in the group, the group's size
   std::chrono::milliseconds timeout{600000};
   Device device;  // NCCL: this rank's CUDA device
+  // The peers found dead, worded for an error ("rank 1 has exited"; "" while all live): cheap
+  // enough for a watchdog to call every tick while a collective is pending.
+  std::function<std::string()> peers_gone;
+  // Waits for the agreement checks queued off the collectives' path and raises a disagreement
+  // they found (a host sync of the device calls it before a value is read).
+  std::function<void()> settle_checks;
 };
 
 // One library's communicator over a group's ranks. Calls are collective: every rank makes the
@@ -71,6 +78,9 @@ class Backend {
   virtual std::vector<int64_t> exchange(const std::vector<int64_t>& words) { return {}; }
   // Stops the communicator; later calls fail. Never blocks.
   virtual void abort() {}
+  // Throws the failure recorded off the calling thread (a collective the watchdog aborted: a
+  // timeout, a dead peer, a disagreement), if any; once failed, always.
+  virtual void raise_failure() {}
 };
 
 // The libraries (runtime/dist/backends.cpp): a store at `url` (file://, redis://), and a

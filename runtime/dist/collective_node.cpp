@@ -42,7 +42,8 @@ bool log_dist() {
 
 // Every member agrees on what it is about to run: always on the host path (Gloo), where the
 // exchange costs little next to the collective; on CUDA through the group's Gloo checker off the
-// collective's path (backend auto), or on it under KILN_DIST_DEBUG=1.
+// collective's path (settled at the next host sync of the device, before a value is read), and
+// before the collective runs under KILN_DIST_DEBUG=1.
 void check_agreement(Group& g, const CollAttrs& c, const Node& n, const Node& in) {
   if (n.device.type != DeviceType::CPU && !debug_checks() && !g.checks_off_path()) return;
   std::vector<int64_t> words = {static_cast<int64_t>(c.kind), static_cast<int64_t>(n.dtype),
@@ -57,7 +58,7 @@ void check_agreement(Group& g, const CollAttrs& c, const Node& n, const Node& in
     words.push_back(seq++);
     words.push_back(static_cast<int64_t>(in.shape.size()));
   }
-  g.check_same(coll_name(c.kind), n.device, words);
+  g.check_same(coll_name(c.kind), n.device, words, debug_checks());
 }
 
 // Computes Collective node `n` on its group's backend into fresh storage.

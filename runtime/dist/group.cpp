@@ -105,7 +105,10 @@ void Group::connect() {
   GroupSpec spec{store_, prefix_, rank_, size(), timeout_, cpu()};
   try {
     if (libraries_.find("gloo") != std::string::npos) gloo_ = make_backend("gloo", spec);
-    if (gloo_ && libraries_.find("nccl") != std::string::npos && backend_available("nccl")) start_checker(spec);
+    // CUDA collectives are checked off their path through a Gloo context of their own wherever
+    // kiln has Gloo, also for a group whose backend is "nccl" alone.
+    if (libraries_.find("nccl") != std::string::npos && backend_available("nccl") && backend_available("gloo"))
+      start_checker(spec);
   } catch (const Error& e) {
     throw Error(detail::cat("dist: connecting rank ", members_[rank_], " to the group of ", size(), " failed: ",
                             e.what(), gone_ranks()));
@@ -126,6 +129,15 @@ Backend& Group::backend_for(Device device) {
     // NCCL's communicator is made at the first CUDA collective (every member calls it), on
     // the device of that tensor.
     GroupSpec spec{store_, prefix_ + "/nccl", rank_, size(), timeout_, device};
+    spec.peers_gone = [w = weak_from_this()]() -> std::string {
+      auto g = w.lock();
+      if (!g) return "";
+      const std::string gone = g->gone_ranks(false);
+      return gone.empty() ? gone : gone.substr(2);  // (without the leading "; ")
+    };
+    spec.settle_checks = [w = weak_from_this()] {
+      if (auto g = w.lock()) g->settle_checks();
+    };
     nccl_ = make_backend("nccl", spec);
     nccl_device_ = device.index;
   }
@@ -134,9 +146,11 @@ Backend& Group::backend_for(Device device) {
   return *nccl_;
 }
 
-std::string Group::gone_ranks() {
+std::vector<std::pair<int, long>> Group::local_peers() {
+  std::lock_guard<std::mutex> lock(peers_mu_);
+  if (peers_known_) return peers_;
   const std::string me = host_name();
-  // Each peer on this host: its pid (announced at the rendezvous).
+  bool all = true;
   std::vector<std::pair<int, long>> peers;
   for (int r = 0; r < size(); ++r) {
     if (r == rank_) continue;
@@ -144,14 +158,24 @@ std::string Group::gone_ranks() {
     try {
       who = store_->get(prefix_ + "/member/" + std::to_string(r), std::chrono::milliseconds(1));
     } catch (...) {
+      all = false;
       continue;
     }
     const auto sp = who.rfind(' ');
     if (sp != std::string::npos && who.substr(0, sp) == me) peers.emplace_back(members_[r], std::stol(who.substr(sp + 1)));
   }
+  if (all) {  // (kept once every member's record was read)
+    peers_ = peers;
+    peers_known_ = true;
+  }
+  return peers;
+}
+
+std::string Group::gone_ranks(bool patience) {
+  const std::vector<std::pair<int, long>> peers = local_peers();
   // A peer that closed its connections may still be exiting: look again for up to a second.
   std::vector<int> gone;
-  for (int attempt = 0; attempt < 50 && gone.empty() && !peers.empty(); ++attempt) {
+  for (int attempt = 0; attempt < (patience ? 50 : 1) && gone.empty() && !peers.empty(); ++attempt) {
     if (attempt) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     for (const auto& [rank, pid] : peers)
       if (process_gone(pid)) gone.push_back(rank);
@@ -248,10 +272,15 @@ struct Group::Checker {
       busy = true;
       lock.unlock();
       std::string found;
+      bool broken = false;
       try {
         found = disagreement(what, words, gloo->exchange(words), members);
-      } catch (const std::exception&) {
-        return;  // a peer is gone: the collectives' own errors say so
+      } catch (const std::exception& e) {
+        // A peer is gone (its connection closed): that is the collective's failure too.
+        auto g = group.lock();
+        found = detail::cat("dist: ", what, " failed: the agreement check could not reach every rank (", e.what(),
+                            ")", g ? g->gone_ranks() : std::string());
+        broken = true;
       }
       lock.lock();
       busy = false;
@@ -262,6 +291,10 @@ struct Group::Checker {
         lock.lock();
       }
       cv.notify_all();
+      if (broken) {
+        stop = true;
+        return;
+      }
     }
   }
 };
@@ -288,17 +321,18 @@ void Group::raise_disagreement() {
 }
 
 void Group::settle_checks() {
-  if (!checker_) return;
+  std::shared_ptr<Checker> c = checker_;
+  if (!c) return;
   {
-    std::unique_lock<std::mutex> lock(checker_->mu);
-    checker_->cv.wait_for(lock, timeout_, [&] {
-      return !checker_->error.empty() || (checker_->queue.empty() && !checker_->busy);
-    });
+    std::unique_lock<std::mutex> lock(c->mu);
+    if (!c->cv.wait_for(lock, timeout_, [&] { return c->stop || !c->error.empty() || (c->queue.empty() && !c->busy); }))
+      throw Error(detail::cat("dist: the agreement check of a collective did not finish within ", timeout_.count(),
+                              " ms (a rank stopped taking part)", gone_ranks()));
   }
   raise_disagreement();
 }
 
-void Group::check_same(const char* what, Device device, const std::vector<int64_t>& words) {
+void Group::check_same(const char* what, Device device, const std::vector<int64_t>& words, bool before) {
   if (device.type != DeviceType::CPU && checker_) {
     raise_disagreement();
     {
@@ -306,6 +340,7 @@ void Group::check_same(const char* what, Device device, const std::vector<int64_
       checker_->queue.emplace_back(what, words);
     }
     checker_->cv.notify_all();
+    if (before) settle_checks();
     return;
   }
   std::vector<int64_t> all;

@@ -40,7 +40,8 @@ class Group : public std::enable_shared_from_this<Group> {
   // `words`); throws kiln::Error listing what each rank passed when they differ. A CUDA
   // collective of a group that also has Gloo is checked off the calling thread (no latency on
   // its path): a disagreement aborts the NCCL communicator and is raised at the group's next call.
-  void check_same(const char* what, Device device, const std::vector<int64_t>& words);
+  // With `before` (KILN_DIST_DEBUG) the check of a CUDA collective completes before it runs.
+  void check_same(const char* what, Device device, const std::vector<int64_t>& words, bool before = false);
   // Whether CUDA collectives are checked off their path (the group has Gloo beside NCCL).
   bool checks_off_path() const { return checker_ != nullptr; }
   // Waits until the checks queued so far are done; raises a disagreement they found.
@@ -56,7 +57,10 @@ class Group : public std::enable_shared_from_this<Group> {
   void raise_disagreement();
   void start_checker(const GroupSpec& spec);
   void abort_nccl();
-  std::string gone_ranks();
+  // "; rank 1 has exited" for peers on this host whose process is gone ("" when none); with
+  // `patience`, looks again for up to a second (a peer that closed its sockets may be exiting).
+  std::string gone_ranks(bool patience = true);
+  std::vector<std::pair<int, long>> local_peers();
   void announce();
 
   std::shared_ptr<Store> store_;
@@ -70,6 +74,9 @@ class Group : public std::enable_shared_from_this<Group> {
   std::unique_ptr<Backend> gloo_, nccl_;
   std::shared_ptr<Checker> checker_;
   int nccl_device_ = -1;
+  std::mutex peers_mu_;
+  std::vector<std::pair<int, long>> peers_;  // (world rank, pid) of the members on this host
+  bool peers_known_ = false;
 };
 
 // This host's name, and whether process `pid` on it has exited (gone, or a zombie not reaped).

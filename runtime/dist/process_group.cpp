@@ -1,5 +1,6 @@
 // init_process_group and the groups made from the world: where the ranks meet (rendezvous),
 // sub-groups by rank list or by color, and ProcessGroup handles.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -183,6 +184,12 @@ void init_process_group(const ProcessGroupOptions& o) {
   for (const char* lib : {"gloo", "nccl"})
     if (libraries.find(lib) != std::string::npos && o.backend != "auto")
       KILN_CHECK(backend_available(lib, &why), "init_process_group: backend ", lib, " is unavailable: ", why);
+  // A peer that dies leaves its sockets closed: a write to one would raise SIGPIPE, whose default
+  // action ends this process silently (Gloo's writev does not pass MSG_NOSIGNAL). Ignored unless
+  // the program installed a handler of its own, so the write fails and becomes a kiln::Error
+  // naming the dead rank.
+  struct sigaction old {};
+  if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
   g_owned_store_dir.clear();
   const std::string url = store_url(o);
   if (!g_owned_store_dir.empty()) std::filesystem::create_directories(g_owned_store_dir);

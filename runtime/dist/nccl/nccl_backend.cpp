@@ -3,7 +3,11 @@
 // stream after an event recorded on kiln's stream; kiln's stream waits for its end event when
 // the collective is waited (at once unless async). A watchdog aborts a communicator whose
 // collective outlives the timeout (a rank died) or that reports an asynchronous error; the
-// error surfaces at the next wait or collective of that group.
+// error surfaces at the next wait or collective of that group, and at every host sync of the
+// device (the group registers it: a value an aborted collective wrote is never read as one).
+// A peer process that has exited is seen within a watchdog tick (GroupSpec::peers_gone), not
+// at the timeout. The communicator is never aborted while another thread is inside an NCCL
+// call on it: that call finishes first (or the timeout passes, for a call hung in NCCL).
 #include "runtime/dist/nccl/nccl_backend.h"
 
 #include <nccl.h>
@@ -115,7 +119,8 @@ class NcclCompletion final : public Completion {
 
 class NcclBackend final : public Backend {
  public:
-  explicit NcclBackend(const GroupSpec& s) : device_(s.device.index), timeout_(s.timeout), size_(s.size) {
+  explicit NcclBackend(const GroupSpec& s)
+      : device_(s.device.index), timeout_(s.timeout), size_(s.size), peers_gone_(s.peers_gone) {
     const Nccl& n = nccl();
     ncclUniqueId id;
     if (s.rank == 0) {
@@ -134,9 +139,19 @@ class NcclBackend final : public Backend {
     listener_ = cu::add_graph_launch_listener([this](int index, CUstream stream) {
       if (index == device_) watch_stream(stream, "a CUDA graph's collectives");
     });
+    // Before the host reads this device: the pending agreement checks, then this communicator's
+    // failure (kept in a verdict of its own: the listener may outlive a call racing the dtor).
+    verdict_->settle = s.settle_checks;
+    sync_listener_ = cu::add_sync_listener([v = verdict_, dev = device_](int index) {
+      if (index != dev) return;
+      if (v->settle) v->settle();
+      std::lock_guard<std::mutex> lock(v->mu);
+      if (!v->failure.empty()) throw Error(v->failure);
+    });
   }
   ~NcclBackend() override {
     cu::remove_graph_launch_listener(listener_);
+    cu::remove_sync_listener(sync_listener_);
     {
       std::lock_guard<std::mutex> lock(mu_);
       stop_ = true;
@@ -144,6 +159,7 @@ class NcclBackend final : public Backend {
     cv_.notify_all();
     watchdog_.join();
     if (comm_ && !aborted_) nccl().comm_destroy(comm_);
+    if (comm_ && aborted_ && !comm_aborted_) nccl().comm_abort(comm_);
   }
   const char* name() const override { return "nccl"; }
 
@@ -223,6 +239,7 @@ class NcclBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     abort_locked("aborted");
   }
+  void raise_failure() override { raise_if_failed(); }
 
   // Raises the communicator's recorded failure (a timeout, an asynchronous error).
   void raise_if_failed() {
@@ -266,7 +283,6 @@ class NcclBackend final : public Backend {
   // graph at the same call of the compiled function, so the collectives still meet in one order).
   template <class F>
   CompletionPtr enqueue(const char* what, F&& call) {
-    raise_if_failed();
     CUstream compute = cu::enter(device_);
     const bool recording = capturing(compute);
     KILN_CHECK(!recording || graphs_allowed(), "NCCL ", what,
@@ -277,7 +293,7 @@ class NcclBackend final : public Backend {
     cu::check(api.event_record(ready, compute), "cuEventRecord");
     cu::check(api.stream_wait_event(comm_stream_, ready, 0), "cuStreamWaitEvent");
     api.event_destroy(ready);
-    const ncclResult_t r = call(comm_stream_);
+    const ncclResult_t r = call_on_comm(call);
     if (r != ncclSuccess) {
       const char* last = nccl().get_last_error(comm_);
       throw Error(std::string("NCCL ") + what + ": " + nccl().get_error_string(r) +
@@ -287,6 +303,30 @@ class NcclBackend final : public Backend {
     cu::check(api.event_record(end, comm_stream_), "cuEventRecord");
     if (!recording) watch_stream(comm_stream_, what);
     return std::make_shared<NcclCompletion>(this, end);
+  }
+
+  // Runs `call` on the communicator unless it failed (then throws the failure): an abort asked
+  // for meanwhile waits until the call returns (abort_locked defers it; the last call out does it).
+  template <class F>
+  ncclResult_t call_on_comm(F& call) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.empty()) throw Error(failure_);
+      ++in_call_;
+    }
+    ncclResult_t r = ncclInternalError;
+    try {
+      r = call(comm_stream_);
+    } catch (...) {
+      leave_call();
+      throw;
+    }
+    leave_call();
+    return r;
+  }
+  void leave_call() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--in_call_ == 0 && aborted_ && !comm_aborted_) abort_comm();
   }
 
   // The watchdog follows the work queued on `stream` so far.
@@ -307,7 +347,11 @@ class NcclBackend final : public Backend {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(100));
-      if (stop_ || aborted_) continue;
+      if (stop_) continue;
+      if (aborted_) {  // deferred while a thread is inside an NCCL call: one hung past the timeout is cut
+        if (!comm_aborted_ && std::chrono::steady_clock::now() - aborted_at_ > timeout_) abort_comm();
+        continue;
+      }
       try {
         cu::make_current(device_);  // (this thread only queries events and the communicator)
       } catch (...) {
@@ -318,21 +362,44 @@ class NcclBackend final : public Backend {
         pending_.pop_front();
       }
       ncclResult_t async = ncclSuccess;
-      nccl().comm_get_async_error(comm_, &async);
+      if (in_call_ == 0) nccl().comm_get_async_error(comm_, &async);
+      const auto now = std::chrono::steady_clock::now();
+      std::string gone;
+      if (!pending_.empty() && peers_gone_) {
+        lock.unlock();  // (reads /proc and the store: not under the lock the callers take)
+        gone = peers_gone_();
+        lock.lock();
+        if (stop_ || aborted_) continue;
+      }
       if (async != ncclSuccess && async != ncclInProgress) {
-        abort_locked(std::string("asynchronous NCCL error: ") + nccl().get_error_string(async));
-      } else if (!pending_.empty() && std::chrono::steady_clock::now() - pending_.front().start > timeout_) {
+        abort_locked(std::string("asynchronous NCCL error: ") + nccl().get_error_string(async) +
+                     (gone.empty() ? "" : " (" + gone + ")"));
+      } else if (!gone.empty()) {
+        abort_locked(std::string(pending_.front().what) + " cannot finish: " + gone +
+                     "; the communicator was aborted");
+      } else if (!pending_.empty() && now - pending_.front().start > timeout_) {
         abort_locked(std::string(pending_.front().what) + " did not finish within " + std::to_string(timeout_.count()) +
                      " ms (a rank stopped taking part); the communicator was aborted");
       }
     }
   }
 
+  // Records the failure; the communicator is aborted now, or when the thread inside an NCCL
+  // call on it returns (the watchdog aborts under a call hung past the timeout).
   void abort_locked(const std::string& why) {
     if (aborted_) return;
     failure_ = "dist: NCCL on cuda:" + std::to_string(device_) + ": " + why;
     aborted_ = true;
-    nccl().comm_abort(comm_);  // in-flight kernels exit; the device stays usable (comm_ now fails every call)
+    aborted_at_ = std::chrono::steady_clock::now();
+    {
+      std::lock_guard<std::mutex> lock(verdict_->mu);
+      verdict_->failure = failure_;
+    }
+    if (in_call_ == 0) abort_comm();
+  }
+  void abort_comm() {
+    comm_aborted_ = true;
+    nccl().comm_abort(comm_);  // in-flight kernels exit; the device stays usable (comm_ is not used again)
   }
 
   struct Pending {
@@ -348,8 +415,18 @@ class NcclBackend final : public Backend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;
+  std::function<std::string()> peers_gone_;
+  struct Verdict {
+    std::mutex mu;
+    std::string failure;
+    std::function<void()> settle;
+  };
+  std::shared_ptr<Verdict> verdict_ = std::make_shared<Verdict>();
+  int sync_listener_ = 0;
   std::string failure_;
-  bool aborted_ = false, stop_ = false;
+  bool aborted_ = false, comm_aborted_ = false, stop_ = false;
+  int in_call_ = 0;  // threads inside an NCCL call on comm_
+  std::chrono::steady_clock::time_point aborted_at_;
   std::thread watchdog_;
   int listener_ = 0;
 };
