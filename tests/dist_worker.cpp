@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "examples/gpt_model.h"
+#include "dist_worker_common.h"
 #include "kiln.h"
 #include "runtime/dtensor/dtensor.h"
 #include "runtime/parallel/data_parallel.h"
@@ -27,32 +28,9 @@ namespace dist = kiln::dist;
 
 namespace {
 
-[[noreturn]] void fail(const std::string& what) {
-  std::cerr << "rank " << (dist::is_initialized() ? dist::get_rank() : -1) << ": FAIL: " << what << std::endl;
-  std::_Exit(1);  // (no static destructors: a broken group's threads may still run)
-}
-#define EXPECT(cond, ...)                                        \
-  do {                                                           \
-    if (!(cond)) fail(kiln::detail::cat(#cond, ": ", __VA_ARGS__)); \
-  } while (0)
-
-Device device() {
-  const char* d = std::getenv("KILN_TEST_DEVICE");
-  return d && std::string(d).rfind("cuda", 0) == 0 ? Device(kiln::cuda(dist::local_rank())) : cpu();
-}
-
-std::chrono::milliseconds timeout() {
-  const char* t = std::getenv("KILN_TEST_TIMEOUT_MS");
-  return std::chrono::milliseconds(t ? std::atol(t) : 60000);
-}
-
-void init() {
-  dist::ProcessGroupOptions o;
-  o.timeout = timeout();
-  if (const char* b = std::getenv("KILN_TEST_BACKEND")) o.backend = b;
-  if (const char* m = std::getenv("KILN_TEST_INIT_METHOD")) o.init_method = m;
-  dist::init_process_group(o);
-}
+using kiln::testing::fail;
+Device device() { return kiln::testing::test_device(); }
+void init() { kiln::testing::init_from_env(); }
 
 // Rank r's input of `n` elements: small integers (sums, products and means of a few ranks are
 // exact in every dtype, so results compare bit for bit).
@@ -915,6 +893,100 @@ void dtensor_programs() {
   dist::destroy_process_group();
 }
 
+// Shards that are empty or views, under every reduction and an in-place write, against one
+// process: every reduction (sum, prod, amax/amin, max/min, argmax/argmin, mean, var, std) of an
+// int32, int64, float32 and bool tensor under placements that leave shards empty (a dim smaller
+// than the mesh, cut on two mesh dims), exact (var/std to 1e-6); and an in-place write through a
+// sharded view of a bool, int32 and float32 tensor (the view's shard is strided, one rank's may
+// be empty) equal to the same write on the whole tensor, with no rank raising.
+std::string dims_str(const std::vector<int64_t>& v) {
+  std::string r = "[";
+  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+  return r + "]";
+}
+
+void dtensor_edges() {
+  init();
+  const int size = dist::get_world_size();
+  std::vector<std::vector<int64_t>> meshes = {{size}};
+  if (size == 4) meshes.push_back({2, 2});
+  const std::vector<DType> dtypes = {kInt32, kInt64, kFloat32, kBool};
+  for (const auto& ms : meshes) {
+    auto mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", ms);
+    std::vector<std::vector<dist::Placement>> placements = {std::vector<dist::Placement>(ms.size(), dist::Shard(1)),
+                                                            std::vector<dist::Placement>(ms.size(), dist::Shard(0))};
+    if (ms.size() == 2) placements.push_back({dist::Shard(0), dist::Shard(1)});
+    for (const std::vector<int64_t>& shape : std::vector<std::vector<int64_t>>{{2, 1}, {3, 2}, {1, 5}})
+      for (DType dt : dtypes)
+        for (const auto& pl : placements) {
+          const int64_t n = shape[0] * shape[1];
+          std::vector<double> v(static_cast<size_t>(n));
+          for (int64_t i = 0; i < n; ++i) v[static_cast<size_t>(i)] = static_cast<double>((i * 5) % 7 - 4);
+          Tensor whole = from_vector(v, shape).to(device()).to(dt);
+          Tensor x = dist::distribute_tensor(whole, mesh, pl);
+          std::string where = kiln::detail::cat(dtype_name(dt), " ", dims_str(whole.sizes()), " on ",
+                                                dims_str(mesh.shape()), " ", pl[0].str(),
+                                                pl.size() > 1 ? " " + pl[1].str() : std::string());
+          auto same = [&](const Tensor& got, const Tensor& want, const std::string& what, double tol) {
+            auto g = values(dist::full_tensor(got)), w = values(want);
+            EXPECT(g.size() == w.size(), what, " ", where, ": ", g.size(), " values, expected ", w.size());
+            for (size_t i = 0; i < g.size(); ++i)
+              EXPECT(std::abs(g[i] - w[i]) <= tol * (1 + std::abs(w[i])) || (std::isnan(g[i]) && std::isnan(w[i])),
+                     what, " ", where, ": element ", i, " is ", g[i], ", expected ", w[i]);
+          };
+          same(amax(x), amax(whole), "amax", 0);
+          same(amin(x), amin(whole), "amin", 0);
+          same(max(x), max(whole), "max", 0);
+          same(min(x), min(whole), "min", 0);
+          for (int64_t d : {0, 1}) {
+            same(amax(x, {d}), amax(whole, {d}), "amax(dim)", 0);
+            same(amin(x, {d}), amin(whole, {d}), "amin(dim)", 0);
+            if (dt != kBool) {
+              same(argmax(x, d), argmax(whole, d), "argmax", 0);
+              same(argmin(x, d), argmin(whole, d), "argmin", 0);
+              same(max(x, d).first, max(whole, d).first, "max(dim)", 0);
+            }
+          }
+          if (dt != kBool) {
+            same(sum(x), sum(whole), "sum", 0);
+            same(prod(x, {1}), prod(whole, {1}), "prod", 0);
+          }
+          if (dt == kFloat32) {
+            same(mean(x, {1}), mean(whole, {1}), "mean", 1e-6);
+            same(var(x, {0}, 0.0), var(whole, {0}, 0.0), "var", 1e-6);
+            same(kiln::std(x, {1}, 0.0), kiln::std(whole, {1}, 0.0), "std", 1e-6);
+          }
+        }
+    // In-place through a sharded view: b = (x > 0)[:, 1:]; b += false; and for int32/float32 a
+    // window of the tensor itself.
+    for (DType dt : {kBool, kInt32, kFloat32}) {
+      manual_seed(5);
+      Tensor whole = randn({6, 2, 6}).to(device());
+      Tensor x = dist::distribute_tensor(whole, mesh, std::vector<dist::Placement>(ms.size(), dist::Shard(0)));
+      try {
+        Tensor b = dt == kBool ? gt(x, 0) : x.to(dt);
+        Tensor bw = dt == kBool ? gt(whole, 0) : whole.to(dt);
+        Tensor view = b.index({Slice(), Slice(1, None)});
+        Tensor vw = bw.index({Slice(), Slice(1, None)});
+        if (dt == kBool) {
+          view.add_(false);
+          vw.add_(false);
+        } else {
+          view.add_(3);
+          vw.add_(3);
+        }
+        auto g = values(dist::full_tensor(b)), w = values(bw);
+        EXPECT(g == w, "in-place through a sharded view of ", dtype_name(dt), " on mesh ", dims_str(mesh.shape()),
+               " differs from one process");
+      } catch (const Error& e) {
+        fail(kiln::detail::cat("in-place through a sharded view of ", dtype_name(dt), " raised: ", e.what()));
+      }
+    }
+  }
+  if (dist::get_rank() == 0) std::cout << "dtensor_edges: every reduction and in-place view matched" << std::endl;
+  dist::destroy_process_group();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -923,6 +995,7 @@ int main(int argc, char** argv) {
       {"mismatch", mismatch},       {"never_joins", never_joins}, {"bad_input", bad_input},
       {"ddp_mlp", ddp_mlp},         {"ddp_gpt", ddp_gpt},       {"dtensor", dtensor},
       {"dtensor_programs", dtensor_programs}, {"dtensor_gpt", dtensor_gpt}, {"context_parallel", context_parallel},
+      {"dtensor_edges", dtensor_edges},
   };
   if (argc < 2 || !scenarios.count(argv[1])) {
     std::cerr << "usage: dist_worker SCENARIO (";

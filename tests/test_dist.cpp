@@ -61,6 +61,10 @@ TEST_P(Dist, DTensorEveryTransitionUnevenAndDifferentiable) {
   expect_all_ok(run_ranks("dist_worker", {"dtensor"}, GetParam(), GetParam(), base_env()));
 }
 
+TEST_P(Dist, DTensorEmptyShardsAndInPlaceViewsEqualOneProcess) {
+  expect_all_ok(run_ranks("dist_worker", {"dtensor_edges"}, GetParam(), GetParam(), base_env()));
+}
+
 TEST_P(Dist, DTensorProgramsUnderRandomPlacementsEqualPyTorch) {
   expect_all_ok(run_ranks("dist_worker", {"dtensor_programs"}, GetParam(), GetParam(), base_env()));
 }
