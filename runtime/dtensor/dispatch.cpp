@@ -7,10 +7,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 
 #include "runtime/dtensor/layout.h"
+#include "runtime/ops/ops.h"
 #include "runtime/dtensor/placed.h"
 #include "runtime/dtensor/rules/rule.h"
 #include "runtime/tensor/placed_hooks.h"
@@ -177,6 +179,26 @@ Tensor shard_for(const NodePtr& n, const Prepared& p, size_t i, const DeviceMesh
   return redistribute_local(local, p.shapes[i], p.current[i], p.plan.inputs[i], mesh);
 }
 
+// The value a reduction gives over no elements, per op and dtype: what an empty shard
+// contributes to a Partial result (its all_reduce must not see a 0 where max/min/product meet).
+std::optional<Scalar> reduction_identity(OpKind op, DType dt) {
+  const bool fl = is_floating(dt);
+  const double inf = std::numeric_limits<double>::infinity();
+  switch (op) {
+    case OpKind::Sum: return Scalar(0);
+    case OpKind::Prod: return dt == kBool ? Scalar(true) : Scalar(1);
+    case OpKind::Amax:
+      if (dt == kBool) return Scalar(false);
+      if (fl) return Scalar(-inf);
+      return dt == kInt32 ? Scalar(std::numeric_limits<int32_t>::min()) : Scalar(std::numeric_limits<int64_t>::min());
+    case OpKind::Amin:
+      if (dt == kBool) return Scalar(true);
+      if (fl) return Scalar(inf);
+      return dt == kInt32 ? Scalar(std::numeric_limits<int32_t>::max()) : Scalar(std::numeric_limits<int64_t>::max());
+    default: return std::nullopt;
+  }
+}
+
 Shape local_shape_of(const Prepared& p, const DeviceMesh& mesh) {
   const std::vector<int64_t> s = DTensor::local_shape(p.out_shape, p.plan.output, mesh, mesh.coordinate());
   return make_shape(s);
@@ -201,8 +223,12 @@ NodePtr record_placed(OpKind op, const NodeList& inputs, const Attrs& attrs, DTy
     local.push_back(shards.back().node());
   }
   Tensor out;
+  const auto identity = reduction_identity(op, dtype);
   if (p.plan.local) {  // the strategy's own computation of the shard
     out = p.plan.local(p.view(mesh), p.plan.local_dim, shards);
+  } else if (identity && shards.size() == 1 && shards[0].numel() == 0) {
+    // An empty shard (another mesh dim may cut the reduced dim to nothing) holds the identity.
+    out = kiln::full(constant_sizes(local_shape_of(p, mesh), op_name(op)), *identity, dtype, device);
   } else {
     out = kiln::detail::record(op, std::move(local), attrs, dtype, local_shape_of(p, mesh), device);
   }

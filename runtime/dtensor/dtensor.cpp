@@ -100,6 +100,12 @@ DTensor::DTensor(const Tensor& t) : Tensor(t) {
 
 bool is_dtensor(const Tensor& t) { return t.defined() && t.node()->placed != nullptr; }
 
+Tensor full_tensor(const Tensor& t) { return is_dtensor(t) ? DTensor(t).full_tensor() : t; }
+Tensor to_local(const Tensor& t) { return is_dtensor(t) ? DTensor(t).to_local() : t; }
+DTensor redistribute(const Tensor& t, std::vector<Placement> placements) {
+  return DTensor(t).redistribute(std::move(placements));
+}
+
 const DeviceMesh& DTensor::device_mesh() const { return detail_dt::layout_of(*node())->mesh; }
 const std::vector<Placement>& DTensor::placements() const { return detail_dt::layout_of(*node())->placements; }
 

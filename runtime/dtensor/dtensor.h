@@ -93,6 +93,15 @@ class KILN_API DTensor : public Tensor {
 // Whether `t` is a DTensor.
 KILN_API bool is_dtensor(const Tensor& t);
 
+// The free forms, for the result of an op on DTensors (ops return Tensor):
+//   Tensor s = dist::full_tensor(a + b);
+// full_tensor: the whole value on every rank (a plain tensor is returned as it is); to_local:
+// this rank's shard (a plain tensor is its own shard); redistribute: `t` (a DTensor) with other
+// placements on its mesh.
+KILN_API Tensor full_tensor(const Tensor& t);
+KILN_API Tensor to_local(const Tensor& t);
+KILN_API DTensor redistribute(const Tensor& t, std::vector<Placement> placements);
+
 // Places `tensor` (the same full value on every rank) on the mesh: each rank keeps its pieces.
 // No communication; a Partial placement is not allowed (use from_local). Differentiable.
 KILN_API DTensor distribute_tensor(const Tensor& tensor, const DeviceMesh& mesh, std::vector<Placement> placements);
