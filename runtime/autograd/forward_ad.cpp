@@ -195,6 +195,10 @@ bool has_visible_tangent(const Tensor& t) {
   return false;
 }
 
+bool wants_derivative(const Tensor& t) {
+  return t.defined() && ((grad_enabled() && t.requires_grad()) || (forward_ad_visible() && has_visible_tangent(t)));
+}
+
 void attach_tangents(Tensor& out, OpKind op, const Attrs& attrs, const Tensor* const* inputs, size_t count,
                      const Shape& view_shape) {
   if (!is_differentiable(op) || !is_floating(out.dtype())) return;

@@ -63,4 +63,9 @@ void copy_tangents(TensorImpl& dst, const TensorImpl& src);
 void copy_tangents(const std::shared_ptr<TensorImpl>& dst, const TensorImpl& src);
 // Whether t has a tangent at a visible level (compile() runs such calls eagerly).
 bool has_visible_tangent(const Tensor& t);
+// Whether a derivative of an op's result in `t` is wanted, in either mode: a gradient (grad
+// enabled, t requires it) or a tangent (t has one at a visible level). Composite ops that follow
+// PyTorch's convention at non-differentiable points (norm and std at 0, max/min ties, clamp
+// bounds) build their values that way exactly when this holds, so both modes agree there.
+bool wants_derivative(const Tensor& t);
 }  // namespace kiln::detail

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -323,7 +324,7 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> mn, std::optional<Scalar> mx
   Tensor r = x;
   if (mn) r = maximum(r, *mn);
   if (mx) r = minimum(r, *mx);
-  if (!(grad_enabled() && x.requires_grad())) return r;
+  if (!detail::wants_derivative(x)) return r;
   Tensor in_range;
   if (mn) in_range = ge(x, *mn);
   if (mx) in_range = in_range.defined() ? logical_and(in_range, le(x, *mx)) : le(x, *mx);
@@ -334,8 +335,9 @@ Tensor clamp(const Tensor& x, const std::optional<Tensor>& mn, const std::option
   Tensor r = x;
   if (mn) r = maximum(r, *mn);
   if (mx) r = minimum(r, *mx);
-  bool wants_grad = x.requires_grad() || (mn && mn->requires_grad()) || (mx && mx->requires_grad());
-  if (!(grad_enabled() && wants_grad)) return r;
+  const bool wants_grad = detail::wants_derivative(x) || (mn && detail::wants_derivative(*mn)) ||
+                          (mx && detail::wants_derivative(*mx));
+  if (!wants_grad) return r;
   Tensor v = r.detach();
   Tensor in_range;
   if (mn) in_range = ge(x, *mn);

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/forward_ad.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -103,7 +104,7 @@ namespace {
 // (the index is the first maximum, or the first NaN, as amax picks), the index's gradient.
 std::pair<Tensor, Tensor> value_and_index(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
   Tensor idx = is_max ? argmax(x, dim, keepdim) : argmin(x, dim, keepdim);
-  if (!(grad_enabled() && x.requires_grad()) || x.dim() == 0)
+  if (!detail::wants_derivative(x) || x.dim() == 0)
     return {is_max ? amax(x, {dim}, keepdim) : amin(x, {dim}, keepdim), idx};
   int64_t d = detail::wrap_dim(dim, x.dim(), is_max ? "max" : "min");
   Tensor v = gather(x, d, keepdim ? idx : unsqueeze(idx, d));
@@ -164,7 +165,7 @@ Tensor root_zero_grad(const Tensor& t, double p, bool wants_grad) {
 Tensor std(const Tensor& x_in, std::vector<int64_t> dims, double correction, bool keepdim) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
   const Tensor& x = autocast_op[0];
-  return root_zero_grad(var(x, dims, correction, keepdim), 2, grad_enabled() && x.requires_grad());
+  return root_zero_grad(var(x, dims, correction, keepdim), 2, detail::wants_derivative(x));
 }
 
 Tensor logsumexp(const Tensor& x_in, std::vector<int64_t> dims, bool keepdim) {
@@ -186,7 +187,7 @@ Tensor norm(const Tensor& x_in, double p, std::vector<int64_t> dims, bool keepdi
   const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   // PyTorch's norm gradient is 0 where the norm is 0, and (p < 1) 0 at zero elements.
-  bool wants_grad = grad_enabled() && x.requires_grad();
+  bool wants_grad = detail::wants_derivative(x);
   if (p == 2) return root_zero_grad(sum(mul(x, x), dims, keepdim), 2, wants_grad);
   if (p == 1) return sum(abs(x), dims, keepdim);
   if (std::isinf(p)) {  // max/min have no identity: every reduced dim must be non-empty
