@@ -15,6 +15,7 @@
 #include "runtime/optim/optim.h"
 #include "runtime/dist/dist.h"
 #include "runtime/parallel/data_parallel.h"
+#include "runtime/parallel/tensor_parallel.h"
 #include "runtime/dtensor/dtensor.h"
 #include "jit/compile/compile.h"
 #include "jit/compile/patterns.h"

@@ -21,15 +21,24 @@ if [ "$mode" = find_package ]; then
   prefix=$work/prefix
   cmake --install "$build" --prefix "$prefix" >/dev/null
   inc=$prefix/include/kiln
+  # Every header named below must exist in the source tree: a renamed or removed one fails here
+  # instead of making its check pass vacuously.
   for h in kiln.h runtime/core/export.h runtime/tensor/tensor.h runtime/tensor/xtensor_interop.h \
-           jit/compile/compile.h guards/value.h; do
+           jit/compile/compile.h guards/value.h runtime/parallel/tensor_parallel.h runtime/dtensor/dtensor.h \
+           runtime/parallel/data_parallel.h runtime/dist/dist.h; do
+    [ -f "$src/$h" ] || fail "the public header $h named by this check does not exist in the source tree"
     [ -f "$inc/$h" ] || fail "public header $h is not installed"
   done
-  for h in jit/exec/code_cache.h jit/exec/executor.h jit/loop/lower.h jit/backend/backend.h runtime/ir/symint_impl.h \
-           runtime/ir/sym_facts.h runtime/tensor/trace.h runtime/tensor/record.h guards/guard_set.h; do
+  for h in jit/exec/code_cache.h jit/exec/jit_executor.h jit/exec/plan.h jit/loop/lower.h jit/backend/backend.h \
+           runtime/ir/symint_impl.h runtime/ir/sym_facts.h runtime/tensor/trace.h runtime/tensor/record.h \
+           guards/guard_set.h runtime/dist/group.h runtime/dist/backend.h runtime/dtensor/placed.h; do
+    [ -f "$src/$h" ] || fail "the internal header $h named by this check does not exist in the source tree"
     [ ! -e "$inc/$h" ] || fail "internal header $h is installed"
   done
   [ ! -e "$inc/kernels" ] || fail "kernels/ headers are installed"
+  # What the README shows compiles with the installed headers alone.
+  "$src/tests/consumer/readme_snippets.sh" "$src/README.md" "$inc" "$work/snippets" ||
+    fail "a C++ snippet of README.md does not compile against the installed headers"
   cmake -S "$src/tests/consumer" -B "$work/b" "${gen[@]}" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
   lib=$(find "$prefix" -name libkiln.so | head -1)
 else
