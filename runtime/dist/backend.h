@@ -76,8 +76,8 @@ class Backend {
   // Every rank's 64-bit word, rank order (cheap host exchange for consistency checks); backends
   // without a host path return empty.
   virtual std::vector<int64_t> exchange(const std::vector<int64_t>& words) { return {}; }
-  // Stops the communicator; later calls fail. Never blocks.
-  virtual void abort() {}
+  // Stops the communicator; later calls fail with `why`. Never blocks.
+  virtual void abort(const std::string& why = "aborted") {}
   // Throws the failure recorded off the calling thread (a collective the watchdog aborted: a
   // timeout, a dead peer, a disagreement), if any; once failed, always.
   virtual void raise_failure() {}

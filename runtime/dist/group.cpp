@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <map>
@@ -136,10 +137,15 @@ Backend& Group::backend_for(Device device) {
       return gone.empty() ? gone : gone.substr(2);  // (without the leading "; ")
     };
     spec.settle_checks = [w = weak_from_this()] {
-      if (auto g = w.lock()) g->settle_checks();
+      if (auto g = w.lock()) g->settle_checks_queued_here();
     };
-    nccl_ = make_backend("nccl", spec);
+    auto made = make_backend("nccl", spec);
+    std::lock_guard<std::mutex> lock(nccl_mu_);
+    nccl_ = std::move(made);
     nccl_device_ = device.index;
+    // A disagreement the checker found while the communicator was being made aborts it now.
+    const std::string found = disagreement_found();
+    if (!found.empty()) nccl_->abort(found + "; the communicator was aborted");
   }
   KILN_CHECK(device.index == nccl_device_, "dist: the group's NCCL communicator is on cuda:", nccl_device_,
              ", the tensor is on ", device.str(), "; one process drives one GPU");
@@ -210,7 +216,13 @@ class Worded final : public Completion {
 }  // namespace
 
 CompletionPtr Group::run(const char* what, Device device, const std::function<CompletionPtr(Backend&)>& op) {
-  std::lock_guard<std::recursive_mutex> lock(mu_);
+  // Two threads calling one group's collectives at once meet the ranks in no agreed order (one
+  // rank's first call may pair with another's second): refused. Each thread takes its own group.
+  std::unique_lock<std::recursive_mutex> lock(mu_, std::try_to_lock);
+  if (!lock.owns_lock())
+    throw Error(detail::cat("dist: ", what, ": the group of ", size(), " ranks is in use by another thread; the order "
+                            "of its collectives across ranks cannot be guaranteed when threads share a group: give "
+                            "each thread its own (new_group)"));
   raise_disagreement();
   Backend& b = backend_for(device);
   const char* lib = b.name();
@@ -258,8 +270,14 @@ struct Group::Checker {
   std::weak_ptr<Group> group;
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<std::pair<const char*, std::vector<int64_t>>> queue;
-  std::string error;
+  struct Check {
+    const char* what;
+    std::vector<int64_t> words;
+    bool before;  // checked before the collective (KILN_DIST_DEBUG): a disagreement is raised, not kept
+  };
+  std::deque<Check> queue;
+  std::string error;  // a disagreement found after its collective ran (kept: the group is broken)
+  std::string refused;  // one found before its collective ran (raised once by its caller)
   bool busy = false, stop = false;
 
   void loop() {
@@ -267,7 +285,7 @@ struct Group::Checker {
     for (;;) {
       cv.wait(lock, [&] { return stop || !queue.empty(); });
       if (stop) return;
-      auto [what, words] = std::move(queue.front());
+      auto [what, words, before] = std::move(queue.front());
       queue.pop_front();
       busy = true;
       lock.unlock();
@@ -284,10 +302,12 @@ struct Group::Checker {
       }
       lock.lock();
       busy = false;
-      if (!found.empty() && error.empty()) {
+      if (!found.empty() && before && !broken) {
+        refused = found;  // (nothing was sent: the group goes on)
+      } else if (!found.empty() && error.empty()) {
         error = found;
         lock.unlock();
-        if (auto g = group.lock()) g->abort_nccl();
+        if (auto g = group.lock()) g->abort_nccl(found);
         lock.lock();
       }
       cv.notify_all();
@@ -310,14 +330,35 @@ void Group::start_checker(const GroupSpec& spec) {
   checker_ = std::move(c);
 }
 
-void Group::abort_nccl() {
-  if (nccl_) nccl_->abort();
+void Group::abort_nccl(const std::string& why) {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  if (nccl_) nccl_->abort(why + "; the communicator was aborted");
+}
+
+std::string Group::disagreement_found() {
+  if (!checker_) return "";
+  std::lock_guard<std::mutex> lock(checker_->mu);
+  return checker_->error;
 }
 
 void Group::raise_disagreement() {
   if (!checker_) return;
   std::lock_guard<std::mutex> lock(checker_->mu);
   if (!checker_->error.empty()) throw Error(checker_->error);
+}
+
+namespace {
+// The groups whose CUDA collectives this thread queued checks for since it last settled them.
+// A host sync settles only these: settling another thread's groups would make this thread wait
+// for collectives that thread issues, and two threads doing so on two ranks wait for each other.
+thread_local std::vector<int64_t> t_unsettled;
+}  // namespace
+
+void Group::settle_checks_queued_here() {
+  auto it = std::find(t_unsettled.begin(), t_unsettled.end(), id_);
+  if (it == t_unsettled.end()) return;
+  t_unsettled.erase(it);
+  settle_checks();
 }
 
 void Group::settle_checks() {
@@ -337,10 +378,15 @@ void Group::check_same(const char* what, Device device, const std::vector<int64_
     raise_disagreement();
     {
       std::lock_guard<std::mutex> lock(checker_->mu);
-      checker_->queue.emplace_back(what, words);
+      checker_->queue.push_back({what, words, before});
     }
     checker_->cv.notify_all();
-    if (before) settle_checks();
+    if (std::find(t_unsettled.begin(), t_unsettled.end(), id_) == t_unsettled.end()) t_unsettled.push_back(id_);
+    if (before) {
+      settle_checks();
+      std::lock_guard<std::mutex> lock(checker_->mu);
+      if (!checker_->refused.empty()) throw Error(std::exchange(checker_->refused, std::string()));
+    }
     return;
   }
   std::vector<int64_t> all;
@@ -366,7 +412,10 @@ void Group::shutdown(bool abort) {
     if (nccl_) nccl_->abort();
     if (gloo_) gloo_->abort();
   }
-  nccl_.reset();
+  {
+    std::lock_guard<std::mutex> nlock(nccl_mu_);
+    nccl_.reset();
+  }
   gloo_.reset();
 }
 

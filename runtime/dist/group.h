@@ -46,6 +46,8 @@ class Group : public std::enable_shared_from_this<Group> {
   bool checks_off_path() const { return checker_ != nullptr; }
   // Waits until the checks queued so far are done; raises a disagreement they found.
   void settle_checks();
+  // settle_checks() when this thread queued checks on the group since it last settled them.
+  void settle_checks_queued_here();
   // The group with id `id` (the node attribute of a collective), or Error.
   static std::shared_ptr<Group> find(int64_t id);
   // Releases the backends (aborting them when `abort`).
@@ -55,8 +57,9 @@ class Group : public std::enable_shared_from_this<Group> {
   struct Checker;
   Backend& backend_for(Device device);
   void raise_disagreement();
+  std::string disagreement_found();
   void start_checker(const GroupSpec& spec);
-  void abort_nccl();
+  void abort_nccl(const std::string& why);
   // "; rank 1 has exited" for peers on this host whose process is gone ("" when none); with
   // `patience`, looks again for up to a second (a peer that closed its sockets may be exiting).
   std::string gone_ranks(bool patience = true);
@@ -72,6 +75,7 @@ class Group : public std::enable_shared_from_this<Group> {
   int64_t id_;
   std::recursive_mutex mu_;
   std::unique_ptr<Backend> gloo_, nccl_;
+  std::mutex nccl_mu_;  // nccl_'s pointer between its maker and the checker's abort
   std::shared_ptr<Checker> checker_;
   int nccl_device_ = -1;
   std::mutex peers_mu_;

@@ -104,6 +104,28 @@ ncclRedOp_t nccl_op(ReduceOp op, DType t) {
 
 class NcclBackend;
 
+// Collectives issued from several threads. kiln's work on a device is one stream: a collective
+// waits for that stream's work so far (its inputs), and the stream waits for each collective's
+// end. With one thread issuing, every rank queues the same collectives in the same order and
+// these waits meet. With several, two ranks may queue two groups' collectives in opposite orders:
+// then one group's collective may wait, through the stream, for the other group's, whose peer
+// waits the same way for this one's peer, and no rank moves. So once a second thread issues a
+// CUDA collective in this process, each collective's end is waited for by its own thread on the
+// host before kiln's stream is told to wait for it: the stream then never waits for a collective
+// that has not finished, and each group's collectives meet in their own thread's order (at the
+// cost of that thread's overlap of communication with its later work).
+std::mutex& g_threads_mu = *new std::mutex;
+std::thread::id g_first_thread;
+std::atomic<bool> g_many_threads{false};
+
+void note_issuing_thread() {
+  if (g_many_threads.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(g_threads_mu);
+  const auto me = std::this_thread::get_id();
+  if (g_first_thread == std::thread::id()) g_first_thread = me;
+  else if (g_first_thread != me) g_many_threads.store(true);
+}
+
 // A collective's end on the communication stream.
 class NcclCompletion final : public Completion {
  public:
@@ -235,9 +257,9 @@ class NcclBackend final : public Backend {
     if (words.empty()) return {};
     return all;
   }
-  void abort() override {
+  void abort(const std::string& why) override {
     std::lock_guard<std::mutex> lock(mu_);
-    abort_locked("aborted");
+    abort_locked(why);
   }
   void raise_failure() override { raise_if_failed(); }
 
@@ -248,6 +270,12 @@ class NcclBackend final : public Backend {
   }
   void make_stream_wait(CUevent ev) {
     raise_if_failed();
+    if (g_many_threads.load() && !capturing(cu::enter(device_))) {
+      // (see note_issuing_thread; an aborted communicator's kernels exit, so this returns)
+      const CUresult r = cu::api().event_synchronize(ev);
+      raise_if_failed();
+      cu::check(r, "cuEventSynchronize (a collective's end)");
+    }
     cu::check(cu::api().stream_wait_event(cu::enter(device_), ev, 0), "cuStreamWaitEvent");
   }
   int device() const { return device_; }
@@ -287,6 +315,7 @@ class NcclBackend final : public Backend {
     const bool recording = capturing(compute);
     KILN_CHECK(!recording || graphs_allowed(), "NCCL ", what,
                " is not recorded into a CUDA graph (KILN_NCCL_GRAPHS=1 allows it)");
+    if (!recording) note_issuing_thread();
     const auto& api = cu::api();
     CUevent ready = nullptr, end = nullptr;
     cu::check(api.event_create(&ready, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
