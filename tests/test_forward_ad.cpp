@@ -323,6 +323,55 @@ TEST(JvpRules, OpsOutsideTheCorpus) {
   }
 }
 
+// At the points where an op is not differentiable, forward mode takes the value PyTorch's
+// gradient takes there (kiln's backward does too), so uᵀ(J v) = (Jᵀ u)ᵀ v holds at them: norm
+// (p = 2, 3, 0.5) of an all-zero tensor, std and var (correction 0) over identical values, max/min
+// over ties, clamp at its bounds, abs/sqrt/pow at 0. Each tangent is compared with the gradient
+// read off backward (a scalar output: J v = ∇ · v), and with the values PyTorch 2.11 gives.
+TEST(JvpRules, NonDifferentiablePointsFollowTheGradientConvention) {
+  KILN_NEED_DEVICE();
+  using F = std::function<Tensor(const Tensor&)>;
+  const Tensor zero = kiln::zeros({4}, kiln::kFloat64, dev());
+  const Tensor same = kiln::full({4}, 1.5, kiln::kFloat64, dev());
+  const Tensor ties = kiln::tensor({2.0, 2.0, -1.0, 2.0}, kiln::kFloat64, dev());
+  const Tensor at_bounds = kiln::tensor({-1.0, 0.5, 1.0, 3.0}, kiln::kFloat64, dev());
+  const Tensor v = kiln::tensor({0.3, -0.7, 1.1, 0.2}, kiln::kFloat64, dev());
+  struct Case {
+    const char* name;
+    F f;
+    Tensor x;
+    double want;  // PyTorch 2.11: torch.func.jvp / the gradient · v
+  };
+  const std::vector<Case> cases = {
+      {"norm(p=2) at 0", [](const Tensor& a) { return kiln::norm(a, 2); }, zero, 0.0},
+      {"norm(p=3) at 0", [](const Tensor& a) { return kiln::norm(a, 3); }, zero, 0.0},
+      {"norm(p=0.5) at 0", [](const Tensor& a) { return kiln::norm(a, 0.5); }, zero, 0.0},
+      {"std(correction=0) of equal values", [](const Tensor& a) { return kiln::std(a, {0}, 0.0); }, same, 0.0},
+      {"std(correction=1) of equal values", [](const Tensor& a) { return kiln::std(a, {0}, 1.0); }, same, 0.0},
+      {"var(correction=0) of equal values", [](const Tensor& a) { return kiln::var(a, {0}, 0.0); }, same, 0.0},
+      // max over ties: amax spreads the gradient evenly over the maxima (0.3 - 0.7 + 0.2) / 3.
+      {"amax over ties", [](const Tensor& a) { return kiln::amax(a); }, ties, (0.3 - 0.7 + 0.2) / 3},
+      // max(dim) sends it to the first maximum only.
+      {"max(dim) over ties", [](const Tensor& a) { return kiln::max(a, 0).first; }, ties, 0.3},
+      // clamp(-1, 1): the gradient passes at the bounds themselves (x = -1 and x = 1).
+      {"clamp at its bounds", [](const Tensor& a) { return kiln::sum(kiln::clamp(a, -1.0, 1.0)); }, at_bounds,
+       0.3 - 0.7 + 1.1},
+      {"abs at 0", [](const Tensor& a) { return kiln::sum(kiln::abs(a)); }, zero, 0.0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto j = kiln::jvp([&](const V& a) { return V{c.f(a[0])}; }, {c.x}, {v});
+    const double tangent = j.tangents[0].cpu().item<double>();
+    Tensor x = c.x.detach().clone();
+    x.requires_grad_(true);
+    c.f(x).backward();
+    const double grad_v = kiln::sum(kiln::mul(x.grad(), v)).cpu().item<double>();
+    EXPECT_FALSE(std::isnan(tangent)) << "the tangent is NaN";
+    EXPECT_NEAR(tangent, grad_v, 1e-12) << "forward mode disagrees with the gradient";
+    EXPECT_NEAR(tangent, c.want, 1e-12) << "forward mode disagrees with PyTorch";
+  }
+}
+
 // The torch-programs corpus' gradient programs (../shared/torch-programs; float64 DAGs of 4-20
 // ops, in-place writes and views included): forward and reverse mode agree, uᵀ(J v) = (Jᵀ u)ᵀ v
 // with random v over the floating inputs and u over the floating results (rtol 1e-9; 1e-4 where
