@@ -345,7 +345,7 @@ class CompiledCore {
     for (const Value& a : args) {
       const Tensor* t = as_tensor(a);
       if (!t || !t->defined()) continue;
-      if (t->node()->placed) return "a DTensor argument; DTensor programs are not traced yet";
+      if (t->node()->placed) return "a DTensor (kiln::compile does not trace DTensor programs yet)";
       if (detail::has_visible_tangent(*t))
         return "a dual tensor argument (a tangent made outside fn); tangents are traced when fn makes its "
                "duals itself (kiln::jvp, kiln::hvp ... inside fn)";

@@ -125,10 +125,13 @@ const DeviceMesh& mesh_of(const NodeList& inputs, OpKind op) {
   return first->mesh;
 }
 
+// The reason is the same for every op (compile says it once per function; the op that met it
+// is in KILN_LOG=dtensor).
 void stop_any_trace(OpKind op) {
-  if (auto* o = kiln::detail::trace_observer())
-    o->cannot_trace(std::string("a DTensor op (") + op_name(op) +
-                    ") while tracing: kiln::compile does not trace DTensors yet");
+  if (auto* o = kiln::detail::trace_observer()) {
+    if (log_dtensor()) std::fprintf(stderr, "[kiln] dtensor: %s met while tracing\n", op_name(op));
+    o->cannot_trace("a DTensor (kiln::compile does not trace DTensor programs yet)");
+  }
 }
 
 // Everything an op on placed inputs needs: global shapes, placements, and the plan.

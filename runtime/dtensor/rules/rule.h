@@ -52,6 +52,7 @@ Strategies view(const OpView& op, size_t m);         // view.cpp: every view op,
 Strategies matmul(const OpView& op, size_t m);       // matmul.cpp: batched GEMM, im2col
 Strategies attention(const OpView& op, size_t m);    // attention.cpp: fused attention, ring attention
 Strategies indexing(const OpView& op, size_t m);     // indexing.cpp: cat, gather, scatter, index ops
+Strategies view_scatter(const OpView& op, size_t m); // view_scatter.cpp: in-place writes through views
 
 using Rule = Strategies (*)(const OpView&, size_t);
 // The rule of `op`, or null when it has none (it then runs on replicated inputs).

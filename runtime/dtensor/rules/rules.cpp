@@ -26,7 +26,8 @@ Rule rule_for(OpKind op) {
     case OpKind::Im2Col: return matmul;
     case OpKind::Attention:
     case OpKind::AttentionBackward: return attention;
-    default: return nullptr;  // ViewScatter (an in-place write's window), sources, collectives
+    case OpKind::ViewScatter: return view_scatter;
+    default: return nullptr;  // sources, collectives
   }
 }
 
