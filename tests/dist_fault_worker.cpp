@@ -5,10 +5,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <regex>
 #include <thread>
 
 #include "dist_worker_common.h"
@@ -159,8 +161,18 @@ void rank_exits() {
   kiln::testing::init_from_env();
   const int rank = dist::get_rank();
   const std::string how = env_or("KILN_TEST_DEATH", "exit"), when = env_or("KILN_TEST_WHEN", "before");
+  // The ranks that die (KILN_TEST_DYING: a comma-separated list; default rank 1; "2,3": a node).
+  std::vector<int> dying;
+  for (const std::string& r : [](std::string l) {
+         std::vector<std::string> out;
+         for (size_t at; (at = l.find(',')) != std::string::npos; l = l.substr(at + 1)) out.push_back(l.substr(0, at));
+         out.push_back(l);
+         return out;
+       }(env_or("KILN_TEST_DYING", "1")))
+    dying.push_back(std::stoi(r));
+  const bool dies = std::find(dying.begin(), dying.end(), rank) != dying.end();
   auto die = [&] {
-    std::cout << "rank 1 dies (" << how << ")" << std::endl;
+    std::cout << "rank " << rank << " dies (" << how << ")" << std::endl;
     if (how == "exit") std::exit(1);
     if (how == "abort") std::abort();
     kill(getpid(), SIGKILL);
@@ -181,12 +193,12 @@ void rank_exits() {
       nn::DistributedDataParallel ddp(model, o);
       for (int step = 0; step < 3; ++step) {
         Tensor loss = ddp.forward(randn({8, 64}).to(test_device())).square().mean();
-        if (rank == 1 && step == 1) die();
+        if (dies && step == 1) die();
         loss.backward();
         for (auto& p : model->parameters()) p.grad().sum().item<double>();
       }
     } else {
-      if (rank == 1) die();
+      if (dies) die();
       Tensor u = full({1000}, 5.0).to(test_device());
       dist::all_reduce(u);
       std::cout << "value: " << u.sum().item<double>() << std::endl;
@@ -198,7 +210,10 @@ void rank_exits() {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "error after " << s << " s: " << message << std::endl;
-  EXPECT(contains(message, "rank 1"), "the error names the dead rank: ", message);
+  bool named = false;  // ("rank 2 has exited", "ranks 1, 2, 3 have exited")
+  for (int r : dying)
+    named |= std::regex_search(message, std::regex("ranks? ([0-9]+, )*" + std::to_string(r) + "\\b"));
+  EXPECT(named, "the error names a dead rank: ", message);
   std::cout << "ok" << std::endl;
   std::_Exit(0);
 }

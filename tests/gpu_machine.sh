@@ -31,6 +31,15 @@ case "$cmd" in
       p=$(ldconfig -p | awk -v l="$l" '$1 == l && !f {print $NF; f = 1}')  # (no early exit: ldconfig would get SIGPIPE)
       [ -n "$p" ] && cp -L "$p" "$stage/gpu/lib/$l"
     done
+    # A Redis server for the two-node runs (tests/two_nodes.sh), with the libraries Ubuntu lacks.
+    mkdir -p "$stage/gpu/bin"
+    if command -v redis-server >/dev/null; then
+      cp -L "$(command -v redis-server)" "$stage/gpu/bin/"
+      for l in liblzf.so.1 libjemalloc.so.2; do
+        p=$(ldconfig -p | awk -v l="$l" '$1 == l && !f {print $NF; f = 1}')
+        [ -n "$p" ] && cp -L "$p" "$stage/gpu/lib/$l"
+      done
+    fi
     cp -r "$ROOT/../shared/torch-parity" "$ROOT/../shared/torch-programs" "$stage/shared/"
     strip --strip-unneeded "$stage"/gpu/tests/* "$stage"/gpu/bench/* "$stage"/gpu/examples/* "$stage"/gpu/lib/* 2>/dev/null || true
     mkdir -p "$CARRY"

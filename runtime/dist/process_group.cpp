@@ -23,6 +23,7 @@ std::mutex g_world_mu;
 std::shared_ptr<Group> g_world;
 std::string g_owned_store_dir;  // a rendezvous directory kiln named itself (removed at destroy)
 std::map<const Group*, int> g_children;  // sub-groups made from each group so far (their keys)
+std::string g_owner_key;  // this job's owner record in the store (marked done at destroy)
 
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -73,57 +74,61 @@ std::string store_url(const ProcessGroupOptions& o) {
   return "file://" + g_owned_store_dir;
 }
 
-// A fresh key prefix for this job. Rank 0 writes the owner record (host, pid, generation,
-// nonce); the others take its nonce once the record is this generation's and its writer is alive.
-// A record left by a crashed run on this host (its pid gone) makes rank 0 clear a directory kiln
-// named itself (Gloo's FileStore writes each key once), else say how to; a live writer of
-// another job at the same address is an error.
+// A fresh key prefix for this job. Jobs meeting through one store (a Redis server kept across
+// runs, a directory a crashed run left) take numbered owner records "kiln/owner/N": rank 0
+// writes the first N whose record is free, or belongs to a finished job (its "/done" marker,
+// written by destroy_process_group) or to a crashed one on this host (its pid gone); the others
+// take the first such N whose record is this generation's and live. A live job at the same
+// store is an error.
 std::string world_prefix(Store& store, int rank, std::chrono::milliseconds timeout) {
   static int generation = 0;  // init_process_group calls so far (the same on every rank)
   const int gen = generation++;
-  const std::string key = "kiln/owner", me = host_name();
+  const std::string me = host_name();
   struct Owner {
     std::string host;
     long pid = 0;
     int gen = -1;
     std::string nonce;
   };
-  // The record, once there (nullopt after `wait`); one being replaced reads as a stale one.
-  auto read_owner = [&](std::chrono::milliseconds wait) -> std::optional<Owner> {
-    if (!store.wait({key}, wait)) return std::nullopt;
+  auto key = [](int n) { return "kiln/owner/" + std::to_string(n); };
+  // Record n, once there (nullopt after `wait`).
+  auto read_owner = [&](int n, std::chrono::milliseconds wait) -> std::optional<Owner> {
+    if (!store.wait({key(n)}, wait)) return std::nullopt;
     Owner o;
-    try {
-      std::istringstream in(store.get(key, std::chrono::milliseconds(1)));
-      in >> o.host >> o.pid >> o.gen >> o.nonce;
-    } catch (const std::exception&) {  // (rank 0 clearing a crashed run's files just now)
-      o.gen = -1;
-    }
+    std::istringstream in(store.get(key(n), std::chrono::milliseconds(1)));
+    in >> o.host >> o.pid >> o.gen >> o.nonce;
     return o;
   };
-  auto stale = [&](const Owner& o) { return o.host == me && process_gone(o.pid); };
+  auto finished = [&](int n, const Owner& o) {
+    return store.wait({key(n) + "/done"}, std::chrono::milliseconds(0)) || (o.host == me && process_gone(o.pid));
+  };
   if (rank == 0) {
-    if (auto o = read_owner(std::chrono::milliseconds(1))) {
-      KILN_CHECK(stale(*o), "init_process_group: another job (pid ", o->pid, " on ", o->host,
+    int n = 0;
+    for (;; ++n) {
+      auto o = read_owner(n, std::chrono::milliseconds(0));
+      if (!o) break;
+      KILN_CHECK(finished(n, *o), "init_process_group: another job (pid ", o->pid, " on ", o->host,
                  ") is meeting through the same store ", store.where(), "; give this one its own MASTER_PORT or KILN_RUN_ID");
-      KILN_CHECK(!g_owned_store_dir.empty(), "init_process_group: the store ", store.where(),
-                 " holds the keys of an earlier run that did not finish (pid ", o->pid, "); remove them first");
-      // A crashed run's files go; the directory stays (the other ranks' stores are open on it).
-      for (const auto& f : std::filesystem::directory_iterator(g_owned_store_dir)) std::filesystem::remove_all(f.path());
     }
     std::random_device rd;
     const std::string nonce = std::to_string(rd()) + std::to_string(rd());
-    store.set(key, me + " " + std::to_string(getpid()) + " " + std::to_string(gen) + " " + nonce);
+    store.set(key(n), me + " " + std::to_string(getpid()) + " " + std::to_string(gen) + " " + nonce);
+    g_owner_key = key(n);
     return "kiln/world/" + nonce;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
+  for (int n = 0;;) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    std::optional<Owner> o = left.count() > 0 ? read_owner(left) : std::nullopt;
+    std::optional<Owner> o = left.count() > 0 ? read_owner(n, left) : std::nullopt;
     if (!o)
       throw Error(detail::cat("dist: rendezvous failed: rank 0 did not join within ", timeout.count(), " ms (store ",
                               store.where(), "); check that rank 0 started and MASTER_ADDR / MASTER_PORT"));
-    if (o->gen == gen && !stale(*o)) return "kiln/world/" + o->nonce;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // an earlier run's record: wait for rank 0's
+    if (finished(n, *o) || o->gen != gen) {
+      ++n;  // an earlier job's record: rank 0 writes a later one
+      continue;
+    }
+    g_owner_key = key(n);
+    return "kiln/world/" + o->nonce;
   }
 }
 
@@ -217,19 +222,22 @@ void destroy_process_group() {
     g = std::move(g_world);
   }
   if (!g) return;
-  // Rank 0 removes a rendezvous directory kiln named, once every rank is done with it.
+  // Once every rank is done: rank 0 marks the job's owner record finished (a later job at the
+  // same store, a Redis server kept across runs, takes the next record) and removes a rendezvous
+  // directory kiln named.
   bool all_here = false;
-  if (!g_owned_store_dir.empty()) try {
-      g->run("barrier", g->libraries().find("gloo") != std::string::npos ? cpu() : cuda(local_rank()),
-             [](Backend& b) -> CompletionPtr {
-               b.barrier();
-               return nullptr;
-             });
-      all_here = true;
-    } catch (const Error&) {
-    }
+  try {
+    g->run("barrier", g->libraries().find("gloo") != std::string::npos ? cpu() : cuda(local_rank()),
+           [](Backend& b) -> CompletionPtr {
+             b.barrier();
+             return nullptr;
+           });
+    all_here = true;
+    if (g->rank() == 0 && !g_owner_key.empty()) g->store()->set(g_owner_key + "/done", "1");
+  } catch (const Error&) {
+  }
   g->shutdown(false);
-  if (all_here && g->rank() == 0) {
+  if (all_here && g->rank() == 0 && !g_owned_store_dir.empty()) {
     std::error_code ec;
     std::filesystem::remove_all(g_owned_store_dir, ec);
   }
