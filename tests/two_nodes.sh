@@ -33,7 +33,7 @@ for scenario in ddp_gpt dtensor_gpt; do
     wait $p0
     r0=$?
     t1=$(date +%s.%N)
-    echo "two nodes, $scenario $mode: node 0 status $r0, node 1 status $r1 ($(echo "$t1 - $t0" | bc) s): $(grep -h -E 'equal|FAIL' /tmp/node0.log /tmp/node1.log | sort -u | tr '\n' ' ' | cut -c1-400)"
+    echo "two nodes, $scenario $mode: node 0 status $r0, node 1 status $r1 ($(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}') s): $(grep -h -E 'equal|FAIL' /tmp/node0.log /tmp/node1.log | sort -u | tr '\n' ' ' | cut -c1-400)"
   done
 done
 # Node 1 dies: both its ranks (2 and 3) are killed (kill -9) in the backward of a DDP step.
@@ -45,4 +45,4 @@ r1=$?
 wait $p0
 r0=$?
 t1=$(date +%s.%N)
-echo "node 1 killed in a DDP step: node 0 status $r0, node 1 status $r1 ($(echo "$t1 - $t0" | bc) s): $(grep -h -m2 -E 'error after|FAIL' /tmp/node0.log | cut -c1-300 | tr '\n' ' ')"
+echo "node 1 killed in a DDP step: node 0 status $r0, node 1 status $r1 ($(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", b - a}') s): $(grep -h -m2 -E 'error after|FAIL' /tmp/node0.log | cut -c1-300 | tr '\n' ' ')"

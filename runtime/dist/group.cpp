@@ -229,8 +229,10 @@ CompletionPtr Group::run(const char* what, Device device, const std::function<Co
   auto word = [what, lib, g = weak_from_this()](const std::exception& e) {
     auto self = g.lock();
     if (!self) return detail::cat("dist: ", what, " (", lib, ") failed: ", e.what());
+    const std::string why = e.what();
+    const bool named = why.find(" exited") != std::string::npos;  // (the watchdog named the dead ranks already)
     return detail::cat("dist: ", what, " on rank ", self->members_[self->rank_], " (", lib, ", group of ", self->size(),
-                       ", timeout ", self->timeout_.count(), " ms) failed: ", e.what(), self->gone_ranks());
+                       ", timeout ", self->timeout_.count(), " ms) failed: ", why, named ? "" : self->gone_ranks());
   };
   try {
     CompletionPtr c = op(b);
