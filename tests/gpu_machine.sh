@@ -8,6 +8,8 @@
 #   tests/gpu_machine.sh unpack         (there) unpacks it to .carry/gpu and ../shared
 #   tests/gpu_machine.sh suite OUTDIR   (there) every test program once with KILN_TEST_DEVICE=cuda,
 #                                       its log in OUTDIR, one summary line a program
+#   tests/gpu_machine.sh cpu-suite OUTDIR  (there) the same as CPU tests (no KILN_TEST_DEVICE): the
+#                                       suite on the GPU host's processor (another vendor than here)
 #   tests/gpu_machine.sh env            (there) prints the exports the programs need (eval it)
 #
 # The programs find their child programs next to themselves, so they run from any directory.
@@ -57,11 +59,11 @@ case "$cmd" in
     echo "export LD_LIBRARY_PATH=$CARRY/gpu/lib\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
     echo "export KILN_SOURCE_DIR=$ROOT KILN_REQUIRE_PARITY=1"
     ;;
-  suite)
-    out=${2:?usage: gpu_machine.sh suite OUTDIR}
+  suite|cpu-suite)
+    out=${2:?usage: gpu_machine.sh suite|cpu-suite OUTDIR}
     mkdir -p "$out"
     eval "$("$0" env)"
-    export KILN_TEST_DEVICE=cuda
+    if [ "$cmd" = suite ]; then export KILN_TEST_DEVICE=cuda; else unset KILN_TEST_DEVICE; fi
     # Test programs on the GPU; the child programs start from their parents.
     progs=()
     for f in "$CARRY"/gpu/tests/test_*; do progs+=("$f"); done
@@ -82,5 +84,5 @@ case "$cmd" in
     ! grep -v ' rc=0 ' "$out/summary.txt"
     ;;
   *)
-    sed -n '2,13p' "$0"; exit 2 ;;
+    sed -n '2,15p' "$0"; exit 2 ;;
 esac

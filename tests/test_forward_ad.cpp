@@ -325,50 +325,50 @@ TEST(JvpRules, OpsOutsideTheCorpus) {
 
 // At the points where an op is not differentiable, forward mode takes the value PyTorch's
 // gradient takes there (kiln's backward does too), so uᵀ(J v) = (Jᵀ u)ᵀ v holds at them: norm
-// (p = 2, 3, 0.5) of an all-zero tensor, std and var (correction 0) over identical values, max/min
-// over ties, clamp at its bounds, abs/sqrt/pow at 0. Each tangent is compared with the gradient
-// read off backward (a scalar output: J v = ∇ · v), and with the values PyTorch 2.11 gives.
+// (p = 2, 3, 0.5) of an all-zero tensor, std and var over identical values, amax/max/maximum/
+// minimum over ties, clamp at its bounds, abs and pow at 0. Each case of
+// tests/parity/fwad_conventions.json (PyTorch 2.11: torch.func.jvp and the gradient along v, made
+// by make_fwad_conventions.py) is checked twice: kiln's tangent against PyTorch's jvp, kiln's
+// gradient · v against PyTorch's.
 TEST(JvpRules, NonDifferentiablePointsFollowTheGradientConvention) {
   KILN_NEED_DEVICE();
   using F = std::function<Tensor(const Tensor&)>;
-  const Tensor zero = kiln::zeros({4}, kiln::kFloat64, dev());
-  const Tensor same = kiln::full({4}, 1.5, kiln::kFloat64, dev());
-  const Tensor ties = kiln::tensor({2.0, 2.0, -1.0, 2.0}, kiln::kFloat64, dev());
-  const Tensor at_bounds = kiln::tensor({-1.0, 0.5, 1.0, 3.0}, kiln::kFloat64, dev());
-  const Tensor v = kiln::tensor({0.3, -0.7, 1.1, 0.2}, kiln::kFloat64, dev());
-  struct Case {
-    const char* name;
-    F f;
-    Tensor x;
-    double want;  // PyTorch 2.11: torch.func.jvp / the gradient · v
+  const Tensor other = kiln::tensor({2.0, 1.0, -1.0, 5.0}, kiln::kFloat64, dev());
+  const std::map<std::string, F> fns = {
+      {"norm(p=2) at 0", [](const Tensor& a) { return kiln::norm(a, 2); }},
+      {"norm(p=3) at 0", [](const Tensor& a) { return kiln::norm(a, 3); }},
+      {"norm(p=0.5) at 0", [](const Tensor& a) { return kiln::norm(a, 0.5); }},
+      {"std(correction=0) of equal values", [](const Tensor& a) { return kiln::std(a, {0}, 0.0); }},
+      {"std(correction=1) of equal values", [](const Tensor& a) { return kiln::std(a, {0}, 1.0); }},
+      {"var(correction=0) of equal values", [](const Tensor& a) { return kiln::var(a, {0}, 0.0); }},
+      {"amax over ties", [](const Tensor& a) { return kiln::amax(a); }},
+      {"max(dim) over ties", [](const Tensor& a) { return kiln::max(a, 0).first; }},
+      {"clamp at its bounds", [](const Tensor& a) { return kiln::sum(kiln::clamp(a, -1.0, 1.0)); }},
+      {"abs at 0", [](const Tensor& a) { return kiln::sum(kiln::abs(a)); }},
+      {"maximum over ties", [&](const Tensor& a) { return kiln::sum(kiln::maximum(a, other)); }},
+      {"minimum over ties", [&](const Tensor& a) { return kiln::sum(kiln::minimum(a, other)); }},
+      {"pow(x, 2) at 0", [](const Tensor& a) { return kiln::sum(kiln::pow(a, 2.0)); }},
   };
-  const std::vector<Case> cases = {
-      {"norm(p=2) at 0", [](const Tensor& a) { return kiln::norm(a, 2); }, zero, 0.0},
-      {"norm(p=3) at 0", [](const Tensor& a) { return kiln::norm(a, 3); }, zero, 0.0},
-      {"norm(p=0.5) at 0", [](const Tensor& a) { return kiln::norm(a, 0.5); }, zero, 0.0},
-      {"std(correction=0) of equal values", [](const Tensor& a) { return kiln::std(a, {0}, 0.0); }, same, 0.0},
-      {"std(correction=1) of equal values", [](const Tensor& a) { return kiln::std(a, {0}, 1.0); }, same, 0.0},
-      {"var(correction=0) of equal values", [](const Tensor& a) { return kiln::var(a, {0}, 0.0); }, same, 0.0},
-      // max over ties: amax spreads the gradient evenly over the maxima (0.3 - 0.7 + 0.2) / 3.
-      {"amax over ties", [](const Tensor& a) { return kiln::amax(a); }, ties, (0.3 - 0.7 + 0.2) / 3},
-      // max(dim) sends it to the first maximum only.
-      {"max(dim) over ties", [](const Tensor& a) { return kiln::max(a, 0).first; }, ties, 0.3},
-      // clamp(-1, 1): the gradient passes at the bounds themselves (x = -1 and x = 1).
-      {"clamp at its bounds", [](const Tensor& a) { return kiln::sum(kiln::clamp(a, -1.0, 1.0)); }, at_bounds,
-       0.3 - 0.7 + 1.1},
-      {"abs at 0", [](const Tensor& a) { return kiln::sum(kiln::abs(a)); }, zero, 0.0},
-  };
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    auto j = kiln::jvp([&](const V& a) { return V{c.f(a[0])}; }, {c.x}, {v});
+  const char* src = std::getenv("KILN_SOURCE_DIR");
+  ASSERT_TRUE(src) << "KILN_SOURCE_DIR is not set";
+  std::ifstream in(std::filesystem::path(src) / "tests" / "parity" / "fwad_conventions.json");
+  ASSERT_TRUE(in) << "tests/parity/fwad_conventions.json is missing";
+  const nlohmann::json cases = nlohmann::json::parse(in)["cases"];
+  ASSERT_EQ(cases.size(), fns.size());
+  for (const auto& [name, c] : cases.items()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(fns.count(name)) << "no kiln function for this case";
+    const F& f = fns.at(name);
+    const Tensor x = kiln::from_vector(c["x"].get<std::vector<double>>()).to(dev());
+    const Tensor v = kiln::from_vector(c["v"].get<std::vector<double>>()).to(dev());
+    auto j = kiln::jvp([&](const V& a) { return V{f(a[0])}; }, {x}, {v});
     const double tangent = j.tangents[0].cpu().item<double>();
-    Tensor x = c.x.detach().clone();
-    x.requires_grad_(true);
-    c.f(x).backward();
-    const double grad_v = kiln::sum(kiln::mul(x.grad(), v)).cpu().item<double>();
-    EXPECT_FALSE(std::isnan(tangent)) << "the tangent is NaN";
-    EXPECT_NEAR(tangent, grad_v, 1e-12) << "forward mode disagrees with the gradient";
-    EXPECT_NEAR(tangent, c.want, 1e-12) << "forward mode disagrees with PyTorch";
+    Tensor xg = x.clone();
+    xg.requires_grad_(true);
+    f(xg).backward();
+    const double grad_v = kiln::sum(kiln::mul(xg.grad(), v)).cpu().item<double>();
+    EXPECT_NEAR(tangent, c["jvp"].get<double>(), 1e-12) << "kiln's tangent differs from PyTorch's jvp";
+    EXPECT_NEAR(grad_v, c["grad_v"].get<double>(), 1e-12) << "kiln's gradient differs from PyTorch's";
   }
 }
 
