@@ -259,15 +259,5 @@ void ddp_shapes() {
 int main(int argc, char** argv) {
   const std::map<std::string, std::function<void()>> scenarios = {
       {"threads", threads}, {"mismatch", mismatch}, {"rank_exits", rank_exits}, {"ddp_shapes", ddp_shapes}};
-  if (argc < 2 || !scenarios.count(argv[1])) {
-    std::cerr << "usage: dist_fault_worker threads|mismatch|rank_exits|ddp_shapes\n";
-    return 2;
-  }
-  try {
-    scenarios.at(argv[1])();
-  } catch (const std::exception& e) {
-    fail(std::string("uncaught: ") + e.what());
-  }
-  std::cout << "ok" << std::endl;
-  return 0;
+  return kiln::testing::run_scenario("dist_fault_worker", argc, argv, scenarios);
 }

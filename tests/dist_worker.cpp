@@ -1002,17 +1002,5 @@ int main(int argc, char** argv) {
       {"dtensor_programs", dtensor_programs}, {"dtensor_gpt", dtensor_gpt}, {"context_parallel", context_parallel},
       {"dtensor_edges", dtensor_edges},
   };
-  if (argc < 2 || !scenarios.count(argv[1])) {
-    std::cerr << "usage: dist_worker SCENARIO (";
-    for (auto& [k, _] : scenarios) std::cerr << k << " ";
-    std::cerr << ")\n";
-    return 2;
-  }
-  try {
-    scenarios.at(argv[1])();
-  } catch (const std::exception& e) {
-    fail(std::string("uncaught: ") + e.what());
-  }
-  std::cout << "ok" << std::endl;
-  return 0;
+  return kiln::testing::run_scenario("dist_worker", argc, argv, scenarios);
 }

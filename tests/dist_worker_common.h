@@ -4,7 +4,9 @@
 #pragma once
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <string>
 
 #include "kiln.h"
@@ -33,6 +35,25 @@ inline void init_from_env() {
   if (const char* b = std::getenv("KILN_TEST_BACKEND")) o.backend = b;
   if (const char* m = std::getenv("KILN_TEST_INIT_METHOD")) o.init_method = m;
   dist::init_process_group(o);
+}
+
+// A worker's main: runs the scenario argv[1] names (an uncaught error fails the rank), prints
+// "ok" and returns 0; a missing or unknown name prints the usage and returns 2.
+inline int run_scenario(const char* program, int argc, char** argv,
+                        const std::map<std::string, std::function<void()>>& scenarios) {
+  if (argc < 2 || !scenarios.count(argv[1])) {
+    std::cerr << "usage: " << program << " SCENARIO (";
+    for (auto& [k, _] : scenarios) std::cerr << k << " ";
+    std::cerr << ")\n";
+    return 2;
+  }
+  try {
+    scenarios.at(argv[1])();
+  } catch (const std::exception& e) {
+    fail(std::string("uncaught: ") + e.what());
+  }
+  std::cout << "ok" << std::endl;
+  return 0;
 }
 
 }  // namespace kiln::testing
