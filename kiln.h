@@ -3,6 +3,7 @@
 #include "runtime/core/dtype.h"
 #include "runtime/core/error.h"
 #include "runtime/autograd/autograd.h"
+#include "runtime/autograd/checkpoint.h"
 #include "runtime/autograd/forward_ad.h"
 #include "runtime/autograd/transforms.h"
 #include "runtime/exec/executor.h"

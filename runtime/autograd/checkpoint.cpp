@@ -1,0 +1,94 @@
+// kiln::checkpoint: the forward without a graph, the backward recomputing it (checkpoint.h).
+#include "runtime/autograd/checkpoint.h"
+
+#include "runtime/autograd/autograd.h"
+#include "runtime/core/error.h"
+#include "runtime/ops/ops.h"
+#include "runtime/tensor/record.h"
+#include "runtime/tensor/trace.h"
+
+namespace kiln {
+namespace {
+
+// The generator set to `s` for a scope, then put back where it was.
+struct RngAt {
+  std::pair<uint64_t, uint64_t> before;
+  explicit RngAt(std::pair<uint64_t, uint64_t> s) : before(detail::rng_state()) { detail::set_rng_state(s); }
+  ~RngAt() { detail::set_rng_state(before); }
+};
+
+// The recomputation's leaves: each input detached, asking for a gradient where the input does.
+std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> leaves;
+  for (const Tensor& t : inputs) {
+    if (!t.defined()) {
+      leaves.push_back(t);
+      continue;
+    }
+    Tensor l = t.detach();
+    if (t.requires_grad() && is_floating(t.dtype())) l.requires_grad_(true);
+    leaves.push_back(l);
+  }
+  return leaves;
+}
+
+}  // namespace
+
+Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
+  KILN_CHECK(fn, "checkpoint: no function given");
+  const auto rng = detail::rng_state();
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = fn(inputs);
+  }
+  KILN_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
+  if (!grad_enabled()) return out;
+  bool wanted = false;
+  for (const Tensor& t : inputs) wanted = wanted || (t.defined() && t.requires_grad());
+  // Parameters read inside fn ask for gradients even when no input does: the output then needs
+  // a backward as well. Whether fn reads any is known only by running it with grad mode on, so
+  // the output is treated as differentiable whenever it is floating (as PyTorch's
+  // use_reentrant=False does).
+  if (!is_floating(out.dtype())) return out;
+  std::vector<Tensor> saved = inputs;
+  // attach_custom_grad needs an input asking for a gradient: where none does, a stand-in that is
+  // never given one, so the parameters inside fn still receive theirs.
+  Tensor anchor;
+  if (!wanted) {
+    anchor = zeros({}, out.dtype(), out.device());
+    anchor.requires_grad_(true);
+  }
+  std::vector<Tensor> grad_inputs = saved;
+  if (!wanted) grad_inputs.push_back(anchor);
+  detail::attach_custom_grad(out, "checkpoint", grad_inputs, [fn, saved, rng, wanted](const Tensor& g, bool create_graph) {
+    // The recomputation's gradients are functions of fresh leaves, not of the inputs' history:
+    // a second derivative through them would silently miss terms.
+    KILN_CHECK(!create_graph, "checkpoint: a backward with create_graph (double backward, hvp) through a ",
+               "checkpointed block is not supported; call the block without checkpoint there");
+    std::vector<Tensor> leaves = fresh_leaves(saved);
+    Tensor again;
+    {
+      struct GradOn {
+        bool prev = grad_enabled();
+        GradOn() { set_grad_enabled(true); }
+        ~GradOn() { set_grad_enabled(prev); }
+      } on;
+      RngAt at(rng);
+      again = fn(leaves);
+    }
+    KILN_CHECK(again.defined() && again.sizes() == g.sizes(), "checkpoint: the recomputation gave a result of shape ",
+               again.defined() ? detail::str(again.shape()) : std::string("(undefined)"), ", the forward ",
+               detail::str(g.shape()), "; fn must compute the same function both times");
+    std::vector<Tensor> grads(leaves.size() + (wanted ? 0 : 1));
+    if (again.requires_grad()) {
+      kiln::backward({again}, {g});
+      for (size_t i = 0; i < leaves.size(); ++i)
+        if (leaves[i].defined() && leaves[i].requires_grad() && leaves[i].grad().defined()) grads[i] = leaves[i].grad();
+    }
+    return grads;
+  });
+  return out;
+}
+
+}  // namespace kiln
