@@ -78,6 +78,7 @@ struct Options {
   int steps = -1, warmup = -1, batches = 8;
   uint64_t seed = 1337;
   bool tie = false;
+  bool checkpoint = false;  // --checkpoint: every block under kiln::checkpoint
   bool graphs = true;  // --no-graphs: compiled steps run kernel by kernel (KILN_PROFILE sees each)
   bool ddp = false;  // --ddp: nn::DistributedDataParallel over kiln-run's ranks (NCCL on CUDA, Gloo on the CPU)
   bool fsdp = false;  // --fsdp: dist::fully_shard over kiln-run's ranks, each rank its own batches (eager)
@@ -206,7 +207,7 @@ Row head_row(const Options& o, const GptConfig& c, const std::string& dtype, con
   Row r("GPT-" + c.name, impl);
   r.str("framework", "kiln").str("config", c.name).str("dtype", dtype).str("device", o.device).str("attn", o.attn);
   r.integer("batch", c.batch).integer("seq", c.block_size).integer("d_model", c.n_embd).integer("n_layer", c.n_layer);
-  r.integer("n_head", c.n_head).integer("vocab", c.vocab).integer("mlp", c.mlp).boolean("tie_weights", o.tie);
+  r.integer("n_head", c.n_head).integer("vocab", c.vocab).integer("mlp", c.mlp).boolean("tie_weights", o.tie).boolean("checkpoint", o.checkpoint);
   r.integer("seed", static_cast<long long>(o.seed)).str("data_checksum", g_data_checksum);
   r.str("parallel", o.fsdp ? "fully_shard" : o.tp ? "tensor_parallel_mlp" : o.ddp ? "ddp" : "none");
   if (o.ddp) r.integer("world_size", kiln::dist::get_world_size());
@@ -286,6 +287,7 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   }
   kiln::manual_seed(o.seed);
   auto model = std::make_shared<Gpt>(c, o.attn == "manual", o.tie);
+  model->checkpoint_blocks = o.checkpoint;
   model->to(dev);
   // Data parallel: the model's gradients are averaged over the ranks during the backward.
   std::shared_ptr<nn::DistributedDataParallel> ddp;
@@ -439,6 +441,8 @@ Options parse(int argc, char** argv) {
       o.batches = static_cast<int>(int_value());
     else if (key == "--tie-weights")
       o.tie = true;
+    else if (key == "--checkpoint")
+      o.checkpoint = true;
     else if (key == "--no-graphs")
       o.graphs = false;
     else if (key == "--ddp")

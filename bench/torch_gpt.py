@@ -32,6 +32,7 @@ import time
 import traceback
 
 import torch
+import torch.utils.checkpoint
 import torch.nn as nn
 from torch.nn import functional as F
 
@@ -101,6 +102,7 @@ class GPT(nn.Module):
     def __init__(self, c, manual, tie):
         super().__init__()
         self.c = c
+        self.checkpoint = False
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(c["vocab"], c["n_embd"]),
             wpe=nn.Embedding(c["block_size"], c["n_embd"]),
@@ -129,7 +131,7 @@ class GPT(nn.Module):
         pos = torch.arange(0, t, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
-            x = block(x)
+            x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=True) if self.checkpoint else block(x)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
@@ -192,7 +194,7 @@ def head(args, c, dtype, impl):
     return {"workload": f"GPT-{c['name']}", "impl": impl, "framework": "torch", "config": c["name"], "dtype": dtype,
             "device": args.device, "attn": args.attn, "batch": c["batch"], "seq": c["block_size"],
             "d_model": c["n_embd"], "n_layer": c["n_layer"], "n_head": c["n_head"], "vocab": c["vocab"],
-            "mlp": c["mlp"], "tie_weights": args.tie_weights, "seed": args.seed, "data_checksum": DATA_CHECKSUM,
+            "mlp": c["mlp"], "tie_weights": args.tie_weights, "checkpoint": args.checkpoint, "seed": args.seed, "data_checksum": DATA_CHECKSUM,
             "parallel": "fully_shard" if args.fsdp else "tensor_parallel_mlp" if args.tp else "ddp" if args.ddp else "none",
             "world_size": args.world_size}
 
@@ -221,6 +223,7 @@ def build(args, c, dtype, mode):
     """Model, optimizer and a call(x, y) -> loss tensor for one mode."""
     torch.manual_seed(args.seed)
     model = GPT(c, args.attn == "manual", args.tie_weights).to(args.device)
+    model.checkpoint = args.checkpoint
     opt = make_optimizer(model)
     if args.tp:  # Megatron's MLP split: c_fc colwise, c_proj rowwise (every rank the same batch)
         from torch.distributed.device_mesh import init_device_mesh
@@ -390,6 +393,7 @@ def main():
     p.add_argument("--attn", default="sdpa", choices=["sdpa", "manual"])
     p.add_argument("--batches", type=int, default=8)
     p.add_argument("--tie-weights", action="store_true")
+    p.add_argument("--checkpoint", action="store_true", help="every block under torch.utils.checkpoint")
     p.add_argument("--matmul-precision", default="highest", choices=["highest", "high", "medium"])
     p.add_argument("--compile-target", default="step", choices=["step", "model"])
     p.add_argument("--peak-flops", type=float, default=0.0)

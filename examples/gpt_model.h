@@ -139,10 +139,14 @@ class Gpt : public nn::Module {
     const int64_t T = idx.size(1);
     Tensor pos = kiln::arange(0, T, 1, kiln::kInt64, idx.device());
     Tensor x = wte->forward(idx) + wpe->forward(pos);
-    for (const auto& block : *h) x = block->forward(x);
+    for (const auto& block : *h)
+      x = checkpoint_blocks ? kiln::checkpoint([&](const std::vector<Tensor>& in) { return block->forward(in[0]); }, {x})
+                            : block->forward(x);
     x = ln_f->forward(x);
     return tie_ ? kiln::linear(x, wte->weight) : lm_head->forward(x);
   }
+  // Each block under kiln::checkpoint (its activations recomputed in the backward).
+  bool checkpoint_blocks = false;
   std::shared_ptr<nn::Embedding> wte, wpe;
   std::shared_ptr<nn::ModuleList> h;
   std::shared_ptr<nn::LayerNorm> ln_f;
