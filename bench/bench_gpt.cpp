@@ -284,6 +284,8 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
     kiln::cuda::synchronize();
     kiln::cuda::empty_cache();
     kiln::cuda::reset_peak_memory_stats(dev.index);
+  } else {
+    kiln::reset_peak_host_memory_stats();
   }
   kiln::manual_seed(o.seed);
   auto model = std::make_shared<Gpt>(c, o.attn == "manual", o.tie);
@@ -374,8 +376,8 @@ void run_mode(const Options& o, const GptConfig& c, const std::string& dtype, bo
   r.num("tflops", flops_per_step * sps / 1e12).num("mfu", cuda ? flops_per_step * sps / peak : NAN);
   r.num("peak_flops", peak).str("peak_name", peak_name).str("matmul_precision", kiln::get_float32_matmul_precision());
   r.str("optimizer", "AdamW(lr 3e-4, betas 0.9/0.95, wd 0.1 on 2-D params)");
-  if (cuda) {
-    const kiln::MemoryStats s = kiln::cuda::memory_stats(dev.index);
+  {  // (on the CPU: the host memory of tensor data, kiln's buffer pool)
+    const kiln::MemoryStats s = cuda ? kiln::cuda::memory_stats(dev.index) : kiln::host_memory_stats();
     r.num("peak_alloc_mib", s.peak_allocated_bytes / 1048576.0)
         .num("peak_reserved_mib", s.peak_reserved_bytes / 1048576.0);
   }

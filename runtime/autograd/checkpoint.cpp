@@ -36,6 +36,11 @@ std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& inputs) {
 
 Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, const std::vector<Tensor>& inputs) {
   KILN_CHECK(fn, "checkpoint: no function given");
+  // Inside kiln::compile the traced step's min-cut partition decides what the backward keeps and
+  // what it recomputes; tracing the recomputation as well duplicated the block's nodes and raised
+  // the compiled GPT-M step's peak (6.7 -> 9.1 GiB on an H100, docs/BENCHMARKS.md). So the block
+  // is traced as it is.
+  if (detail::trace_observer()) return fn(inputs);
   const auto rng = detail::rng_state();
   Tensor out;
   {

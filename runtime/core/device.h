@@ -37,6 +37,12 @@ struct MemoryStats {
   int64_t num_splits = 0;  // cached blocks split to serve a smaller request
 };
 
+// Host memory held by tensor data (CPU storages from kiln's buffer pool): allocated now and at
+// the peak since the last reset, cached (freed blocks kept for reuse), allocations and frees.
+// The CPU counterpart of cuda::memory_stats (the bench's peak_alloc_mib on the CPU).
+KILN_API MemoryStats host_memory_stats();
+KILN_API void reset_peak_host_memory_stats();
+
 // CUDA device `index`: converts to Device{CUDA, index} (`x.to(kiln::cuda())`). The static
 // members ask about and control the CUDA devices (`kiln::cuda::is_available()`).
 struct KILN_API cuda {

@@ -1,10 +1,13 @@
 #include "runtime/exec/buffer_pool.h"
 
+#include <atomic>
+
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/core/error.h"
 
 namespace kiln {
@@ -80,9 +83,38 @@ void give_back(int c, void* b) {
 
 }  // namespace
 
+namespace {
+// Host memory counters (kiln::host_memory_stats): bytes of tensor data handed out now and at
+// the peak, in the pool's size classes (a block's whole class counts, as the CUDA allocator
+// counts rounded sizes).
+std::atomic<int64_t> g_allocated{0}, g_peak{0}, g_allocs{0}, g_frees{0};
+
+void count_allocation(int64_t bytes) {
+  const int64_t now = g_allocated.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+  g_allocs.fetch_add(1, std::memory_order_relaxed);
+  int64_t peak = g_peak.load(std::memory_order_relaxed);
+  while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+  }
+}
+}  // namespace
+
+MemoryStats host_memory_stats() {
+  MemoryStats s;
+  s.allocated_bytes = g_allocated.load();
+  s.peak_allocated_bytes = g_peak.load();
+  s.cached_bytes = static_cast<int64_t>(pool_cached_bytes());
+  s.reserved_bytes = s.allocated_bytes + s.cached_bytes;
+  s.num_allocs = g_allocs.load();
+  s.num_frees = g_frees.load();
+  return s;
+}
+
+void reset_peak_host_memory_stats() { g_peak.store(g_allocated.load()); }
+
 void* pool_allocate(size_t nbytes) {
   int c = size_class(nbytes == 0 ? 1 : nbytes);
   KILN_CHECK(c < kClasses, "allocation of ", nbytes, " bytes is too large");
+  count_allocation(int64_t{1} << c);
   if (c < kLocalClasses) {
     LocalCache& l = t_local;
     if (l.count[c] > 0) {
@@ -110,6 +142,8 @@ void* pool_allocate(size_t nbytes) {
 
 void pool_free(void* b, size_t nbytes) {
   int c = size_class(nbytes == 0 ? 1 : nbytes);
+  g_allocated.fetch_sub(int64_t{1} << c, std::memory_order_relaxed);
+  g_frees.fetch_add(1, std::memory_order_relaxed);
   if (poison()) std::memset(b, 0xFF, size_t(1) << c);
   if (c < kLocalClasses) {
     LocalCache& l = t_local;

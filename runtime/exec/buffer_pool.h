@@ -15,5 +15,6 @@ void pool_free(void* p, size_t nbytes);
 // Bytes currently cached in the pool (free blocks), and a way to release them all.
 size_t pool_cached_bytes();
 void pool_release();
+// (host_memory_stats, runtime/core/device.h, reads this pool's counters)
 
 }  // namespace kiln
