@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
+#include <limits>
+#include <optional>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
@@ -46,13 +48,30 @@ struct AccumulateGrad final : GradNode {
   const char* name() const override { return "AccumulateGrad"; }
 };
 
+// What a vjp rule that reads no values needs of a tensor: its shape, dtype and device.
+struct TensorMeta {
+  Shape shape;
+  DType dtype = kFloat32;
+  Device device;
+};
+
+// A stand-in of that shape, dtype and device for such a rule: one expanded constant (no
+// storage), NaN where floating, so a rule that did read its values would give NaN gradients
+// (the gradchecks fail) rather than silently wrong ones.
+Tensor stand_in(const TensorMeta& m) {
+  const Scalar v = is_floating(m.dtype) ? Scalar(std::numeric_limits<double>::quiet_NaN()) : Scalar(0);
+  return detail::expand_to(full({}, v, m.dtype, m.device), m.shape);
+}
+
 // The backward node of one recorded primitive.
 struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   OpKind op;
   Attrs attrs;
   Shape view_shape;
-  std::vector<Tensor> inputs;  // snapshots
-  NodePtr out;
+  std::vector<Tensor> inputs;  // snapshots (undefined where `metas` stands in)
+  std::vector<std::optional<TensorMeta>> metas;  // per input, when the rule reads no values
+  NodePtr out;  // (null when the rule reads no values: out_meta stands in)
+  std::optional<TensorMeta> out_meta;
   std::vector<TensorImpl::Tangent> out_tangents;  // the output's, for forward-over-reverse
   bool released_ = false;
 
@@ -60,17 +79,22 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     KILN_CHECK(!released_, "backward: trying to backward through the graph a second time (", op_name(op),
                "); pass retain_graph=true to the first backward");
     auto impl = TensorImpl::make();
-    impl->node_ = out;
+    impl->node_ = out ? out : stand_in(*out_meta).node();
     impl->requires_grad = true;
     impl->grad_fn = shared_from_this();
     impl->tangents = out_tangents;
     Tensor o(impl);
-    return detail::vjp(op, attrs, inputs, o, g, view_shape);
+    if (metas.empty()) return detail::vjp(op, attrs, inputs, o, g, view_shape);
+    std::vector<Tensor> in = inputs;
+    for (size_t i = 0; i < in.size(); ++i)
+      if (metas[i]) in[i] = stand_in(*metas[i]);
+    return detail::vjp(op, attrs, in, o, g, view_shape);
   }
   void release() override {
     // The output node too: a handle to it would make the lazy executor store every forward
     // intermediate that the pending backward could otherwise recompute or fuse.
     inputs.clear();
+    metas.clear();
     out.reset();
     out_tangents.clear();
     released_ = true;
@@ -145,10 +169,23 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   node->op = op;
   node->attrs = attrs;
   node->view_shape = view_shape;
-  node->out = out.node();
   node->out_tangents = out.impl()->tangents;
+  // A rule that reads no values keeps shapes, not tensors (DTensors excepted: a stand-in would
+  // lose their placements).
+  bool keep = detail::vjp_reads_values(op) || out.node()->placed;
+  for (const auto& t : inputs) keep = keep || t.node()->placed;
+  if (keep) {
+    node->out = out.node();
+  } else {
+    node->out_meta = TensorMeta{out.shape(), out.dtype(), out.device()};
+  }
   for (const auto& t : inputs) {
-    node->inputs.push_back(snapshot(t));
+    if (keep) {
+      node->inputs.push_back(snapshot(t));
+    } else {
+      node->inputs.emplace_back();
+      node->metas.push_back(TensorMeta{t.shape(), t.dtype(), t.device()});
+    }
     node->next.push_back(t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
   }
   out.impl()->requires_grad = true;

@@ -40,6 +40,29 @@ bool is_differentiable(OpKind op) {
   }
 }
 
+bool vjp_reads_values(OpKind op) {
+  switch (op) {
+    case OpKind::Add:
+    case OpKind::Sub:
+    case OpKind::Neg:
+    case OpKind::Sum:
+    case OpKind::ToDevice:
+    case OpKind::Cast:
+    case OpKind::Contiguous:
+    case OpKind::Cat:
+    case OpKind::View:
+    case OpKind::Permute:
+    case OpKind::Expand:
+    case OpKind::Slice:
+    case OpKind::Select:
+    case OpKind::Squeeze:
+    case OpKind::Unsqueeze:
+    case OpKind::Flip:
+    case OpKind::AsStrided: return false;  // (vjp below: shapes, dtypes and devices only)
+    default: return true;
+  }
+}
+
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   const Shape& gs = g.shape();
   if (identical_shape(gs, shape)) return g;

@@ -8,6 +8,11 @@ namespace kiln::detail {
 
 // Whether gradients flow through `op` at all.
 bool is_differentiable(OpKind op);
+// Whether op's vjp rule reads the values of its inputs or output. Where it does not (sums,
+// differences, views, copies, casts, concatenation: only shapes, dtypes and devices), the
+// backward node keeps no handle on them, so the forward's intermediates they name are freed as
+// soon as nothing else needs them, as PyTorch saves only what each formula uses.
+bool vjp_reads_values(OpKind op);
 // Gradients for each input of one recorded primitive, given its inputs, output and the
 // output's gradient `g` (undefined entries: no gradient). `view_shape` is the shape of
 // View/Expand steps.
