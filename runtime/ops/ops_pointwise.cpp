@@ -153,15 +153,47 @@ Tensor softplus(const Tensor& x_in, double beta, double threshold) {
   return where(gt(z, threshold), f, soft);
 }
 
+namespace {
+constexpr double kGeluTanhK = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluTanhC = 0.044715;
+
+Tensor gelu_value(const Tensor& f, bool exact) {
+  if (exact) return mul(mul(f, 0.5), add(erf(mul(f, M_SQRT1_2)), 1.0));
+  Tensor inner = mul(add(f, mul(mul(mul(f, f), f), kGeluTanhC)), kGeluTanhK);
+  return mul(mul(f, 0.5), add(tanh(inner), 1.0));
+}
+
+// d gelu / dx, as PyTorch's GeluBackward: exact 0.5 (1 + erf(x / sqrt 2)) + x phi(x); tanh form
+// 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2), t = tanh(k (x + c x^3)).
+Tensor gelu_derivative(const Tensor& f, bool exact) {
+  if (exact)
+    return add(mul(add(erf(mul(f, M_SQRT1_2)), 1.0), 0.5), mul(f, mul(exp(mul(mul(f, f), -0.5)), 0.3989422804014327)));
+  Tensor t = tanh(mul(add(f, mul(mul(mul(f, f), f), kGeluTanhC)), kGeluTanhK));
+  Tensor dinner = mul(add(mul(mul(f, f), 3 * kGeluTanhC), 1.0), kGeluTanhK);
+  return add(mul(add(t, 1.0), 0.5), mul(mul(mul(f, 0.5), sub(1.0, mul(t, t))), dinner));
+}
+}  // namespace
+
+// One backward node that keeps only x (PyTorch's GeluBackward): recorded primitive by primitive,
+// every intermediate of the formula ([B, T, 4d] five times in a transformer's MLP) was kept for
+// the backward.
 Tensor gelu(const Tensor& x_in, const std::string& approximate) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
   const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
-  if (approximate == "none") return mul(mul(f, 0.5), add(erf(mul(f, M_SQRT1_2)), 1.0));
-  KILN_CHECK(approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '", approximate, "'");
-  const double k = std::sqrt(2.0 / M_PI);
-  Tensor inner = mul(add(f, mul(mul(mul(f, f), f), 0.044715)), k);
-  return mul(mul(f, 0.5), add(tanh(inner), 1.0));
+  KILN_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '",
+             approximate, "'");
+  const bool exact = approximate == "none";
+  if (!(grad_enabled() && f.requires_grad())) return gelu_value(f, exact);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = gelu_value(f, exact);
+  }
+  detail::attach_custom_grad(out, "gelu", {f}, [f, exact](const Tensor& g, bool) {
+    return std::vector<Tensor>{mul(g, gelu_derivative(f, exact))};
+  });
+  return out;
 }
 
 Tensor to(const Tensor& x, DType dtype) {
