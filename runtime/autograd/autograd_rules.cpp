@@ -41,6 +41,7 @@ bool is_differentiable(OpKind op) {
 }
 
 bool vjp_reads_values(OpKind op) {
+  if (is_view_op(op)) return false;  // (inverse_view: the input's shape)
   switch (op) {
     case OpKind::Add:
     case OpKind::Sub:
@@ -49,16 +50,7 @@ bool vjp_reads_values(OpKind op) {
     case OpKind::ToDevice:
     case OpKind::Cast:
     case OpKind::Contiguous:
-    case OpKind::Cat:
-    case OpKind::View:
-    case OpKind::Permute:
-    case OpKind::Expand:
-    case OpKind::Slice:
-    case OpKind::Select:
-    case OpKind::Squeeze:
-    case OpKind::Unsqueeze:
-    case OpKind::Flip:
-    case OpKind::AsStrided: return false;  // (vjp below: shapes, dtypes and devices only)
+    case OpKind::Cat: return false;  // (vjp below: shapes, dtypes and devices only)
     default: return true;
   }
 }
