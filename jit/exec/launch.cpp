@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <set>
+#include <string>
 #include <tuple>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "jit/diag/diagnostics.h"
 #include "jit/diag/profile.h"
@@ -388,11 +392,77 @@ bool run_step(const Plan& plan, size_t si, const std::vector<Node*>& ext, RunScr
 
 }  // namespace
 
+namespace {
+
+// Whether a segment's intermediates are released at their last reader (KILN_LIVENESS=0: kept
+// until the segment ends, as before).
+bool liveness_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_LIVENESS");
+    return !(v && std::string(v) == "0");
+  }();
+  return on;
+}
+
+// The segment's intermediates by the step after which nothing reads them: a node of the segment
+// that is not needed outside it, nor shared by a rewrite after the run, is released (its storage
+// given back to the allocator) once the last step reading it has run. Steps run in order; a
+// horizontal kernel's members read at the step that launches them. Without this a segment (a
+// whole compiled training step) held every stored value until its end.
+std::vector<std::vector<Node*>> releases_after(const Plan& plan, const Segment& seg, const RunScratch& sc) {
+  const std::vector<Node*>& ext = sc.ext;
+  std::vector<size_t> when(plan.steps.size());
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    if (!when[si]) when[si] = si;
+    for (int b : plan.steps[si].batches_after)
+      for (int m : plan.batches[static_cast<size_t>(b)].members) when[static_cast<size_t>(m)] = si;
+  }
+  std::unordered_map<const Node*, size_t> last;
+  std::unordered_set<const Node*> keep;
+  for (size_t i = 0; i < seg.nodes.size(); ++i)
+    if (seg.needed[i])  // (a needed view is its base's storage: the bases stay too)
+      for (const Node* n = seg.nodes[i]; n && keep.insert(n).second && is_view_op(n->op);)
+        n = n->inputs.empty() ? nullptr : n->inputs[0].get();
+  for (const auto& sh : plan.rw.shares) keep.insert(ext[static_cast<size_t>(sh.from)]);
+  for (const auto& sh : plan.patterns.shares) keep.insert(sc.patterned_ext[static_cast<size_t>(sh.from)]);
+  // A read of a view reads its base (a view is materialized from its base's storage when read).
+  auto read = [&](const Node* n, size_t t) {
+    for (; n; n = is_view_op(n->op) && !n->inputs.empty() ? n->inputs[0].get() : nullptr) {
+      size_t& l = last[n];
+      l = std::max(l, t);
+    }
+  };
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const PlanStep& s = plan.steps[si];
+    const size_t t = when[si];
+    if (s.kind == Step::Kind::Kernel) {
+      for (int i : s.inputs)
+        if (i >= 0) read(ext[static_cast<size_t>(i)], t);
+      // (a step fused into the previous one as its epilogue reads at the same time or later)
+    } else {
+      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) read(in.get(), t);
+    }
+    if (s.gemm_bias) read(ext[static_cast<size_t>(s.bias)], t);
+  }
+  std::vector<std::vector<Node*>> out(plan.steps.size());
+  for (Node* n : seg.nodes) {
+    auto it = last.find(n);
+    if (it == last.end() || keep.count(n)) continue;
+    out[it->second].push_back(n);
+  }
+  return out;
+}
+
+}  // namespace
+
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const std::vector<Node*>& ext = sc.ext;
   const Device device = seg.nodes.empty() ? cpu() : seg.nodes[0]->device;
   const bool prof = profile_enabled() && device.type == DeviceType::CPU;
   DeviceStepTimer device_timer(profile_enabled(), device);  // (a device's own clock)
+  const bool release = liveness_enabled() && plan.rw.identity && plan.patterns.identity;
+  const std::vector<std::vector<Node*>> dead = release ? releases_after(plan, seg, sc) : std::vector<std::vector<Node*>>{};
+  std::vector<Node*> deferred;
   bool epilogue_done = false;  // the previous step also ran this one
   for (size_t si = 0; si < plan.steps.size(); ++si) {
     const PlanStep& s = plan.steps[si];
@@ -411,6 +481,14 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
         run_horizontal(plan, batch, ext, sc);
       }
       device_timer.step(label);
+    }
+    // (after a step that also ran the next as its epilogue, that next step's turn releases both)
+    if (release) {
+      deferred.insert(deferred.end(), dead[si].begin(), dead[si].end());
+      if (!epilogue_done) {
+        for (Node* n : deferred) n->storage.reset();
+        deferred.clear();
+      }
     }
   }
   if (!plan.rw.identity) finish_rewrite(plan.rw, ext);
