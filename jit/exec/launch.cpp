@@ -460,7 +460,8 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const Device device = seg.nodes.empty() ? cpu() : seg.nodes[0]->device;
   const bool prof = profile_enabled() && device.type == DeviceType::CPU;
   DeviceStepTimer device_timer(profile_enabled(), device);  // (a device's own clock)
-  const bool release = liveness_enabled();
+  // (one step: nothing is read after another step; a lazy-eager call's small segment skips the work)
+  const bool release = liveness_enabled() && plan.steps.size() > 1;
   const std::vector<std::vector<Node*>> dead = release ? releases_after(plan, seg, sc) : std::vector<std::vector<Node*>>{};
   std::vector<Node*> deferred;
   bool epilogue_done = false;  // the previous step also ran this one

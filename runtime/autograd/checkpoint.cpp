@@ -56,17 +56,11 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
   // the output is treated as differentiable whenever it is floating (as PyTorch's
   // use_reentrant=False does).
   if (!is_floating(out.dtype())) return out;
-  std::vector<Tensor> saved = inputs;
   // attach_custom_grad needs an input asking for a gradient: where none does, a stand-in that is
   // never given one, so the parameters inside fn still receive theirs.
-  Tensor anchor;
-  if (!wanted) {
-    anchor = zeros({}, out.dtype(), out.device());
-    anchor.requires_grad_(true);
-  }
-  std::vector<Tensor> grad_inputs = saved;
-  if (!wanted) grad_inputs.push_back(anchor);
-  detail::attach_custom_grad(out, "checkpoint", grad_inputs, [fn, saved, rng, wanted](const Tensor& g, bool create_graph) {
+  std::vector<Tensor> grad_inputs = inputs;
+  if (!wanted) grad_inputs.push_back(zeros({}, out.dtype(), out.device()).requires_grad_(true));
+  detail::attach_custom_grad(out, "checkpoint", grad_inputs, [fn, saved = inputs, rng, wanted](const Tensor& g, bool create_graph) {
     // The recomputation's gradients are functions of fresh leaves, not of the inputs' history:
     // a second derivative through them would silently miss terms.
     KILN_CHECK(!create_graph, "checkpoint: a backward with create_graph (double backward, hvp) through a ",
@@ -74,11 +68,7 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     std::vector<Tensor> leaves = fresh_leaves(saved);
     Tensor again;
     {
-      struct GradOn {
-        bool prev = grad_enabled();
-        GradOn() { set_grad_enabled(true); }
-        ~GradOn() { set_grad_enabled(prev); }
-      } on;
+      EnableGradGuard on;
       RngAt at(rng);
       again = fn(leaves);
     }

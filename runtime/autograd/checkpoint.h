@@ -8,10 +8,9 @@
 // recomputation: the inputs get their gradients, and so do the parameters `fn` reads (a module's
 // weights), accumulated into their .grad() as without checkpointing. Eager, and nested. Inside
 // kiln::compile the block is traced as it is: the compiled step's partition chooses what to
-// recompute. As PyTorch's
-// reentrant checkpoint: the parameters' gradients accumulate (also under kiln::grad, which asks
-// only for the inputs'), and a backward with create_graph through the block is refused
-// (kiln::Error). `fn` must compute the same function both times: no state it changes, no
+// recompute. As PyTorch's reentrant checkpoint: the parameters' gradients accumulate (also under
+// kiln::grad, which asks only for the inputs'), and a backward with create_graph through the
+// block is refused (kiln::Error). `fn` must compute the same function both times: no state it changes, no
 // data-dependent control flow that differs.
 #pragma once
 #include <functional>

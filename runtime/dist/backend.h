@@ -78,9 +78,6 @@ class Backend {
   virtual std::vector<int64_t> exchange(const std::vector<int64_t>& words) { return {}; }
   // Stops the communicator; later calls fail with `why`. Never blocks.
   virtual void abort(const std::string& why = "aborted") {}
-  // Throws the failure recorded off the calling thread (a collective the watchdog aborted: a
-  // timeout, a dead peer, a disagreement), if any; once failed, always.
-  virtual void raise_failure() {}
 };
 
 // The libraries (runtime/dist/backends.cpp): a store at `url` (file://, redis://), and a

@@ -38,11 +38,12 @@ class Group : public std::enable_shared_from_this<Group> {
   CompletionPtr run(const char* what, Device device, const std::function<CompletionPtr(Backend&)>& op);
   // Checks every member called the same collective with the same sizes (a host exchange of
   // `words`); throws kiln::Error listing what each rank passed when they differ. A CUDA
-  // collective of a group that also has Gloo is checked off the calling thread (no latency on
-  // its path): a disagreement aborts the NCCL communicator and is raised at the group's next call.
+  // collective is checked off the calling thread wherever kiln has Gloo (no latency on its path):
+  // a disagreement aborts the NCCL communicator and is raised at the group's next call and at the
+  // next host read of the device.
   // With `before` (KILN_DIST_DEBUG) the check of a CUDA collective completes before it runs.
   void check_same(const char* what, Device device, const std::vector<int64_t>& words, bool before = false);
-  // Whether CUDA collectives are checked off their path (the group has Gloo beside NCCL).
+  // Whether CUDA collectives are checked off their path (NCCL in the group, Gloo in the build).
   bool checks_off_path() const { return checker_ != nullptr; }
   // Waits until the checks queued so far are done; raises a disagreement they found.
   void settle_checks();

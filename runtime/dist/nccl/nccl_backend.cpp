@@ -261,7 +261,6 @@ class NcclBackend final : public Backend {
     std::lock_guard<std::mutex> lock(mu_);
     abort_locked(why);
   }
-  void raise_failure() override { raise_if_failed(); }
 
   // Raises the communicator's recorded failure (a timeout, an asynchronous error).
   void raise_if_failed() {
