@@ -49,6 +49,14 @@ TEST_P(Dist, SubGroupsSplitsAndMeshes) {
   expect_all_ok(run_ranks("dist_worker", {"groups"}, GetParam(), GetParam(), base_env()));
 }
 
+// Under KILN_DIST_DEBUG every collective is checked across its group's members: a rank outside a
+// sub-group makes none of its collectives, so the checks number each group's calls on their own.
+TEST_P(Dist, SubGroupsUnderDebugChecks) {
+  auto env = base_env();
+  env["KILN_DIST_DEBUG"] = "1";
+  expect_all_ok(run_ranks("dist_worker", {"groups"}, GetParam(), GetParam(), env));
+}
+
 TEST_P(Dist, FunctionalCollectivesDifferentiateAndCompile) {
   expect_all_ok(run_ranks("dist_worker", {"functional"}, GetParam(), GetParam(), base_env()));
 }

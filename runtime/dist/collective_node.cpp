@@ -54,8 +54,7 @@ void check_agreement(Group& g, const CollAttrs& c, const Node& n, const Node& in
     words.push_back(numel(in.shape).as_int());
   }
   if (debug_checks()) {
-    static thread_local int64_t seq = 0;
-    words.push_back(seq++);
+    words.push_back(g.next_check_number());
     words.push_back(static_cast<int64_t>(in.shape.size()));
   }
   g.check_same(coll_name(c.kind), n.device, words, debug_checks());

@@ -1,6 +1,7 @@
 // A process group's internals: its members, its backends (Gloo for CPU tensors, NCCL for CUDA
 // tensors) and how a failure becomes a kiln::Error that names the collective and the ranks.
 #pragma once
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -47,6 +48,10 @@ class Group : public std::enable_shared_from_this<Group> {
   bool checks_off_path() const { return checker_ != nullptr; }
   // Waits until the checks queued so far are done; raises a disagreement they found.
   void settle_checks();
+  // The number of this group's next checked collective (KILN_DIST_DEBUG compares it across
+  // ranks: a rank that skipped or added a collective of the group is named). Per group, since a
+  // rank outside a sub-group makes none of its collectives.
+  int64_t next_check_number() { return check_number_++; }
   // settle_checks() when this thread queued checks on the group since it last settled them.
   void settle_checks_queued_here();
   // The group with id `id` (the node attribute of a collective), or Error.
@@ -79,6 +84,7 @@ class Group : public std::enable_shared_from_this<Group> {
   std::mutex nccl_mu_;  // nccl_'s pointer between its maker and the checker's abort
   std::shared_ptr<Checker> checker_;
   int nccl_device_ = -1;
+  std::atomic<int64_t> check_number_{0};
   std::mutex peers_mu_;
   std::vector<std::pair<int, long>> peers_;  // (world rank, pid) of the members on this host
   bool peers_known_ = false;
