@@ -18,6 +18,7 @@
 #include "kiln.h"
 #include "tests/expect_close.h"
 #include "tests/test_seed.h"
+#include "tests/source_dir.h"
 
 using namespace kiln;
 using kiln::testing::test_device;
@@ -26,8 +27,7 @@ using kiln::testing::test_seed;
 namespace {
 
 std::filesystem::path corpus() {
-  const char* s = std::getenv("KILN_SOURCE_DIR");
-  return std::filesystem::path(s ? s : ".") / "tests" / "parity" / "autocast_parity.jsonl";
+  return kiln::testing::source_path("tests/parity/autocast_parity.jsonl");
 }
 
 DType dtype_of(const std::string& name) {

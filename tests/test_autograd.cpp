@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <random>
+#include <set>
+#include <thread>
+#include <atomic>
 
 #include "gradcheck.h"
 #include "tests/expect_close.h"
@@ -704,6 +707,68 @@ TEST(Checkpoint, DropoutDrawsTheSameMaskWhenRecomputed) {
   manual_seed(7);
   grads_of(blk, x, [&](const Tensor& a) { return checkpoint([&](const V& in) { return blk(in[0]); }, {a}); });
   EXPECT_EQ(randn({1}, kFloat64).item<double>(), after_plain);
+}
+
+// An input written in place after the forward: the recomputation uses the value the forward saw
+// (PyTorch's version check would refuse; kiln's nodes are immutable, so the forward's value is
+// kept without a copy). The live handle gave the gradient at the written value.
+TEST(Checkpoint, AnInputWrittenInPlaceAfterTheForwardIsNotSeen) {
+  manual_seed(kiln::testing::test_seed(34));
+  Tensor x = randn({6, 5}, kFloat64).requires_grad_(true);
+  Tensor h = x * 1.0;
+  Tensor y = checkpoint([](const V& in) { return sin(in[0]) * in[0]; }, {h});
+  h.mul_(3.0);  // after the forward, before the backward
+  sum(y).backward();
+  Tensor want = cos(x.detach()) * x.detach() + sin(x.detach());  // d/dx (x sin x) at the forward's x
+  expect_close(x.grad(), want, 1e-12, 1e-12);
+}
+
+// The backward called outside the autocast scope of the forward recomputes under that autocast
+// (bfloat16 products), as the plain backward's saved values were made: the gradients equal the
+// plain ones. Recomputed in float32 they differed by bfloat16's rounding (~1e-2).
+TEST(Checkpoint, RecomputesUnderTheForwardsAutocast) {
+  manual_seed(kiln::testing::test_seed(35));
+  const Tensor w = randn({16, 16}), x0 = randn({8, 16});
+  auto run = [&](bool ck) {
+    Tensor x = x0.detach().requires_grad_(true), wl = w.detach().requires_grad_(true);
+    auto blk = [&](const V& in) { return tanh(matmul(in[0], in[1])); };
+    Tensor y;
+    {
+      autocast ac(DeviceType::CPU, kBFloat16);
+      y = ck ? checkpoint(blk, {x, wl}) : blk({x, wl});
+    }
+    sum(y.to(kFloat32) * y.to(kFloat32)).backward();  // outside the autocast scope
+    return std::make_pair(x.grad(), wl.grad());
+  };
+  auto [px, pw] = run(false);
+  auto [cx, cw] = run(true);
+  expect_close(cx, px, 1e-6, 1e-6);
+  expect_close(cw, pw, 1e-6, 1e-6);
+}
+
+// The recomputation's dropout draws from a generator of its own thread: another thread drawing
+// numbers meanwhile neither shifts the recomputed mask (the gradient is the forward's mask,
+// scaled) nor gets numbers the process's generator gave out before (it was set back and forth).
+TEST(Checkpoint, RecomputationDoesNotRaceOtherThreadsDrawingNumbers) {
+  manual_seed(kiln::testing::test_seed(36));
+  std::atomic<bool> stop{false};
+  std::vector<std::vector<double>> drawn;
+  std::thread other([&] {
+    while (!stop.load()) drawn.push_back(rand({64}, kFloat64).to_vector<double>());
+  });
+  int wrong = 0;
+  for (int it = 0; it < 200; ++it) {
+    Tensor x = (rand({256}, kFloat64) + 1.0).requires_grad_(true);
+    Tensor y = checkpoint([](const V& in) { return dropout(in[0], 0.5, true); }, {x});
+    sum(y).backward();
+    // y = x * mask / 0.5 and dy/dx = mask / 0.5: their product with x is y itself.
+    if ((x.grad() * x.detach()).to_vector<double>() != y.detach().to_vector<double>()) ++wrong;
+  }
+  stop = true;
+  other.join();
+  EXPECT_EQ(wrong, 0) << "recomputed masks differed from the forward's";
+  std::set<std::vector<double>> seen;
+  for (const auto& d : drawn) EXPECT_TRUE(seen.insert(d).second) << "another thread drew the same numbers twice";
 }
 
 TEST(Checkpoint, CompiledEqualsEagerAndDoubleBackwardIsRefused) {

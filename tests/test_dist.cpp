@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "kiln.h"
 #include "rank_launcher.h"
 #include "temp_dir.h"
 
@@ -21,13 +22,18 @@ std::map<std::string, std::string> base_env(int timeout_ms = 60000) {
   return env;
 }
 
-// The number of ranks a device run can have (one GPU each), or n on the CPU.
+// The number of ranks a device run can have (one GPU each: $KILN_TEST_GPUS, else the GPUs this
+// host has), or n on the CPU.
 int ranks_available(int n) {
   const char* dev = std::getenv("KILN_TEST_DEVICE");
   if (!dev || std::string(dev).rfind("cuda", 0) != 0) return n;
   const char* count = std::getenv("KILN_TEST_GPUS");
-  return count ? std::atoi(count) : 1;
+  return count && *count ? std::atoi(count) : kiln::cuda::device_count();
 }
+
+// Skips a test that starts `n` ranks on a host with fewer GPUs (a device run).
+#define KILN_NEEDS_RANKS(n) \
+  if (ranks_available(n) < (n)) GTEST_SKIP() << "needs " << (n) << " GPUs, one a rank; this host has " << ranks_available(n)
 
 void expect_all_ok(const std::vector<RankOutcome>& out) {
   for (size_t r = 0; r < out.size(); ++r)
@@ -37,7 +43,7 @@ void expect_all_ok(const std::vector<RankOutcome>& out) {
 class Dist : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    if (ranks_available(GetParam()) < GetParam()) GTEST_SKIP() << "fewer than " << GetParam() << " GPUs";
+    KILN_NEEDS_RANKS(GetParam());
   }
 };
 
@@ -108,7 +114,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Dist, ::testing::Values(2, 4), [](const auto& p)
 });
 
 TEST(DistFaults, ARankThatDiesIsNamedWithinTheTimeout) {
-  if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  KILN_NEEDS_RANKS(2);
   const auto start = std::chrono::steady_clock::now();
   auto out = run_ranks("dist_worker", {"rank_dies"}, 2, 2, base_env(8000), std::chrono::seconds(60));
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -126,7 +132,7 @@ TEST(DistFaults, ARankThatNeverJoinsIsNamed) {
 // A crashed run leaves its rendezvous files; the next run at the same address and run id (as
 // torchrun's default id gives) must not take them for its own.
 TEST(DistFaults, ARunAfterACrashAtTheSameAddressStarts) {
-  if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  KILN_NEEDS_RANKS(2);
   auto env = base_env(8000);
   env["MASTER_PORT"] = std::to_string(20000 + getpid() % 9000);
   env["KILN_RUN_ID"] = "none";
@@ -139,7 +145,7 @@ TEST(DistFaults, ARunAfterACrashAtTheSameAddressStarts) {
 }
 
 TEST(DistFaults, MismatchedShapesAreReportedOnEveryRank) {
-  if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  KILN_NEEDS_RANKS(2);
   auto env = base_env(10000);
   env["KILN_TEST_BACKEND"] = "auto";  // (CUDA collectives are checked through Gloo, off their path)
   expect_all_ok(run_ranks("dist_worker", {"mismatch"}, 2, 2, env, std::chrono::seconds(60)));
@@ -147,6 +153,7 @@ TEST(DistFaults, MismatchedShapesAreReportedOnEveryRank) {
 
 // Other ways to start and meet: an explicit file:// store, a real Redis server, and mpirun.
 TEST(DistLaunch, ExplicitFileStore) {
+  KILN_NEEDS_RANKS(2);
   kiln::testing::TempDir dir("kiln-store");
   auto env = base_env();
   env["KILN_TEST_INIT_METHOD"] = "file://" + dir.path();
@@ -156,6 +163,7 @@ TEST(DistLaunch, ExplicitFileStore) {
 
 TEST(DistLaunch, RedisStore) {
   if (std::system("command -v redis-server > /dev/null 2>&1") != 0) GTEST_SKIP() << "no redis-server";
+  KILN_NEEDS_RANKS(2);
   const int port = 21000 + static_cast<int>(getpid() % 20000);
   const std::string start = "redis-server --port " + std::to_string(port) +
                             " --save '' --appendonly no --daemonize yes --pidfile /tmp/kiln-redis-" +
@@ -171,7 +179,7 @@ TEST(DistLaunch, RedisStore) {
 
 TEST(DistLaunch, Mpirun) {
   if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun";
-  if (ranks_available(2) < 2) GTEST_SKIP() << "fewer than 2 GPUs";
+  KILN_NEEDS_RANKS(2);
   auto env = base_env();
   // Only mpirun's variables: no torchrun-style ones.
   for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}) env[k] = "";

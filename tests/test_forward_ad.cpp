@@ -23,6 +23,7 @@
 
 #include "kiln.h"
 #include "test_seed.h"
+#include "source_dir.h"
 #include "torch_ops.h"
 #include "torch_programs.h"
 
@@ -59,9 +60,7 @@ double excess(const Tensor& a, const Tensor& b, double atol, double rtol) {
 // The jvp corpus.
 
 std::filesystem::path corpus_path() {
-  const char* s = std::getenv("KILN_SOURCE_DIR");
-  std::filesystem::path src = s && *s ? std::filesystem::path(s) : std::filesystem::path(KILN_TEST_SOURCE_DIR);
-  return src / "tests" / "parity" / "jvp_parity.jsonl";
+  return kiln::testing::source_path("tests/parity/jvp_parity.jsonl");
 }
 
 std::vector<json> corpus() {
@@ -349,9 +348,7 @@ TEST(JvpRules, NonDifferentiablePointsFollowTheGradientConvention) {
       {"minimum over ties", [&](const Tensor& a) { return kiln::sum(kiln::minimum(a, other)); }},
       {"pow(x, 2) at 0", [](const Tensor& a) { return kiln::sum(kiln::pow(a, 2.0)); }},
   };
-  const char* src = std::getenv("KILN_SOURCE_DIR");
-  ASSERT_TRUE(src) << "KILN_SOURCE_DIR is not set";
-  std::ifstream in(std::filesystem::path(src) / "tests" / "parity" / "fwad_conventions.json");
+  std::ifstream in(kiln::testing::source_path("tests/parity/fwad_conventions.json"));
   ASSERT_TRUE(in) << "tests/parity/fwad_conventions.json is missing";
   const nlohmann::json cases = nlohmann::json::parse(in)["cases"];
   ASSERT_EQ(cases.size(), fns.size());

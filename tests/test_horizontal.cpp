@@ -262,3 +262,28 @@ TEST_F(Horizontal, DependentKernelsStayApart) {
 }
 
 }  // namespace
+
+// A pointwise kernel with more arguments than its launch takes (on CUDA 32 KiB of parameters;
+// on the CPU none, but ctest's horizontal_wide_kernels lowers the limit with
+// KILN_KERNEL_ARG_BYTES) is split by its outputs into kernels that fit: it stays compiled (no step
+// on the interpreter) with the interpreter's values. Many same-shaped parameters under AdamW give
+// such a kernel: their updates fuse into one over the shared shape (GPT-2's [768] vectors did,
+// and ran on the interpreter, 44 ms of a 113 ms step).
+TEST_F(Horizontal, WideKernelsAreSplitNotInterpreted) {
+  const Device dev = kiln::testing::test_device();
+  const bool limited = dev.type == DeviceType::CUDA || std::getenv("KILN_KERNEL_ARG_BYTES");
+  const std::vector<Sizes> shapes(dev.type == DeviceType::CUDA ? 1200 : 96, Sizes{48});
+  const uint64_t seed = kiln::testing::test_seed(9);
+  auto adamw = [](std::vector<Tensor>& p) { return std::make_unique<optim::AdamW>(p, optim::AdamOptions{1e-3}); };
+  set_executor(interpreter());
+  const std::vector<Tensor> ref = optimizer_steps(kFloat32, shapes, seed, adamw, nullptr);
+  set_executor(jit::jit_executor());
+  const uint64_t splits = jit::wide_kernel_splits(), interpreted = jit::interpreted_kernel_runs();
+  const std::vector<Tensor> got = optimizer_steps(kFloat32, shapes, seed, adamw, nullptr, dev);
+  EXPECT_EQ(jit::interpreted_kernel_runs() - interpreted, 0u) << "a kernel step left compiled code";
+  if (limited) EXPECT_GT(jit::wide_kernel_splits() - splits, 0u) << "no kernel was wide enough to split";
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("parameter " + std::to_string(i));
+    expect_close(got[i], ref[i], 1e-6, 1e-7);  // (the GPU's sqrt and division round as the CPU's)
+  }
+}

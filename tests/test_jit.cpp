@@ -103,6 +103,7 @@
 
 #include "jit_random_graphs.h"
 #include "temp_dir.h"
+#include "source_dir.h"
 
 namespace {
 
@@ -810,7 +811,7 @@ TEST(JitCodegen, MaskLaneReadsCompileForAvx512) {
             ++compiled;
           }
   // The kernel's optimized IR as the JIT produced it in a process that crashed (KILN_DUMP).
-  const std::string path = std::string(KILN_TEST_DATA_DIR) + "/llvm16_bool_lane_broadcast.opt.ll";
+  const std::string path = kiln::testing::source_path("tests/data/llvm16_bool_lane_broadcast.opt.ll").string();
   std::ifstream in(path);
   ASSERT_TRUE(in) << "cannot read " << path;
   std::stringstream text;

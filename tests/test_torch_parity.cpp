@@ -33,6 +33,7 @@
 #include "kiln.h"
 #include "torch_ops.h"
 #include "test_seed.h"
+#include "source_dir.h"
 
 namespace {
 
@@ -302,9 +303,7 @@ void check_corpus(const std::filesystem::path& path, bool grads, bool compiled) 
 // The project-owned corpus of the API of issue 10 (tests/parity/api_parity.jsonl, written by
 // tests/parity/make_api_parity.py with PyTorch 2.11): always present, so required.
 std::filesystem::path api_corpus() {
-  const char* s = std::getenv("KILN_SOURCE_DIR");
-  std::filesystem::path src = s && *s ? std::filesystem::path(s) : std::filesystem::path(KILN_TEST_SOURCE_DIR);
-  return src / "tests" / "parity" / "api_parity.jsonl";
+  return kiln::testing::source_path("tests/parity/api_parity.jsonl");
 }
 #define KILN_API_CORPUS(path)                                                      \
   auto path = api_corpus();                                                        \

@@ -11,10 +11,18 @@
 #include "jit/backend/target.h"
 #include "jit/loop/lower.h"
 #include "runtime/core/device.h"
+#include "runtime/core/error.h"
 
 namespace kiln::jit {
 
 class Backend;
+
+// A kernel with more arguments than its device's launch takes (CUDA: 4 KiB of parameters, 32 KiB
+// on sm_70+ with a CUDA 12.1+ driver). The plan splits such a kernel into narrower ones rather
+// than leave compiled code.
+struct ArgumentLimitError : Error {
+  using Error::Error;
+};
 
 // Code a backend produced for one kernel; only that backend launches it.
 struct Code {

@@ -43,6 +43,9 @@ struct Target {
   // kernels keeps its rows in the row cache (a host core pays for every recomputed
   // transcendental; a GPU hides it behind memory traffic).
   bool recompute_in_row_cache_only = false;
+  // The most bytes of arguments (buffers and parameters, 8 bytes each, + 16) a kernel launch
+  // passes; wider pointwise kernels are split by their outputs (0: no limit).
+  int64_t max_arg_bytes = 0;
   // Ops the backend cannot generate (lower() rejects groups using them); null: all.
   bool (*unsupported_op)(OpKind op, DType dtype) = nullptr;
   // Whether lowering may emit `op` on `dtype` values.

@@ -107,6 +107,8 @@ class CudaBackend final : public Backend {
               "cuDeviceGetAttribute");
     max_blocks_ = std::max(1, sms) * 32;
     target_ = cuda_target(cc_);
+    param_bytes_ = param_bytes(cc_);
+    target_.max_arg_bytes = static_cast<int64_t>(param_bytes_);
   }
 
   const char* name() const override { return "cuda"; }
@@ -118,14 +120,14 @@ class CudaBackend final : public Backend {
     // The binary depends on the architecture, the compiler and its options; the driver version
     // is kept too (a PTX fallback is compiled by the driver).
     return "cuda-img8;sm_" + std::to_string(cc_) + ";nvrtc" + std::to_string(cu::nvrtc_version()) + ";driver" +
-           std::to_string(cu::driver_version()) + ";" + cu::nvrtc_options_key();
+           std::to_string(cu::driver_version()) + ";params" + std::to_string(param_bytes_) + ";" + cu::nvrtc_options_key();
   }
 
   bool supports(const Lowered&) const override { return cu::have_nvrtc(); }
 
   std::shared_ptr<Code> compile(const Kernel& k, const std::string& symbol, std::string* image) override {
     int lanes = 1, shared = 0;
-    const std::string src = emit_cuda(k, symbol, &lanes, &shared);
+    const std::string src = emit_cuda(k, symbol, &lanes, &shared, param_bytes_);
     dump_file(symbol + ".cu", src);
     Header h{static_cast<int>(k.buffers.size()), k.num_params, k.num_fparams, lanes, shared, false};
     const std::string binary = cu::nvrtc_compile(src, symbol, cc_, &h.ptx);
@@ -147,8 +149,10 @@ class CudaBackend final : public Backend {
     const auto& c = static_cast<const CudaCode&>(code);
     if (l.extent <= 0) return;
     const size_t nb = std::max(c.buffers, 1), ni = std::max(c.iparams, 1), nf = std::max(c.fparams, 1);
-    uint64_t args[512];  // the Args struct: buffers, then iparams, then fparams (8 bytes each; unused slots unread)
-    KILN_CHECK(nb + ni + nf <= 512, "cuda: too many kernel arguments");
+    // The Args struct: buffers, then iparams, then fparams (8 bytes each; unused slots unread).
+    thread_local std::vector<uint64_t> slots(kCudaParamBytes / 8);
+    if (slots.size() < nb + ni + nf) slots.resize(nb + ni + nf);
+    uint64_t* args = slots.data();
     if (c.buffers) std::memcpy(args, l.buffers, static_cast<size_t>(c.buffers) * 8);
     if (c.iparams) std::memcpy(args + nb, l.iparams, static_cast<size_t>(c.iparams) * 8);
     if (c.fparams) std::memcpy(args + nb + ni, l.fparams, static_cast<size_t>(c.fparams) * 8);
@@ -160,10 +164,17 @@ class CudaBackend final : public Backend {
   }
 
   void dump(const Kernel& k, const std::string& symbol) const override {
-    dump_file(symbol + ".cu", emit_cuda(k, symbol));
+    dump_file(symbol + ".cu", emit_cuda(k, symbol, nullptr, nullptr, param_bytes_));
   }
 
  private:
+  // The parameter bytes a launch may pass on this device (emit_cuda's limit): 32764 where the
+  // driver and NVRTC are CUDA 12.1+ and the device sm_70+, else 4096.
+  static size_t param_bytes(int cc) {
+    return cc >= 70 && cu::driver_version() >= 12010 && cu::nvrtc_version() >= 12010 ? kCudaLargeParamBytes
+                                                                                      : kCudaParamBytes;
+  }
+
   std::shared_ptr<Code> load_binary(const std::string& binary, const std::string& symbol, const Header& h) const {
     const cu::Api& a = cu::api();
     const int device = cu::jit_device();
@@ -191,6 +202,7 @@ class CudaBackend final : public Backend {
 
   int cc_ = 0;
   long long max_blocks_ = 1;
+  size_t param_bytes_ = kCudaParamBytes;
   Target target_;
 };
 

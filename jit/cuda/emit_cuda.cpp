@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "jit/backend/backend.h"
 #include "jit/loop/row_cache.h"
 #include "runtime/core/error.h"
 
@@ -682,12 +683,13 @@ struct Emitter {
     }
   }
 
-  std::string emit(const std::string& symbol) {
+  std::string emit(const std::string& symbol, size_t param_bytes) {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
     const size_t arg_bytes =
         8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
-    KILN_CHECK(arg_bytes + 16 <= 4096, "cuda: kernel ", symbol, " needs ", arg_bytes,
-               " bytes of arguments (at most 4080)");
+    if (arg_bytes + 16 > param_bytes)  // (+ begin and end)
+      throw ArgumentLimitError("cuda: kernel " + symbol + " needs " + std::to_string(arg_bytes) +
+                               " bytes of arguments (at most " + std::to_string(param_bytes - 16) + " here)");
     bool halves = false;
     for (const BufferSpec& b : k.buffers) halves = halves || half16(b.dtype);
     for (const Expr& e : k.exprs) halves = halves || half16(e.dtype);
@@ -755,7 +757,7 @@ struct Emitter {
 
 }  // namespace
 
-std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, int* shared_bytes) {
+std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, int* shared_bytes, size_t param_bytes) {
   Emitter e(k);
   e.warp = e.warp_eligible() && !k.columns;
   e.lanes = !e.warp ? 1 : k.long_indices ? kCudaWideBlock : 32;
@@ -766,7 +768,7 @@ std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, in
     e.rc = plan_row_cache(k, kRowCacheBytes / (kCudaBlock / 32), /*cache_loads=*/true);
   if (lanes) *lanes = e.lanes;
   if (shared_bytes) *shared_bytes = static_cast<int>(e.rc.region * (kCudaBlock / 32));
-  return e.emit(symbol);
+  return e.emit(symbol, param_bytes);
 }
 
 bool cuda_supports(OpKind, DType dtype) {

@@ -19,6 +19,11 @@ std::shared_ptr<Executor> jit_executor();
 uint64_t gemm_epilogue_runs();
 // GEMM epilogues (of those) that wrote their output over the product.
 uint64_t gemm_epilogue_in_place_runs();
+// Kernel steps run on the interpreter because no kernel could be compiled for them, since start
+// (KILN_LOG=jit says why, once per kernel).
+uint64_t interpreted_kernel_runs();
+// Kernels split by their outputs because their arguments exceeded the launch limit, since start.
+uint64_t wide_kernel_splits();
 
 // A segment's schedule and compiled kernels bound to its node objects, made once and run many
 // times with fresh input storage (kiln::compile replays programs this way).

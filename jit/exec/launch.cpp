@@ -9,8 +9,6 @@
 #include <set>
 #include <string>
 #include <tuple>
-#include <unordered_map>
-#include <unordered_set>
 
 #include "jit/diag/diagnostics.h"
 #include "jit/diag/profile.h"
@@ -174,9 +172,12 @@ Launch launch_of(const Binding& bd, int64_t extent, int64_t work = 0) {
 }
 
 // Runs a kernel step; `ins` are the group's canonical inputs, `work` its domain's size.
+std::atomic<uint64_t> g_interpreted_runs{0};
+
 void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins, Binding& bd,
                 int64_t work) {
   if (!ck) {
+    g_interpreted_runs.fetch_add(1, std::memory_order_relaxed);
     interpret_group(g);
     return;
   }
@@ -404,55 +405,6 @@ bool liveness_enabled() {
   return on;
 }
 
-// The segment's intermediates by the step after which nothing reads them: a node of the segment
-// that is not needed outside it, nor shared by a rewrite after the run, is released (its storage
-// given back to the allocator) once the last step reading it has run. Steps run in order; a
-// horizontal kernel's members read at the step that launches them. Without this a segment (a
-// whole compiled training step) held every stored value until its end.
-std::vector<std::vector<Node*>> releases_after(const Plan& plan, const Segment& seg, const RunScratch& sc) {
-  const std::vector<Node*>& ext = sc.ext;
-  std::vector<size_t> when(plan.steps.size());
-  for (size_t si = 0; si < plan.steps.size(); ++si) {
-    if (!when[si]) when[si] = si;
-    for (int b : plan.steps[si].batches_after)
-      for (int m : plan.batches[static_cast<size_t>(b)].members) when[static_cast<size_t>(m)] = si;
-  }
-  std::unordered_map<const Node*, size_t> last;
-  std::unordered_set<const Node*> keep;
-  for (size_t i = 0; i < seg.nodes.size(); ++i)
-    if (seg.needed[i])  // (a needed view is its base's storage: the bases stay too)
-      for (const Node* n = seg.nodes[i]; n && keep.insert(n).second && is_view_op(n->op);)
-        n = n->inputs.empty() ? nullptr : n->inputs[0].get();
-  for (const auto& sh : plan.rw.shares) keep.insert(ext[static_cast<size_t>(sh.from)]);
-  for (const auto& sh : plan.patterns.shares) keep.insert(sc.patterned_ext[static_cast<size_t>(sh.from)]);
-  // A read of a view reads its base (a view is materialized from its base's storage when read).
-  auto read = [&](const Node* n, size_t t) {
-    for (; n; n = is_view_op(n->op) && !n->inputs.empty() ? n->inputs[0].get() : nullptr) {
-      size_t& l = last[n];
-      l = std::max(l, t);
-    }
-  };
-  for (size_t si = 0; si < plan.steps.size(); ++si) {
-    const PlanStep& s = plan.steps[si];
-    const size_t t = when[si];
-    if (s.kind == Step::Kind::Kernel) {
-      for (int i : s.inputs)
-        if (i >= 0) read(ext[static_cast<size_t>(i)], t);
-      // (a step fused into the previous one as its epilogue reads at the same time or later)
-    } else {
-      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) read(in.get(), t);
-    }
-    if (s.gemm_bias) read(ext[static_cast<size_t>(s.bias)], t);
-  }
-  std::vector<std::vector<Node*>> out(plan.steps.size());
-  for (Node* n : seg.nodes) {
-    auto it = last.find(n);
-    if (it == last.end() || keep.count(n)) continue;
-    out[it->second].push_back(n);
-  }
-  return out;
-}
-
 }  // namespace
 
 void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
@@ -460,10 +412,9 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
   const Device device = seg.nodes.empty() ? cpu() : seg.nodes[0]->device;
   const bool prof = profile_enabled() && device.type == DeviceType::CPU;
   DeviceStepTimer device_timer(profile_enabled(), device);  // (a device's own clock)
-  // (one step: nothing is read after another step; a lazy-eager call's small segment skips the work)
-  const bool release = liveness_enabled() && plan.steps.size() > 1;
-  const std::vector<std::vector<Node*>> dead = release ? releases_after(plan, seg, sc) : std::vector<std::vector<Node*>>{};
-  std::vector<Node*> deferred;
+  // (the schedule is the plan's: Plan::release_after, in segment positions)
+  const bool release = liveness_enabled() && !plan.release_after.empty();
+  std::vector<int> deferred;
   bool epilogue_done = false;  // the previous step also ran this one
   for (size_t si = 0; si < plan.steps.size(); ++si) {
     const PlanStep& s = plan.steps[si];
@@ -485,9 +436,9 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
     }
     // (after a step that also ran the next as its epilogue, that next step's turn releases both)
     if (release) {
-      deferred.insert(deferred.end(), dead[si].begin(), dead[si].end());
+      deferred.insert(deferred.end(), plan.release_after[si].begin(), plan.release_after[si].end());
       if (!epilogue_done) {
-        for (Node* n : deferred) n->storage.reset();
+        for (int pos : deferred) seg.nodes[static_cast<size_t>(pos)]->storage.reset();
         deferred.clear();
       }
     }
@@ -501,5 +452,6 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
 
 uint64_t gemm_epilogue_runs() { return g_epilogue_runs.load(); }
 uint64_t gemm_epilogue_in_place_runs() { return g_epilogue_in_place_runs.load(); }
+uint64_t interpreted_kernel_runs() { return g_interpreted_runs.load(); }
 
 }  // namespace kiln::jit

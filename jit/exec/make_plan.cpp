@@ -1,7 +1,7 @@
 // make_plan: a segment's plan as a pipeline of named planning passes —
 //   rewrite_segment → choose_target → schedule_and_compile → record_steps →
-//   fuse_gemm_epilogues → fuse_gemm_bias → fuse_split_tails → batch_horizontal
-// (the fusions across steps are in plan_fusions.cpp).
+//   fuse_gemm_epilogues → fuse_gemm_bias → fuse_split_tails → batch_horizontal → plan_releases
+// (the fusions across steps are in plan_fusions.cpp, the release schedule in plan_lifetimes.cpp).
 #include <algorithm>
 #include <cstdlib>
 #include <mutex>
@@ -204,6 +204,7 @@ void schedule_and_compile(Planning& p) {
   ScheduleOptions opts = schedule_options(p.tgt);
   for (int attempt = 0;; ++attempt) {
     p.steps = pick_schedule(p, stored, opts);
+    split_wide_kernels(p);
     p.kernels.assign(p.steps.size(), nullptr);
     p.deferred = horizontal_candidates(p.steps);
     precompile_device_kernels(p);
@@ -264,6 +265,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes)
   schedule_and_compile(p);
   record_steps(p);
   for (const auto& fusion : kFusions) fusion.run(p);
+  plan_releases(p);
   return plan;
 }
 

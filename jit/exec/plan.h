@@ -52,6 +52,10 @@ struct Plan {
   Rewrite rw;  // graph passes on the segment `patterns` gives, re-applied on every run
   std::vector<Rewrite::Guard> guards;  // the constant values both rely on, in segment positions
   std::vector<PlanStep> steps;
+  // Per step: the segment positions whose storage is given back once it has run (plan_releases;
+  // empty for a one-step plan). Without it a segment (a whole compiled training step) held every
+  // stored value until its end.
+  std::vector<std::vector<int>> release_after;
 };
 
 // A kernel's arguments for one launch: buffers (inputs, fresh outputs, scratch) and parameters.

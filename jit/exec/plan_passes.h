@@ -29,6 +29,10 @@ struct Planning {
 // has two or more; steps a GEMM or a split reduction may take as its epilogue are not.
 std::vector<bool> horizontal_candidates(const std::vector<Step>& steps);
 
+// Pointwise kernel steps whose arguments exceed the target's launch limit (Target::max_arg_bytes),
+// split by their outputs into kernels that fit (split_wide.cpp).
+void split_wide_kernels(Planning& p);
+
 // The fusions across steps (plan_fusions.cpp), each deciding where it applies:
 // a CPU GEMM and the pointwise kernel after it, run on the GEMM's row blocks;
 void fuse_gemm_epilogues(Planning& p);
@@ -39,5 +43,10 @@ void fuse_split_tails(Planning& p);
 // independent pointwise kernels (an optimizer's per-parameter updates), one horizontal launch;
 // the deferred steps that join none are compiled alone.
 void batch_horizontal(Planning& p);
+
+// The release schedule (Plan::release_after): each segment node that is not needed after the run
+// (nor a needed view's base, nor the source of a rewrite's storage share) is released after the
+// last step that reads it (plan_lifetimes.cpp).
+void plan_releases(Planning& p);
 
 }  // namespace kiln::jit

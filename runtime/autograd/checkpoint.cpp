@@ -3,6 +3,7 @@
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/core/error.h"
+#include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
 #include "runtime/tensor/trace.h"
@@ -10,23 +11,32 @@
 namespace kiln {
 namespace {
 
-// The generator set to `s` for a scope, then put back where it was.
-struct RngAt {
-  std::pair<uint64_t, uint64_t> before;
-  explicit RngAt(std::pair<uint64_t, uint64_t> s) : before(detail::rng_state()) { detail::set_rng_state(s); }
-  ~RngAt() { detail::set_rng_state(before); }
+// What the forward saw, for the recomputation: each input's value then (its node: nodes are
+// immutable, so an in-place write to the input after the forward rebinds the input and leaves
+// this as it was; no copy is made), whether it asked for a gradient, the generator's position and
+// the thread's autocast state.
+struct Saved {
+  std::vector<Tensor> values;
+  std::vector<bool> wants_grad;
+  std::pair<uint64_t, uint64_t> rng;
+  uint32_t autocast;
 };
 
-// The recomputation's leaves: each input detached, asking for a gradient where the input does.
-std::vector<Tensor> fresh_leaves(const std::vector<Tensor>& inputs) {
-  std::vector<Tensor> leaves;
+Saved save(const std::vector<Tensor>& inputs) {
+  Saved s{{}, {}, detail::rng_state(), detail::autocast_key()};
   for (const Tensor& t : inputs) {
-    if (!t.defined()) {
-      leaves.push_back(t);
-      continue;
-    }
-    Tensor l = t.detach();
-    if (t.requires_grad() && is_floating(t.dtype())) l.requires_grad_(true);
+    s.values.push_back(t.defined() ? t.detach() : t);
+    s.wants_grad.push_back(t.defined() && t.requires_grad() && is_floating(t.dtype()));
+  }
+  return s;
+}
+
+// The recomputation's leaves: the saved values, asking for a gradient where the input did.
+std::vector<Tensor> fresh_leaves(const Saved& s) {
+  std::vector<Tensor> leaves;
+  for (size_t i = 0; i < s.values.size(); ++i) {
+    Tensor l = s.values[i].defined() ? s.values[i].detach() : s.values[i];
+    if (s.wants_grad[i]) l.requires_grad_(true);
     leaves.push_back(l);
   }
   return leaves;
@@ -41,7 +51,7 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
   // the compiled GPT-M step's peak (6.7 -> 9.1 GiB on an H100, docs/BENCHMARKS.md). So the block
   // is traced as it is.
   if (detail::trace_observer()) return fn(inputs);
-  const auto rng = detail::rng_state();
+  const auto saved = std::make_shared<const Saved>(save(inputs));
   Tensor out;
   {
     NoGradGuard no_grad;
@@ -60,16 +70,19 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
   // never given one, so the parameters inside fn still receive theirs.
   std::vector<Tensor> grad_inputs = inputs;
   if (!wanted) grad_inputs.push_back(zeros({}, out.dtype(), out.device()).requires_grad_(true));
-  detail::attach_custom_grad(out, "checkpoint", grad_inputs, [fn, saved = inputs, rng, wanted](const Tensor& g, bool create_graph) {
+  detail::attach_custom_grad(out, "checkpoint", grad_inputs, [fn, saved, wanted](const Tensor& g, bool create_graph) {
     // The recomputation's gradients are functions of fresh leaves, not of the inputs' history:
     // a second derivative through them would silently miss terms.
     KILN_CHECK(!create_graph, "checkpoint: a backward with create_graph (double backward, hvp) through a ",
                "checkpointed block is not supported; call the block without checkpoint there");
-    std::vector<Tensor> leaves = fresh_leaves(saved);
+    std::vector<Tensor> leaves = fresh_leaves(*saved);
     Tensor again;
     {
+      // The forward's conditions: gradients on, its autocast state, its random numbers drawn from
+      // a generator of this thread's own (other threads' draws neither move nor see it).
       EnableGradGuard on;
-      RngAt at(rng);
+      detail::AutocastAs autocast(saved->autocast);
+      detail::ThreadGenerator rng(saved->rng);
       again = fn(leaves);
     }
     KILN_CHECK(again.defined() && again.sizes() == g.sizes(), "checkpoint: the recomputation gave a result of shape ",

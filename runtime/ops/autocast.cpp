@@ -89,6 +89,42 @@ AutocastOp::~AutocastOp() {
   if (excluded_) t_state.excluded = false;
 }
 
+namespace {
+// Sets the thread's per-device state to `key`'s (autocast_key's layout), keeping the count of
+// enabled guards in step.
+void set_state(uint32_t key) {
+  State& s = t_state;
+  for (int d = 0; d < kDeviceTypes; ++d) {
+    const uint32_t b = key >> (8 * d) & 0xff;
+    const bool on = b & 1;
+    if (on != s.enabled[d]) g_enabled_guards.fetch_add(on ? 1 : -1, std::memory_order_relaxed);
+    s.enabled[d] = on;
+    if (on) s.dtype[d] = static_cast<DType>(b >> 1);
+  }
+  s.active = s.enabled[0] + s.enabled[1];
+}
+uint32_t state_key(const State& s) {
+  uint32_t key = 0;
+  for (int d = 0; d < kDeviceTypes; ++d)
+    if (s.enabled[d]) key |= (1u | static_cast<uint32_t>(s.dtype[d]) << 1) << (8 * d);
+  return key;
+}
+}  // namespace
+
+AutocastAs::AutocastAs(uint32_t key) : was_key_(state_key(t_state)), was_excluded_(t_state.excluded) {
+  for (int d = 0; d < kDeviceTypes; ++d) {
+    was_[d][0] = t_state.enabled[d];
+    was_[d][1] = static_cast<uint8_t>(t_state.dtype[d]);
+  }
+  set_state(key);
+  t_state.excluded = false;
+}
+AutocastAs::~AutocastAs() {
+  set_state(was_key_);
+  for (int d = 0; d < kDeviceTypes; ++d) t_state.dtype[d] = static_cast<DType>(was_[d][1]);
+  t_state.excluded = was_excluded_;
+}
+
 AutocastOff::AutocastOff() : was_excluded_(t_state.excluded) { t_state.excluded = true; }
 AutocastOff::~AutocastOff() { t_state.excluded = was_excluded_; }
 
@@ -96,10 +132,7 @@ uint32_t autocast_key() {
   if (g_enabled_guards.load(std::memory_order_relaxed) == 0) return 0;
   const State& s = t_state;
   if (!s.active || s.excluded) return 0;
-  uint32_t key = 0;
-  for (int d = 0; d < kDeviceTypes; ++d)
-    if (s.enabled[d]) key |= (1u | static_cast<uint32_t>(s.dtype[d]) << 1) << (8 * d);
-  return key;
+  return state_key(s);
 }
 
 std::string autocast_key_str(uint32_t key) {

@@ -55,6 +55,22 @@ class AutocastOff {
   bool was_excluded_ = false;
 };
 
+// This thread's autocast state set to `key` (an autocast_key()) while alive, exclusion lifted,
+// then put back: a recomputation (kiln::checkpoint's backward) runs under the autocast its
+// forward ran under, wherever the backward is called from.
+class AutocastAs {
+ public:
+  explicit AutocastAs(uint32_t key);
+  ~AutocastAs();
+  AutocastAs(const AutocastAs&) = delete;
+  AutocastAs& operator=(const AutocastAs&) = delete;
+
+ private:
+  uint32_t was_key_;
+  bool was_excluded_;
+  uint8_t was_[2][2];  // per device type: enabled, dtype
+};
+
 // This thread's autocast state as one number (0: off everywhere), for compile()'s guards.
 KILN_API uint32_t autocast_key();
 // The same in words ("off", "cuda bfloat16", ...).

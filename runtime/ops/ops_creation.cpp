@@ -201,20 +201,38 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Device device, doub
 }  // namespace
 
 namespace detail {
+// A ThreadGenerator's state while one is alive on this thread (null: the process's generator).
+thread_local std::pair<uint64_t, uint64_t>* t_thread_rng = nullptr;
+
 std::pair<uint64_t, uint64_t> rng_state() {
+  if (t_thread_rng) return *t_thread_rng;
   std::lock_guard<std::mutex> lock(g_rng_mu);
   return {g_seed, g_counter};
 }
 void set_rng_state(std::pair<uint64_t, uint64_t> s) {
+  if (t_thread_rng) {
+    *t_thread_rng = s;
+    return;
+  }
   std::lock_guard<std::mutex> lock(g_rng_mu);
   std::tie(g_seed, g_counter) = s;
 }
 std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n) {
+  if (t_thread_rng) {
+    const std::pair<uint64_t, uint64_t> r = *t_thread_rng;
+    t_thread_rng->second += n;
+    return r;
+  }
   std::lock_guard<std::mutex> lock(g_rng_mu);
   std::pair<uint64_t, uint64_t> r{g_seed, g_counter};
   g_counter += n;
   return r;
 }
+
+ThreadGenerator::ThreadGenerator(std::pair<uint64_t, uint64_t> start) : state_(start), outer_(t_thread_rng) {
+  t_thread_rng = &state_;
+}
+ThreadGenerator::~ThreadGenerator() { t_thread_rng = outer_; }
 }  // namespace detail
 
 void manual_seed(uint64_t seed) {

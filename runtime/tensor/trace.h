@@ -54,4 +54,20 @@ void set_rng_state(std::pair<uint64_t, uint64_t> s);
 // Reserves `n` numbers from the generator: the (seed, counter) a new random op of n elements gets.
 std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n);
 
+// A generator of this thread's own while alive, starting at `start`: random ops recorded on this
+// thread draw from it (and rng_state / set_rng_state read and move it); the process's generator
+// is neither read nor moved, so other threads drawing meanwhile are undisturbed. Nests.
+// (kiln::checkpoint's recomputation draws the forward's numbers again this way.)
+class ThreadGenerator {
+ public:
+  explicit ThreadGenerator(std::pair<uint64_t, uint64_t> start);
+  ~ThreadGenerator();
+  ThreadGenerator(const ThreadGenerator&) = delete;
+  ThreadGenerator& operator=(const ThreadGenerator&) = delete;
+
+ private:
+  std::pair<uint64_t, uint64_t> state_;
+  std::pair<uint64_t, uint64_t>* outer_;
+};
+
 }  // namespace kiln::detail

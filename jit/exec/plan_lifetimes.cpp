@@ -1,0 +1,80 @@
+// The release schedule of a plan: which of the segment's nodes give their storage back after
+// which step. Made once with the plan, in segment positions (the plan is shared by every run
+// and every thread with its signature, whose nodes sit at the same positions).
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "jit/exec/plan_passes.h"
+
+namespace kiln::jit {
+namespace {
+
+// The node a view reads through: its base (a view is materialized from its base's storage).
+const Node* view_base(const Node* n) { return is_view_op(n->op) && !n->inputs.empty() ? n->inputs[0].get() : nullptr; }
+
+// The step at which each step's reads happen: its own, or, for a member of a horizontal kernel,
+// the step after which that kernel launches.
+std::vector<size_t> read_times(const Plan& plan) {
+  std::vector<size_t> when(plan.steps.size());
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    if (!when[si]) when[si] = si;
+    for (int b : plan.steps[si].batches_after)
+      for (int m : plan.batches[static_cast<size_t>(b)].members) when[static_cast<size_t>(m)] = si;
+  }
+  return when;
+}
+
+// The nodes no release may touch: needed ones and the bases they are views of, and the sources
+// of the rewrites' storage shares (taken over after the run).
+std::unordered_set<const Node*> kept_nodes(const Planning& p) {
+  std::unordered_set<const Node*> keep;
+  for (size_t i = 0; i < p.seg.nodes.size(); ++i)
+    if (p.seg.needed[i])
+      for (const Node* n = p.seg.nodes[i]; n && keep.insert(n).second;) n = view_base(n);
+  for (const auto& sh : p.plan.rw.shares) keep.insert(p.sc.ext[static_cast<size_t>(sh.from)]);
+  for (const auto& sh : p.plan.patterns.shares) keep.insert(p.sc.patterned_ext[static_cast<size_t>(sh.from)]);
+  return keep;
+}
+
+// The last step reading each node (a read of a view reads its bases too).
+std::unordered_map<const Node*, size_t> last_reads(const Planning& p) {
+  const Plan& plan = p.plan;
+  const std::vector<Node*>& ext = p.sc.ext;
+  const std::vector<size_t> when = read_times(plan);
+  std::unordered_map<const Node*, size_t> last;
+  auto read = [&](const Node* n, size_t t) {
+    for (; n; n = view_base(n)) last[n] = std::max(last[n], t);
+  };
+  // A position of the extended segment, or an external input (negative: never released).
+  auto read_at = [&](int pos, size_t t) {
+    if (pos >= 0) read(ext[static_cast<size_t>(pos)], t);
+  };
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const PlanStep& s = plan.steps[si];
+    if (s.kind == Step::Kind::Kernel) {
+      for (int i : s.inputs) read_at(i, when[si]);
+      // (a step fused into the previous one as its epilogue reads at the same time or later)
+    } else {
+      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) read(in.get(), when[si]);
+    }
+    if (s.gemm_bias) read_at(s.bias, when[si]);
+  }
+  return last;
+}
+
+}  // namespace
+
+void plan_releases(Planning& p) {
+  if (p.plan.steps.size() < 2) return;  // (one step: nothing is read after another step)
+  const std::unordered_set<const Node*> keep = kept_nodes(p);
+  const std::unordered_map<const Node*, size_t> last = last_reads(p);
+  p.plan.release_after.assign(p.plan.steps.size(), {});
+  for (size_t i = 0; i < p.seg.nodes.size(); ++i) {
+    auto it = last.find(p.seg.nodes[i]);
+    if (it == last.end() || keep.count(p.seg.nodes[i])) continue;
+    p.plan.release_after[it->second].push_back(static_cast<int>(i));
+  }
+}
+
+}  // namespace kiln::jit
