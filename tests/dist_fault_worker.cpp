@@ -225,12 +225,14 @@ void ddp_shapes() {
   kiln::testing::init_from_env();
   const int rank = dist::get_rank();
   const std::string how = env_or("KILN_TEST_REPLICA", "shape");
-  auto model = std::make_shared<nn::Sequential>(std::vector<std::shared_ptr<nn::Module>>{
-      std::make_shared<nn::Linear>(8, 8), std::make_shared<nn::Tanh>(),
-      // (a [16, 8] weight on rank 0; [8, 16] on rank 1 holds as many elements)
-      rank == 1 && how == "shape"   ? std::make_shared<nn::Linear>(16, 8)
-      : rank == 1 && how == "count" ? std::make_shared<nn::Linear>(8, 12)
-                                    : std::make_shared<nn::Linear>(8, 16)});
+  // (a [16, 8] weight on rank 0; [8, 16] on rank 1 holds as many elements; "dims": a layer of
+  // as many parameters with fewer dims on rank 1, whose description is shorter than rank 0's)
+  std::shared_ptr<nn::Module> last = std::make_shared<nn::Linear>(8, 16);
+  if (rank == 1 && how == "shape") last = std::make_shared<nn::Linear>(16, 8);
+  if (rank == 1 && how == "count") last = std::make_shared<nn::Linear>(8, 12);
+  if (rank == 1 && how == "dims") last = std::make_shared<nn::LayerNorm>(std::vector<int64_t>{16});
+  auto model = std::make_shared<nn::Sequential>(
+      std::vector<std::shared_ptr<nn::Module>>{std::make_shared<nn::Linear>(8, 8), std::make_shared<nn::Tanh>(), last});
   model->to(test_device());
   if (how == "dtype" && rank == 1) {
     NoGradGuard ng;
@@ -245,6 +247,8 @@ void ddp_shapes() {
     EXPECT(contains(m, "rank 0") && contains(m, "rank 1"), "names each rank: ", m);
     if (how == "count") {
       EXPECT(contains(m, "[12, 8]") && contains(m, "[16, 8]"), "names both shapes: ", m);
+    } else if (how == "dims") {
+      EXPECT(contains(m, "[16, 8]") && contains(m, "[16]") && contains(m, "2.weight"), "names both shapes: ", m);
     } else if (how == "shape") {
       EXPECT(contains(m, "[16, 8]") && contains(m, "[8, 16]") && contains(m, "2.weight"), "names the parameter: ", m);
     } else {

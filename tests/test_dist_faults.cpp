@@ -82,7 +82,7 @@ TEST_F(DistFaults, ADeadRankIsNamedOnEveryOther) {
 }
 
 TEST_F(DistFaults, DdpRefusesReplicasThatDiffer) {
-  for (const char* how : {"shape", "count", "dtype"}) {
+  for (const char* how : {"shape", "count", "dtype", "dims"}) {
     SCOPED_TRACE(how);
     expect_ok(run_ranks("dist_fault_worker", {"ddp_shapes"}, 2, 2, env_with(20000, {{"KILN_TEST_REPLICA", how}})), 2);
   }

@@ -55,13 +55,8 @@ struct TensorMeta {
   Device device;
 };
 
-// A stand-in of that shape, dtype and device for such a rule: one expanded constant (no
-// storage), NaN where floating, so a rule that did read its values would give NaN gradients
-// (the gradchecks fail) rather than silently wrong ones.
-Tensor stand_in(const TensorMeta& m) {
-  const Scalar v = is_floating(m.dtype) ? Scalar(std::numeric_limits<double>::quiet_NaN()) : Scalar(0);
-  return detail::expand_to(full({}, v, m.dtype, m.device), m.shape);
-}
+// A stand-in of that shape, dtype and device for such a rule (detail::stand_in).
+Tensor stand_in(const TensorMeta& m) { return detail::stand_in(m.shape, m.dtype, m.device); }
 
 // The backward node of one recorded primitive.
 struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
@@ -88,7 +83,14 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     std::vector<Tensor> in = inputs;
     for (size_t i = 0; i < in.size(); ++i)
       if (metas[i]) in[i] = stand_in(*metas[i]);
-    return detail::vjp(op, attrs, in, o, g, view_shape);
+    std::vector<Tensor> grads = detail::vjp(op, attrs, in, o, g, view_shape);
+    if (detail::check_stand_ins()) {
+      std::vector<Tensor> marks = in;
+      if (!out) marks.push_back(o);
+      KILN_CHECK(!detail::reads_any(grads, marks, g), "backward of ", op_name(op),
+                 ": its rule read a value the node did not keep (a shape-only backward node); a kiln bug, please report it");
+    }
+    return grads;
   }
   void release() override {
     // The output node too: a handle to it would make the lazy executor store every forward
@@ -172,8 +174,9 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   node->out_tangents = out.impl()->tangents;
   // A rule that reads no values keeps shapes, not tensors (DTensors excepted: a stand-in would
   // lose their placements).
-  bool keep = detail::vjp_reads_values(op) || out.node()->placed;
+  bool keep = out.node()->placed != nullptr;
   for (const auto& t : inputs) keep = keep || t.node()->placed;
+  keep = keep || detail::vjp_reads_values(op, attrs, inputs, out, view_shape);
   if (keep) {
     node->out = out.node();
   } else {

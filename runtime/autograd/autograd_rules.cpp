@@ -40,21 +40,6 @@ bool is_differentiable(OpKind op) {
   }
 }
 
-bool vjp_reads_values(OpKind op) {
-  if (is_view_op(op)) return false;  // (inverse_view: the input's shape)
-  switch (op) {
-    case OpKind::Add:
-    case OpKind::Sub:
-    case OpKind::Neg:
-    case OpKind::Sum:
-    case OpKind::ToDevice:
-    case OpKind::Cast:
-    case OpKind::Contiguous:
-    case OpKind::Cat: return false;  // (vjp below: shapes, dtypes and devices only)
-    default: return true;
-  }
-}
-
 Tensor sum_to(const Tensor& g, const Shape& shape) {
   const Shape& gs = g.shape();
   if (identical_shape(gs, shape)) return g;

@@ -154,8 +154,15 @@ void describe(const Tensor& p, std::vector<int64_t>& out) {
   for (int64_t d = 0; d < p.dim(); ++d) out.push_back(p.size(d));
 }
 
-std::string shape_text(const int64_t* w) {  // w: dtype, ndim, sizes
-  std::string s = detail::cat(dtype_name(static_cast<DType>(w[0])), " [");
+// A rank's description of one parameter: the `n` words of its row from the parameter on (dtype,
+// ndim, sizes). Bounded by the row whatever another rank sent: a row too short, an ndim past its
+// end or an unknown dtype is said as such, never read past.
+std::string shape_text(const int64_t* w, size_t n) {
+  if (n < 2) return "(no parameter there)";
+  const bool known = w[0] >= 0 && w[0] <= static_cast<int64_t>(DType::Float64);  // (the last DType)
+  std::string s = known ? std::string(dtype_name(static_cast<DType>(w[0]))) : detail::cat("dtype #", w[0]);
+  if (w[1] < 0 || static_cast<size_t>(w[1]) > n - 2) return s + detail::cat(" (", w[1], " dims, past its description)");
+  s += " [";
   for (int64_t d = 0; d < w[1]; ++d) s += detail::cat(d ? ", " : "", w[2 + d]);
   return s + "]";
 }
@@ -199,19 +206,22 @@ void DistributedDataParallel::verify_replicas() {
                        pg.ranks()[static_cast<size_t>(r)], " has ", len[static_cast<size_t>(2 * r)]));
   // The first parameter whose words differ on some rank, with each rank's dtype and shape.
   size_t at = 0;
+  // Rank r's words from `at` on: its row in `all`, as long as that rank's own description.
+  auto row = [&](int r) { return all.data() + static_cast<size_t>(r) * static_cast<size_t>(longest) + at; };
+  auto left = [&](int r) {
+    const size_t own = static_cast<size_t>(std::clamp<int64_t>(len[static_cast<size_t>(2 * r + 1)], 0, longest));
+    return own > at ? own - at : size_t{0};
+  };
   for (size_t k = 0; k < names.size(); ++k) {
     const size_t width = 2 + static_cast<size_t>(words[at + 1]);
     bool same = true;
-    for (int r = 0; r < n && same; ++r) {
-      const int64_t* w = all.data() + static_cast<size_t>(r) * static_cast<size_t>(longest) + at;
-      same = w[1] == words[at + 1] && std::equal(words.begin() + static_cast<std::ptrdiff_t>(at),
-                                                 words.begin() + static_cast<std::ptrdiff_t>(at + width), w);
-    }
+    for (int r = 0; r < n && same; ++r)
+      same = left(r) >= width && std::equal(words.begin() + static_cast<std::ptrdiff_t>(at),
+                                            words.begin() + static_cast<std::ptrdiff_t>(at + width), row(r));
     if (!same) {
       std::string each;
       for (int r = 0; r < n; ++r)
-        each += detail::cat(r ? ", " : "", "rank ", pg.ranks()[static_cast<size_t>(r)], ": ",
-                            shape_text(all.data() + static_cast<size_t>(r) * static_cast<size_t>(longest) + at));
+        each += detail::cat(r ? ", " : "", "rank ", pg.ranks()[static_cast<size_t>(r)], ": ", shape_text(row(r), left(r)));
       fail(detail::cat("parameter ", k, " (\"", names[k], "\" on rank ", pg.ranks()[static_cast<size_t>(me)], ") is ",
                        each));
     }

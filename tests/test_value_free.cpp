@@ -1,0 +1,87 @@
+// Shape-only backward nodes (runtime/autograd/value_free.cpp): which vjp rules read no values is
+// found from the rules themselves, and a stand-in that a rule does read is found, never turned
+// into NaN or zero gradients silently.
+//
+//   ValueFree.DerivedFromTheRules  ops whose rules use only shapes (sums, differences, views,
+//       copies, casts, concatenation, im2col) come out value-free; those reading an operand, a mask
+//       or an index (mul, where, relu, gather, matmul) do not
+//   ValueFree.AReadStandInIsFound  a gradient built from a stand-in through a comparison, a mask,
+//       an integer cast or a view is found; one built from g alone is not
+//   ValueFree.GradientsEqualTheKeptNodes  a program mixing shape-only and value-reading nodes:
+//       gradients equal finite differences (float64)
+#include <gtest/gtest.h>
+
+#include "kiln.h"
+#include "runtime/autograd/autograd_rules.h"
+#include "runtime/tensor/record.h"
+#include "tests/expect_close.h"
+#include "tests/test_seed.h"
+
+using namespace kiln;
+
+namespace {
+
+// Whether `op`'s rule reads values, asked with x (and y) as its inputs and `out` its output.
+bool reads(OpKind op, const std::vector<Tensor>& in, const Tensor& out, const Attrs& a = {}) {
+  return detail::vjp_reads_values(op, a, in, out, out.shape());
+}
+
+}  // namespace
+
+TEST(ValueFree, DerivedFromTheRules) {
+  manual_seed(kiln::testing::test_seed(40));
+  const Tensor x = randn({3, 4}), y = randn({3, 4});
+  Attrs sum0;
+  sum0.ints = {0};
+  EXPECT_FALSE(reads(OpKind::Add, {x, y}, x + y));
+  EXPECT_FALSE(reads(OpKind::Sub, {x, y}, x - y));
+  EXPECT_FALSE(reads(OpKind::Neg, {x}, -x));
+  EXPECT_FALSE(reads(OpKind::Sum, {x}, x.sum({0}), sum0));
+  EXPECT_FALSE(reads(OpKind::Cast, {x}, x.to(kFloat64)));
+  EXPECT_FALSE(reads(OpKind::Contiguous, {x}, x.contiguous()));
+  Attrs perm;
+  perm.ints = {1, 0};
+  EXPECT_FALSE(reads(OpKind::Permute, {x}, x.t(), perm));
+  EXPECT_TRUE(reads(OpKind::Mul, {x, y}, x * y));
+  EXPECT_TRUE(reads(OpKind::Div, {x, y}, x / y));
+  EXPECT_TRUE(reads(OpKind::Relu, {x}, relu(x)));  // (its mask: out > 0)
+  EXPECT_TRUE(reads(OpKind::Tanh, {x}, tanh(x)));
+  EXPECT_TRUE(reads(OpKind::Where, {gt(x, 0), x, y}, where(gt(x, 0), x, y)));  // (the condition)
+  EXPECT_TRUE(reads(OpKind::Matmul, {x, y.t()}, matmul(x, y.t())));
+  EXPECT_TRUE(reads(OpKind::Amax, {x}, amax(x, {0}), sum0));  // (ties: x == out)
+}
+
+TEST(ValueFree, AReadStandInIsFound) {
+  const Tensor s = detail::stand_in(make_shape({3, 4}), kFloat32, cpu());
+  const Tensor g = randn({3, 4});
+  EXPECT_FALSE(detail::reads_any({g * 2.0, g.sum({0})}, {s}, g));
+  EXPECT_TRUE(detail::reads_any({where(gt(s, 0), g, 0)}, {s}, g));  // a comparison (gave zeros)
+  EXPECT_TRUE(detail::reads_any({g * s.to(kInt64)}, {s}, g));  // an integer stand-in (gave 0)
+  EXPECT_TRUE(detail::reads_any({g.t() * s.t()}, {s}, g));  // through views
+  EXPECT_TRUE(detail::reads_any({Tensor(), g * s}, {s}, g));
+}
+
+TEST(ValueFree, GradientsEqualTheKeptNodes) {
+  manual_seed(kiln::testing::test_seed(41));
+  const Tensor a = randn({4, 5}, kFloat64).requires_grad_(true), b = randn({5}, kFloat64).requires_grad_(true);
+  auto f = [](const Tensor& p, const Tensor& q) {
+    Tensor h = cat({p + q, (p - q).t().contiguous().t()}, 0);  // value-free: add, sub, views, cat
+    return (relu(h) * h).sum({}) + where(gt(h, 0.3), h, -h).sum({});
+  };
+  Tensor loss = f(a, b);
+  loss.backward();
+  const double eps = 1e-6;
+  for (const Tensor* t : {&a, &b}) {
+    std::vector<double> v = t->detach().to_vector<double>(), want(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      auto at = [&](double d) {
+        std::vector<double> w = v;
+        w[i] += d;
+        Tensor p = from_vector(w, t->sizes());
+        return (t == &a ? f(p, b.detach()) : f(a.detach(), p)).item<double>();
+      };
+      want[i] = (at(eps) - at(-eps)) / (2 * eps);
+    }
+    expect_close(t->grad(), from_vector(want, t->sizes()), 1e-6, 1e-8);
+  }
+}
