@@ -746,9 +746,10 @@ TEST(Checkpoint, RecomputesUnderTheForwardsAutocast) {
   expect_close(cw, pw, 1e-6, 1e-6);
 }
 
-// The recomputation's dropout draws from a generator of its own thread: another thread drawing
-// numbers meanwhile neither shifts the recomputed mask (the gradient is the forward's mask,
-// scaled) nor gets numbers the process's generator gave out before (it was set back and forth).
+// The recomputation's dropout gets the generator positions its forward got: another thread drawing
+// numbers meanwhile (between the forward's draws, or during the recomputation) neither shifts the
+// recomputed mask (the gradient is the forward's mask, scaled) nor gets numbers the process's
+// generator gave out before (the old checkpoint set it back and forth).
 TEST(Checkpoint, RecomputationDoesNotRaceOtherThreadsDrawingNumbers) {
   manual_seed(kiln::testing::test_seed(36));
   std::atomic<bool> stop{false};

@@ -87,26 +87,8 @@ std::atomic<bool>& enabled_flag() {
   return on;
 }
 
-// Tracing a pattern is no part of the user's trace: an observer that sees nothing (it also
-// keeps the pending limit from computing the pattern graph: it has no data), no size oracle, and
-// random ops that draw nothing from the user's generator.
-struct Untraced final : detail::TraceObserver {
-  void on_read(const std::shared_ptr<TensorImpl>&) override {}
-  void on_write(const std::shared_ptr<TensorImpl>&) override {}
-  void on_grad(TensorImpl&, bool) override {}
-  bool on_materialize(const std::vector<Node*>&, const NodePtr*, size_t) override {
-    throw Error("patterns: a search function needs data while it is traced (item(), printing)");
-  }
-  void on_random(const Node&) override {}
-  bool draws() const override { return false; }
-  Untraced() : observer(detail::set_trace_observer(this)), oracle(set_shape_oracle(nullptr)) {}
-  ~Untraced() override {
-    detail::set_trace_observer(observer);
-    set_shape_oracle(oracle);
-  }
-  detail::TraceObserver* observer;
-  ShapeOracle* oracle;
-};
+// Tracing a pattern is no part of the user's trace (detail::Untraced).
+using detail::Untraced;
 
 // A pattern graph never runs: it is not pending eager work.
 void not_pending(const std::vector<Node*>& nodes) {
@@ -347,7 +329,9 @@ class Matcher {
   }
 
   // Matches every output of the variant, the first at `anchor`; the rest anywhere.
-  std::optional<Binding> match_at(Node* anchor) const {
+  // The binding of the variant at `anchor`, or nullopt; `*held` receives a matched intermediate
+  // that the program still holds (a tensor alive outside the graph: the match cannot replace it).
+  std::optional<Binding> match_at(Node* anchor, const Node** held = nullptr) const {
     Binding b = empty_binding();
     if (!match(v_.outputs[0].get(), anchor, b)) return std::nullopt;
     if (!match_rest(1, b)) return std::nullopt;
@@ -355,7 +339,7 @@ class Matcher {
       if (!l) return std::nullopt;  // (an input only the result reads, in a form without it)
     for (const Node* t : b.follow)
       if (t->dtype != b.leaves[static_cast<size_t>(v_.float_leaf)]->dtype) return std::nullopt;
-    if (!exclusive(b)) return std::nullopt;
+    if (!exclusive(b, held)) return std::nullopt;
     return b;
   }
 
@@ -418,14 +402,17 @@ class Matcher {
 
   // Every node the rewrite removes is read only inside the match (a constant of no inputs may
   // have other readers: it costs nothing to keep, and lazy eager shares one node per value).
-  bool exclusive(const Binding& b) const {
+  bool exclusive(const Binding& b, const Node** held) const {
     std::unordered_set<const Node*> matched, outputs;
     for (const auto& [p, t] : b.map)
       if (!v_.leaf_of.count(p) && !v_.scalar_of.count(p)) matched.insert(t);
     for (const auto& o : v_.outputs) outputs.insert(b.map.at(o.get()));
     for (const Node* t : matched) {
       if (outputs.count(t) || (t->op == OpKind::Full && t->inputs.empty())) continue;
-      if (t_.roots.count(t)) return false;
+      if (t_.roots.count(t)) {
+        if (held) *held = t;
+        return false;
+      }
       auto it = t_.consumers.find(t);
       if (it == t_.consumers.end()) continue;
       for (const Node* c : it->second)
@@ -638,6 +625,7 @@ size_t replace_instances(const std::vector<std::shared_ptr<const Registered>>& r
                          const std::vector<std::vector<NodePtr>*>& roots, uint64_t first_id, uint64_t fresh_id,
                          const std::string& where, bool roots_keep_layout, std::vector<Node*>* constants) {
   size_t replaced = 0;
+  std::set<const Node*> told_held;  // (each held intermediate said once)
   Target t = index(roots, first_id, fresh_id);
   for (const auto& r : rewrites) {
     // (a graph without every op of the forward form holds no instance of any form)
@@ -659,7 +647,13 @@ size_t replace_instances(const std::vector<std::shared_ptr<const Registered>>& r
       for (const Variant* form = &r->forward; form; form = next_form(*r, form)) {
         const Variant& v = *form;
         if (anchor->op != v.outputs[0]->op || (v.diff.empty() && r->gradient_forms_only)) continue;
-        std::optional<Binding> b = Matcher(v, t).match_at(anchor);
+        const Node* held = nullptr;
+        std::optional<Binding> b = Matcher(v, t).match_at(anchor, &held);
+        if (held && log_enabled("patterns") && told_held.insert(held).second)
+          log_line("patterns", where + ": " + r->name + " matches at " + op_name(anchor->op) + " #" +
+                                   std::to_string(anchor->id) + " but is not applied: the program still holds its " +
+                                   op_name(held->op) + " #" + std::to_string(held->id) + " " + shape_str(held->shape) +
+                                   " (a Tensor alive when the value was asked for); let it go first");
         if (!b) continue;
         std::string why;
         std::optional<std::vector<NodePtr>> rep;

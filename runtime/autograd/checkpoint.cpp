@@ -13,17 +13,18 @@ namespace {
 
 // What the forward saw, for the recomputation: each input's value then (its node: nodes are
 // immutable, so an in-place write to the input after the forward rebinds the input and leaves
-// this as it was; no copy is made), whether it asked for a gradient, the generator's position and
-// the thread's autocast state.
+// this as it was; no copy is made), whether it asked for a gradient and
+// the thread's autocast state (the generator positions the forward's random ops got are added by
+// the caller).
 struct Saved {
   std::vector<Tensor> values;
   std::vector<bool> wants_grad;
-  std::pair<uint64_t, uint64_t> rng;
+  detail::RngRecord::Draws draws;
   uint32_t autocast;
 };
 
 Saved save(const std::vector<Tensor>& inputs) {
-  Saved s{{}, {}, detail::rng_state(), detail::autocast_key()};
+  Saved s{{}, {}, {}, detail::autocast_key()};
   for (const Tensor& t : inputs) {
     s.values.push_back(t.defined() ? t.detach() : t);
     s.wants_grad.push_back(t.defined() && t.requires_grad() && is_floating(t.dtype()));
@@ -51,11 +52,13 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
   // the compiled GPT-M step's peak (6.7 -> 9.1 GiB on an H100, docs/BENCHMARKS.md). So the block
   // is traced as it is.
   if (detail::trace_observer()) return fn(inputs);
-  const auto saved = std::make_shared<const Saved>(save(inputs));
+  auto saved = std::make_shared<Saved>(save(inputs));
   Tensor out;
   {
     NoGradGuard no_grad;
+    detail::RngRecord record;  // (drawn from the process's generator, as without checkpoint)
     out = fn(inputs);
+    saved->draws = record.draws();
   }
   KILN_CHECK(out.defined(), "checkpoint: the function returned an undefined tensor");
   if (!grad_enabled()) return out;
@@ -78,11 +81,11 @@ Tensor checkpoint(const std::function<Tensor(const std::vector<Tensor>&)>& fn, c
     std::vector<Tensor> leaves = fresh_leaves(*saved);
     Tensor again;
     {
-      // The forward's conditions: gradients on, its autocast state, its random numbers drawn from
-      // a generator of this thread's own (other threads' draws neither move nor see it).
+      // The forward's conditions: gradients on, its autocast state, its random numbers at the
+      // positions it got (the process's generator, which other threads draw from, is not touched).
       EnableGradGuard on;
       detail::AutocastAs autocast(saved->autocast);
-      detail::ThreadGenerator rng(saved->rng);
+      detail::RngReplay rng(saved->draws);
       again = fn(leaves);
     }
     KILN_CHECK(again.defined() && again.sizes() == g.sizes(), "checkpoint: the recomputation gave a result of shape ",

@@ -46,16 +46,11 @@ void add_nodes(const Tensor& t, std::unordered_set<const Node*>& out) {
 }
 
 // Everything the probe records happens apart from the user's program: no gradients, no autocast,
-// no trace, no shape guards.
+// no trace, no shape guards, no pending-limit flush (detail::Untraced).
 struct Apart {
   NoGradGuard no_grad;
   AutocastOff no_autocast;
-  TraceObserver* trace = set_trace_observer(nullptr);
-  ShapeOracle* oracle = shape_oracle();
-  ~Apart() {
-    set_shape_oracle(oracle);
-    set_trace_observer(trace);
-  }
+  Untraced untraced;
 };
 
 }  // namespace
@@ -97,7 +92,6 @@ bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& 
     std::vector<Shape> in_shapes;
     for (const Tensor& t : inputs) in_shapes.push_back(t.defined() ? concrete_shape(t.shape()) : Shape{});
     Apart apart;
-    set_shape_oracle(nullptr);
     std::vector<Tensor> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i)
       if (inputs[i].defined()) in[i] = stand_in(in_shapes[i], inputs[i].dtype(), inputs[i].device());

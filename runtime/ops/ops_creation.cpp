@@ -201,38 +201,43 @@ Tensor random_op(OpKind op, const Shape& shape, DType dtype, Device device, doub
 }  // namespace
 
 namespace detail {
-// A ThreadGenerator's state while one is alive on this thread (null: the process's generator).
-thread_local std::pair<uint64_t, uint64_t>* t_thread_rng = nullptr;
+// This thread's RngRecord (innermost; each holds the next outer one) and RngReplay, or null.
+thread_local RngRecord* t_rng_record = nullptr;
+thread_local RngReplay* t_rng_replay = nullptr;
 
 std::pair<uint64_t, uint64_t> rng_state() {
-  if (t_thread_rng) return *t_thread_rng;
   std::lock_guard<std::mutex> lock(g_rng_mu);
   return {g_seed, g_counter};
 }
 void set_rng_state(std::pair<uint64_t, uint64_t> s) {
-  if (t_thread_rng) {
-    *t_thread_rng = s;
-    return;
-  }
   std::lock_guard<std::mutex> lock(g_rng_mu);
   std::tie(g_seed, g_counter) = s;
 }
 std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n) {
-  if (t_thread_rng) {
-    const std::pair<uint64_t, uint64_t> r = *t_thread_rng;
-    t_thread_rng->second += n;
-    return r;
+  std::pair<uint64_t, uint64_t> r;
+  if (t_rng_replay) {
+    r = t_rng_replay->next(n);
+  } else {
+    std::lock_guard<std::mutex> lock(g_rng_mu);
+    r = {g_seed, g_counter};
+    g_counter += n;
   }
-  std::lock_guard<std::mutex> lock(g_rng_mu);
-  std::pair<uint64_t, uint64_t> r{g_seed, g_counter};
-  g_counter += n;
+  for (RngRecord* rec = t_rng_record; rec; rec = rec->outer_) rec->draws_.push_back({r.first, r.second, n});
   return r;
 }
 
-ThreadGenerator::ThreadGenerator(std::pair<uint64_t, uint64_t> start) : state_(start), outer_(t_thread_rng) {
-  t_thread_rng = &state_;
+RngRecord::RngRecord() : outer_(t_rng_record) { t_rng_record = this; }
+RngRecord::~RngRecord() { t_rng_record = outer_; }
+
+RngReplay::RngReplay(const RngRecord::Draws& draws) : draws_(draws), outer_(t_rng_replay) { t_rng_replay = this; }
+RngReplay::~RngReplay() { t_rng_replay = outer_; }
+std::pair<uint64_t, uint64_t> RngReplay::next(uint64_t n) {
+  KILN_CHECK(at_ < draws_.size() && draws_[at_].n == n, "checkpoint: the recomputation draws random numbers (",
+             n, " of them, draw ", at_ + 1, ") the forward did not (it drew ", draws_.size(),
+             " times); fn must compute the same function both times");
+  const RngRecord::Draw& d = draws_[at_++];
+  return {d.seed, d.counter};
 }
-ThreadGenerator::~ThreadGenerator() { t_thread_rng = outer_; }
 }  // namespace detail
 
 void manual_seed(uint64_t seed) {

@@ -39,6 +39,28 @@ class TraceObserver {
   [[noreturn]] virtual void cannot_trace(const std::string& why);
 };
 
+// Graphs recorded apart from the user's program while alive on this thread (a pattern's search
+// graph, the probe of a vjp rule): an observer that sees nothing and keeps the pending limit from
+// computing them (they have no data: asking for it is a kiln::Error), no shape oracle, and random
+// ops that draw nothing from the user's generator. The trace and oracle it found come back after.
+class Untraced final : public TraceObserver {
+ public:
+  Untraced();
+  ~Untraced() override;
+  Untraced(const Untraced&) = delete;
+  Untraced& operator=(const Untraced&) = delete;
+  void on_read(const std::shared_ptr<TensorImpl>&) override {}
+  void on_write(const std::shared_ptr<TensorImpl>&) override {}
+  void on_grad(TensorImpl&, bool) override {}
+  bool on_materialize(const std::vector<Node*>&, const NodePtr*, size_t) override;
+  void on_random(const Node&) override {}
+  bool draws() const override { return false; }
+
+ private:
+  TraceObserver* observer_;
+  ShapeOracle* oracle_;
+};
+
 // The observer of the trace running on this thread, or null (inline: read on every op).
 extern thread_local TraceObserver* t_trace_observer __attribute__((tls_model("initial-exec")));
 inline TraceObserver* trace_observer() { return t_trace_observer; }
@@ -54,20 +76,43 @@ void set_rng_state(std::pair<uint64_t, uint64_t> s);
 // Reserves `n` numbers from the generator: the (seed, counter) a new random op of n elements gets.
 std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n);
 
-// A generator of this thread's own while alive, starting at `start`: random ops recorded on this
-// thread draw from it (and rng_state / set_rng_state read and move it); the process's generator
-// is neither read nor moved, so other threads drawing meanwhile are undisturbed. Nests.
-// (kiln::checkpoint's recomputation draws the forward's numbers again this way.)
-class ThreadGenerator {
+// The generator positions random ops recorded on this thread are given while alive (nested
+// records each see them), in order: kiln::checkpoint's forward keeps them, drawn from the
+// process's generator as without checkpoint.
+class RngRecord {
  public:
-  explicit ThreadGenerator(std::pair<uint64_t, uint64_t> start);
-  ~ThreadGenerator();
-  ThreadGenerator(const ThreadGenerator&) = delete;
-  ThreadGenerator& operator=(const ThreadGenerator&) = delete;
+  struct Draw {
+    uint64_t seed, counter, n;
+  };
+  using Draws = std::vector<Draw>;
+  RngRecord();
+  ~RngRecord();
+  RngRecord(const RngRecord&) = delete;
+  RngRecord& operator=(const RngRecord&) = delete;
+  const Draws& draws() const { return draws_; }
 
  private:
-  std::pair<uint64_t, uint64_t> state_;
-  std::pair<uint64_t, uint64_t>* outer_;
+  friend std::pair<uint64_t, uint64_t> rng_reserve(uint64_t n);
+  Draws draws_;
+  RngRecord* outer_;
+};
+
+// While alive, random ops recorded on this thread get the positions of `draws` in order, not the
+// process's generator's (which other threads draw from meanwhile, undisturbed): checkpoint's
+// recomputation draws exactly the forward's numbers. A draw beyond them, or of another size, is a
+// kiln::Error (fn must compute the same function both times).
+class RngReplay {
+ public:
+  explicit RngReplay(const RngRecord::Draws& draws);
+  ~RngReplay();
+  RngReplay(const RngReplay&) = delete;
+  RngReplay& operator=(const RngReplay&) = delete;
+  std::pair<uint64_t, uint64_t> next(uint64_t n);
+
+ private:
+  const RngRecord::Draws& draws_;
+  size_t at_ = 0;
+  RngReplay* outer_;
 };
 
 }  // namespace kiln::detail
