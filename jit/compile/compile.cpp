@@ -135,6 +135,20 @@ TensorImpl* captured_source(const guards::CapturedTensor& c) {
   return c.grad_of ? impl->grad.get() : impl.get();
 }
 
+// Lets go, before a call runs, of the gradients it will set without reading them (`cap_grad`:
+// replaced by land(); no captured input is that parameter's .grad()). Their memory may be a CUDA
+// graph's output, and a graph replays only when nobody else holds its outputs: a training step
+// holding last step's gradients in `.grad` made two graphs, and two memory pools, take turns.
+void release_overwritten_grads(const Outcome& out, const std::vector<guards::CapturedTensor>& captured) {
+  for (int k : out.cap_grad) {
+    auto impl = captured[static_cast<size_t>(k)].impl.lock();
+    if (!impl || !impl->grad) continue;
+    bool read = false;
+    for (const auto& c : captured) read = read || (c.grad_of && c.impl.lock() == impl);
+    if (!read) impl->grad = nullptr;
+  }
+}
+
 // The trace's stand-ins for the tensor arguments: leaves without storage, sizes constant or
 // symbolic.
 struct Placeholders {
@@ -865,6 +879,7 @@ std::vector<Value> CompiledCore::replay(Entry& e, const std::vector<Value>& args
     if (const Tensor* t = as_tensor(a)) add(t->node());
   for (const auto& c : e.guards.captured) add(captured_source(c)->node());
   if (!pending.empty()) materialize(pending);
+  release_overwritten_grads(e.out, e.guards.captured);
   std::vector<Tensor> outs = e.out.fwd->run(raw, syms);
   return land(
       e.out, outs, args, syms, [&](size_t k) -> const guards::CapturedTensor& { return e.guards.captured[k]; },

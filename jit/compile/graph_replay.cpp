@@ -26,7 +26,8 @@ struct GraphReplay::Graph {
   };
   std::vector<Out> outs;
   std::vector<std::shared_ptr<Storage>> owned;  // outputs' storage: graph memory, or constants
-  std::vector<bool> handed;  // per owned: graph memory a replay rewrites
+  std::vector<bool> handed;  // per owned: graph memory a replay rewrites, handed out as it is
+  std::vector<bool> copied;  // per owned: graph memory handed out as a copy (kCopyOutBytes)
   int64_t used = 0;  // the run of this instance that used it last
   int64_t stamp = 0;  // ... and its place among the uses of all graphs of the function
 };
@@ -251,8 +252,10 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
       auto it = std::find(g->owned.begin(), g->owned.end(), s);
       r.index = static_cast<size_t>(it - g->owned.begin());
       if (it == g->owned.end()) {
+        const bool small = r.src == Graph::Src::Owned && s->nbytes <= kCopyOutBytes;
         g->owned.push_back(s);
-        g->handed.push_back(r.src == Graph::Src::Owned);
+        g->handed.push_back(r.src == Graph::Src::Owned && !small);
+        g->copied.push_back(small);
       }
     }
     g->outs.push_back(r);
@@ -293,11 +296,21 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
 void GraphReplay::make_outputs(const Graph& g, const std::vector<Node*>& ins, std::vector<Tensor>& out) const {
   out.clear();
   out.reserve(outputs_.size());
+  std::vector<std::shared_ptr<Storage>> copies(g.owned.size());  // (outputs sharing memory share the copy)
+  auto owned = [&](size_t k) -> const std::shared_ptr<Storage>& {
+    if (!g.copied[k]) return g.owned[k];
+    if (!copies[k]) {
+      const Storage& s = *g.owned[k];
+      copies[k] = Storage::allocate(std::max<size_t>(s.nbytes, 1), device_);
+      if (s.nbytes) device_runtime(device_).copy(copies[k]->data, device_, s.data, device_, s.nbytes);
+    }
+    return copies[k];
+  };
   for (size_t o = 0; o < outputs_.size(); ++o) {
     const Graph::Out& r = g.outs[o];
     switch (r.src) {
       case Graph::Src::Owned:
-      case Graph::Src::Constant: out.push_back(leaf_over(*outputs_[o], g.owned[r.index])); break;
+      case Graph::Src::Constant: out.push_back(leaf_over(*outputs_[o], owned(r.index))); break;
       case Graph::Src::Input: out.push_back(leaf_over(*outputs_[o], ins[r.index]->storage)); break;
       case Graph::Src::WriteBack: out.push_back(leaf_over(*ins[r.index], ins[r.index]->storage)); break;
     }

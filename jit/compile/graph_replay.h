@@ -4,8 +4,10 @@
 //
 // What a replay must never do, and how it is kept from it:
 // - Overwrite an output the caller still holds: each graph owns its output memory (its private
-//   pool); a graph replays only when nobody else holds one of its outputs. Up to kPerInstance
-//   graphs per instance take turns (a training loop holding last step's loss or gradients
+//   pool); a graph replays only when nobody else holds one of its outputs. Small outputs (up to
+//   kCopyOutBytes: a loss) are handed out as copies, and gradients a call sets without reading
+//   are let go before it runs (compile.cpp), so a training loop replays one graph. Up to
+//   kPerInstance graphs per instance take turns (a loop holding last call's large outputs
 //   alternates between two); when every graph's outputs are held the run goes without a graph,
 //   and a graph held for kStale runs is replaced (its memory stays with the outputs held).
 // - Read the wrong memory: a graph bakes in the addresses of its inputs. An input whose address
@@ -58,6 +60,9 @@ class GraphReplay {
  public:
   // Graphs per instance that take turns (outputs still held block a graph).
   static constexpr size_t kPerInstance = 3;
+  // Outputs of at most this many bytes (a loss, a norm) are handed out as copies, so holding them
+  // never keeps a graph from replaying.
+  static constexpr size_t kCopyOutBytes = size_t{1} << 20;
   // Runs after which a graph whose outputs are still held may be replaced by a new one.
   static constexpr int64_t kStale = 16;
 
