@@ -21,7 +21,8 @@ std::atomic<uint64_t> g_splits{0};
 // when it cannot be lowered (compile_steps meets that error).
 size_t arg_bytes(const Group& g, const Target& t) {
   try {
-    const Kernel& k = lower(g, t)->kernel;
+    const std::shared_ptr<Lowered> L = lower(g, t);  // (kept alive: the kernel is read from it)
+    const Kernel& k = L->kernel;
     return 8 * (k.buffers.size() + static_cast<size_t>(k.num_params + k.num_fparams)) + 16;
   } catch (const std::exception&) {
     return 0;
