@@ -1,10 +1,16 @@
 #include "jit/backend/backend.h"
 
+#include <algorithm>
 #include <mutex>
 
 #include "runtime/core/error.h"
 
 namespace kiln::jit {
+
+size_t launch_arg_bytes(const Kernel& k) {
+  return 16 + 8 * (std::max<size_t>(k.buffers.size(), 1) + static_cast<size_t>(std::max(k.num_params, 1)) +
+                   static_cast<size_t>(std::max(k.num_fparams, 1)));
+}
 
 // Defined by the build's backend list (jit/exec/builtin_backends.cpp).
 std::vector<std::unique_ptr<Backend>> builtin_backends(DeviceType device);

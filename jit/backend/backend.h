@@ -11,18 +11,15 @@
 #include "jit/backend/target.h"
 #include "jit/loop/lower.h"
 #include "runtime/core/device.h"
-#include "runtime/core/error.h"
 
 namespace kiln::jit {
 
 class Backend;
 
-// A kernel with more arguments than its device's launch takes (CUDA: 4 KiB of parameters, 32 KiB
-// on sm_70+ with a CUDA 12.1+ driver). The plan splits such a kernel into narrower ones rather
-// than leave compiled code.
-struct ArgumentLimitError : Error {
-  using Error::Error;
-};
+// The bytes of arguments a launch of `k` passes: begin and end, then its buffers, int and double
+// parameters (8 bytes each, at least one slot per array). Checked against Target::max_arg_bytes:
+// by a device emitter, and by the plan, which splits kernels that exceed it (split_wide.cpp).
+size_t launch_arg_bytes(const Kernel& k);
 
 // Code a backend produced for one kernel; only that backend launches it.
 struct Code {

@@ -110,6 +110,7 @@ struct Outcome {
   std::vector<int> arg_written;  // ... flat argument written in place
   std::vector<int> arg_grad;  // ... flat argument whose .grad() a backward in fn added to
   std::vector<int> cap_grad_cleared;  // captured parameters whose .grad() fn cleared
+  std::vector<int> grads_let_go;  // of cap_grad: those no captured input reads (.grad() of the same)
   // Autograd (outputs that need grad, backward run later by the caller).
   std::shared_ptr<Program> bwd;
   std::vector<int> diff_results;  // result values that carry the CompiledGrad
@@ -135,18 +136,13 @@ TensorImpl* captured_source(const guards::CapturedTensor& c) {
   return c.grad_of ? impl->grad.get() : impl.get();
 }
 
-// Lets go, before a call runs, of the gradients it will set without reading them (`cap_grad`:
-// replaced by land(); no captured input is that parameter's .grad()). Their memory may be a CUDA
-// graph's output, and a graph replays only when nobody else holds its outputs: a training step
-// holding last step's gradients in `.grad` made two graphs, and two memory pools, take turns.
+// Lets go, before a call runs, of the gradients it will set without reading them
+// (Outcome::grads_let_go). Their memory may be a CUDA graph's output, and a graph replays only when
+// nobody else holds its outputs: a training step holding last step's gradients in `.grad` made two
+// graphs, and two memory pools, take turns.
 void release_overwritten_grads(const Outcome& out, const std::vector<guards::CapturedTensor>& captured) {
-  for (int k : out.cap_grad) {
-    auto impl = captured[static_cast<size_t>(k)].impl.lock();
-    if (!impl || !impl->grad) continue;
-    bool read = false;
-    for (const auto& c : captured) read = read || (c.grad_of && c.impl.lock() == impl);
-    if (!read) impl->grad = nullptr;
-  }
+  for (int k : out.grads_let_go)
+    if (auto impl = captured[static_cast<size_t>(k)].impl.lock()) impl->grad = nullptr;
 }
 
 // The trace's stand-ins for the tensor arguments: leaves without storage, sizes constant or
@@ -675,6 +671,9 @@ void CompiledCore::collect_side_effects(TraceState& st, FnRun& run) {
       st.e.out.cap_grad.push_back(static_cast<int>(k));
       st.outputs.push_back(c.impl->grad->node());
       run.grads_set = true;
+      const bool read = std::any_of(ts.captured.begin(), ts.captured.end(),
+                                    [&](const auto& r) { return r.grad_of == static_cast<int>(k); });
+      if (!read) st.e.out.grads_let_go.push_back(static_cast<int>(k));
     }
   }
   for (auto& [i, w] : ts.placeholder_written) {

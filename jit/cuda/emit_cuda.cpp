@@ -685,11 +685,8 @@ struct Emitter {
 
   std::string emit(const std::string& symbol, size_t param_bytes) {
     for (const BufferSpec& b : k.buffers) mtype(b.dtype);  // rejects unsupported dtypes first
-    const size_t arg_bytes =
-        8 * (std::max<size_t>(k.buffers.size(), 1) + std::max(k.num_params, 1) + std::max(k.num_fparams, 1));
-    if (arg_bytes + 16 > param_bytes)  // (+ begin and end)
-      throw ArgumentLimitError("cuda: kernel " + symbol + " needs " + std::to_string(arg_bytes) +
-                               " bytes of arguments (at most " + std::to_string(param_bytes - 16) + " here)");
+    KILN_CHECK(launch_arg_bytes(k) <= param_bytes, "cuda: kernel ", symbol, " needs ", launch_arg_bytes(k),
+               " bytes of arguments (at most ", param_bytes, " here)");
     bool halves = false;
     for (const BufferSpec& b : k.buffers) halves = halves || half16(b.dtype);
     for (const Expr& e : k.exprs) halves = halves || half16(e.dtype);

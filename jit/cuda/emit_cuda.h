@@ -20,8 +20,8 @@ constexpr size_t kCudaParamBytes = 4096;
 constexpr size_t kCudaLargeParamBytes = 32764;
 
 // CUDA C++ source for `k` under the name `symbol` (throws kiln::Error for a dtype or op the
-// emitter cannot express: float16/bfloat16 values, float-only ops on integers; ArgumentLimitError
-// when its arguments take more than `param_bytes`). *lanes: the
+// emitter cannot express: float16/bfloat16 values, float-only ops on integers; or arguments taking
+// more than `param_bytes`, launch_arg_bytes). *lanes: the
 // threads per parallel index to launch (blocks of max(kCudaBlock, lanes) threads): reduction kernels run a warp per
 // index (32), or a whole block (kCudaWideBlock) when the kernel has few long indices; others a thread (1).
 // *shared_bytes: the dynamic shared memory per block to launch with (the row cache of short-row reductions).

@@ -8,6 +8,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "jit/backend/backend.h"
 #include "jit/diag/diagnostics.h"
 #include "jit/exec/jit_executor.h"
 #include "jit/exec/plan_passes.h"
@@ -17,13 +18,11 @@ namespace {
 
 std::atomic<uint64_t> g_splits{0};
 
-// The bytes of arguments `g`'s kernel takes (8 a buffer or parameter, + begin and end), or 0
-// when it cannot be lowered (compile_steps meets that error).
+// The bytes of arguments `g`'s kernel takes (launch_arg_bytes), or 0 when it cannot be lowered
+// (compile_steps meets that error).
 size_t arg_bytes(const Group& g, const Target& t) {
   try {
-    const std::shared_ptr<Lowered> L = lower(g, t);  // (kept alive: the kernel is read from it)
-    const Kernel& k = L->kernel;
-    return 8 * (k.buffers.size() + static_cast<size_t>(k.num_params + k.num_fparams)) + 16;
+    return launch_arg_bytes(lower(g, t)->kernel);  // (the lowering lives to the end of the expression)
   } catch (const std::exception&) {
     return 0;
   }

@@ -112,16 +112,13 @@ uint32_t state_key(const State& s) {
 }  // namespace
 
 AutocastAs::AutocastAs(uint32_t key) : was_key_(state_key(t_state)), was_excluded_(t_state.excluded) {
-  for (int d = 0; d < kDeviceTypes; ++d) {
-    was_[d][0] = t_state.enabled[d];
-    was_[d][1] = static_cast<uint8_t>(t_state.dtype[d]);
-  }
+  for (int d = 0; d < kDeviceTypes; ++d) was_dtype_[d] = static_cast<uint8_t>(t_state.dtype[d]);
   set_state(key);
   t_state.excluded = false;
 }
 AutocastAs::~AutocastAs() {
   set_state(was_key_);
-  for (int d = 0; d < kDeviceTypes; ++d) t_state.dtype[d] = static_cast<DType>(was_[d][1]);
+  for (int d = 0; d < kDeviceTypes; ++d) t_state.dtype[d] = static_cast<DType>(was_dtype_[d]);
   t_state.excluded = was_excluded_;
 }
 

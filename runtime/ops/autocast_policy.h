@@ -66,9 +66,9 @@ class AutocastAs {
   AutocastAs& operator=(const AutocastAs&) = delete;
 
  private:
-  uint32_t was_key_;
+  uint32_t was_key_;  // (the enabled device types and their dtypes)
   bool was_excluded_;
-  uint8_t was_[2][2];  // per device type: enabled, dtype
+  uint8_t was_dtype_[2];  // per device type, also where it was not enabled
 };
 
 // This thread's autocast state as one number (0: off everywhere), for compile()'s guards.
