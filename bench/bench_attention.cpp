@@ -11,6 +11,12 @@
 //                                                                   hand-written in lazy eager, forward)
 //   bench_attention --pad-mm --device cuda                         compiled unaligned float16 GEMMs,
 //                                                                  GEMM padding (pad_mm) on and off
+//   bench_attention --sweep [--device D] [--dtype bfloat16|float16|float32] [--seq T]
+//                                                                  sdpa alone over T (256..8192, or T),
+//                                                                  head dims 64 and 128, causal and
+//                                                                  not: forward and forward+backward,
+//                                                                  TFLOP/s, peak bytes over the call
+//                                                                  (bench/torch_sdpa_sweep.py: PyTorch)
 //
 // Peak memory: on CUDA the caching allocator's peak allocated bytes over a step; on the CPU the
 // process's peak resident set over the first step, compile included (/proc/self/clear_refs
@@ -124,7 +130,8 @@ int main(int argc, char** argv) {
   std::string device = "cpu", memory;
   int64_t seq = 256;
   int iters = 10;
-  bool sdpa = false, pad_mm = false;
+  bool sdpa = false, pad_mm = false, sweep = false;
+  std::string dtype = "bfloat16";
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--device") && i + 1 < argc)
       device = argv[++i];
@@ -138,6 +145,10 @@ int main(int argc, char** argv) {
       sdpa = true;
     else if (!std::strcmp(argv[i], "--pad-mm"))
       pad_mm = true;
+    else if (!std::strcmp(argv[i], "--sweep"))
+      sweep = true, seq = 0;
+    else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc)
+      dtype = argv[++i];
     else {
       std::fprintf(stderr, "bench_attention: unknown option %s\n", argv[i]);
       return 2;
@@ -185,6 +196,42 @@ int main(int argc, char** argv) {
           static_cast<long long>(s[0]), static_cast<long long>(s[1]), static_cast<long long>(s[2]), device.c_str(),
           us[1], us[0], us[0] / us[1], matches);
     }
+    return 0;
+  }
+
+  if (sweep) {  // sdpa alone: FlashAttention's benchmark grid (16k tokens, model width 2048)
+    const kiln::DType dt = dtype == "float32" ? kiln::kFloat32 : dtype == "float16" ? kiln::kFloat16 : kiln::kBFloat16;
+    std::vector<int64_t> seqs = {256, 512, 1024, 2048, 4096, 8192};
+    if (seq > 0) seqs = {seq};
+    for (int64_t d : {64, 128})
+      for (int causal = 0; causal < 2; ++causal)
+        for (int64_t t : seqs) {
+          const int64_t b = std::max<int64_t>(1, 16384 / t), h = 2048 / d;
+          kiln::manual_seed(5);
+          auto mk = [&] { return kiln::randn({b, h, t, d}, kiln::kFloat32, dev).to(dt).requires_grad_(); };
+          Tensor q = mk(), k = mk(), v = mk(), go = kiln::randn({b, h, t, d}, kiln::kFloat32, dev).to(dt);
+          kiln::eval({q, k, v, go});
+          const double fwd = timed([&] {
+            kiln::NoGradGuard ng;
+            kiln::scaled_dot_product_attention(q, k, v, std::nullopt, causal == 1).eval();
+          });
+          Peak peak{dev};
+          sync(dev);
+          peak.reset();
+          const double both = timed([&] {
+            Tensor y = kiln::scaled_dot_product_attention(q, k, v, std::nullopt, causal == 1);
+            kiln::eval(kiln::grad({(y * go).sum()}, {q, k, v}));
+          });
+          // FlashAttention's count: 4 b h t^2 d forward (half causal), 2.5 times that backward.
+          const double flops = 4.0 * double(b * h) * double(t) * double(t) * double(d) / (causal ? 2 : 1);
+          std::printf(
+              "{\"workload\": \"SDPA-%s-d%lld-%s-T%lld\", \"impl\": \"kiln\", \"device\": \"%s\", \"fwd_us\": %.1f, "
+              "\"fwd_bwd_us\": %.1f, \"fwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f, \"peak_bytes\": %lld}\n",
+              dtype.c_str(), static_cast<long long>(d), causal ? "causal" : "full", static_cast<long long>(t),
+              device.c_str(), fwd, both, flops / fwd / 1e6, 3.5 * flops / both / 1e6,
+              static_cast<long long>(peak.bytes()));
+          std::fflush(stdout);
+        }
     return 0;
   }
 

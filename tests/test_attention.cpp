@@ -34,9 +34,11 @@ Tensor unfused(const Tensor& q, const Tensor& k, const Tensor& v, const std::opt
 using kiln::testing::interpreted;
 using kiln::testing::unrewritten;
 
+// (16-bit inputs: the float32 node's output rounded back, a Cast of the slice)
 bool fused(const Tensor& y) {
-  const Node& n = *y.node();
-  return n.op == OpKind::Slice && n.inputs.size() == 1 && n.inputs[0]->op == OpKind::Attention;
+  const Node* n = y.node().get();
+  if (n->op == OpKind::Cast && n->inputs.size() == 1) n = n->inputs[0].get();
+  return n->op == OpKind::Slice && n->inputs.size() == 1 && n->inputs[0]->op == OpKind::Attention;
 }
 
 struct Case {
@@ -49,10 +51,18 @@ struct Case {
 // differ by rounding only (sums reordered): 1e-10 relative + 1e-11. Float32: each value is a sum
 // of up to ~300 products rounded to float32, so 1e-4 relative plus 2e-5 of the largest magnitude
 // in the result (cancellation leaves small entries with the absolute error of the large ones).
+// 16-bit inputs (a float32 node: products on tensor cores with float32 sums on the GPU, float32
+// on the CPU): the output is rounded to the input type (bfloat16 2^-8, float16 2^-11 relative)
+// and on the GPU the probabilities are rounded to it before their product with v, each term off
+// by up to that relative amount: 2^-6 (bfloat16) and 2^-9 (float16) relative, and the same of the
+// largest magnitude absolute.
+double rel_tolerance(DType dt) { return dt == kBFloat16 ? 1.0 / 64 : dt == kFloat16 ? 1.0 / 512 : 1e-4; }
+double abs_tolerance(DType dt) { return dt == kBFloat16 ? 1.0 / 64 : dt == kFloat16 ? 1.0 / 512 : 2e-5; }
+
 void expect_match(const Tensor& got, const Tensor& want64) {
   if (got.dtype() == kFloat64) return expect_close(got, want64, 1e-10, 1e-11);
   const double scale = std::max(1.0, want64.numel() ? want64.abs().amax().item<double>() : 0.0);
-  expect_close(got.to(kFloat64), want64, 1e-4, 2e-5 * scale);
+  expect_close(got.to(kFloat64), want64, rel_tolerance(got.dtype()), abs_tolerance(got.dtype()) * scale);
 }
 
 // dq, dk, dv against their float64 references, as expect_match; in float32 the absolute term
@@ -68,7 +78,8 @@ void expect_grads_match(const std::vector<Tensor>& g, const std::vector<Tensor>&
     if (g[i].dtype() == kFloat64)
       expect_match(g[i].to(cpu()), want64[i]);
     else
-      expect_close(g[i].to(cpu()).to(kFloat64), want64[i], 1e-4, 2e-5 * largest);
+      expect_close(g[i].to(cpu()).to(kFloat64), want64[i], 2 * rel_tolerance(g[i].dtype()),
+                   2 * abs_tolerance(g[i].dtype()) * largest);
   }
 }
 
@@ -108,7 +119,7 @@ void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Devic
 }
 
 // Random cases: 2-D with an additive mask, causal 4-D, broadcast k/v with a boolean mask, 3-D.
-void random_cases(Device dev, int count, int64_t max_seq) {
+void random_cases(Device dev, int count, int64_t max_seq, std::vector<DType> dtypes = {kFloat64, kFloat32}) {
   std::mt19937_64 rng(kiln::testing::test_seed(11));
   std::uniform_int_distribution<int64_t> seq(1, max_seq), head(1, 80), small(1, 3);
   for (int it = 0; it < count; ++it) {
@@ -121,13 +132,30 @@ void random_cases(Device dev, int count, int64_t max_seq) {
       default: c = {{b, tq, d}, {b, tk, d}, {b, tk, d}, 0, false}; break;
     }
     const double scale = it % 3 == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.05 + 0.5 * (it % 5);
-    run_case(c, it % 2 ? kFloat32 : kFloat64, rng, scale, dev);
+    run_case(c, dtypes[static_cast<size_t>(it) % dtypes.size()], rng, scale, dev);
   }
 }
 
 }  // namespace
 
 TEST(Attention, FusedEqualsUnfusedOnRandomShapes) { random_cases(cpu(), 24, 300); }
+
+// bfloat16 / float16 inputs: one float32 node (its output and gradients rounded back to the
+// inputs' dtype), within the rounding of that dtype of the float64 graph on the same values.
+TEST(Attention, HalfInputsFuseIntoAFloat32Node) {
+  random_cases(cpu(), 12, 200, {kBFloat16, kFloat16});
+  Tensor q = randn({2, 5, 8}, kBFloat16);
+  Tensor y = scaled_dot_product_attention(q, q, q);
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  EXPECT_EQ(y.node()->inputs[0]->inputs[0]->dtype, kFloat32);
+}
+
+// The tensor-core kernels (sm_80 and later) against the same float64 reference: random shapes
+// with odd sequence lengths, head sizes across every bucket (1..256, not powers of two).
+TEST(Attention, CudaTensorCoreKernelsEqualTheUnfusedGraph) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  random_cases(Device{DeviceType::CUDA, 0}, 48, 300, {kBFloat16, kFloat16});
+}
 
 // The CUDA kernels against the same float64 reference (skipped without a GPU).
 TEST(Attention, CudaKernelsEqualTheUnfusedGraph) {
@@ -246,14 +274,15 @@ TEST(Attention, GradientsMatchFiniteDifferences) {
 }
 
 TEST(Attention, NotFusedWhereTheKernelsDoNotApply) {
-  // A mask that needs a gradient, different key and value head sizes, half precision.
+  // A mask that needs a gradient, different key and value head sizes, a head size above 256.
   Tensor q = randn({2, 3, 4}), k = randn({2, 5, 4}), v = randn({2, 5, 6});
   Tensor m = randn({3, 5}).requires_grad_();
   EXPECT_FALSE(fused(scaled_dot_product_attention(q, k, randn({2, 5, 4}), m)));
   Tensor y = scaled_dot_product_attention(q, k, v);
   EXPECT_FALSE(y.node()->op == OpKind::Slice && y.node()->inputs[0]->op == OpKind::Attention);
   expect_close(y, unfused(q, k, v, std::nullopt, false, 0.5));
-  EXPECT_FALSE(fused(scaled_dot_product_attention(q.to(kFloat16), k.to(kFloat16), randn({2, 5, 4}).to(kFloat16))));
+  EXPECT_FALSE(fused(scaled_dot_product_attention(randn({2, 3, 257}, kFloat16), randn({2, 5, 257}, kFloat16),
+                                                  randn({2, 5, 257}, kFloat16))));
   // Gradient of the mask flows through the unfused graph.
   Tensor y2 = scaled_dot_product_attention(q, k, randn({2, 5, 4}), m);
   EXPECT_TRUE(grad({y2.sum()}, {m})[0].defined());

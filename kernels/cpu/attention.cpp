@@ -331,6 +331,25 @@ void check_float(DType t, const char* op) {
   KILN_CHECK(t == DType::Float32 || t == DType::Float64, op, ": expected float32 or float64, got ", dtype_name(t));
 }
 
+// A dense float32 copy of a 16-bit operand (a float32 attention node over bfloat16 / float16
+// inputs computes in float32); other operands pass through.
+struct Widened {
+  std::vector<float> buf;
+  Operand op;
+  explicit Widened(const Operand& o) : op(o) {
+    if (o.dtype != DType::BFloat16 && o.dtype != DType::Float16) return;
+    buf.resize(static_cast<size_t>(o.numel()));
+    op.data = reinterpret_cast<char*>(buf.data());
+    op.dtype = DType::Float32;
+    int64_t st = 1;
+    for (size_t d = o.sizes.size(); d-- > 0;) {
+      op.strides[d] = st;
+      st *= o.sizes[d];
+    }
+    unary(OpKind::Contiguous, op, o);
+  }
+};
+
 }  // namespace
 
 std::optional<DropoutMask> mask_of(const AttentionDropout& d) {
@@ -341,8 +360,11 @@ std::optional<DropoutMask> mask_of(const AttentionDropout& d) {
 void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
                bool causal, double scale, const AttentionDropout& drop) {
   check_float(out.dtype, "attention");
+  const Widened wq(q), wk(k), wv(v);
+  const std::optional<Widened> wm = mask ? std::optional<Widened>(std::in_place, *mask) : std::nullopt;
+  const Operand* m = wm ? &wm->op : nullptr;
   if (out.dtype == DType::Float32)
-    forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale), mask_of(drop));
+    forward<float>(out, wq.op, wk.op, wv.op, m, causal, static_cast<float>(scale), mask_of(drop));
   else
     forward<double>(out, q, k, v, mask, causal, scale, mask_of(drop));
 }
@@ -351,8 +373,11 @@ void attention_backward(const Operand& out, const Operand& q, const Operand& k, 
                         const Operand& gout, const Operand* mask, bool causal, double scale,
                         const AttentionDropout& drop) {
   check_float(out.dtype, "attention_backward");
+  const Widened wq(q), wk(k), wv(v);
+  const std::optional<Widened> wm = mask ? std::optional<Widened>(std::in_place, *mask) : std::nullopt;
+  const Operand* m = wm ? &wm->op : nullptr;
   if (out.dtype == DType::Float32)
-    backward<float>(out, q, k, v, fwd, gout, mask, causal, static_cast<float>(scale), mask_of(drop));
+    backward<float>(out, wq.op, wk.op, wv.op, fwd, gout, m, causal, static_cast<float>(scale), mask_of(drop));
   else
     backward<double>(out, q, k, v, fwd, gout, mask, causal, scale, mask_of(drop));
 }

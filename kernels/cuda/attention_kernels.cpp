@@ -15,7 +15,9 @@
 namespace kiln::kernels {
 namespace {
 
-const char* kAttentionSource = R"CUDA(
+// What both kernel families share (this file's row and tiled kernels, flash_kernels.cpp's
+// tensor-core kernels): the argument block, the dropout stream, batch offsets.
+const char* kAttentionCommon = R"CUDA(
 typedef long long i64;
 
 // Operands, by index into AttnArgs' arrays.
@@ -39,6 +41,8 @@ struct AttnArgs {
   const i64* rng;            // dropout: the generator words (kernels/cpu/attention_dropout.h)
   i64 rng_st;
   double dropout;            // its probability (0: none)
+  int vec[7];                // per operand: 16-byte loads of 8 16-bit elements apply (flash kernels)
+  void* work;                // flash backward: per query row dO rounded to 16 bits, lse, delta
 };
 
 // Word w of Philox4x32-10 at (key, counter): runtime/core/philox.h, bit for bit.
@@ -103,7 +107,9 @@ __device__ void batch_offsets(const AttnArgs& a, i64 b, i64* off) {
 }
 
 template <class T> __device__ const T* in(const AttnArgs& a, int k) { return (const T*)a.ptr[k]; }
+)CUDA";
 
+const char* kAttentionSource = R"CUDA(
 // Threads per row and rows per block of the head-size bucket DM (mirrored by the host).
 template <int DM> struct Shape {
   static const int split = DM / 16;
@@ -671,6 +677,7 @@ template <int DM> __device__ void attn_bwd_kv_tiled(const AttnArgs& a) {
 
 }  // namespace
 
+const char* attention_common_source() { return kAttentionCommon; }
 const char* attention_kernel_source() { return kAttentionSource; }
 
 }  // namespace kiln::kernels

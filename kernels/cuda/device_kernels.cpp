@@ -1,6 +1,7 @@
 #include "kernels/cuda/device_kernels.h"
 
 #include "kernels/cuda/attention_kernels.h"
+#include "kernels/cuda/flash_kernels.h"
 #include "runtime/core/error.h"
 
 namespace kiln::kernels {
@@ -581,6 +582,10 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::AttentionForwardTiled:
     case DeviceKernel::AttentionBackwardQTiled:
     case DeviceKernel::AttentionBackwardKVTiled: return "KILN_ATTENTION";
+    case DeviceKernel::FlashForward:
+    case DeviceKernel::FlashBackwardKV:
+    case DeviceKernel::FlashBackwardQ:
+    case DeviceKernel::FlashBackwardPrep: return "KILN_FLASH";
   }
   return "";
 }
@@ -592,6 +597,10 @@ const char* attention_template(DeviceKernel k) {
     case DeviceKernel::AttentionBackwardKV: return "attn_bwd_kv";
     case DeviceKernel::AttentionForwardTiled: return "attn_fwd_tiled";
     case DeviceKernel::AttentionBackwardQTiled: return "attn_bwd_q_tiled";
+    case DeviceKernel::FlashForward: return "flash_fwd";
+    case DeviceKernel::FlashBackwardKV: return "flash_bwd_kv";
+    case DeviceKernel::FlashBackwardQ: return "flash_bwd_q";
+    case DeviceKernel::FlashBackwardPrep: return "flash_bwd_prep";
     default: return "attn_bwd_kv_tiled";
   }
 }
@@ -628,23 +637,36 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::AttentionForwardTiled:
     case DeviceKernel::AttentionBackwardQTiled:
     case DeviceKernel::AttentionBackwardKVTiled:
+    case DeviceKernel::FlashForward:
+    case DeviceKernel::FlashBackwardKV:
+    case DeviceKernel::FlashBackwardQ:
+    case DeviceKernel::FlashBackwardPrep:
       return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) + "_h" +
              std::to_string(k.head);
   }
   return "";
 }
 
-bool is_attention_kernel(DeviceKernel k) { return k >= DeviceKernel::AttentionForward; }
+bool is_attention_kernel(DeviceKernel k) {
+  return k >= DeviceKernel::AttentionForward && k <= DeviceKernel::AttentionBackwardKVTiled;
+}
+bool is_flash_kernel(DeviceKernel k) { return k >= DeviceKernel::FlashForward; }
 
 int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
-  const bool attention = !ks.empty() && is_attention_kernel(ks[0].kernel);
-  std::string s = attention ? attention_kernel_source() : kSource;
+  // One family per program: the plain templates, the CUDA-core attention kernels or the flash kernels.
+  auto family = [](DeviceKernel k) { return is_flash_kernel(k) ? 2 : is_attention_kernel(k) ? 1 : 0; };
+  const int fam = ks.empty() ? 0 : family(ks[0].kernel);
+  std::string s = fam == 0 ? std::string(kSource)
+                           : std::string(attention_common_source()) +
+                                 (fam == 1 ? attention_kernel_source() : flash_kernel_source());
   for (const DeviceKernelInstance& k : ks) {
-    if (is_attention_kernel(k.kernel) != attention)
-      throw Error("device kernels: attention and other kernels in one program");
-    if (attention)
+    if (family(k.kernel) != fam) throw Error("device kernels: kernels of two families in one program");
+    if (fam == 2)
+      s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
+           (k.a == DType::BFloat16 ? "true" : "false") + ", " + std::to_string(k.head) + ")\n";
+    else if (fam == 1)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
            device_type(k.a) + ", " + std::to_string(k.head) + ")\n";
     else
@@ -681,6 +703,10 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
   for (DeviceKernel k : {DeviceKernel::AttentionForwardTiled, DeviceKernel::AttentionBackwardQTiled,
                          DeviceKernel::AttentionBackwardKVTiled})
     for (int head : {32, 64}) v.push_back({k, DType::Float32, DType::Int64, head});
+  for (DeviceKernel k : {DeviceKernel::FlashForward, DeviceKernel::FlashBackwardKV, DeviceKernel::FlashBackwardQ,
+                         DeviceKernel::FlashBackwardPrep})
+    for (DType t : {DType::BFloat16, DType::Float16})
+      for (int head = 32; head <= 256; head += 32) v.push_back({k, t, DType::Int64, head});
   return v;
 }
 

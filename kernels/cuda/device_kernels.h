@@ -47,17 +47,24 @@ enum class DeviceKernel {
   AttentionForwardTiled,
   AttentionBackwardQTiled,
   AttentionBackwardKVTiled,
+  // Tensor-core attention for 16-bit q, k, v (kernels/cuda/flash_kernels.h; a: bfloat16/float16,
+  // head: bucket, a multiple of 32; float32 output; sm_80 and later).
+  FlashForward,  // output rows + log-sum-exp, float32
+  FlashBackwardKV,  // dk and dv rows of the stacked float32 gradient
+  FlashBackwardQ,  // dq rows
+  FlashBackwardPrep,  // the backward's work area: dO in 16 bits, lse, delta per query row
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).
 struct DeviceKernelInstance {
   DeviceKernel kernel;
   DType a = DType::Float32, b = DType::Int64;
-  int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256)
+  int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256; flash: 32, 64, ..., 256)
 };
 
-// Whether `k` is one of the attention kernels.
+// Whether `k` is one of the CUDA-core attention kernels / one of the tensor-core (flash) kernels.
 bool is_attention_kernel(DeviceKernel k);
+bool is_flash_kernel(DeviceKernel k);
 // The attention kernels' head-size bucket for head size d (1..256): 32, 64, 128 or 256.
 int attention_head_bucket(int64_t d);
 

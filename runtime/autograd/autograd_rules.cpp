@@ -271,8 +271,12 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       std::vector<Tensor> bin = {in[0], in[1], in[2], out, g};
       for (size_t i = 3; i < in.size(); ++i) bin.push_back(in[i]);
       Tensor packed = record(OpKind::AttentionBackward, bin, a, g.dtype(), s);
-      std::vector<Tensor> r3 = {slice_window(packed, r - 2, 0, tq, 1), slice_window(packed, r - 2, tq, tq + tk, 1),
-                                slice_window(packed, r - 2, tq + tk, tq + tk + tk, 1)};
+      // (16-bit inputs: float32 gradients, rounded to the inputs' dtype)
+      auto part = [&](const SymInt& lo, const SymInt& hi, const Tensor& like) {
+        Tensor p = slice_window(packed, r - 2, lo, hi, 1);
+        return p.dtype() == like.dtype() ? p : p.to(like.dtype());
+      };
+      std::vector<Tensor> r3 = {part(0, tq, in[0]), part(tq, tq + tk, in[1]), part(tq + tk, tq + tk + tk, in[2])};
       r3.resize(in.size());
       return r3;
     }

@@ -213,6 +213,10 @@ class CudaRuntime final : public DeviceRuntime {
   std::string unavailable_reason() const override { return cu::unavailable_reason(); }
   int device_count() const override { return cu::device_count(); }
 
+  bool fused_half_attention(int index) override {  // (the flash kernels: mma.sync, sm_80 and later)
+    return cu::compute_capability(index) >= 80 && cu::have_nvrtc();
+  }
+
   std::shared_ptr<Storage> allocate(size_t nbytes, int index) override {
     CachingAllocator* a = ready(index).allocator.get();
     auto s = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>());  // (pooled: no malloc per launch)

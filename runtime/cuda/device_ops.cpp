@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/node_operand.h"
 #include "kernels/cuda/device_kernels.h"
+#include "kernels/cuda/flash_kernels.h"
 #include "runtime/core/error.h"
 #include "runtime/cuda/cuda_runtime.h"
 #include "runtime/cuda/driver.h"
@@ -162,6 +163,8 @@ struct AttnArgs {
   const void* rng = nullptr;  // dropout: the generator words (kernels/cpu/attention_dropout.h)
   int64_t rng_st = 0;
   double dropout = 0;
+  int32_t vec[7] = {};  // per operand: 16-byte loads apply (flash kernels)
+  void* work = nullptr;  // flash backward: dO rounded to 16 bits, lse and delta per query row
 };
 constexpr int kAttnQ = 0, kAttnK = 1, kAttnV = 2, kAttnMask = 3, kAttnFwd = 4, kAttnGout = 5, kAttnOut = 6;
 // Rows per block and threads per row of a head-size bucket (the kernels' Shape<DM>).
@@ -179,7 +182,9 @@ void attn_operand(AttnArgs& a, int k, const Operand& o, const std::vector<int64_
   a.cs[k] = st[r - 1];
 }
 
-bool tiled(DeviceKernel k) { return k >= DeviceKernel::AttentionForwardTiled; }
+bool tiled(DeviceKernel k) {
+  return k >= DeviceKernel::AttentionForwardTiled && k <= DeviceKernel::AttentionBackwardKVTiled;
+}
 
 // Shared memory of a launch (the kernels' layouts).
 int64_t attn_shared(DeviceKernel k, int head, int64_t item, int64_t bt) {
@@ -207,6 +212,37 @@ void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const Attn
   check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per), 1,
                             static_cast<unsigned>(tiled(kernel) ? 256 : per * attn_split(head)), 1, 1,
                             static_cast<unsigned>(shared), enter(device), params, nullptr),
+        "cuLaunchKernel");
+  note_launch(device, name, false);
+}
+
+bool is_16bit(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
+
+// Whether 16-bit operand `o` (head size d) takes 16-byte loads: unit column stride, every
+// other stride and the address a multiple of 8 elements.
+bool loads_vectors(const Operand& o, int64_t d) {
+  if (!is_16bit(o.dtype) || d % 8 != 0 || reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return false;
+  const size_t r = o.strides.size();
+  if (o.strides[r - 1] != 1 && o.sizes[r - 1] > 1) return false;
+  for (size_t i = 0; i + 1 < r; ++i)
+    if (o.strides[i] % 8 != 0 && o.sizes[i] > 1) return false;
+  return true;
+}
+
+// Queues flash kernel `kernel` (128 threads, a block per 64 rows of `rows`, `parts` blocks of
+// gradient columns) over each batch element.
+void flash_launch(int device, DeviceKernel kernel, DType dt, int bucket, const AttnArgs& a, int64_t batch,
+                  int64_t rows, int parts) {
+  if (batch == 0 || rows == 0) return;
+  const DeviceKernelInstance k{kernel, dt, DType::Int64, bucket};
+  const std::string name = kernels::device_kernel_name(k);
+  const int64_t shared = kernels::flash_shared_bytes(kernel, bucket);
+  CUfunction f = function(device, k, name, shared);
+  AttnArgs args = a;
+  void* params[] = {&args};
+  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + 63) / 64),
+                            static_cast<unsigned>(parts), 128, 1, 1, static_cast<unsigned>(shared), enter(device),
+                            params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, false);
 }
@@ -247,6 +283,25 @@ void attention(int device, const Node& n, const Operand& out) {
   }
   a.causal = attention_causal(n.attrs);
   a.scale = attention_scale(n.attrs);
+  const DType in_dt = n.inputs[0]->dtype;
+  if (is_16bit(in_dt)) {  // the tensor-core kernels (float32 output)
+    for (int i : {kAttnQ, kAttnK, kAttnV}) a.vec[i] = loads_vectors(in(static_cast<size_t>(i)), a.d);
+    const int bucket = kernels::flash_head_bucket(a.d);
+    const int parts = bucket / kernels::flash_columns(bucket);
+    if (fwd) {
+      flash_launch(device, DeviceKernel::FlashForward, in_dt, bucket, a, batch, a.tq, 1);
+    } else {
+      // (the work area goes back to the caching allocator once queued: its next user is queued after these)
+      const auto work = Storage::allocate(static_cast<size_t>(std::max<int64_t>(
+                                              1, kernels::flash_work_bytes(batch, a.tq, bucket))),
+                                          Device{DeviceType::CUDA, device});
+      a.work = work->data;
+      flash_launch(device, DeviceKernel::FlashBackwardPrep, in_dt, bucket, a, batch, a.tq, 1);
+      flash_launch(device, DeviceKernel::FlashBackwardQ, in_dt, bucket, a, batch, a.tq, parts);
+      flash_launch(device, DeviceKernel::FlashBackwardKV, in_dt, bucket, a, batch, a.tk, parts);
+    }
+    return;
+  }
   const int head = kernels::attention_head_bucket(a.d);
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
   a.bt =
@@ -264,10 +319,20 @@ void attention(int device, const Node& n, const Operand& out) {
   }
 }
 
-// Whether the attention kernels take node n: float32/64, head size 1..256, at most 6 batch
-// dims, rows that fit the grid.
+// Whether the attention kernels take node n: float32/64 (the CUDA-core kernels) or 16-bit inputs
+// with a float32 output (the tensor-core kernels: sm_80 and later, their shared memory within the
+// device's), head size 1..256, at most 6 batch dims, rows that fit the grid.
 bool attention_handled(const Node& n) {
-  if (n.dtype != DType::Float32 && n.dtype != DType::Float64) return false;
+  if (is_16bit(n.inputs[0]->dtype)) {
+    if (n.dtype != DType::Float32 || compute_capability(n.device.index) < 80) return false;
+    const int bucket = kernels::flash_head_bucket(n.inputs[0]->shape.back().as_int());
+    const int64_t most = std::max({kernels::flash_shared_bytes(DeviceKernel::FlashForward, bucket),
+                                   kernels::flash_shared_bytes(DeviceKernel::FlashBackwardKV, bucket),
+                                   kernels::flash_shared_bytes(DeviceKernel::FlashBackwardQ, bucket)});
+    if (most > max_shared_per_block(n.device.index)) return false;
+  } else if (n.dtype != DType::Float32 && n.dtype != DType::Float64) {
+    return false;
+  }
   const Shape& qs = n.inputs[0]->shape;
   const Shape& ks = n.inputs[1]->shape;
   if (qs.size() < 2 || qs.size() > 8) return false;

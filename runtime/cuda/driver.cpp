@@ -210,6 +210,13 @@ int compute_capability(int ordinal) {
   return major * 10 + minor;
 }
 
+int max_shared_per_block(int ordinal) {
+  int v = 0;
+  check(api().device_get_attribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device(ordinal)),
+        "cuDeviceGetAttribute");
+  return v;
+}
+
 int driver_version() {
   if (!available()) return 0;
   int v = 0;

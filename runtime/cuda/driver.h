@@ -127,6 +127,8 @@ CUdevice device(int ordinal);
 std::string device_name(int ordinal);
 // Compute capability of device `ordinal` as major * 10 + minor (90 for sm_90).
 int compute_capability(int ordinal);
+// Shared memory a block may opt into on device `ordinal` (bytes).
+int max_shared_per_block(int ordinal);
 // The driver's CUDA version (13000 for 13.0) and NVRTC's (major * 1000 + minor * 10; 0 without NVRTC).
 int driver_version();
 int nvrtc_version();

@@ -119,7 +119,8 @@ enum class OpKind : uint16_t {
   // Im2Col: [N, C, H, W] -> [N, C*kh*kw, L]. Col2Im: inverse (summing overlaps) to attrs.sizes.
   Im2Col,
   Col2Im,
-  // Fused scaled dot-product attention over equal batch dims, Dk == Dv = D, float32/float64.
+  // Fused scaled dot-product attention over equal batch dims, Dk == Dv = D, float32/float64, or
+  // bfloat16/float16 inputs with float32 outputs (attention_out_dtype).
   // ints = {causal (0/1: key j <= query i), bit pattern of the double scale}.
   // Attention(q [..., Tq, D], k [..., Tk, D], v [..., Tk, D] [, additive mask broadcast to
   // [..., Tq, Tk]]) -> [..., Tq, D + 1]: the output rows, then each row's log-sum-exp.
@@ -252,6 +253,12 @@ inline Attrs attention_attrs(bool causal, double scale, double dropout = 0) {
   Attrs a;
   a.ints = {causal ? 1 : 0, std::bit_cast<int64_t>(scale), std::bit_cast<int64_t>(dropout)};
   return a;
+}
+// The dtype of an Attention node's packed output (and of AttentionBackward's stacked gradients)
+// for inputs of dtype `in`: float32 for 16-bit inputs (the row log-sum-exp needs float32, and the
+// tensor-core kernels accumulate in it), else `in`.
+inline DType attention_out_dtype(DType in) {
+  return in == DType::BFloat16 || in == DType::Float16 ? DType::Float32 : in;
 }
 inline bool attention_causal(const Attrs& a) { return a.ints[0] != 0; }
 inline double attention_scale(const Attrs& a) { return std::bit_cast<double>(a.ints[1]); }

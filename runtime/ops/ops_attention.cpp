@@ -8,6 +8,7 @@
 
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/forward_ad.h"
+#include "runtime/exec/device_runtime.h"
 #include "runtime/ops/attention_policy.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
@@ -83,6 +84,9 @@ uint8_t sdpa_backend_key() { return static_cast<uint8_t>(t_backend); }
 bool attention_materializes(const Tensor& q, const Tensor& k) {
   if (t_backend != SdpaBackend::Auto) return t_backend == SdpaBackend::Math;
   if (q.device().type != DeviceType::CUDA) return false;
+  // 16-bit inputs: the tensor-core kernels, faster than the materialized graph at every size.
+  if (q.dtype() == kBFloat16 || q.dtype() == kFloat16)
+    return !find_device_runtime(DeviceType::CUDA)->fused_half_attention(q.device().index);
   double bytes = static_cast<double>(itemsize(q.dtype()));
   const Shape &qs = q.shape(), &ks = k.shape();
   for (size_t d = 0; d + 1 < qs.size(); ++d) {
@@ -119,23 +123,29 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
 
   const SymInt& d = qs.back();
-  const bool fused_dtype = q.dtype() == kFloat32 || q.dtype() == kFloat64;
+  // (16-bit inputs: a float32 node, its output rounded back to the inputs' dtype)
+  const bool fused_dtype = q.dtype() == kFloat32 || q.dtype() == kFloat64 || q.dtype() == kBFloat16 ||
+                           q.dtype() == kFloat16;
   const bool fused_device = q.device().type == DeviceType::CPU || q.device().type == DeviceType::CUDA;
   const bool fused_head = d.is_constant() && d.as_int() >= 1 && d.as_int() <= kMaxFusedHead &&
                           vs.back().is_constant() && vs.back().as_int() == d.as_int();
   const bool mask_grad = attn_mask && attn_mask->requires_grad() && attn_mask->dtype() != kBool;
   // Tangents that a recorded backward will carry (forward-over-reverse: hvp, hessian) need the
   // backward in primitives, which have jvp rules; the fused backward has none.
-  const bool dual_backward = detail::forward_ad_visible() && grad_enabled() &&
-                             (q.requires_grad() || k.requires_grad() || v.requires_grad()) &&
-                             (detail::has_visible_tangent(q) || detail::has_visible_tangent(k) ||
-                              detail::has_visible_tangent(v) || (attn_mask && detail::has_visible_tangent(*attn_mask)));
+  const bool tangents = detail::forward_ad_visible() &&
+                        (detail::has_visible_tangent(q) || detail::has_visible_tangent(k) ||
+                         detail::has_visible_tangent(v) || (attn_mask && detail::has_visible_tangent(*attn_mask)));
+  const bool dual_backward =
+      tangents && grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  // (the jvp rule of the fused node computes in its inputs' dtype: 16-bit tangents run unfused)
+  const bool half = q.dtype() == kBFloat16 || q.dtype() == kFloat16;
   if (dual_backward && detail::log_forward_ad())
     std::fprintf(stderr,
                  "[kiln fwad] scaled_dot_product_attention runs unfused: tangents meet a recorded backward "
                  "(forward-over-reverse), and the fused backward has no jvp rule\n");
   std::optional<Shape> batch =
-      fused_dtype && fused_device && fused_head && !mask_grad && !dual_backward && q.dim() == k.dim() &&
+      fused_dtype && fused_device && fused_head && !mask_grad && !dual_backward && !(half && tangents) &&
+              q.dim() == k.dim() &&
               q.dim() == v.dim()
           ? common_batch(q, k, v)
           : std::nullopt;
@@ -173,8 +183,10 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   Shape os = *batch;
   os.push_back(tq);
   os.push_back(d + 1);
-  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s, dropout_p), q.dtype(), os);
-  return detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
+  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s, dropout_p),
+                         attention_out_dtype(q.dtype()), os);
+  Tensor out = detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
+  return out.dtype() == q.dtype() ? out : out.to(q.dtype());
 }
 
 }  // namespace kiln

@@ -38,7 +38,8 @@ Tensor pass_on(const Tensor& block, int64_t d, int64_t size, int64_t src, const 
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   Shape os = q.shape();
   os.back() = q.shape().back() + 1;
-  return kiln::detail::record(OpKind::Attention, {q, k, v}, attention_attrs(causal, scale), q.dtype(), os);
+  return kiln::detail::record(OpKind::Attention, {q, k, v}, attention_attrs(causal, scale),
+                              attention_out_dtype(q.dtype()), os);
 }
 
 Tensor ring_forward(const OpView& v, size_t m, const std::vector<Tensor>& shards) {
@@ -70,7 +71,7 @@ Tensor ring_forward(const OpView& v, size_t m, const std::vector<Tensor>& shards
   if (!out.defined()) {  // no query rows here
     std::vector<int64_t> s = q.sizes();
     s.back() = D + 1;
-    return zeros(s, q.dtype(), q.device());
+    return zeros(s, attention_out_dtype(q.dtype()), q.device());
   }
   return cat({out, lse}, -1);
 }
@@ -95,12 +96,12 @@ Tensor ring_backward(const OpView& v, size_t m, const std::vector<Tensor>& shard
   auto zero_rows = [&](int64_t rows) {
     std::vector<int64_t> s = full;
     s[static_cast<size_t>(d)] = rows;
-    return zeros(s, q.dtype(), q.device());
+    return zeros(s, attention_out_dtype(q.dtype()), q.device());
   };
   if (mine.length == 0) return zero_rows(Tq + 2 * Tk);
   std::vector<int64_t> bs = full;
   bs[static_cast<size_t>(d)] = mine.length + 2 * Tk;
-  Tensor packed = kiln::detail::record(OpKind::AttentionBackward, ins, a, q.dtype(),
+  Tensor packed = kiln::detail::record(OpKind::AttentionBackward, ins, a, attention_out_dtype(q.dtype()),
                                        make_shape(bs));
   return cat({zero_rows(mine.start), packed.narrow(d, 0, mine.length), zero_rows(Tq - mine.start - mine.length),
               packed.narrow(d, mine.length, 2 * Tk)},

@@ -1,0 +1,581 @@
+// CUDA source of the tensor-core attention kernels for bfloat16 and float16 (OpKind::Attention /
+// AttentionBackward whose q, k, v are 16-bit; the node's output is float32: the attention output
+// and its row log-sum-exp in column d). FlashAttention-2's work split on mma.sync m16n8k16
+// (sm_80 and later), compiled by NVRTC per instance (dtype × head-size bucket × kernel):
+//
+//   forward   a block per 64 query rows (4 warps × 16 rows); key/value tiles of 64 rows stream
+//             through shared memory; S = Q·Kᵀ and O += P·V on tensor cores with float32
+//             accumulators, an online softmax in registers (P rounded to the input type for the
+//             product, its sum kept in float32), causal tiles past the diagonal skipped.
+//   dk, dv    a block per 64 key rows (4 warps × 16 keys) over the query tiles: Sᵀ = K·Qᵀ and
+//             dPᵀ = V·dOᵀ, P recomputed from the saved log-sum-exp, dV += P̃ᵀ·dO, dK += dSᵀ·Q.
+//   dq        a block per 64 query rows over the key tiles: S, dP again, dQ += dS·K.
+//
+// dq is its own kernel (not FlashAttention-2's float atomics) so every run gives the same bits;
+// it costs the two recomputed products. Head sizes above 128 split the gradients' columns over
+// blockIdx.z (each block recomputes S and dP for its half) to keep the accumulators in
+// registers. Operand tiles have a row pitch of DM + 8 elements: the 8 rows an ldmatrix reads
+// fall in distinct banks. dO arrives as float32 (the gradient of the float32 output) and is
+// rounded to the input type as it is staged, as the 16-bit output's gradient would be.
+#include "kernels/cuda/flash_kernels.h"
+
+namespace kiln::kernels {
+namespace {
+
+const char* kFlashSource = R"CUDA(
+typedef unsigned short u16;
+typedef unsigned int u32;
+
+__device__ u32 smem_addr(const void* p) {
+  u32 a;
+  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+  return a;
+}
+// Four 8 x 8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8.
+__device__ void ldsm4(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+// The same, each matrix transposed.
+__device__ void ldsm4t(u32* r, const u16* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+
+// The 16-bit type: the product c += a·b (16 x 16 by 16 x 8, float32 accumulators), two floats
+// rounded into one register (the lower column in the low half), conversions.
+template <bool BF> struct H;
+template <> struct H<true> {
+  static __device__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static __device__ u16 from(float x) {
+    u16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+  }
+  static __device__ float to(u16 h) { return __uint_as_float((u32)h << 16); }
+};
+template <> struct H<false> {
+  static __device__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+  static __device__ u32 pack(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+  }
+  static __device__ u16 from(float x) {
+    u16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return r;
+  }
+  static __device__ float to(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+  }
+};
+
+#define BM 64   // query rows of a tile
+#define BN 64   // key rows of a tile
+#define NT 128  // threads of a block: 4 warps
+
+// Asynchronous copies to shared memory (sm_80): 16 bytes (`bytes` of them read, the rest zeros)
+// or 4; a group is committed after each tile and waited for before its use.
+__device__ void cp16(void* dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
+}
+__device__ void cp4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(smem_addr(dst)), "l"(src));
+}
+__device__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Tiles in flight: two (the next one loads while this one is used) up to head size 128; one
+// above (shared memory).
+template <int DM> struct Stages {
+  static const int n = DM <= 128 ? 2 : 1;
+};
+
+// A 16-bit matrix read by rows: its first row, row and column strides, whether 16-byte copies
+// apply (unit column stride, 8-element aligned rows and address).
+struct Src {
+  const u16* p;
+  i64 rs, cs;
+  int vec;
+};
+__device__ Src src_of(const AttnArgs& a, const i64* off, int k) {
+  Src s = {(const u16*)a.ptr[k] + off[k], a.rs[k], a.cs[k], a.vec[k]};
+  return s;
+}
+
+// The backward's work area (filled by flash_bwd_prep): dO rounded to 16 bits, [batch][tq][DM]
+// (zeros past d), then lse and delta, [batch][tq] float32 each.
+template <int DM> __device__ Src work_do(const AttnArgs& a, i64 b) {
+  Src s = {(const u16*)a.work + b * a.tq * DM, DM, 1, 1};
+  return s;
+}
+template <int DM> __device__ float* work_lse(const AttnArgs& a) {
+  return (float*)((u16*)a.work + (i64)gridDim.x * a.tq * DM);
+}
+
+// Rows [r0, r0 + cnt) of `s`, columns [0, DM), into `dst` (pitch DM + 8); zeros past the rows and
+// past `cols`. Asynchronous 16-byte copies where `s` allows them, else plain stores.
+template <int ROWS, int DM> __device__ void stage(const Src& s, i64 r0, i64 cnt, i64 cols, u16* dst) {
+  constexpr int P = DM + 8;
+  if (s.vec) {
+    for (int x = threadIdx.x; x < ROWS * DM / 8; x += NT) {
+      const int r = x / (DM / 8), c = x % (DM / 8) * 8;
+      const bool in = r < cnt && c < cols;
+      cp16(dst + r * P + c, in ? s.p + (r0 + r) * s.rs + c : s.p, in ? 16 : 0);
+    }
+  } else {
+    for (int x = threadIdx.x; x < ROWS * DM; x += NT) {
+      const int r = x / DM, c = x % DM;
+      dst[r * P + c] = (r < cnt && c < cols) ? s.p[(r0 + r) * s.rs + c * s.cs] : (u16)0;
+    }
+  }
+}
+
+// lse and delta of the BM query rows at i0 from the work area into shared memory (rows past tq:
+// lse = +inf, probability 0, and delta = 0).
+template <int DM> __device__ void stage_stats(const AttnArgs& a, i64 i0, float* lse, float* delta) {
+  const int r = threadIdx.x & (BM - 1);
+  const i64 i = i0 + r;
+  float* dst = threadIdx.x < BM ? lse : delta;
+  if (i < a.tq) {
+    const float* src = work_lse<DM>(a) + (threadIdx.x < BM ? 0 : (i64)gridDim.x * a.tq) + blockIdx.x * a.tq + i;
+    cp4(dst + r, src);
+  } else {
+    dst[r] = threadIdx.x < BM ? __int_as_float(0x7f800000) : 0.f;
+  }
+}
+
+// The dropout factor of (i, j), out of line (the Philox rounds would swell every unrolled use).
+__device__ __noinline__ float keep_of(const Drop& d, const AttnArgs& a, i64 b, i64 i, i64 j) {
+  return kept<float>(d, a, b, i, j);
+}
+
+// acc[2p..2p+1] += A (16 x 16, fragments a) · rows [k0, k0 + 16) of tile t (pitch P) at columns
+// [c0, c0 + N): B read transposed ([k][n] storage).
+template <bool BF, int N, int P> __device__ void mma_rows(float (*acc)[4], const u32* a, const u16* t, int k0, int c0) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int p = 0; p < N / 16; ++p) {
+    u32 b[4];
+    ldsm4t(b, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c0 + p * 16 + (lane >> 4) * 8);
+    H<BF>::mma(acc[2 * p], a, b[0], b[1]);
+    H<BF>::mma(acc[2 * p + 1], a, b[2], b[3]);
+  }
+}
+
+// s[n] += (16 rows of tile x at row x0) · (the N rows of tile y)ᵀ over DM columns: both [row][d].
+template <bool BF, int N, int DM> __device__ void mma_nt(float (*s)[4], const u16* x, int x0, const u16* y) {
+  constexpr int P = DM + 8;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < DM / 16; ++kk) {
+    u32 a[4];
+    ldsm4(a, x + (x0 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int p = 0; p < N / 16; ++p) {
+      u32 b[4];
+      ldsm4(b, y + (p * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 + ((lane >> 3) & 1) * 8);
+      H<BF>::mma(s[2 * p], a, b[0], b[1]);
+      H<BF>::mma(s[2 * p + 1], a, b[2], b[3]);
+    }
+  }
+}
+
+// The A fragments of k-step kk of a 16 x N accumulator (the accumulator's layout is the operand's).
+template <bool BF> __device__ void as_a(u32* a, const float (*s)[4], int kk) {
+  a[0] = H<BF>::pack(s[2 * kk][0], s[2 * kk][1]);
+  a[1] = H<BF>::pack(s[2 * kk][2], s[2 * kk][3]);
+  a[2] = H<BF>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+  a[3] = H<BF>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// The additive mask at (i, j) in float32 (0 without one).
+template <bool BF> __device__ float mask_at(const AttnArgs& a, const i64* off, i64 i, i64 j) {
+  return a.has_mask ? H<BF>::to(((const u16*)a.ptr[M])[off[M] + i * a.rs[M] + j * a.cs[M]]) : 0.f;
+}
+
+template <int N> __device__ void zero(float (*x)[4]) {
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[n][e] = 0.f;
+}
+
+// Stores this thread's part of a 16-row accumulator (rows ra and ra + 8, columns
+// c0 + 8n + 2(lane % 4) + e) into float32 `o` (row stride rs[O]), rows below `rows`, columns below d.
+template <int N> __device__ void store_rows(const AttnArgs& a, float* o, const float (*x)[4], i64 ra, i64 rows, int c0) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const i64 r = ra + 8 * h;
+    if (r >= rows) continue;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const i64 c = c0 + n * 8 + t4 * 2 + e;
+        if (c < a.d) o[r * a.rs[O] + c * a.cs[O]] = x[n][2 * h + e];
+      }
+  }
+}
+
+template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
+  constexpr int P = DM + 8, S = Stages<DM>::n;
+  extern __shared__ __align__(16) unsigned char smem[];
+  u16* qs = (u16*)smem;
+  u16* kvs = qs + BM * P;  // stage t: k at kvs + t 2 BN P, v after it
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t4 = lane & 3;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 i0 = (i64)blockIdx.y * BM;
+  const i64 ra = i0 + warp * 16 + (lane >> 2);  // this thread's rows: ra, ra + 8
+  const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
+  stage<BM, DM>(src_of(a, off, Q), i0, min((i64)BM, a.tq - i0), a.d, qs);
+  const i64 jend = a.causal ? min(a.tk, i0 + BM) : a.tk;
+  const int tiles = (int)((jend + BN - 1) / BN);
+  auto issue = [&](int t) {
+    u16* ks = kvs + (t % S) * 2 * BN * P;
+    const i64 j0 = (i64)t * BN, cnt = min((i64)BN, a.tk - j0);
+    stage<BN, DM>(sk, j0, cnt, a.d, ks);
+    stage<BN, DM>(sv, j0, cnt, a.d, ks + BN * P);
+    cp_commit();
+  };
+  if (tiles > 0) issue(0);
+  else cp_commit();
+  float acc[DM / 8][4];
+  zero<DM / 8>(acc);
+  float m[2] = {ninf<float>(), ninf<float>()}, l[2] = {0.f, 0.f};
+  const Drop drop = drop_of(a);
+  const float scale = (float)a.scale;
+  for (int t = 0; t < tiles; ++t) {
+    if (S == 2 && t + 1 < tiles) {
+      issue(t + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const u16* ks = kvs + (t % S) * 2 * BN * P;
+    const i64 j0 = (i64)t * BN;
+    float s[BN / 8][4];
+    zero<BN / 8>(s);
+    mma_nt<BF, BN, DM>(s, qs, warp * 16, ks);
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 i = ra + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
+        float x = s[n][e] * scale;
+        if (j >= a.tk || (a.causal && j > i)) x = ninf<float>();
+        else if (a.has_mask && i < a.tq) x += mask_at<BF>(a, off, i, j);
+        s[n][e] = x;
+        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+      }
+    float mu[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      mu[h] = mx[h] == ninf<float>() ? 0.f : mx[h];  // (nothing visible yet: p = 0 everywhere)
+      const float alpha = __expf(m[h] - mu[h]);
+      l[h] *= alpha;
+#pragma unroll
+      for (int n = 0; n < DM / 8; ++n) {
+        acc[n][2 * h] *= alpha;
+        acc[n][2 * h + 1] *= alpha;
+      }
+      m[h] = mx[h];
+    }
+#pragma unroll
+    for (int n = 0; n < BN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float p = __expf(s[n][e] - mu[e >> 1]);
+        l[e >> 1] += p;  // (the softmax's sum: before dropout)
+        s[n][e] = p;
+        if (drop.on) {
+          const i64 i = ra + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
+          if (i < a.tq && j < a.tk) s[n][e] = p * keep_of(drop, a, blockIdx.x, i, j);
+        }
+      }
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 pa[4];
+      as_a<BF>(pa, s, kk);
+      mma_rows<BF, DM, P>(acc, pa, ks + BN * P, kk * 16, 0);
+    }
+    __syncthreads();  // (every warp is done with this stage before it is refilled)
+    if (S == 1 && t + 1 < tiles) issue(t + 1);
+  }
+  cp_wait<0>();
+  float* out = (float*)a.ptr[O] + off[O];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  // (a row that sees no key: 0 / 0, NaN, as the softmax of -inf everywhere; no keys at all: 0)
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const i64 i = ra + 8 * h;
+    if (i >= a.tq) continue;
+    const float inv = a.tk == 0 ? 0.f : 1.f / l[h];
+#pragma unroll
+    for (int n = 0; n < DM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const i64 c = n * 8 + t4 * 2 + e;
+        if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = acc[n][2 * h + e] * inv;
+      }
+    if (t4 == 0) out[i * a.rs[O] + a.d * a.cs[O]] = m[h] + logf(l[h]);
+  }
+}
+
+// The backward's work area for BM query rows (a warp per row, coalesced): dO rounded to 16 bits
+// (zeros past d), lse, and delta = dO · O - dLSE, from the float32 output and its gradient.
+template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 b = blockIdx.x;
+  u16* dst = (u16*)a.work + b * a.tq * DM;
+  float* lse = work_lse<DM>(a) + b * a.tq;
+  float* delta = lse + (i64)gridDim.x * a.tq;
+  const float* fp = (const float*)a.ptr[F] + off[F];
+  const float* gp = (const float*)a.ptr[G] + off[G];
+  for (int r = warp; r < BM; r += NT / 32) {
+    const i64 i = (i64)blockIdx.y * BM + r;
+    if (i >= a.tq) break;
+    float dot = 0.f;
+#pragma unroll
+    for (int c0 = 0; c0 < DM; c0 += 32) {
+      const i64 c = c0 + lane;
+      const float g = c < a.d ? gp[i * a.rs[G] + c * a.cs[G]] : 0.f;
+      if (c < a.d) dot += g * fp[i * a.rs[F] + c * a.cs[F]];
+      dst[i * DM + c] = H<BF>::from(g);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    if (lane == 0) {
+      lse[i] = fp[i * a.rs[F] + a.d * a.cs[F]];
+      delta[i] = dot - gp[i * a.rs[G] + a.d * a.cs[G]];
+    }
+  }
+}
+
+// Scores, probabilities and score gradients of one 16-row slice against one tile: s holds
+// q·kᵀ, dp the products dO·vᵀ; on return p̃ (dropout applied) in s and dS = p (dp·keep - delta)
+// scale in dp. Rows are queries when `by_key` is false (row i = r0 + lane/4 + 8h, column
+// j = c0 + 8n + 2(lane%4) + e), keys when it is true (the roles swapped); lse and delta are
+// indexed by the query's place in its tile (stat0 + row, or the column).
+template <bool BF, int N>
+__device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4],
+                            bool by_key, i64 r0, i64 c0, const float* lse, const float* delta, int stat0) {
+  const int t4 = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
+  const float scale = (float)a.scale;
+#pragma unroll
+  for (int n = 0; n < N / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const i64 r = r0 + g + (e >> 1) * 8, c = c0 + n * 8 + t4 * 2 + (e & 1);
+      const i64 i = by_key ? c : r, j = by_key ? r : c;
+      const int st = by_key ? (int)(c - c0) : stat0 + g + (e >> 1) * 8;
+      const bool live = i < a.tq && j < a.tk && !(a.causal && j > i);
+      float p = 0.f, keep = 0.f;
+      if (live) {
+        p = __expf(s[n][e] * scale + (a.has_mask ? mask_at<BF>(a, off, i, j) : 0.f) - lse[st]);
+        keep = drop.on ? keep_of(drop, a, blockIdx.x, i, j) : 1.f;
+      }
+      dp[n][e] = p * (dp[n][e] * keep - delta[st]) * scale;
+      s[n][e] = p * keep;
+    }
+}
+
+// dk and dv of 64 key rows, gradient columns [c0, c0 + DC) (c0 = blockIdx.z DC), over the query
+// tiles (Q, dO and their lse / delta in flight while the previous tile is used).
+template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& a) {
+  constexpr int P = DM + 8, S = Stages<DM>::n;
+  extern __shared__ __align__(16) unsigned char smem[];
+  u16* ks = (u16*)smem;
+  u16* vs = ks + BN * P;
+  u16* qgs = vs + BN * P;  // stage t: q at qgs + t 2 BM P, dO after it
+  float* stats = (float*)(qgs + S * 2 * BM * P);  // stage t: lse at stats + t 2 BM, delta after it
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 j0 = (i64)blockIdx.y * BN;
+  const int c0 = blockIdx.z * DC;
+  stage<BN, DM>(src_of(a, off, K), j0, min((i64)BN, a.tk - j0), a.d, ks);
+  stage<BN, DM>(src_of(a, off, V), j0, min((i64)BN, a.tk - j0), a.d, vs);
+  const Src sq = src_of(a, off, Q), sg = work_do<DM>(a, blockIdx.x);
+  const i64 first = a.causal ? j0 / BM * BM : 0;
+  const int tiles = a.tq > first ? (int)((a.tq - first + BM - 1) / BM) : 0;
+  auto issue = [&](int t) {
+    u16* q = qgs + (t % S) * 2 * BM * P;
+    float* st = stats + (t % S) * 2 * BM;
+    const i64 i0 = first + (i64)t * BM, cnt = min((i64)BM, a.tq - i0);
+    stage<BM, DM>(sq, i0, cnt, a.d, q);
+    stage<BM, DM>(sg, i0, cnt, DM, q + BM * P);
+    stage_stats<DM>(a, i0, st, st + BM);
+    cp_commit();
+  };
+  if (tiles > 0) issue(0);
+  else cp_commit();
+  float dk[DC / 8][4], dv[DC / 8][4];
+  zero<DC / 8>(dk);
+  zero<DC / 8>(dv);
+  const Drop drop = drop_of(a);
+  for (int t = 0; t < tiles; ++t) {
+    if (S == 2 && t + 1 < tiles) {
+      issue(t + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const u16* qs = qgs + (t % S) * 2 * BM * P;
+    const u16* gs = qs + BM * P;
+    const float* lse = stats + (t % S) * 2 * BM;
+    float st[BM / 8][4], dpt[BM / 8][4];
+    zero<BM / 8>(st);
+    zero<BM / 8>(dpt);
+    mma_nt<BF, BM, DM>(st, ks, warp * 16, qs);
+    mma_nt<BF, BM, DM>(dpt, vs, warp * 16, gs);
+    score_grads<BF, BM>(a, off, drop, st, dpt, true, j0 + warp * 16, first + (i64)t * BM, lse, lse + BM, 0);
+#pragma unroll
+    for (int kk = 0; kk < BM / 16; ++kk) {
+      u32 pa[4], da[4];
+      as_a<BF>(pa, st, kk);
+      mma_rows<BF, DC, P>(dv, pa, gs, kk * 16, c0);
+      as_a<BF>(da, dpt, kk);
+      mma_rows<BF, DC, P>(dk, da, qs, kk * 16, c0);
+    }
+    __syncthreads();
+    if (S == 1 && t + 1 < tiles) issue(t + 1);
+  }
+  cp_wait<0>();
+  float* out = (float*)a.ptr[O] + off[O];
+  const i64 ja = j0 + warp * 16 + (lane >> 2);
+  store_rows<DC / 8>(a, out + a.tq * a.rs[O], dk, ja, a.tk, c0);
+  store_rows<DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv, ja, a.tk, c0);
+}
+
+// dq of 64 query rows, gradient columns [c0, c0 + DC), over the key tiles (K, V in flight).
+template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a) {
+  constexpr int P = DM + 8, S = Stages<DM>::n;
+  extern __shared__ __align__(16) unsigned char smem[];
+  u16* qs = (u16*)smem;
+  u16* gs = qs + BM * P;
+  u16* kvs = gs + BM * P;  // stage t: k at kvs + t 2 BN P, v after it
+  float* lse = (float*)(kvs + S * 2 * BN * P);
+  float* delta = lse + BM;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const i64 i0 = (i64)blockIdx.y * BM;
+  const int c0 = blockIdx.z * DC;
+  const i64 rows = min((i64)BM, a.tq - i0);
+  stage<BM, DM>(src_of(a, off, Q), i0, rows, a.d, qs);
+  stage<BM, DM>(work_do<DM>(a, blockIdx.x), i0, rows, DM, gs);
+  stage_stats<DM>(a, i0, lse, delta);
+  const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
+  const i64 jend = a.causal ? min(a.tk, i0 + BM) : a.tk;
+  const int tiles = (int)((jend + BN - 1) / BN);
+  auto issue = [&](int t) {
+    u16* ks = kvs + (t % S) * 2 * BN * P;
+    const i64 j0 = (i64)t * BN, cnt = min((i64)BN, a.tk - j0);
+    stage<BN, DM>(sk, j0, cnt, a.d, ks);
+    stage<BN, DM>(sv, j0, cnt, a.d, ks + BN * P);
+    cp_commit();
+  };
+  if (tiles > 0) issue(0);
+  else cp_commit();
+  float dq[DC / 8][4];
+  zero<DC / 8>(dq);
+  const Drop drop = drop_of(a);
+  for (int t = 0; t < tiles; ++t) {
+    if (S == 2 && t + 1 < tiles) {
+      issue(t + 1);
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const u16* ks = kvs + (t % S) * 2 * BN * P;
+    float s[BN / 8][4], dp[BN / 8][4];
+    zero<BN / 8>(s);
+    zero<BN / 8>(dp);
+    mma_nt<BF, BN, DM>(s, qs, warp * 16, ks);
+    mma_nt<BF, BN, DM>(dp, gs, warp * 16, ks + BN * P);
+    score_grads<BF, BN>(a, off, drop, s, dp, false, i0 + warp * 16, (i64)t * BN, lse, delta, warp * 16);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      u32 da[4];
+      as_a<BF>(da, dp, kk);
+      mma_rows<BF, DC, P>(dq, da, ks, kk * 16, c0);
+    }
+    __syncthreads();
+    if (S == 1 && t + 1 < tiles) issue(t + 1);
+  }
+  cp_wait<0>();
+  store_rows<DC / 8>(a, (float*)a.ptr[O] + off[O], dq, i0 + warp * 16 + (lane >> 2), a.tq, c0);
+}
+
+// Gradient columns per block of head-size bucket DM (mirrored by the host).
+template <int DM> struct Cols {
+  static const int n = DM <= 128 ? DM : DM / 2;
+};
+
+#define KILN_FLASH_flash_fwd(NAME, BF, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_fwd<BF, DM>(a); }
+#define KILN_FLASH_flash_bwd_kv(NAME, BF, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_kv<BF, DM, Cols<DM>::n>(a); }
+#define KILN_FLASH_flash_bwd_prep(NAME, BF, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_prep<BF, DM>(a); }
+#define KILN_FLASH_flash_bwd_q(NAME, BF, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_q<BF, DM, Cols<DM>::n>(a); }
+#define KILN_FLASH(NAME, KIND, BF, DM) KILN_FLASH_##KIND(NAME, BF, DM)
+)CUDA";
+
+}  // namespace
+
+const char* flash_kernel_source() { return kFlashSource; }
+
+int flash_head_bucket(int64_t d) { return static_cast<int>((d + 31) / 32 * 32); }
+
+int flash_columns(int bucket) { return bucket <= 128 ? bucket : bucket / 2; }
+
+int flash_stages(int bucket) { return bucket <= 128 ? 2 : 1; }
+
+int64_t flash_shared_bytes(DeviceKernel k, int bucket) {
+  const int64_t tile = 64 * (bucket + 8) * 2, stages = flash_stages(bucket), stats = 2 * 64 * 4;
+  switch (k) {
+    case DeviceKernel::FlashForward: return tile + stages * 2 * tile;
+    case DeviceKernel::FlashBackwardKV: return 2 * tile + stages * (2 * tile + stats);
+    case DeviceKernel::FlashBackwardQ: return 2 * tile + stages * 2 * tile + stats;
+    default: return 0;
+  }
+}
+
+int64_t flash_work_bytes(int64_t batch, int64_t tq, int bucket) { return batch * tq * (2 * bucket + 8); }
+
+}  // namespace kiln::kernels
