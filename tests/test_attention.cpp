@@ -154,7 +154,13 @@ TEST(Attention, HalfInputsFuseIntoAFloat32Node) {
 // with odd sequence lengths, head sizes across every bucket (1..256, not powers of two).
 TEST(Attention, CudaTensorCoreKernelsEqualTheUnfusedGraph) {
   if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
-  random_cases(Device{DeviceType::CUDA, 0}, 48, 300, {kBFloat16, kFloat16});
+  const Device g{DeviceType::CUDA, 0};
+  random_cases(g, 48, 300, {kBFloat16, kFloat16});
+  // Long odd sequences across many tiles, head sizes off the buckets, batch and heads of 1.
+  std::mt19937_64 rng(kiln::testing::test_seed(12));
+  run_case({{1, 2, 2049, 80}, {1, 2, 2049, 80}, {1, 2, 2049, 80}, 0, true}, kBFloat16, rng, 0.11, g);
+  run_case({{1, 1, 4097, 128}, {1, 1, 1031, 128}, {1, 1, 1031, 128}, 1, false}, kFloat16, rng, 0.088, g);
+  run_case({{3, 1000, 40}, {3, 8192, 40}, {3, 8192, 40}, 0, false}, kBFloat16, rng, 0.15, g);
 }
 
 // The CUDA kernels against the same float64 reference (skipped without a GPU).
@@ -352,11 +358,11 @@ bool same(const Tensor& a, const Tensor& b) {
 // Fused dropout equals the unfused graph dropout(softmax(.))·v with the same mask, forward and
 // backward (float64: 1e-10; float32: expect_match), on random shapes with masks, causal and
 // broadcast batch dims; the same seed draws the same mask, another seed another one.
-void dropout_cases(Device dev) {
+void dropout_cases(Device dev, std::vector<DType> dtypes = {kFloat64, kFloat32}) {
   std::mt19937_64 rng(kiln::testing::test_seed(61));
   std::uniform_int_distribution<int64_t> seq(1, 100), head(1, 40), small(1, 3);
   for (int it = 0; it < 12; ++it) {
-    const DType dt = it % 2 ? kFloat32 : kFloat64;
+    const DType dt = dtypes[static_cast<size_t>(it) % dtypes.size()];
     const int64_t b = small(rng), h = small(rng), tq = seq(rng), tk = seq(rng), d = head(rng);
     const bool causal = it % 3 == 1, masked = it % 3 == 2;
     const double p = it % 4 == 3 ? 0.9 : 0.1 + 0.1 * (it % 4), scale = 0.3;
@@ -397,12 +403,16 @@ void dropout_cases(Device dev) {
 
 }  // namespace
 
-TEST(Attention, DropoutEqualsTheUnfusedGraphWithTheSameMask) { dropout_cases(cpu()); }
+TEST(Attention, DropoutEqualsTheUnfusedGraphWithTheSameMask) {
+  dropout_cases(cpu());
+  dropout_cases(cpu(), {kBFloat16, kFloat16});
+}
 
 TEST(Attention, CudaDropoutEqualsTheUnfusedGraphAndTheCpuMask) {
   if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
   const Device g{DeviceType::CUDA, 0};
   dropout_cases(g);
+  dropout_cases(g, {kBFloat16, kFloat16});  // (the tensor-core kernels)
   // The GPU draws the CPU's mask for the same seed (one definition, kernels/cpu/attention_dropout.h).
   EXPECT_TRUE(same(drawn_mask(77, {2, 3}, 45, 70, 0.3, g), drawn_mask(77, {2, 3}, 45, 70, 0.3, cpu())));
 }

@@ -31,15 +31,16 @@ __device__ u32 smem_addr(const void* p) {
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
   return a;
 }
-// Four 8 x 8 matrices of 16-bit elements; lane l gives the address of row l % 8 of matrix l / 8.
-__device__ void ldsm4(u32* r, const u16* p) {
+// Four 8 x 8 matrices of 16-bit elements; lane l gives the shared-memory address of row l % 8 of
+// matrix l / 8 (32-bit shared addresses: tiles are passed as their address, `at` the element).
+__device__ void ldsm4(u32* r, u32 tile, int at) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tile + 2 * at));
 }
 // The same, each matrix transposed.
-__device__ void ldsm4t(u32* r, const u16* p) {
+__device__ void ldsm4t(u32* r, u32 tile, int at) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tile + 2 * at));
 }
 
 // The 16-bit type: the product c += a·b (16 x 16 by 16 x 8, float32 accumulators), two floats
@@ -135,9 +136,21 @@ template <int DM> __device__ float* work_lse(const AttnArgs& a) {
 // past `cols`. Asynchronous 16-byte copies where `s` allows them, else plain stores.
 template <int ROWS, int DM> __device__ void stage(const Src& s, i64 r0, i64 cnt, i64 cols, u16* dst) {
   constexpr int P = DM + 8;
-  if (s.vec) {
-    for (int x = threadIdx.x; x < ROWS * DM / 8; x += NT) {
-      const int r = x / (DM / 8), c = x % (DM / 8) * 8;
+  constexpr int CH = DM / 8;  // 16-byte chunks of a row
+  if (s.vec && NT % CH == 0) {  // (each thread keeps one column and steps over rows)
+    constexpr int STEP = NT / CH;
+    const int c = threadIdx.x % CH * 8, rt = threadIdx.x / CH;
+    const u16* src = s.p + (r0 + rt) * s.rs + c;
+    u16* d = dst + rt * P + c;
+    const bool col = c < cols;
+#pragma unroll
+    for (int k = 0; k < ROWS / STEP; ++k) {
+      const bool in = col && rt + k * STEP < cnt;
+      cp16(d + k * STEP * P, in ? src + k * STEP * s.rs : s.p, in ? 16 : 0);
+    }
+  } else if (s.vec) {
+    for (int x = threadIdx.x; x < ROWS * CH; x += NT) {
+      const int r = x / CH, c = x % CH * 8;
       const bool in = r < cnt && c < cols;
       cp16(dst + r * P + c, in ? s.p + (r0 + r) * s.rs + c : s.p, in ? 16 : 0);
     }
@@ -172,10 +185,12 @@ __device__ __noinline__ float keep_of(const Drop& d, const AttnArgs& a, i64 b, i
 // [c0, c0 + N): B read transposed ([k][n] storage).
 template <bool BF, int N, int P> __device__ void mma_rows(float (*acc)[4], const u32* a, const u16* t, int k0, int c0) {
   const int lane = threadIdx.x & 31;
+  const u32 ta = smem_addr(t);
+  const int row = (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c0 + (lane >> 4) * 8;
 #pragma unroll
   for (int p = 0; p < N / 16; ++p) {
     u32 b[4];
-    ldsm4t(b, t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c0 + p * 16 + (lane >> 4) * 8);
+    ldsm4t(b, ta, row + p * 16);
     H<BF>::mma(acc[2 * p], a, b[0], b[1]);
     H<BF>::mma(acc[2 * p + 1], a, b[2], b[3]);
   }
@@ -185,14 +200,17 @@ template <bool BF, int N, int P> __device__ void mma_rows(float (*acc)[4], const
 template <bool BF, int N, int DM> __device__ void mma_nt(float (*s)[4], const u16* x, int x0, const u16* y) {
   constexpr int P = DM + 8;
   const int lane = threadIdx.x & 31;
+  const u32 xa = smem_addr(x), ya = smem_addr(y);
+  const int xrow = (x0 + (lane & 15)) * P + (lane >> 4) * 8;
+  const int yrow = ((lane & 7) + (lane >> 4) * 8) * P + ((lane >> 3) & 1) * 8;
 #pragma unroll
   for (int kk = 0; kk < DM / 16; ++kk) {
     u32 a[4];
-    ldsm4(a, x + (x0 + (lane & 15)) * P + kk * 16 + (lane >> 4) * 8);
+    ldsm4(a, xa, xrow + kk * 16);
 #pragma unroll
     for (int p = 0; p < N / 16; ++p) {
       u32 b[4];
-      ldsm4(b, y + (p * 16 + (lane & 7) + (lane >> 4) * 8) * P + kk * 16 + ((lane >> 3) & 1) * 8);
+      ldsm4(b, ya, yrow + p * 16 * P + kk * 16);
       H<BF>::mma(s[2 * p], a, b[0], b[1]);
       H<BF>::mma(s[2 * p + 1], a, b[2], b[3]);
     }
@@ -237,34 +255,119 @@ template <int N> __device__ void store_rows(const AttnArgs& a, float* o, const f
   }
 }
 
+// The forward's shape for head-size bucket DM: MT 16-row slices per warp (a key fragment read
+// from shared memory serves MT products: with one slice the kernel waits on shared memory) and KN
+// keys per tile (the score registers); 64 MT query rows per block.
+template <int DM> struct Fwd {
+  static const int mt = DM <= 128 ? 2 : 1;
+  static const int kn = DM <= 64 ? 64 : 32;
+};
+
+// log2(e) and ln(2): the softmax runs in base 2 (ex2 without the multiply __expf adds).
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+__device__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// s[mt][n] += (rows x0 + 16 mt of tile x) · (the N rows of tile y)ᵀ over DM columns.
+template <bool BF, int MT, int N, int DM>
+__device__ void mma_nt_m(float (*s)[N / 8][4], const u16* x, int x0, const u16* y) {
+  constexpr int P = DM + 8;
+  const int lane = threadIdx.x & 31;
+  const u32 xa = smem_addr(x), ya = smem_addr(y);
+  const int xrow = (x0 + (lane & 15)) * P + (lane >> 4) * 8;
+  const int yrow = ((lane & 7) + (lane >> 4) * 8) * P + ((lane >> 3) & 1) * 8;
+#pragma unroll
+  for (int kk = 0; kk < DM / 16; ++kk) {
+    u32 a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldsm4(a[mt], xa, xrow + mt * 16 * P + kk * 16);
+#pragma unroll
+    for (int p = 0; p < N / 16; ++p) {
+      u32 b[4];
+      ldsm4(b, ya, yrow + p * 16 * P + kk * 16);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        H<BF>::mma(s[mt][2 * p], a[mt], b[0], b[1]);
+        H<BF>::mma(s[mt][2 * p + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Scores in base 2 of the warp's MT slices against a tile of keys at j0: s·scale2, plus the mask,
+// -inf where causal hides a key or past tk (PLAIN: none of that applies to the tile).
+template <bool PLAIN, bool BF, int MT, int KN>
+__device__ void fwd_scores(const AttnArgs& a, const i64* off, float (*s)[KN / 8][4], i64 ra, i64 j0, float scale2) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < KN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[mt][n][e] * scale2;
+        if (!PLAIN) {
+          const i64 i = ra + mt * 16 + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
+          if (j >= a.tk || (a.causal && j > i)) x = ninf<float>();
+          else if (a.has_mask && i < a.tq) x += mask_at<BF>(a, off, i, j) * LOG2E;
+        }
+        s[mt][n][e] = x;
+      }
+}
+
+// The dropout factors applied to the warp's probabilities of a tile.
+template <int MT, int KN>
+__device__ void fwd_dropout(const AttnArgs& a, const Drop& drop, float (*s)[KN / 8][4], i64 ra, i64 j0) {
+  const int t4 = threadIdx.x & 3;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int n = 0; n < KN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const i64 i = ra + mt * 16 + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
+        if (i < a.tq && j < a.tk) s[mt][n][e] *= keep_of(drop, a, blockIdx.x, i, j);
+      }
+}
+
 template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
-  constexpr int P = DM + 8, S = Stages<DM>::n;
+  constexpr int P = DM + 8, S = Stages<DM>::n, MT = Fwd<DM>::mt, KN = Fwd<DM>::kn, QM = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   u16* qs = (u16*)smem;
-  u16* kvs = qs + BM * P;  // stage t: k at kvs + t 2 BN P, v after it
+  u16* kvs = qs + QM * P;  // stage t: k at kvs + t 2 KN P, v after it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t4 = lane & 3;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
-  const i64 i0 = (i64)blockIdx.y * BM;
-  const i64 ra = i0 + warp * 16 + (lane >> 2);  // this thread's rows: ra, ra + 8
+  const i64 i0 = (i64)blockIdx.y * QM;
+  const i64 rw = i0 + warp * 16 * MT;       // the warp's first row
+  const i64 ra = rw + (lane >> 2);          // this thread's rows: ra + 16 mt + 8 h
   const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
-  stage<BM, DM>(src_of(a, off, Q), i0, min((i64)BM, a.tq - i0), a.d, qs);
-  const i64 jend = a.causal ? min(a.tk, i0 + BM) : a.tk;
-  const int tiles = (int)((jend + BN - 1) / BN);
+  stage<QM, DM>(src_of(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs);
+  const i64 jend = a.causal ? min(a.tk, i0 + QM) : a.tk;
+  const int tiles = (int)((jend + KN - 1) / KN);
   auto issue = [&](int t) {
-    u16* ks = kvs + (t % S) * 2 * BN * P;
-    const i64 j0 = (i64)t * BN, cnt = min((i64)BN, a.tk - j0);
-    stage<BN, DM>(sk, j0, cnt, a.d, ks);
-    stage<BN, DM>(sv, j0, cnt, a.d, ks + BN * P);
+    u16* ks = kvs + (t % S) * 2 * KN * P;
+    const i64 j0 = (i64)t * KN, cnt = min((i64)KN, a.tk - j0);
+    stage<KN, DM>(sk, j0, cnt, a.d, ks);
+    stage<KN, DM>(sv, j0, cnt, a.d, ks + KN * P);
     cp_commit();
   };
   if (tiles > 0) issue(0);
   else cp_commit();
-  float acc[DM / 8][4];
-  zero<DM / 8>(acc);
-  float m[2] = {ninf<float>(), ninf<float>()}, l[2] = {0.f, 0.f};
+  float acc[MT][DM / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) zero<DM / 8>(acc[mt]);
+  float m[MT][2], l[MT][2];  // running maximum (base 2) and sum of each row
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[mt][h] = ninf<float>(), l[mt][h] = 0.f;
   const Drop drop = drop_of(a);
-  const float scale = (float)a.scale;
+  const float scale2 = (float)a.scale * LOG2E;
   for (int t = 0; t < tiles; ++t) {
     if (S == 2 && t + 1 < tiles) {
       issue(t + 1);
@@ -273,81 +376,93 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
       cp_wait<0>();
     }
     __syncthreads();
-    const u16* ks = kvs + (t % S) * 2 * BN * P;
-    const i64 j0 = (i64)t * BN;
-    float s[BN / 8][4];
-    zero<BN / 8>(s);
-    mma_nt<BF, BN, DM>(s, qs, warp * 16, ks);
-    float mx[2] = {m[0], m[1]};
+    const u16* ks = kvs + (t % S) * 2 * KN * P;
+    const i64 j0 = (i64)t * KN;
+    float s[MT][KN / 8][4];
 #pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
+    for (int mt = 0; mt < MT; ++mt) zero<KN / 8>(s[mt]);
+    mma_nt_m<BF, MT, KN, DM>(s, qs, warp * 16 * MT, ks);
+    // (a tile every row of the warp sees whole, without a mask: no per-element tests; two
+    // instances, so that the tests are a branch, not predicated instructions on every tile)
+    if (!a.has_mask && j0 + KN <= a.tk && (!a.causal || j0 + KN - 1 <= rw))
+      fwd_scores<true, BF, MT, KN>(a, off, s, ra, j0, scale2);
+    else
+      fwd_scores<false, BF, MT, KN>(a, off, s, ra, j0, scale2);
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const i64 i = ra + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
-        float x = s[n][e] * scale;
-        if (j >= a.tk || (a.causal && j > i)) x = ninf<float>();
-        else if (a.has_mask && i < a.tq) x += mask_at<BF>(a, off, i, j);
-        s[n][e] = x;
-        mx[e >> 1] = fmaxf(mx[e >> 1], x);
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx[2] = {m[mt][0], m[mt][1]};
+#pragma unroll
+      for (int n = 0; n < KN / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][n][e]);
+      float mu[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+        mu[h] = mx[h] == ninf<float>() ? 0.f : mx[h];  // (nothing visible yet: p = 0 everywhere)
+        const float alpha = ex2(m[mt][h] - mu[h]);
+        l[mt][h] *= alpha;
+#pragma unroll
+        for (int n = 0; n < DM / 8; ++n) {
+          acc[mt][n][2 * h] *= alpha;
+          acc[mt][n][2 * h + 1] *= alpha;
+        }
+        m[mt][h] = mx[h];
       }
-    float mu[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      mu[h] = mx[h] == ninf<float>() ? 0.f : mx[h];  // (nothing visible yet: p = 0 everywhere)
-      const float alpha = __expf(m[h] - mu[h]);
-      l[h] *= alpha;
+      for (int n = 0; n < KN / 8; ++n)
 #pragma unroll
-      for (int n = 0; n < DM / 8; ++n) {
-        acc[n][2 * h] *= alpha;
-        acc[n][2 * h + 1] *= alpha;
-      }
-      m[h] = mx[h];
+        for (int e = 0; e < 4; ++e) {
+          const float p = ex2(s[mt][n][e] - mu[e >> 1]);
+          l[mt][e >> 1] += p;  // (the softmax's sum: before dropout)
+          s[mt][n][e] = p;
+        }
     }
+    if (drop.on) fwd_dropout<MT, KN>(a, drop, s, ra, j0);  // (one branch a tile, not one an element)
+    const u32 va = smem_addr(ks + KN * P);
+    const int vrow = ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8;
 #pragma unroll
-    for (int n = 0; n < BN / 8; ++n)
+    for (int kk = 0; kk < KN / 16; ++kk) {
+      u32 pa[MT][4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float p = __expf(s[n][e] - mu[e >> 1]);
-        l[e >> 1] += p;  // (the softmax's sum: before dropout)
-        s[n][e] = p;
-        if (drop.on) {
-          const i64 i = ra + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
-          if (i < a.tq && j < a.tk) s[n][e] = p * keep_of(drop, a, blockIdx.x, i, j);
+      for (int mt = 0; mt < MT; ++mt) as_a<BF>(pa[mt], s[mt], kk);
+#pragma unroll
+      for (int p = 0; p < DM / 16; ++p) {
+        u32 b[4];
+        ldsm4t(b, va, vrow + kk * 16 * P + p * 16);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          H<BF>::mma(acc[mt][2 * p], pa[mt], b[0], b[1]);
+          H<BF>::mma(acc[mt][2 * p + 1], pa[mt], b[2], b[3]);
         }
       }
-#pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 pa[4];
-      as_a<BF>(pa, s, kk);
-      mma_rows<BF, DM, P>(acc, pa, ks + BN * P, kk * 16, 0);
     }
     __syncthreads();  // (every warp is done with this stage before it is refilled)
     if (S == 1 && t + 1 < tiles) issue(t + 1);
   }
   cp_wait<0>();
   float* out = (float*)a.ptr[O] + off[O];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-  }
   // (a row that sees no key: 0 / 0, NaN, as the softmax of -inf everywhere; no keys at all: 0)
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const i64 i = ra + 8 * h;
-    if (i >= a.tq) continue;
-    const float inv = a.tk == 0 ? 0.f : 1.f / l[h];
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int n = 0; n < DM / 8; ++n)
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[mt][h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const i64 i = ra + mt * 16 + 8 * h;
+      if (i >= a.tq) continue;
+      const float inv = a.tk == 0 ? 0.f : 1.f / lt;
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const i64 c = n * 8 + t4 * 2 + e;
-        if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = acc[n][2 * h + e] * inv;
-      }
-    if (t4 == 0) out[i * a.rs[O] + a.d * a.cs[O]] = m[h] + logf(l[h]);
-  }
+      for (int n = 0; n < DM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const i64 c = n * 8 + t4 * 2 + e;
+          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = acc[mt][n][2 * h + e] * inv;
+        }
+      if (t4 == 0) out[i * a.rs[O] + a.d * a.cs[O]] = m[mt][h] * LN2 + logf(lt);
+    }
 }
 
 // The backward's work area for BM query rows (a warp per row, coalesced): dO rounded to 16 bits
@@ -376,38 +491,57 @@ template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (lane == 0) {
-      lse[i] = fp[i * a.rs[F] + a.d * a.cs[F]];
+      lse[i] = fp[i * a.rs[F] + a.d * a.cs[F]] * LOG2E;  // (base 2: score_grads uses ex2)
       delta[i] = dot - gp[i * a.rs[G] + a.d * a.cs[G]];
     }
   }
 }
 
-// Scores, probabilities and score gradients of one 16-row slice against one tile: s holds
-// q·kᵀ, dp the products dO·vᵀ; on return p̃ (dropout applied) in s and dS = p (dp·keep - delta)
-// scale in dp. Rows are queries when `by_key` is false (row i = r0 + lane/4 + 8h, column
-// j = c0 + 8n + 2(lane%4) + e), keys when it is true (the roles swapped); lse and delta are
-// indexed by the query's place in its tile (stat0 + row, or the column).
-template <bool BF, int N>
-__device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4],
-                            bool by_key, i64 r0, i64 c0, const float* lse, const float* delta, int stat0) {
+// Probabilities and score gradients of one 16-row slice against one tile: s holds q·kᵀ, dp the
+// products dO·vᵀ; on return p̃ (dropout applied) in s and dS = p (dp·keep - delta) scale in dp.
+// Rows are queries when BY_KEY is false (row i = r0 + lane/4 + 8h, column j = c0 + 8n +
+// 2(lane%4) + e), keys when it is true (the roles swapped); lse (base 2) and delta are indexed by
+// the query's place in its tile (stat0 + row, or the column). PLAIN: every entry is live and
+// unmasked, without dropout (no per-element tests).
+template <bool PLAIN, bool BY_KEY, bool BF, int N>
+__device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4],
+                               i64 r0, i64 c0, const float* lse, const float* delta, int stat0) {
   const int t4 = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
-  const float scale = (float)a.scale;
+  const float scale = (float)a.scale, scale2 = scale * LOG2E;
 #pragma unroll
   for (int n = 0; n < N / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const i64 r = r0 + g + (e >> 1) * 8, c = c0 + n * 8 + t4 * 2 + (e & 1);
-      const i64 i = by_key ? c : r, j = by_key ? r : c;
-      const int st = by_key ? (int)(c - c0) : stat0 + g + (e >> 1) * 8;
-      const bool live = i < a.tq && j < a.tk && !(a.causal && j > i);
-      float p = 0.f, keep = 0.f;
-      if (live) {
-        p = __expf(s[n][e] * scale + (a.has_mask ? mask_at<BF>(a, off, i, j) : 0.f) - lse[st]);
-        keep = drop.on ? keep_of(drop, a, blockIdx.x, i, j) : 1.f;
+      const int st = BY_KEY ? n * 8 + t4 * 2 + (e & 1) : stat0 + g + (e >> 1) * 8;
+      float p, keep = 1.f;
+      if (PLAIN) {
+        p = ex2(s[n][e] * scale2 - lse[st]);
+      } else {
+        const i64 r = r0 + g + (e >> 1) * 8, c = c0 + n * 8 + t4 * 2 + (e & 1);
+        const i64 i = BY_KEY ? c : r, j = BY_KEY ? r : c;
+        const bool live = i < a.tq && j < a.tk && !(a.causal && j > i);
+        p = 0.f, keep = 0.f;
+        if (live) {
+          p = ex2(s[n][e] * scale2 + (a.has_mask ? mask_at<BF>(a, off, i, j) * LOG2E : 0.f) - lse[st]);
+          keep = drop.on ? keep_of(drop, a, blockIdx.x, i, j) : 1.f;
+        }
       }
       dp[n][e] = p * (dp[n][e] * keep - delta[st]) * scale;
       s[n][e] = p * keep;
     }
+}
+
+template <bool BY_KEY, bool BF, int N>
+__device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4], i64 r0,
+                            i64 c0, const float* lse, const float* delta, int stat0) {
+  const i64 rlast = r0 + 15, clast = c0 + N - 1;
+  const bool plain = !a.has_mask && !drop.on &&
+                     (BY_KEY ? rlast < a.tk && clast < a.tq && (!a.causal || rlast <= c0)
+                             : rlast < a.tq && clast < a.tk && (!a.causal || clast <= r0));
+  if (plain)
+    score_grads_as<true, BY_KEY, BF, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
+  else
+    score_grads_as<false, BY_KEY, BF, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
 }
 
 // dk and dv of 64 key rows, gradient columns [c0, c0 + DC) (c0 = blockIdx.z DC), over the query
@@ -460,7 +594,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
     zero<BM / 8>(dpt);
     mma_nt<BF, BM, DM>(st, ks, warp * 16, qs);
     mma_nt<BF, BM, DM>(dpt, vs, warp * 16, gs);
-    score_grads<BF, BM>(a, off, drop, st, dpt, true, j0 + warp * 16, first + (i64)t * BM, lse, lse + BM, 0);
+    score_grads<true, BF, BM>(a, off, drop, st, dpt, j0 + warp * 16, first + (i64)t * BM, lse, lse + BM, 0);
 #pragma unroll
     for (int kk = 0; kk < BM / 16; ++kk) {
       u32 pa[4], da[4];
@@ -526,7 +660,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
     zero<BN / 8>(dp);
     mma_nt<BF, BN, DM>(s, qs, warp * 16, ks);
     mma_nt<BF, BN, DM>(dp, gs, warp * 16, ks + BN * P);
-    score_grads<BF, BN>(a, off, drop, s, dp, false, i0 + warp * 16, (i64)t * BN, lse, delta, warp * 16);
+    score_grads<false, BF, BN>(a, off, drop, s, dp, i0 + warp * 16, (i64)t * BN, lse, delta, warp * 16);
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
       u32 da[4];
@@ -569,11 +703,18 @@ int flash_stages(int bucket) { return bucket <= 128 ? 2 : 1; }
 int64_t flash_shared_bytes(DeviceKernel k, int bucket) {
   const int64_t tile = 64 * (bucket + 8) * 2, stages = flash_stages(bucket), stats = 2 * 64 * 4;
   switch (k) {
-    case DeviceKernel::FlashForward: return tile + stages * 2 * tile;
+    case DeviceKernel::FlashForward: {
+      const int64_t rows = (bucket <= 128 ? 128 : 64) + stages * 2 * (bucket <= 64 ? 64 : 32);
+      return rows * (bucket + 8) * 2;
+    }
     case DeviceKernel::FlashBackwardKV: return 2 * tile + stages * (2 * tile + stats);
     case DeviceKernel::FlashBackwardQ: return 2 * tile + stages * 2 * tile + stats;
     default: return 0;
   }
+}
+
+int flash_rows_per_block(DeviceKernel k, int bucket) {
+  return k == DeviceKernel::FlashForward && bucket <= 128 ? 128 : 64;
 }
 
 int64_t flash_work_bytes(int64_t batch, int64_t tq, int bucket) { return batch * tq * (2 * bucket + 8); }

@@ -229,7 +229,7 @@ bool loads_vectors(const Operand& o, int64_t d) {
   return true;
 }
 
-// Queues flash kernel `kernel` (128 threads, a block per 64 rows of `rows`, `parts` blocks of
+// Queues flash kernel `kernel` (128 threads, a block per 64 or 128 rows of `rows`, `parts` blocks of
 // gradient columns) over each batch element.
 void flash_launch(int device, DeviceKernel kernel, DType dt, int bucket, const AttnArgs& a, int64_t batch,
                   int64_t rows, int parts) {
@@ -240,7 +240,8 @@ void flash_launch(int device, DeviceKernel kernel, DType dt, int bucket, const A
   CUfunction f = function(device, k, name, shared);
   AttnArgs args = a;
   void* params[] = {&args};
-  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + 63) / 64),
+  const int64_t per = kernels::flash_rows_per_block(kernel, bucket);
+  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per),
                             static_cast<unsigned>(parts), 128, 1, 1, static_cast<unsigned>(shared), enter(device),
                             params, nullptr),
         "cuLaunchKernel");
