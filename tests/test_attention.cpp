@@ -702,15 +702,14 @@ TEST(AttentionPatterns, LazyEagerHandWrittenAttentionIsFused) {
 // the fused kernel once the probabilities' handle is gone when the value is asked for; while the
 // program still holds them (it may read them later) the graph runs as written, with the same
 // values, and KILN_LOG=patterns says why.
-TEST(AttentionPatterns, NanoGptFormInLazyEager) {
-  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+static void nanogpt_form(Device dev, DType dt, double rtol, double atol) {
   manual_seed(kiln::testing::test_seed(53));
   const int64_t B = 4, H = 4, T = 128, D = 32;
-  Tensor q = randn({B, H, T, D}), k = randn({B, H, T, D}), v = randn({B, H, T, D});
+  Tensor q = randn({B, H, T, D}, dt, dev), k = randn({B, H, T, D}, dt, dev), v = randn({B, H, T, D}, dt, dev);
   eval({q, k, v});
   auto attend = [&](bool hold) {
     Tensor att = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(D)));
-    att = att.masked_fill(ones({T, T}).tril() == 0, -std::numeric_limits<double>::infinity());
+    att = att.masked_fill(ones({T, T}, dt, dev).tril() == 0, -std::numeric_limits<double>::infinity());
     att = softmax(att, -1);
     Tensor y = matmul(att, v);
     if (!hold) att = Tensor();
@@ -723,8 +722,22 @@ TEST(AttentionPatterns, NanoGptFormInLazyEager) {
     const int64_t before = sdpa_matches();
     const Tensor y = attend(hold);
     EXPECT_EQ(sdpa_matches() > before, !hold);
-    expect_close(y, want, 2e-5, 2e-6);
+    expect_close(y.to(cpu()).to(kFloat64), want.to(cpu()).to(kFloat64), rtol, atol);
   }
+}
+
+TEST(AttentionPatterns, NanoGptFormInLazyEager) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  nanogpt_form(cpu(), kFloat32, 2e-5, 2e-6);
+}
+
+// The same in bfloat16 on the GPU: rewritten to the tensor-core kernels at this small size (the
+// materialized graph rounds the scores and probabilities to bfloat16, the kernels keep float32:
+// within bfloat16's rounding of each other).
+TEST(AttentionPatterns, CudaNanoGptFormInLazyEagerBFloat16) {
+  if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  nanogpt_form(Device{DeviceType::CUDA, 0}, kBFloat16, 2.0 / 64, 2.0 / 64);
 }
 
 TEST(AttentionPatterns, CudaLazyEagerHandWrittenAttentionIsFused) {

@@ -162,17 +162,18 @@ template <int ROWS, int DM> __device__ void stage(const Src& s, i64 r0, i64 cnt,
   }
 }
 
-// lse and delta of the BM query rows at i0 from the work area into shared memory (rows past tq:
+// lse and delta of the ROWS query rows at i0 from the work area into shared memory (rows past tq:
 // lse = +inf, probability 0, and delta = 0).
-template <int DM> __device__ void stage_stats(const AttnArgs& a, i64 i0, float* lse, float* delta) {
-  const int r = threadIdx.x & (BM - 1);
-  const i64 i = i0 + r;
-  float* dst = threadIdx.x < BM ? lse : delta;
-  if (i < a.tq) {
-    const float* src = work_lse<DM>(a) + (threadIdx.x < BM ? 0 : (i64)gridDim.x * a.tq) + blockIdx.x * a.tq + i;
-    cp4(dst + r, src);
-  } else {
-    dst[r] = threadIdx.x < BM ? __int_as_float(0x7f800000) : 0.f;
+template <int ROWS, int DM> __device__ void stage_stats(const AttnArgs& a, i64 i0, float* lse, float* delta) {
+  for (int x = threadIdx.x; x < 2 * ROWS; x += NT) {
+    const int r = x % ROWS;
+    const bool is_lse = x < ROWS;
+    const i64 i = i0 + r;
+    float* dst = is_lse ? lse : delta;
+    if (i < a.tq)
+      cp4(dst + r, work_lse<DM>(a) + (is_lse ? 0 : (i64)gridDim.x * a.tq) + blockIdx.x * a.tq + i);
+    else
+      dst[r] = is_lse ? __int_as_float(0x7f800000) : 0.f;
   }
 }
 
@@ -193,6 +194,25 @@ template <bool BF, int N, int P> __device__ void mma_rows(float (*acc)[4], const
     ldsm4t(b, ta, row + p * 16);
     H<BF>::mma(acc[2 * p], a, b[0], b[1]);
     H<BF>::mma(acc[2 * p + 1], a, b[2], b[3]);
+  }
+}
+
+// acc[mt] += A[mt] · rows [k0, k0 + 16) of tile t at columns [c0, c0 + N) for MT slices: each B
+// fragment read once serves the MT products.
+template <bool BF, int MT, int N, int P>
+__device__ void mma_rows_m(float (*acc)[N / 8][4], const u32 (*a)[4], const u16* t, int k0, int c0) {
+  const int lane = threadIdx.x & 31;
+  const u32 ta = smem_addr(t);
+  const int row = (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c0 + (lane >> 4) * 8;
+#pragma unroll
+  for (int p = 0; p < N / 16; ++p) {
+    u32 b[4];
+    ldsm4t(b, ta, row + p * 16);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      H<BF>::mma(acc[mt][2 * p], a[mt], b[0], b[1]);
+      H<BF>::mma(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
+    }
   }
 }
 
@@ -544,40 +564,52 @@ __device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop,
     score_grads_as<false, BY_KEY, BF, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
 }
 
-// dk and dv of 64 key rows, gradient columns [c0, c0 + DC) (c0 = blockIdx.z DC), over the query
+// The backward's shapes for bucket DM: MT 16-row slices per warp (64 MT stationary rows a block)
+// and T rows of the streamed side per tile. dq takes two slices up to head size 64; dk/dv one (its
+// two accumulators of two slices would not fit in registers), and query tiles of 32 above 64.
+template <int DM, bool KV> struct Bwd {
+  static const int mt = !KV && DM <= 64 ? 2 : 1;
+  static const int t = mt == 2 || (KV && DM > 64) ? 32 : 64;
+};
+
+// dk and dv of 64 MT key rows, gradient columns [c0, c0 + DC) (c0 = blockIdx.z DC), over the query
 // tiles (Q, dO and their lse / delta in flight while the previous tile is used).
 template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& a) {
-  constexpr int P = DM + 8, S = Stages<DM>::n;
+  constexpr int P = DM + 8, S = Stages<DM>::n, MT = Bwd<DM, true>::mt, QT = Bwd<DM, true>::t, KB = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   u16* ks = (u16*)smem;
-  u16* vs = ks + BN * P;
-  u16* qgs = vs + BN * P;  // stage t: q at qgs + t 2 BM P, dO after it
-  float* stats = (float*)(qgs + S * 2 * BM * P);  // stage t: lse at stats + t 2 BM, delta after it
+  u16* vs = ks + KB * P;
+  u16* qgs = vs + KB * P;  // stage t: q at qgs + t 2 QT P, dO after it
+  float* stats = (float*)(qgs + S * 2 * QT * P);  // stage t: lse at stats + t 2 QT, delta after it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
-  const i64 j0 = (i64)blockIdx.y * BN;
+  const i64 j0 = (i64)blockIdx.y * KB;
   const int c0 = blockIdx.z * DC;
-  stage<BN, DM>(src_of(a, off, K), j0, min((i64)BN, a.tk - j0), a.d, ks);
-  stage<BN, DM>(src_of(a, off, V), j0, min((i64)BN, a.tk - j0), a.d, vs);
+  stage<KB, DM>(src_of(a, off, K), j0, min((i64)KB, a.tk - j0), a.d, ks);
+  stage<KB, DM>(src_of(a, off, V), j0, min((i64)KB, a.tk - j0), a.d, vs);
   const Src sq = src_of(a, off, Q), sg = work_do<DM>(a, blockIdx.x);
-  const i64 first = a.causal ? j0 / BM * BM : 0;
-  const int tiles = a.tq > first ? (int)((a.tq - first + BM - 1) / BM) : 0;
+  const i64 first = a.causal ? j0 / QT * QT : 0;
+  const int tiles = a.tq > first ? (int)((a.tq - first + QT - 1) / QT) : 0;
   auto issue = [&](int t) {
-    u16* q = qgs + (t % S) * 2 * BM * P;
-    float* st = stats + (t % S) * 2 * BM;
-    const i64 i0 = first + (i64)t * BM, cnt = min((i64)BM, a.tq - i0);
-    stage<BM, DM>(sq, i0, cnt, a.d, q);
-    stage<BM, DM>(sg, i0, cnt, DM, q + BM * P);
-    stage_stats<DM>(a, i0, st, st + BM);
+    u16* q = qgs + (t % S) * 2 * QT * P;
+    float* st = stats + (t % S) * 2 * QT;
+    const i64 i0 = first + (i64)t * QT, cnt = min((i64)QT, a.tq - i0);
+    stage<QT, DM>(sq, i0, cnt, a.d, q);
+    stage<QT, DM>(sg, i0, cnt, DM, q + QT * P);
+    stage_stats<QT, DM>(a, i0, st, st + QT);
     cp_commit();
   };
   if (tiles > 0) issue(0);
   else cp_commit();
-  float dk[DC / 8][4], dv[DC / 8][4];
-  zero<DC / 8>(dk);
-  zero<DC / 8>(dv);
+  float dk[MT][DC / 8][4], dv[MT][DC / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    zero<DC / 8>(dk[mt]);
+    zero<DC / 8>(dv[mt]);
+  }
   const Drop drop = drop_of(a);
+  const i64 jw = j0 + warp * 16 * MT;  // the warp's first key
   for (int t = 0; t < tiles; ++t) {
     if (S == 2 && t + 1 < tiles) {
       issue(t + 1);
@@ -586,66 +618,80 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
       cp_wait<0>();
     }
     __syncthreads();
-    const u16* qs = qgs + (t % S) * 2 * BM * P;
-    const u16* gs = qs + BM * P;
-    const float* lse = stats + (t % S) * 2 * BM;
-    float st[BM / 8][4], dpt[BM / 8][4];
-    zero<BM / 8>(st);
-    zero<BM / 8>(dpt);
-    mma_nt<BF, BM, DM>(st, ks, warp * 16, qs);
-    mma_nt<BF, BM, DM>(dpt, vs, warp * 16, gs);
-    score_grads<true, BF, BM>(a, off, drop, st, dpt, j0 + warp * 16, first + (i64)t * BM, lse, lse + BM, 0);
+    const u16* qs = qgs + (t % S) * 2 * QT * P;
+    const u16* gs = qs + QT * P;
+    const float* lse = stats + (t % S) * 2 * QT;
+    const i64 i0 = first + (i64)t * QT;
+    float st[MT][QT / 8][4], dpt[MT][QT / 8][4];
 #pragma unroll
-    for (int kk = 0; kk < BM / 16; ++kk) {
-      u32 pa[4], da[4];
-      as_a<BF>(pa, st, kk);
-      mma_rows<BF, DC, P>(dv, pa, gs, kk * 16, c0);
-      as_a<BF>(da, dpt, kk);
-      mma_rows<BF, DC, P>(dk, da, qs, kk * 16, c0);
+    for (int mt = 0; mt < MT; ++mt) {
+      zero<QT / 8>(st[mt]);
+      zero<QT / 8>(dpt[mt]);
+    }
+    mma_nt_m<BF, MT, QT, DM>(st, ks, warp * 16 * MT, qs);
+    mma_nt_m<BF, MT, QT, DM>(dpt, vs, warp * 16 * MT, gs);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      score_grads<true, BF, QT>(a, off, drop, st[mt], dpt[mt], jw + mt * 16, i0, lse, lse + QT, 0);
+#pragma unroll
+    for (int kk = 0; kk < QT / 16; ++kk) {
+      u32 pa[MT][4], da[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        as_a<BF>(pa[mt], st[mt], kk);
+        as_a<BF>(da[mt], dpt[mt], kk);
+      }
+      mma_rows_m<BF, MT, DC, P>(dv, pa, gs, kk * 16, c0);
+      mma_rows_m<BF, MT, DC, P>(dk, da, qs, kk * 16, c0);
     }
     __syncthreads();
     if (S == 1 && t + 1 < tiles) issue(t + 1);
   }
   cp_wait<0>();
   float* out = (float*)a.ptr[O] + off[O];
-  const i64 ja = j0 + warp * 16 + (lane >> 2);
-  store_rows<DC / 8>(a, out + a.tq * a.rs[O], dk, ja, a.tk, c0);
-  store_rows<DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv, ja, a.tk, c0);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    const i64 ja = jw + mt * 16 + (lane >> 2);
+    store_rows<DC / 8>(a, out + a.tq * a.rs[O], dk[mt], ja, a.tk, c0);
+    store_rows<DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv[mt], ja, a.tk, c0);
+  }
 }
 
-// dq of 64 query rows, gradient columns [c0, c0 + DC), over the key tiles (K, V in flight).
+// dq of 64 MT query rows, gradient columns [c0, c0 + DC), over the key tiles (K, V in flight).
 template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a) {
-  constexpr int P = DM + 8, S = Stages<DM>::n;
+  constexpr int P = DM + 8, S = Stages<DM>::n, MT = Bwd<DM, false>::mt, KT = Bwd<DM, false>::t, QB = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
   u16* qs = (u16*)smem;
-  u16* gs = qs + BM * P;
-  u16* kvs = gs + BM * P;  // stage t: k at kvs + t 2 BN P, v after it
-  float* lse = (float*)(kvs + S * 2 * BN * P);
-  float* delta = lse + BM;
+  u16* gs = qs + QB * P;
+  u16* kvs = gs + QB * P;  // stage t: k at kvs + t 2 KT P, v after it
+  float* lse = (float*)(kvs + S * 2 * KT * P);
+  float* delta = lse + QB;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
-  const i64 i0 = (i64)blockIdx.y * BM;
+  const i64 i0 = (i64)blockIdx.y * QB;
   const int c0 = blockIdx.z * DC;
-  const i64 rows = min((i64)BM, a.tq - i0);
-  stage<BM, DM>(src_of(a, off, Q), i0, rows, a.d, qs);
-  stage<BM, DM>(work_do<DM>(a, blockIdx.x), i0, rows, DM, gs);
-  stage_stats<DM>(a, i0, lse, delta);
+  const i64 rows = min((i64)QB, a.tq - i0);
+  stage<QB, DM>(src_of(a, off, Q), i0, rows, a.d, qs);
+  stage<QB, DM>(work_do<DM>(a, blockIdx.x), i0, rows, DM, gs);
+  stage_stats<QB, DM>(a, i0, lse, delta);
   const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
-  const i64 jend = a.causal ? min(a.tk, i0 + BM) : a.tk;
-  const int tiles = (int)((jend + BN - 1) / BN);
+  const i64 jend = a.causal ? min(a.tk, i0 + QB) : a.tk;
+  const int tiles = (int)((jend + KT - 1) / KT);
   auto issue = [&](int t) {
-    u16* ks = kvs + (t % S) * 2 * BN * P;
-    const i64 j0 = (i64)t * BN, cnt = min((i64)BN, a.tk - j0);
-    stage<BN, DM>(sk, j0, cnt, a.d, ks);
-    stage<BN, DM>(sv, j0, cnt, a.d, ks + BN * P);
+    u16* ks = kvs + (t % S) * 2 * KT * P;
+    const i64 j0 = (i64)t * KT, cnt = min((i64)KT, a.tk - j0);
+    stage<KT, DM>(sk, j0, cnt, a.d, ks);
+    stage<KT, DM>(sv, j0, cnt, a.d, ks + KT * P);
     cp_commit();
   };
   if (tiles > 0) issue(0);
   else cp_commit();
-  float dq[DC / 8][4];
-  zero<DC / 8>(dq);
+  float dq[MT][DC / 8][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) zero<DC / 8>(dq[mt]);
   const Drop drop = drop_of(a);
+  const int rw = warp * 16 * MT;  // the warp's first row in the block
   for (int t = 0; t < tiles; ++t) {
     if (S == 2 && t + 1 < tiles) {
       issue(t + 1);
@@ -654,24 +700,33 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
       cp_wait<0>();
     }
     __syncthreads();
-    const u16* ks = kvs + (t % S) * 2 * BN * P;
-    float s[BN / 8][4], dp[BN / 8][4];
-    zero<BN / 8>(s);
-    zero<BN / 8>(dp);
-    mma_nt<BF, BN, DM>(s, qs, warp * 16, ks);
-    mma_nt<BF, BN, DM>(dp, gs, warp * 16, ks + BN * P);
-    score_grads<false, BF, BN>(a, off, drop, s, dp, i0 + warp * 16, (i64)t * BN, lse, delta, warp * 16);
+    const u16* ks = kvs + (t % S) * 2 * KT * P;
+    float s[MT][KT / 8][4], dp[MT][KT / 8][4];
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; ++kk) {
-      u32 da[4];
-      as_a<BF>(da, dp, kk);
-      mma_rows<BF, DC, P>(dq, da, ks, kk * 16, c0);
+    for (int mt = 0; mt < MT; ++mt) {
+      zero<KT / 8>(s[mt]);
+      zero<KT / 8>(dp[mt]);
+    }
+    mma_nt_m<BF, MT, KT, DM>(s, qs, rw, ks);
+    mma_nt_m<BF, MT, KT, DM>(dp, gs, rw, ks + KT * P);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+      score_grads<false, BF, KT>(a, off, drop, s[mt], dp[mt], i0 + rw + mt * 16, (i64)t * KT, lse, delta,
+                                 rw + mt * 16);
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      u32 da[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) as_a<BF>(da[mt], dp[mt], kk);
+      mma_rows_m<BF, MT, DC, P>(dq, da, ks, kk * 16, c0);
     }
     __syncthreads();
     if (S == 1 && t + 1 < tiles) issue(t + 1);
   }
   cp_wait<0>();
-  store_rows<DC / 8>(a, (float*)a.ptr[O] + off[O], dq, i0 + warp * 16 + (lane >> 2), a.tq, c0);
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+    store_rows<DC / 8>(a, (float*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
 }
 
 // Gradient columns per block of head-size bucket DM (mirrored by the host).
@@ -700,21 +755,34 @@ int flash_columns(int bucket) { return bucket <= 128 ? bucket : bucket / 2; }
 
 int flash_stages(int bucket) { return bucket <= 128 ? 2 : 1; }
 
+namespace {
+// A kernel's shape for a bucket (the source's Fwd and Bwd): stationary rows a block (64 a slice
+// per warp) and rows of the streamed side a tile.
+struct Shape {
+  int64_t rows, streamed;
+};
+Shape shape_of(DeviceKernel k, int bucket) {
+  if (k == DeviceKernel::FlashForward) return {bucket <= 128 ? 128 : 64, bucket <= 64 ? 64 : 32};
+  if (k == DeviceKernel::FlashBackwardQ) return bucket <= 64 ? Shape{128, 32} : Shape{64, 64};
+  return {64, bucket <= 64 ? 64 : 32};
+}
+}  // namespace
+
 int64_t flash_shared_bytes(DeviceKernel k, int bucket) {
-  const int64_t tile = 64 * (bucket + 8) * 2, stages = flash_stages(bucket), stats = 2 * 64 * 4;
+  const Shape sh = shape_of(k, bucket);
+  const int64_t pitch = (bucket + 8) * 2, stages = flash_stages(bucket), streamed = stages * 2 * sh.streamed * pitch;
   switch (k) {
-    case DeviceKernel::FlashForward: {
-      const int64_t rows = (bucket <= 128 ? 128 : 64) + stages * 2 * (bucket <= 64 ? 64 : 32);
-      return rows * (bucket + 8) * 2;
-    }
-    case DeviceKernel::FlashBackwardKV: return 2 * tile + stages * (2 * tile + stats);
-    case DeviceKernel::FlashBackwardQ: return 2 * tile + stages * 2 * tile + stats;
+    case DeviceKernel::FlashForward: return sh.rows * pitch + streamed;  // q; k and v a stage
+    case DeviceKernel::FlashBackwardKV:  // k, v; q and dO with their lse and delta a stage
+      return 2 * sh.rows * pitch + streamed + stages * 2 * sh.streamed * 4;
+    case DeviceKernel::FlashBackwardQ:  // q, dO, lse, delta; k and v a stage
+      return 2 * sh.rows * pitch + streamed + 2 * sh.rows * 4;
     default: return 0;
   }
 }
 
 int flash_rows_per_block(DeviceKernel k, int bucket) {
-  return k == DeviceKernel::FlashForward && bucket <= 128 ? 128 : 64;
+  return k == DeviceKernel::FlashBackwardPrep ? 64 : static_cast<int>(shape_of(k, bucket).rows);
 }
 
 int64_t flash_work_bytes(int64_t batch, int64_t tq, int bucket) { return batch * tq * (2 * bucket + 8); }
