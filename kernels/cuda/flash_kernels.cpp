@@ -43,51 +43,37 @@ __device__ void ldsm4t(u32* r, u32 tile, int at) {
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tile + 2 * at));
 }
 
-// The 16-bit type: the product c += a·b (16 x 16 by 16 x 8, float32 accumulators), two floats
-// rounded into one register (the lower column in the low half), conversions.
+// The 16-bit type (PTX name TY): the product c += a·b (16 x 16 by 16 x 8, float32 accumulators),
+// two floats rounded into one register (the lower column in the low half), conversions.
 template <bool BF> struct H;
-template <> struct H<true> {
-  static __device__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ u32 pack(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-  static __device__ u16 from(float x) {
-    u16 r;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    return r;
-  }
-  static __device__ float to(u16 h) { return __uint_as_float((u32)h << 16); }
-};
-template <> struct H<false> {
-  static __device__ void mma(float* c, const u32* a, u32 b0, u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-  static __device__ u32 pack(float lo, float hi) {
-    u32 r;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-  }
-  static __device__ u16 from(float x) {
-    u16 r;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(x));
-    return r;
-  }
-  static __device__ float to(u16 h) {
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-  }
-};
+#define KILN_H16(BF, TY)                                                                                \
+  template <> struct H<BF> {                                                                              \
+    static __device__ void mma(float* c, const u32* a, u32 b0, u32 b1) {                                  \
+      asm("mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "  \
+          "{%8, %9}, {%0, %1, %2, %3};"                                                                   \
+          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                 \
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));                                 \
+    }                                                                                                     \
+    static __device__ u32 pack(float lo, float hi) {                                                      \
+      u32 r;                                                                                              \
+      asm("cvt.rn." TY "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));                                \
+      return r;                                                                                           \
+    }                                                                                                     \
+    static __device__ u16 from(float x) {                                                                 \
+      u16 r;                                                                                              \
+      asm("cvt.rn." TY ".f32 %0, %1;" : "=h"(r) : "f"(x));                                                \
+      return r;                                                                                           \
+    }                                                                                                     \
+    static __device__ float to(u16 h);                                                                    \
+  };
+KILN_H16(true, "bf16")
+KILN_H16(false, "f16")
+__device__ float H<true>::to(u16 h) { return __uint_as_float((u32)h << 16); }  // (cvt.f32.bf16 is sm_90 only)
+__device__ float H<false>::to(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
 
 #define BM 64   // query rows of a tile
 #define BN 64   // key rows of a tile
@@ -103,6 +89,27 @@ __device__ void cp4(void* dst, const void* src) {
 }
 __device__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// The tile pipeline of S stages over `tiles` tiles; issue(t) stages tile t's copies and commits
+// them. Before tile t: its copies are waited for (tile t + 1's issued first when two stages are in
+// flight); after it: every warp is done with its stage before the stage is refilled.
+template <class Issue> __device__ void stages_begin(int tiles, Issue& issue) {
+  if (tiles > 0) issue(0);
+  else cp_commit();
+}
+template <int S, class Issue> __device__ void stage_wait(int t, int tiles, Issue& issue) {
+  if (S == 2 && t + 1 < tiles) {
+    issue(t + 1);
+    cp_wait<1>();
+  } else {
+    cp_wait<0>();
+  }
+  __syncthreads();
+}
+template <int S, class Issue> __device__ void stage_done(int t, int tiles, Issue& issue) {
+  __syncthreads();
+  if (S == 1 && t + 1 < tiles) issue(t + 1);
+}
 
 // Tiles in flight: two (the next one loads while this one is used) up to head size 128; one
 // above (shared memory).
@@ -162,6 +169,18 @@ template <int ROWS, int DM> __device__ void stage(const Src& s, i64 r0, i64 cnt,
   }
 }
 
+// Tile t of the keys and values (KT rows each, from `sk` and `sv`) into stage t % S of `kvs` (keys,
+// then values), committed.
+template <int S, int KT, int DM>
+__device__ void stage_kv(const AttnArgs& a, const Src& sk, const Src& sv, int t, u16* kvs) {
+  constexpr int P = DM + 8;
+  u16* ks = kvs + (t % S) * 2 * KT * P;
+  const i64 j0 = (i64)t * KT, cnt = min((i64)KT, a.tk - j0);
+  stage<KT, DM>(sk, j0, cnt, a.d, ks);
+  stage<KT, DM>(sv, j0, cnt, a.d, ks + KT * P);
+  cp_commit();
+}
+
 // lse and delta of the ROWS query rows at i0 from the work area into shared memory (rows past tq:
 // lse = +inf, probability 0, and delta = 0).
 template <int ROWS, int DM> __device__ void stage_stats(const AttnArgs& a, i64 i0, float* lse, float* delta) {
@@ -182,21 +201,6 @@ __device__ __noinline__ float keep_of(const Drop& d, const AttnArgs& a, i64 b, i
   return kept<float>(d, a, b, i, j);
 }
 
-// acc[2p..2p+1] += A (16 x 16, fragments a) · rows [k0, k0 + 16) of tile t (pitch P) at columns
-// [c0, c0 + N): B read transposed ([k][n] storage).
-template <bool BF, int N, int P> __device__ void mma_rows(float (*acc)[4], const u32* a, const u16* t, int k0, int c0) {
-  const int lane = threadIdx.x & 31;
-  const u32 ta = smem_addr(t);
-  const int row = (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c0 + (lane >> 4) * 8;
-#pragma unroll
-  for (int p = 0; p < N / 16; ++p) {
-    u32 b[4];
-    ldsm4t(b, ta, row + p * 16);
-    H<BF>::mma(acc[2 * p], a, b[0], b[1]);
-    H<BF>::mma(acc[2 * p + 1], a, b[2], b[3]);
-  }
-}
-
 // acc[mt] += A[mt] · rows [k0, k0 + 16) of tile t at columns [c0, c0 + N) for MT slices: each B
 // fragment read once serves the MT products.
 template <bool BF, int MT, int N, int P>
@@ -212,27 +216,6 @@ __device__ void mma_rows_m(float (*acc)[N / 8][4], const u32 (*a)[4], const u16*
     for (int mt = 0; mt < MT; ++mt) {
       H<BF>::mma(acc[mt][2 * p], a[mt], b[0], b[1]);
       H<BF>::mma(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
-    }
-  }
-}
-
-// s[n] += (16 rows of tile x at row x0) · (the N rows of tile y)ᵀ over DM columns: both [row][d].
-template <bool BF, int N, int DM> __device__ void mma_nt(float (*s)[4], const u16* x, int x0, const u16* y) {
-  constexpr int P = DM + 8;
-  const int lane = threadIdx.x & 31;
-  const u32 xa = smem_addr(x), ya = smem_addr(y);
-  const int xrow = (x0 + (lane & 15)) * P + (lane >> 4) * 8;
-  const int yrow = ((lane & 7) + (lane >> 4) * 8) * P + ((lane >> 3) & 1) * 8;
-#pragma unroll
-  for (int kk = 0; kk < DM / 16; ++kk) {
-    u32 a[4];
-    ldsm4(a, xa, xrow + kk * 16);
-#pragma unroll
-    for (int p = 0; p < N / 16; ++p) {
-      u32 b[4];
-      ldsm4(b, ya, yrow + p * 16 * P + kk * 16);
-      H<BF>::mma(s[2 * p], a, b[0], b[1]);
-      H<BF>::mma(s[2 * p + 1], a, b[2], b[3]);
     }
   }
 }
@@ -318,40 +301,38 @@ __device__ void mma_nt_m(float (*s)[N / 8][4], const u16* x, int x0, const u16* 
   }
 }
 
-// Scores in base 2 of the warp's MT slices against a tile of keys at j0: s·scale2, plus the mask,
-// -inf where causal hides a key or past tk (PLAIN: none of that applies to the tile).
-template <bool PLAIN, bool BF, int MT, int KN>
-__device__ void fwd_scores(const AttnArgs& a, const i64* off, float (*s)[KN / 8][4], i64 ra, i64 j0, float scale2) {
+// Calls f(x, i, j) for every score x (a reference) of this thread in the warp's MT slices of a
+// tile: row i (from ra, the thread's first), key j (from the tile's first key j0).
+template <int MT, int KN, class Body> __device__ void each_score(float (*s)[KN / 8][4], i64 ra, i64 j0, Body f) {
   const int t4 = threadIdx.x & 3;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int n = 0; n < KN / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[mt][n][e] * scale2;
-        if (!PLAIN) {
-          const i64 i = ra + mt * 16 + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
-          if (j >= a.tk || (a.causal && j > i)) x = ninf<float>();
-          else if (a.has_mask && i < a.tq) x += mask_at<BF>(a, off, i, j) * LOG2E;
-        }
-        s[mt][n][e] = x;
-      }
+      for (int e = 0; e < 4; ++e) f(s[mt][n][e], ra + mt * 16 + (e >> 1) * 8, j0 + n * 8 + t4 * 2 + (e & 1));
+}
+
+// Scores in base 2 of the warp's MT slices against a tile of keys at j0: s·scale2, plus the mask,
+// -inf where causal hides a key or past tk (PLAIN: none of that applies to the tile).
+template <bool PLAIN, bool BF, int MT, int KN>
+__device__ void fwd_scores(const AttnArgs& a, const i64* off, float (*s)[KN / 8][4], i64 ra, i64 j0, float scale2) {
+  each_score<MT, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
+    float y = x * scale2;
+    if (!PLAIN) {
+      if (j >= a.tk || (a.causal && j > i)) y = ninf<float>();
+      else if (a.has_mask && i < a.tq) y += mask_at<BF>(a, off, i, j) * LOG2E;
+    }
+    x = y;
+  });
 }
 
 // The dropout factors applied to the warp's probabilities of a tile.
 template <int MT, int KN>
 __device__ void fwd_dropout(const AttnArgs& a, const Drop& drop, float (*s)[KN / 8][4], i64 ra, i64 j0) {
-  const int t4 = threadIdx.x & 3;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int n = 0; n < KN / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const i64 i = ra + mt * 16 + (e >> 1) * 8, j = j0 + n * 8 + t4 * 2 + (e & 1);
-        if (i < a.tq && j < a.tk) s[mt][n][e] *= keep_of(drop, a, blockIdx.x, i, j);
-      }
+  each_score<MT, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
+    if (i < a.tq && j < a.tk) x *= keep_of(drop, a, blockIdx.x, i, j);
+  });
 }
 
 template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
@@ -369,15 +350,8 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
   stage<QM, DM>(src_of(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs);
   const i64 jend = a.causal ? min(a.tk, i0 + QM) : a.tk;
   const int tiles = (int)((jend + KN - 1) / KN);
-  auto issue = [&](int t) {
-    u16* ks = kvs + (t % S) * 2 * KN * P;
-    const i64 j0 = (i64)t * KN, cnt = min((i64)KN, a.tk - j0);
-    stage<KN, DM>(sk, j0, cnt, a.d, ks);
-    stage<KN, DM>(sv, j0, cnt, a.d, ks + KN * P);
-    cp_commit();
-  };
-  if (tiles > 0) issue(0);
-  else cp_commit();
+  auto issue = [&](int t) { stage_kv<S, KN, DM>(a, sk, sv, t, kvs); };
+  stages_begin(tiles, issue);
   float acc[MT][DM / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) zero<DM / 8>(acc[mt]);
@@ -389,13 +363,7 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
   const Drop drop = drop_of(a);
   const float scale2 = (float)a.scale * LOG2E;
   for (int t = 0; t < tiles; ++t) {
-    if (S == 2 && t + 1 < tiles) {
-      issue(t + 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    stage_wait<S>(t, tiles, issue);
     const u16* ks = kvs + (t % S) * 2 * KN * P;
     const i64 j0 = (i64)t * KN;
     float s[MT][KN / 8][4];
@@ -440,26 +408,14 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
         }
     }
     if (drop.on) fwd_dropout<MT, KN>(a, drop, s, ra, j0);  // (one branch a tile, not one an element)
-    const u32 va = smem_addr(ks + KN * P);
-    const int vrow = ((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8;
 #pragma unroll
     for (int kk = 0; kk < KN / 16; ++kk) {
       u32 pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) as_a<BF>(pa[mt], s[mt], kk);
-#pragma unroll
-      for (int p = 0; p < DM / 16; ++p) {
-        u32 b[4];
-        ldsm4t(b, va, vrow + kk * 16 * P + p * 16);
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          H<BF>::mma(acc[mt][2 * p], pa[mt], b[0], b[1]);
-          H<BF>::mma(acc[mt][2 * p + 1], pa[mt], b[2], b[3]);
-        }
-      }
+      mma_rows_m<BF, MT, DM, P>(acc, pa, ks + KN * P, kk * 16, 0);
     }
-    __syncthreads();  // (every warp is done with this stage before it is refilled)
-    if (S == 1 && t + 1 < tiles) issue(t + 1);
+    stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
   float* out = (float*)a.ptr[O] + off[O];
@@ -600,8 +556,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
     stage_stats<QT, DM>(a, i0, st, st + QT);
     cp_commit();
   };
-  if (tiles > 0) issue(0);
-  else cp_commit();
+  stages_begin(tiles, issue);
   float dk[MT][DC / 8][4], dv[MT][DC / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -611,13 +566,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
   const Drop drop = drop_of(a);
   const i64 jw = j0 + warp * 16 * MT;  // the warp's first key
   for (int t = 0; t < tiles; ++t) {
-    if (S == 2 && t + 1 < tiles) {
-      issue(t + 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    stage_wait<S>(t, tiles, issue);
     const u16* qs = qgs + (t % S) * 2 * QT * P;
     const u16* gs = qs + QT * P;
     const float* lse = stats + (t % S) * 2 * QT;
@@ -644,8 +593,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
       mma_rows_m<BF, MT, DC, P>(dv, pa, gs, kk * 16, c0);
       mma_rows_m<BF, MT, DC, P>(dk, da, qs, kk * 16, c0);
     }
-    __syncthreads();
-    if (S == 1 && t + 1 < tiles) issue(t + 1);
+    stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
   float* out = (float*)a.ptr[O] + off[O];
@@ -678,28 +626,15 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
   const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
   const i64 jend = a.causal ? min(a.tk, i0 + QB) : a.tk;
   const int tiles = (int)((jend + KT - 1) / KT);
-  auto issue = [&](int t) {
-    u16* ks = kvs + (t % S) * 2 * KT * P;
-    const i64 j0 = (i64)t * KT, cnt = min((i64)KT, a.tk - j0);
-    stage<KT, DM>(sk, j0, cnt, a.d, ks);
-    stage<KT, DM>(sv, j0, cnt, a.d, ks + KT * P);
-    cp_commit();
-  };
-  if (tiles > 0) issue(0);
-  else cp_commit();
+  auto issue = [&](int t) { stage_kv<S, KT, DM>(a, sk, sv, t, kvs); };
+  stages_begin(tiles, issue);
   float dq[MT][DC / 8][4];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) zero<DC / 8>(dq[mt]);
   const Drop drop = drop_of(a);
   const int rw = warp * 16 * MT;  // the warp's first row in the block
   for (int t = 0; t < tiles; ++t) {
-    if (S == 2 && t + 1 < tiles) {
-      issue(t + 1);
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    stage_wait<S>(t, tiles, issue);
     const u16* ks = kvs + (t % S) * 2 * KT * P;
     float s[MT][KT / 8][4], dp[MT][KT / 8][4];
 #pragma unroll
@@ -720,8 +655,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
       for (int mt = 0; mt < MT; ++mt) as_a<BF>(da[mt], dp[mt], kk);
       mma_rows_m<BF, MT, DC, P>(dq, da, ks, kk * 16, c0);
     }
-    __syncthreads();
-    if (S == 1 && t + 1 < tiles) issue(t + 1);
+    stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
 #pragma unroll
