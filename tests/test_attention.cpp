@@ -474,8 +474,10 @@ int64_t sdpa_matches() {
 
 // One hand-written form: scale written as `form` (0: *s, 1: /s, 2: none), mask as `mask`
 // (0 none, 1 added float, 2 masked_fill(m, -inf), 3 where(keep, ., -inf), 4 causal tril keep,
-// 5 causal masked_fill(tril(ones) == 0)).
-Tensor hand_written(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m, int form, int mask, double s) {
+// 5 causal masked_fill(tril(ones) == 0)); `upcast`: the softmax in float32 between casts, as
+// autocast records it on CUDA.
+Tensor hand_written(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& m, int form, int mask, double s,
+                    bool upcast = false) {
   const double ninf = -std::numeric_limits<double>::infinity();
   Tensor x = matmul(q, k.transpose(-2, -1));
   x = form == 0 ? x * s : form == 1 ? x / s : x;
@@ -488,7 +490,7 @@ Tensor hand_written(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
     case 5: x = x.masked_fill(ones({tq, tk}, q.dtype(), q.device()).tril() == 0, ninf); break;
     default: break;
   }
-  return matmul(softmax(x, -1), v);
+  return matmul(upcast ? softmax(x.to(kFloat32), -1).to(q.dtype()) : softmax(x, -1), v);
 }
 
 }  // namespace
@@ -535,6 +537,61 @@ TEST(AttentionPatterns, HandWrittenFormsBecomeTheFusedKernelForwardAndBackward) 
       else
         expect_close(got[i], want[i], 2e-4, 2e-5 * std::max(1.0, want[i].abs().amax().item<double>()));
     }
+  }
+}
+
+// Attention as autocast records it on CUDA — 16-bit scores, the softmax in float32 between casts —
+// becomes the fused kernel too, forward and backward (every mask form but an additive one). The
+// graph as written rounds the scores to 16 bits before the softmax (large logits lose whole
+// units), the fused kernel keeps them in float32: both are checked against the float64 graph on
+// the same values, the rewrite within the rounding of its result (expect_match's 16-bit terms).
+TEST(AttentionPatterns, UpcastSoftmaxFormsBecomeTheFusedKernel) {
+  std::mt19937_64 rng(kiln::testing::test_seed(23));
+  std::uniform_int_distribution<int64_t> seq(2, 100), head(1, 40);
+  const int masks[] = {0, 2, 3, 4, 5};
+  for (int it = 0; it < 10; ++it) {
+    const int form = it % 3, mask = masks[it % 5];
+    const DType dt = it % 2 ? kBFloat16 : kFloat16;
+    const int64_t tq = seq(rng), tk = mask >= 4 ? tq : seq(rng), d = head(rng);
+    SCOPED_TRACE(::testing::Message() << "form " << form << " mask " << mask << " tq " << tq << " tk " << tk << " d "
+                                      << d << " " << dtype_name(dt));
+    manual_seed(rng());
+    auto sh = [&](int64_t t) { return std::vector<int64_t>{2, 3, t, d}; };
+    Tensor q = randn(sh(tq), dt).requires_grad_(), k = randn(sh(tk), dt).requires_grad_(),
+           v = randn(sh(tk), dt).requires_grad_(), w = randn(sh(tq), dt);
+    Tensor m = logical_or(rand({tq, tk}) < 0.6, arange(tk).reshape({1, tk}) == 0) ^ (mask == 2);
+    if (mask == 2) m = logical_and(m, arange(tk).reshape({1, tk}) != 0);  // masked_fill: column 0 never hidden
+    const double s = 0.1 + 0.1 * (it % 4);
+    auto step = [&](const Tensor& qa, const Tensor& ka, const Tensor& va) {
+      Tensor y = hand_written(qa, ka, va, m, form, mask, s, true);
+      auto g = grad({(y * w).sum()}, {qa, ka, va});
+      return std::vector<Tensor>{y, g[0], g[1], g[2]};
+    };
+    const int64_t before = sdpa_matches();
+    auto f = compile([&](const Tensor& qa, const Tensor& ka, const Tensor& va) { return step(qa, ka, va); });
+    auto got = f(q, k, v);
+    EXPECT_GT(sdpa_matches(), before);
+    Tensor q64 = q.detach().to(kFloat64).requires_grad_(), k64 = k.detach().to(kFloat64).requires_grad_(),
+           v64 = v.detach().to(kFloat64).requires_grad_();
+    std::vector<Tensor> want = unrewritten([&] {
+      Tensor y = hand_written(q64, k64, v64, m, form, mask, s);
+      auto g = grad({(y * w.to(kFloat64)).sum()}, {q64, k64, v64});
+      return std::vector<Tensor>{y, g[0], g[1], g[2]};
+    });
+    double top = 1;
+    for (const Tensor& x : want) top = std::max(top, x.abs().amax().item<double>());
+    for (int i = 0; i < 4; ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(got[i].dtype(), dt);
+      expect_close(got[i].to(kFloat64), want[i], 2 * rel_tolerance(dt), 2 * abs_tolerance(dt) * top);
+    }
+    // Lazy eager, forward: rewritten when the value is asked for (the interpreter runs segments as recorded).
+    if (interpreted()) continue;
+    const int64_t eager_before = sdpa_matches();
+    Tensor y = hand_written(q.detach(), k.detach(), v.detach(), m, form, mask, s, true);
+    y.eval();
+    EXPECT_GT(sdpa_matches(), eager_before);
+    expect_match(y, want[0]);
   }
 }
 

@@ -4,7 +4,9 @@
 // or kept with where(keep, scores, -inf), and with or without dropout on the probabilities (the
 // fused kernels draw their own mask: another sample of the same distribution). A boolean mask
 // built by tril (or its negation) over the scores' own sizes becomes is_causal, so the kernels skip
-// the hidden blocks.
+// the hidden blocks. Autocast on CUDA computes the softmax of 16-bit scores in float32 and casts the
+// probabilities back for the product with v: those forms (16-bit q, k, v; no additive mask) are
+// rewritten too.
 #include <limits>
 #include <optional>
 
@@ -92,7 +94,8 @@ double scale_of(const Ss& s, Scale sc) {
 // The keep probability (1 - dropout p) among the scalars: the last one, when there is dropout.
 double keep_of(const Ss& s) { return s.back(); }
 
-Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
+// `upcast`: the softmax (and dropout) in float32 between casts, as autocast records on CUDA.
+Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop, bool upcast) {
   const double ninf = -std::numeric_limits<double>::infinity();
   Tensor x = scores(t, s, sc);
   switch (m) {
@@ -101,10 +104,10 @@ Tensor search(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
     case Mask::Keep: x = where(t[3], x, ninf); break;
     case Mask::None: break;
   }
-  Tensor p = softmax(x, -1);
+  Tensor p = softmax(upcast ? x.to(kFloat32) : x, -1);
   // (dropout(x, p) records 1 - p: the search passes p = 1 - keep, exact for the example keep)
   if (drop) p = dropout(p, 1 - keep_of(s));
-  return matmul(p, t[2]);
+  return matmul(upcast ? p.to(t[2].dtype()) : p, t[2]);
 }
 
 Tensor replace(const Ts& t, const Ss& s, Scale sc, Mask m, bool drop) {
@@ -139,32 +142,38 @@ void register_attention_patterns() {
   const std::pair<Scale, const char*> scales[] = {{Scale::Mul, "mul"}, {Scale::Div, "div"}, {Scale::None, "unscaled"}};
   const std::pair<Mask, const char*> masks[] = {
       {Mask::None, ""}, {Mask::Add, "_add_mask"}, {Mask::Fill, "_masked_fill"}, {Mask::Keep, "_where_mask"}};
-  for (int rank = 3; rank <= 4; ++rank)
-    for (auto [sc, sname] : scales)
-      for (auto [m, mname] : masks)
-        for (bool drop : {false, true}) {
-          auto shape = [&](int64_t rows, int64_t cols) {
-            std::vector<int64_t> s(static_cast<size_t>(rank - 2), 2);
-            s.push_back(rows);
-            s.push_back(cols);
-            return s;
-          };
-          Ts ex = {empty(shape(3, 4)), empty(shape(5, 4)), empty(shape(5, 4))};
-          if (m == Mask::Add) ex.push_back(empty({3, 5}));
-          if (m == Mask::Fill || m == Mask::Keep) ex.push_back(empty({3, 5}, kBool));
-          // 0.37 and 0.75: a scale and a keep probability no other constant of the graph has (they
-          // are wildcards).
-          Ss scalars = sc == Scale::None ? Ss{} : Ss{0.37};
-          if (drop) scalars.push_back(0.75);
-          register_replacement(
-              std::string("sdpa_") + sname + mname + (drop ? "_dropout" : "") + "_rank" + std::to_string(rank),
-              [sc, m, drop](const Ts& t, const Ss& s) { return search(t, s, sc, m, drop); },
-              [sc, m, drop](const Ts& t, const Ss& s) { return replace(t, s, sc, m, drop); }, std::move(ex),
-              std::move(scalars),
-              [m, drop](const Ts& t, const Ss& s) {
-                return mask_ok(t, m) && worth_fusing(t) && (!drop || (keep_of(s) > 0 && keep_of(s) < 1));
-              });
-        }
+  for (bool upcast : {false, true})
+    for (int rank = 3; rank <= 4; ++rank)
+      for (auto [sc, sname] : scales)
+        for (auto [m, mname] : masks)
+          for (bool drop : {false, true}) {
+            if (upcast && m == Mask::Add) continue;  // (a float32 mask would promote the scores: no cast)
+            auto shape = [&](int64_t rows, int64_t cols) {
+              std::vector<int64_t> s(static_cast<size_t>(rank - 2), 2);
+              s.push_back(rows);
+              s.push_back(cols);
+              return s;
+            };
+            // (the upcast forms are traced in bfloat16: their casts to float32 are then real, and
+            // the casts back match any 16-bit dtype of the matched inputs)
+            const DType dt = upcast ? kBFloat16 : kFloat32;
+            Ts ex = {empty(shape(3, 4), dt), empty(shape(5, 4), dt), empty(shape(5, 4), dt)};
+            if (m == Mask::Add) ex.push_back(empty({3, 5}));
+            if (m == Mask::Fill || m == Mask::Keep) ex.push_back(empty({3, 5}, kBool));
+            // 0.37 and 0.75: a scale and a keep probability no other constant of the graph has (they
+            // are wildcards).
+            Ss scalars = sc == Scale::None ? Ss{} : Ss{0.37};
+            if (drop) scalars.push_back(0.75);
+            register_replacement(
+                std::string("sdpa_") + sname + mname + (drop ? "_dropout" : "") + (upcast ? "_upcast" : "") + "_rank" +
+                    std::to_string(rank),
+                [sc, m, drop, upcast](const Ts& t, const Ss& s) { return search(t, s, sc, m, drop, upcast); },
+                [sc, m, drop](const Ts& t, const Ss& s) { return replace(t, s, sc, m, drop); }, std::move(ex),
+                std::move(scalars),
+                [m, drop](const Ts& t, const Ss& s) {
+                  return mask_ok(t, m) && worth_fusing(t) && (!drop || (keep_of(s) > 0 && keep_of(s) < 1));
+                });
+          }
 }
 
 }  // namespace kiln::jit
