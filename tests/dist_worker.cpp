@@ -763,6 +763,35 @@ void context_parallel() {
     EXPECT(diff(dist::DTensor(kd.grad()).full_tensor(), k.grad()) < 1e-5, "ring attention dk (causal ", causal, ")");
     EXPECT(diff(dist::DTensor(vd.grad()).full_tensor(), v.grad()) < 1e-5, "ring attention dv (causal ", causal, ")");
   }
+  // bfloat16: the blocks' float32 outputs and log-sum-exps merge in float32 (the node's dtype) and
+  // round once, as the one-process kernel does: within bfloat16's rounding of it (2^-7 of the
+  // largest magnitude, doubled for the gradients' partial sums).
+  auto rdiff = [&](const Tensor& a, const Tensor& b) {
+    const Tensor a32 = a.to(kFloat32), b32 = b.to(kFloat32);
+    return diff(a32, b32) / std::max(1.0, b32.abs().amax({}).cpu().item<double>());
+  };
+  for (const bool causal : {false, true}) {
+    manual_seed(4);
+    auto mk = [] { return randn({2, 2, 7, 8}).to(device()).to(kBFloat16); };
+    Tensor Q = mk(), K = mk(), V = mk(), W = mk();
+    Tensor q = Q.clone().requires_grad_(), k = K.clone().requires_grad_(), v = V.clone().requires_grad_();
+    Tensor want = scaled_dot_product_attention(q, k, v, std::nullopt, causal);
+    (want * W).sum({}).backward();
+    Tensor qd = dist::distribute_tensor(Q, mesh, {dist::Shard(2)}), kd = dist::distribute_tensor(K, mesh, {dist::Shard(2)}),
+           vd = dist::distribute_tensor(V, mesh, {dist::Shard(2)});
+    qd.requires_grad_(), kd.requires_grad_(), vd.requires_grad_();
+    Tensor got = scaled_dot_product_attention(qd, kd, vd, std::nullopt, causal);
+    EXPECT(got.dtype() == kBFloat16, "bfloat16 ring attention output dtype, got ", dtype_name(got.dtype()));
+    EXPECT(rdiff(dist::DTensor(got).full_tensor(), want) < 1e-2,
+           "bfloat16 ring attention output (causal ", causal, ")");
+    (got * W).sum({}).backward();
+    EXPECT(rdiff(dist::DTensor(qd.grad()).full_tensor(), q.grad()) < 2e-2,
+           "bfloat16 ring attention dq (causal ", causal, ")");
+    EXPECT(rdiff(dist::DTensor(kd.grad()).full_tensor(), k.grad()) < 2e-2,
+           "bfloat16 ring attention dk (causal ", causal, ")");
+    EXPECT(rdiff(dist::DTensor(vd.grad()).full_tensor(), v.grad()) < 2e-2,
+           "bfloat16 ring attention dv (causal ", causal, ")");
+  }
   // The GPT's attention module, context parallel through distribute_module.
   gpt::GptConfig c;
   c.n_embd = 32, c.n_head = 4, c.block_size = 16;
