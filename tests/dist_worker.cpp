@@ -743,11 +743,14 @@ void context_parallel() {
   const int size = dist::get_world_size();
   dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
   auto diff = [](const Tensor& a, const Tensor& b) { return (a - b).abs().amax({}).cpu().item<double>(); };
-  for (const auto& [causal, T] : std::vector<std::pair<bool, int64_t>>{{false, 7}, {true, 7}, {true, 3}, {false, 1}}) {
-    manual_seed(3);  // (T 7: uneven pieces over 2 and 4 ranks; 3 over 4: an empty one; 1: ranks
-                     // passing and receiving nothing, which must still take part)
-    Tensor Q = randn({2, 2, T, 8}).to(device()), K = randn({2, 2, T, 8}).to(device()),
-           V = randn({2, 2, T, 8}).to(device()), W = randn({2, 2, T, 8}).to(device());
+  // Ring attention of q, k, v [2, 2, T, 8] of dtype `dt` against one process: output and
+  // gradients, each compared by `measure` (their difference, absolute or relative) within `tol`
+  // (`grad_tol` for the gradients).
+  auto ring_equals_one_process = [&](bool causal, int64_t T, DType dt, const char* what,
+                                     const std::function<double(const Tensor&, const Tensor&)>& measure, double tol,
+                                     double grad_tol) {
+    auto mk = [&] { return randn({2, 2, T, 8}).to(device()).to(dt); };
+    Tensor Q = mk(), K = mk(), V = mk(), W = mk();
     Tensor q = Q.clone().requires_grad_(), k = K.clone().requires_grad_(), v = V.clone().requires_grad_();
     Tensor want = scaled_dot_product_attention(q, k, v, std::nullopt, causal);
     (want * W).sum({}).backward();
@@ -755,13 +758,19 @@ void context_parallel() {
            vd = dist::distribute_tensor(V, mesh, {dist::Shard(2)});
     qd.requires_grad_(), kd.requires_grad_(), vd.requires_grad_();
     Tensor got = scaled_dot_product_attention(qd, kd, vd, std::nullopt, causal);
+    EXPECT(got.dtype() == dt, what, " output dtype, got ", dtype_name(got.dtype()));
     EXPECT(dist::DTensor(got).placements()[0] == dist::Shard(2), "ring attention keeps the sequence cut, got ",
            dist::DTensor(got).str());
-    EXPECT(diff(dist::DTensor(got).full_tensor(), want) < 1e-5, "ring attention output (causal ", causal, ")");
+    EXPECT(measure(dist::DTensor(got).full_tensor(), want) < tol, what, " output (causal ", causal, ")");
     (got * W).sum({}).backward();
-    EXPECT(diff(dist::DTensor(qd.grad()).full_tensor(), q.grad()) < 1e-5, "ring attention dq (causal ", causal, ")");
-    EXPECT(diff(dist::DTensor(kd.grad()).full_tensor(), k.grad()) < 1e-5, "ring attention dk (causal ", causal, ")");
-    EXPECT(diff(dist::DTensor(vd.grad()).full_tensor(), v.grad()) < 1e-5, "ring attention dv (causal ", causal, ")");
+    EXPECT(measure(dist::DTensor(qd.grad()).full_tensor(), q.grad()) < grad_tol, what, " dq (causal ", causal, ")");
+    EXPECT(measure(dist::DTensor(kd.grad()).full_tensor(), k.grad()) < grad_tol, what, " dk (causal ", causal, ")");
+    EXPECT(measure(dist::DTensor(vd.grad()).full_tensor(), v.grad()) < grad_tol, what, " dv (causal ", causal, ")");
+  };
+  for (const auto& [causal, T] : std::vector<std::pair<bool, int64_t>>{{false, 7}, {true, 7}, {true, 3}, {false, 1}}) {
+    manual_seed(3);  // (T 7: uneven pieces over 2 and 4 ranks; 3 over 4: an empty one; 1: ranks
+                     // passing and receiving nothing, which must still take part)
+    ring_equals_one_process(causal, T, kFloat32, "ring attention", diff, 1e-5, 1e-5);
   }
   // bfloat16: the blocks' float32 outputs and log-sum-exps merge in float32 (the node's dtype) and
   // round once, as the one-process kernel does: within bfloat16's rounding of it (2^-7 of the
@@ -772,25 +781,7 @@ void context_parallel() {
   };
   for (const bool causal : {false, true}) {
     manual_seed(4);
-    auto mk = [] { return randn({2, 2, 7, 8}).to(device()).to(kBFloat16); };
-    Tensor Q = mk(), K = mk(), V = mk(), W = mk();
-    Tensor q = Q.clone().requires_grad_(), k = K.clone().requires_grad_(), v = V.clone().requires_grad_();
-    Tensor want = scaled_dot_product_attention(q, k, v, std::nullopt, causal);
-    (want * W).sum({}).backward();
-    Tensor qd = dist::distribute_tensor(Q, mesh, {dist::Shard(2)}), kd = dist::distribute_tensor(K, mesh, {dist::Shard(2)}),
-           vd = dist::distribute_tensor(V, mesh, {dist::Shard(2)});
-    qd.requires_grad_(), kd.requires_grad_(), vd.requires_grad_();
-    Tensor got = scaled_dot_product_attention(qd, kd, vd, std::nullopt, causal);
-    EXPECT(got.dtype() == kBFloat16, "bfloat16 ring attention output dtype, got ", dtype_name(got.dtype()));
-    EXPECT(rdiff(dist::DTensor(got).full_tensor(), want) < 1e-2,
-           "bfloat16 ring attention output (causal ", causal, ")");
-    (got * W).sum({}).backward();
-    EXPECT(rdiff(dist::DTensor(qd.grad()).full_tensor(), q.grad()) < 2e-2,
-           "bfloat16 ring attention dq (causal ", causal, ")");
-    EXPECT(rdiff(dist::DTensor(kd.grad()).full_tensor(), k.grad()) < 2e-2,
-           "bfloat16 ring attention dk (causal ", causal, ")");
-    EXPECT(rdiff(dist::DTensor(vd.grad()).full_tensor(), v.grad()) < 2e-2,
-           "bfloat16 ring attention dv (causal ", causal, ")");
+    ring_equals_one_process(causal, 7, kBFloat16, "bfloat16 ring attention", rdiff, 1e-2, 2e-2);
   }
   // The GPT's attention module, context parallel through distribute_module.
   gpt::GptConfig c;

@@ -54,8 +54,6 @@ static __device__ __forceinline__ u16 kiln_f2bf(float f) {
 static __device__ __forceinline__ float kiln_rbf(float f) { return kiln_bf2f(kiln_f2bf(f)); }
 )";
 
-bool half16(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
-
 const char* ctype(DType t) {
   switch (t) {
     case DType::Bool: return "bool";
@@ -69,7 +67,7 @@ const char* ctype(DType t) {
   }
 }
 // Element type in memory (bool is a byte).
-const char* mtype(DType t) { return t == DType::Bool ? "u8" : half16(t) ? "u16" : ctype(t); }
+const char* mtype(DType t) { return t == DType::Bool ? "u8" : is_half(t) ? "u16" : ctype(t); }
 // A float32 register value rounded to `t`'s precision (16-bit floats), else as it is.
 std::string rounded(DType t, const std::string& v) {
   return t == DType::Float16 ? "kiln_rh(" + v + ")" : t == DType::BFloat16 ? "kiln_rbf(" + v + ")" : v;
@@ -324,7 +322,7 @@ struct Emitter {
         std::string raw = elem(static_cast<int>(e.i), I(e.a));
         if (k.buffers[e.i].dtype != e.dtype) raw = "*(const " + std::string(mtype(e.dtype)) + "*)&" + raw;
         if (e.dtype == DType::Bool) raw = "(" + raw + " != 0)";
-        if (half16(e.dtype)) raw = (e.dtype == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ")";
+        if (is_half(e.dtype)) raw = (e.dtype == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ")";
         v = let(e.dtype, raw);
         break;
       }
@@ -446,7 +444,7 @@ struct Emitter {
           std::string v = convert(expr(s.value), k.exprs[s.value].dtype, t);
           std::string idx = expr(s.index);
           if (t == DType::Bool) v = "(u8)(" + v + " ? 1 : 0)";
-          if (half16(t)) v = (t == DType::Float16 ? "kiln_f2h(" : "kiln_f2bf(") + v + ")";
+          if (is_half(t)) v = (t == DType::Float16 ? "kiln_f2h(" : "kiln_f2bf(") + v + ")";
           line(elem(s.buffer, idx) + " = " + v + ";");
           break;
         }
@@ -688,8 +686,8 @@ struct Emitter {
     KILN_CHECK(launch_arg_bytes(k) <= param_bytes, "cuda: kernel ", symbol, " needs ", launch_arg_bytes(k),
                " bytes of arguments (at most ", param_bytes, " here)");
     bool halves = false;
-    for (const BufferSpec& b : k.buffers) halves = halves || half16(b.dtype);
-    for (const Expr& e : k.exprs) halves = halves || half16(e.dtype);
+    for (const BufferSpec& b : k.buffers) halves = halves || is_half(b.dtype);
+    for (const Expr& e : k.exprs) halves = halves || is_half(e.dtype);
     out << "// kiln kernel " << symbol << " (" << k.name << ")\n" << kPreamble << (halves ? kHalfPreamble : "") << "\n";
     // Arguments by value (copied by the launch, so launches queue without a host wait).
     out << "struct Args_" << symbol << " { char* buffers[" << std::max<size_t>(k.buffers.size(), 1) << "]; i64 iparams["

@@ -11,12 +11,11 @@
 namespace kiln::jit {
 
 namespace {
-bool half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 
 bool touches_half(const Node& n) {
-  if (half(n.dtype)) return true;
+  if (is_half(n.dtype)) return true;
   for (auto& in : n.inputs)
-    if (half(in->dtype)) return true;
+    if (is_half(in->dtype)) return true;
   return false;
 }
 }  // namespace

@@ -337,7 +337,7 @@ struct Widened {
   std::vector<float> buf;
   Operand op;
   explicit Widened(const Operand& o) : op(o) {
-    if (o.dtype != DType::BFloat16 && o.dtype != DType::Float16) return;
+    if (!is_half(o.dtype)) return;
     buf.resize(static_cast<size_t>(o.numel()));
     op.data = reinterpret_cast<char*>(buf.data());
     op.dtype = DType::Float32;

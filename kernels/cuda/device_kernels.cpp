@@ -647,26 +647,44 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
   return "";
 }
 
-bool is_attention_kernel(DeviceKernel k) {
-  return k >= DeviceKernel::AttentionForward && k <= DeviceKernel::AttentionBackwardKVTiled;
+namespace {
+// The source a kernel's program is built from: the plain templates, the CUDA-core attention
+// kernels or the tensor-core (flash) ones (each after attention_common_source()).
+enum class Family { Plain, Attention, Flash };
+Family family(DeviceKernel k) {
+  switch (k) {
+    case DeviceKernel::AttentionForward:
+    case DeviceKernel::AttentionBackwardQ:
+    case DeviceKernel::AttentionBackwardKV:
+    case DeviceKernel::AttentionForwardTiled:
+    case DeviceKernel::AttentionBackwardQTiled:
+    case DeviceKernel::AttentionBackwardKVTiled: return Family::Attention;
+    case DeviceKernel::FlashForward:
+    case DeviceKernel::FlashBackwardKV:
+    case DeviceKernel::FlashBackwardQ:
+    case DeviceKernel::FlashBackwardPrep: return Family::Flash;
+    default: return Family::Plain;
+  }
 }
-bool is_flash_kernel(DeviceKernel k) { return k >= DeviceKernel::FlashForward; }
+}  // namespace
+
+bool is_attention_kernel(DeviceKernel k) { return family(k) == Family::Attention; }
+bool is_flash_kernel(DeviceKernel k) { return family(k) == Family::Flash; }
 
 int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
 std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
-  // One family per program: the plain templates, the CUDA-core attention kernels or the flash kernels.
-  auto family = [](DeviceKernel k) { return is_flash_kernel(k) ? 2 : is_attention_kernel(k) ? 1 : 0; };
-  const int fam = ks.empty() ? 0 : family(ks[0].kernel);
-  std::string s = fam == 0 ? std::string(kSource)
-                           : std::string(attention_common_source()) +
-                                 (fam == 1 ? attention_kernel_source() : flash_kernel_source());
+  // One family per program.
+  const Family fam = ks.empty() ? Family::Plain : family(ks[0].kernel);
+  std::string s = fam == Family::Plain ? std::string(kSource)
+                                       : std::string(attention_common_source()) +
+                                             (fam == Family::Attention ? attention_kernel_source() : flash_kernel_source());
   for (const DeviceKernelInstance& k : ks) {
     if (family(k.kernel) != fam) throw Error("device kernels: kernels of two families in one program");
-    if (fam == 2)
+    if (fam == Family::Flash)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
            (k.a == DType::BFloat16 ? "true" : "false") + ", " + std::to_string(k.head) + ")\n";
-    else if (fam == 1)
+    else if (fam == Family::Attention)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
            device_type(k.a) + ", " + std::to_string(k.head) + ")\n";
     else

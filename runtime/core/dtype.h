@@ -19,6 +19,8 @@ KILN_API const char* dtype_name(DType t);
 KILN_API DType dtype_from_name(const std::string& name);
 inline bool is_floating(DType t) { return t >= DType::Float16; }
 inline bool is_integral(DType t) { return t == DType::Int32 || t == DType::Int64; }
+// float16 or bfloat16.
+inline bool is_half(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 // Promotion of two dtypes (torch.promote_types).
 KILN_API DType promote_types(DType a, DType b);
 // Whether a value of `from` may be written into `to` by an in-place op (torch.can_cast).

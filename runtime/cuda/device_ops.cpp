@@ -183,7 +183,8 @@ void attn_operand(AttnArgs& a, int k, const Operand& o, const std::vector<int64_
 }
 
 bool tiled(DeviceKernel k) {
-  return k >= DeviceKernel::AttentionForwardTiled && k <= DeviceKernel::AttentionBackwardKVTiled;
+  return k == DeviceKernel::AttentionForwardTiled || k == DeviceKernel::AttentionBackwardQTiled ||
+         k == DeviceKernel::AttentionBackwardKVTiled;
 }
 
 // Shared memory of a launch (the kernels' layouts).
@@ -198,30 +199,36 @@ int64_t attn_shared(DeviceKernel k, int head, int64_t item, int64_t bt) {
   }
 }
 
-// Queues `kernel` over `rows` rows (per block: 64 tiled, else attn_rows) of each batch element.
-void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const AttnArgs& a, int64_t batch, int64_t rows) {
+// Queues attention kernel `k` with `a`: a grid of (batch, ceil(rows / per), parts) blocks of
+// `threads` threads and `shared` bytes of dynamic shared memory (an instance's shared memory
+// depends only on the instance: opted into once, at load).
+void launch_attention(int device, const DeviceKernelInstance& k, const AttnArgs& a, int64_t batch, int64_t rows,
+                      int64_t per, int parts, int64_t threads, int64_t shared) {
   if (batch == 0 || rows == 0) return;
-  const DeviceKernelInstance k{kernel, dt, DType::Int64, head};
   const std::string name = kernels::device_kernel_name(k);
-  // (an instance's shared memory depends only on the instance: opted into once, at load)
-  const int64_t shared = attn_shared(kernel, head, static_cast<int64_t>(itemsize(dt)), a.bt);
   CUfunction f = function(device, k, name, shared);
   AttnArgs args = a;
   void* params[] = {&args};
-  const int64_t per = tiled(kernel) ? 64 : attn_rows(head);
-  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per), 1,
-                            static_cast<unsigned>(tiled(kernel) ? 256 : per * attn_split(head)), 1, 1,
+  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per),
+                            static_cast<unsigned>(parts), static_cast<unsigned>(threads), 1, 1,
                             static_cast<unsigned>(shared), enter(device), params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, false);
 }
 
-bool is_16bit(DType t) { return t == DType::BFloat16 || t == DType::Float16; }
+// Queues a CUDA-core attention kernel over `rows` rows (per block: 64 tiled, else attn_rows) of
+// each batch element.
+void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const AttnArgs& a, int64_t batch, int64_t rows) {
+  const int64_t per = tiled(kernel) ? 64 : attn_rows(head);
+  launch_attention(device, {kernel, dt, DType::Int64, head}, a, batch, rows, per, 1,
+                   tiled(kernel) ? 256 : per * attn_split(head),
+                   attn_shared(kernel, head, static_cast<int64_t>(itemsize(dt)), a.bt));
+}
 
 // Whether 16-bit operand `o` (head size d) takes 16-byte loads: unit column stride, every
 // other stride and the address a multiple of 8 elements.
 bool loads_vectors(const Operand& o, int64_t d) {
-  if (!is_16bit(o.dtype) || d % 8 != 0 || reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return false;
+  if (!is_half(o.dtype) || d % 8 != 0 || reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return false;
   const size_t r = o.strides.size();
   if (o.strides[r - 1] != 1 && o.sizes[r - 1] > 1) return false;
   for (size_t i = 0; i + 1 < r; ++i)
@@ -233,19 +240,8 @@ bool loads_vectors(const Operand& o, int64_t d) {
 // gradient columns) over each batch element.
 void flash_launch(int device, DeviceKernel kernel, DType dt, int bucket, const AttnArgs& a, int64_t batch,
                   int64_t rows, int parts) {
-  if (batch == 0 || rows == 0) return;
-  const DeviceKernelInstance k{kernel, dt, DType::Int64, bucket};
-  const std::string name = kernels::device_kernel_name(k);
-  const int64_t shared = kernels::flash_shared_bytes(kernel, bucket);
-  CUfunction f = function(device, k, name, shared);
-  AttnArgs args = a;
-  void* params[] = {&args};
-  const int64_t per = kernels::flash_rows_per_block(kernel, bucket);
-  check(api().launch_kernel(f, static_cast<unsigned>(batch), static_cast<unsigned>((rows + per - 1) / per),
-                            static_cast<unsigned>(parts), 128, 1, 1, static_cast<unsigned>(shared), enter(device),
-                            params, nullptr),
-        "cuLaunchKernel");
-  note_launch(device, name, false);
+  launch_attention(device, {kernel, dt, DType::Int64, bucket}, a, batch, rows,
+                   kernels::flash_rows_per_block(kernel, bucket), parts, 128, kernels::flash_shared_bytes(kernel, bucket));
 }
 
 // Attention (forward) or AttentionBackward (dq, then dk and dv) of node n into `out`.
@@ -285,7 +281,7 @@ void attention(int device, const Node& n, const Operand& out) {
   a.causal = attention_causal(n.attrs);
   a.scale = attention_scale(n.attrs);
   const DType in_dt = n.inputs[0]->dtype;
-  if (is_16bit(in_dt)) {  // the tensor-core kernels (float32 output)
+  if (is_half(in_dt)) {  // the tensor-core kernels (float32 output)
     for (int i : {kAttnQ, kAttnK, kAttnV}) a.vec[i] = loads_vectors(in(static_cast<size_t>(i)), a.d);
     const int bucket = kernels::flash_head_bucket(a.d);
     const int parts = bucket / kernels::flash_columns(bucket);
@@ -324,7 +320,7 @@ void attention(int device, const Node& n, const Operand& out) {
 // with a float32 output (the tensor-core kernels: sm_80 and later, their shared memory within the
 // device's), head size 1..256, at most 6 batch dims, rows that fit the grid.
 bool attention_handled(const Node& n) {
-  if (is_16bit(n.inputs[0]->dtype)) {
+  if (is_half(n.inputs[0]->dtype)) {
     if (n.dtype != DType::Float32 || compute_capability(n.device.index) < 80) return false;
     const int bucket = kernels::flash_head_bucket(n.inputs[0]->shape.back().as_int());
     const int64_t most = std::max({kernels::flash_shared_bytes(DeviceKernel::FlashForward, bucket),

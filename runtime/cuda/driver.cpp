@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <map>
 #include <mutex>
 #include <vector>
 
@@ -202,19 +203,28 @@ std::string device_name(int ordinal) {
   return buf;
 }
 
+namespace {
+// Attribute `attr` of device `ordinal`. Attributes do not change: each is asked of the driver once
+// (scaled_dot_product_attention asks for the capability on every call).
+int attribute(int ordinal, CUdevice_attribute attr) {
+  static std::mutex m;
+  static std::map<std::pair<int, int>, int> known;
+  std::lock_guard<std::mutex> lock(m);
+  const auto key = std::make_pair(ordinal, static_cast<int>(attr));
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  int v = 0;
+  check(api().device_get_attribute(&v, attr, device(ordinal)), "cuDeviceGetAttribute");
+  return known[key] = v;
+}
+}  // namespace
+
 int compute_capability(int ordinal) {
-  CUdevice d = device(ordinal);
-  int major = 0, minor = 0;
-  check(api().device_get_attribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d), "cuDeviceGetAttribute");
-  check(api().device_get_attribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d), "cuDeviceGetAttribute");
-  return major * 10 + minor;
+  return attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR) * 10 +
+         attribute(ordinal, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
 }
 
 int max_shared_per_block(int ordinal) {
-  int v = 0;
-  check(api().device_get_attribute(&v, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device(ordinal)),
-        "cuDeviceGetAttribute");
-  return v;
+  return attribute(ordinal, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
 }
 
 int driver_version() {

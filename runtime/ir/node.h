@@ -258,7 +258,7 @@ inline Attrs attention_attrs(bool causal, double scale, double dropout = 0) {
 // for inputs of dtype `in`: float32 for 16-bit inputs (the row log-sum-exp needs float32, and the
 // tensor-core kernels accumulate in it), else `in`.
 inline DType attention_out_dtype(DType in) {
-  return in == DType::BFloat16 || in == DType::Float16 ? DType::Float32 : in;
+  return is_half(in) ? DType::Float32 : in;
 }
 inline bool attention_causal(const Attrs& a) { return a.ints[0] != 0; }
 inline double attention_scale(const Attrs& a) { return std::bit_cast<double>(a.ints[1]); }

@@ -85,7 +85,7 @@ bool attention_materializes(const Tensor& q, const Tensor& k) {
   if (t_backend != SdpaBackend::Auto) return t_backend == SdpaBackend::Math;
   if (q.device().type != DeviceType::CUDA) return false;
   // 16-bit inputs: the tensor-core kernels, faster than the materialized graph at every size.
-  if (q.dtype() == kBFloat16 || q.dtype() == kFloat16)
+  if (is_half(q.dtype()))
     return !find_device_runtime(DeviceType::CUDA)->fused_half_attention(q.device().index);
   double bytes = static_cast<double>(itemsize(q.dtype()));
   const Shape &qs = q.shape(), &ks = k.shape();
@@ -124,8 +124,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
 
   const SymInt& d = qs.back();
   // (16-bit inputs: a float32 node, its output rounded back to the inputs' dtype)
-  const bool fused_dtype = q.dtype() == kFloat32 || q.dtype() == kFloat64 || q.dtype() == kBFloat16 ||
-                           q.dtype() == kFloat16;
+  const bool fused_dtype = is_floating(q.dtype());
   const bool fused_device = q.device().type == DeviceType::CPU || q.device().type == DeviceType::CUDA;
   const bool fused_head = d.is_constant() && d.as_int() >= 1 && d.as_int() <= kMaxFusedHead &&
                           vs.back().is_constant() && vs.back().as_int() == d.as_int();
@@ -138,7 +137,7 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   const bool dual_backward =
       tangents && grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
   // (the jvp rule of the fused node computes in its inputs' dtype: 16-bit tangents run unfused)
-  const bool half = q.dtype() == kBFloat16 || q.dtype() == kFloat16;
+  const bool half = is_half(q.dtype());
   if (dual_backward && detail::log_forward_ad())
     std::fprintf(stderr,
                  "[kiln fwad] scaled_dot_product_attention runs unfused: tangents meet a recorded backward "
