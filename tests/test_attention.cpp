@@ -4,6 +4,7 @@
 // 1), causal / additive / boolean masks, float32 and float64, eager and compiled.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -12,6 +13,7 @@
 #include <type_traits>
 
 #include "kiln.h"
+#include "runtime/ir/attention_lse.h"
 #include "tests/expect_close.h"
 #include "tests/gradcheck.h"
 #include "tests/test_seed.h"
@@ -34,10 +36,8 @@ Tensor unfused(const Tensor& q, const Tensor& k, const Tensor& v, const std::opt
 using kiln::testing::interpreted;
 using kiln::testing::unrewritten;
 
-// (16-bit inputs: the float32 node's output rounded back, a Cast of the slice)
 bool fused(const Tensor& y) {
   const Node* n = y.node().get();
-  if (n->op == OpKind::Cast && n->inputs.size() == 1) n = n->inputs[0].get();
   return n->op == OpKind::Slice && n->inputs.size() == 1 && n->inputs[0]->op == OpKind::Attention;
 }
 
@@ -140,14 +140,75 @@ void random_cases(Device dev, int count, int64_t max_seq, std::vector<DType> dty
 
 TEST(Attention, FusedEqualsUnfusedOnRandomShapes) { random_cases(cpu(), 24, 300); }
 
-// bfloat16 / float16 inputs: one float32 node (its output and gradients rounded back to the
-// inputs' dtype), within the rounding of that dtype of the float64 graph on the same values.
-TEST(Attention, HalfInputsFuseIntoAFloat32Node) {
+// bfloat16 / float16 inputs: one node of their dtype (computed in float32, output and gradients
+// rounded once), within the rounding of that dtype of the float64 graph on the same values.
+TEST(Attention, HalfInputsFuseIntoOneHalfNode) {
   random_cases(cpu(), 12, 200, {kBFloat16, kFloat16});
   Tensor q = randn({2, 5, 8}, kBFloat16);
   Tensor y = scaled_dot_product_attention(q, q, q);
   EXPECT_EQ(y.dtype(), kBFloat16);
-  EXPECT_EQ(y.node()->inputs[0]->inputs[0]->dtype, kFloat32);
+  const NodePtr& packed = y.node()->inputs[0];
+  EXPECT_EQ(packed->dtype, kBFloat16);
+  EXPECT_EQ(packed->shape.back().as_int(), 16) << "8 output columns, 4 log-sum-exp pieces, zeros to 16";
+}
+
+// The log-sum-exp pieces of a 16-bit packed output (runtime/ir/attention_lse.h) give back every
+// float32 exactly: random magnitudes over float32's range, both signs, powers of two, the edges.
+template <class H>
+void expect_lse_round_trip(std::mt19937_64& rng) {
+  std::uniform_real_distribution<float> mant(0.5f, 1.f);
+  std::uniform_int_distribution<int> expo(-125, 127);
+  std::vector<float> xs = {0.f, -0.f, 1.f, -1.f, 0.5f, std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::min(), std::nextafter(1.f, 2.f), 10.397207708f,
+                           std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  for (int i = 0; i < 20000; ++i) xs.push_back((i % 2 ? -1.f : 1.f) * std::ldexp(mant(rng), expo(rng)));
+  for (float x : xs) {
+    H p[kAttentionLsePieces];
+    encode_lse(x, p);
+    const float back = decode_lse(p);
+    ASSERT_EQ(std::bit_cast<uint32_t>(back), std::bit_cast<uint32_t>(x)) << x;
+  }
+  H p[kAttentionLsePieces];
+  encode_lse(std::numeric_limits<float>::quiet_NaN(), p);
+  EXPECT_TRUE(std::isnan(decode_lse(p)));
+}
+TEST(Attention, HalfLogSumExpPiecesAreExact) {
+  std::mt19937_64 rng(kiln::testing::test_seed(31));
+  expect_lse_round_trip<BFloat16>(rng);
+  expect_lse_round_trip<Half>(rng);
+}
+
+// A 16-bit node's log-sum-exp is the float32 one, bit for bit (the CPU computes both in float32
+// on the same values), and its gradient is taken from dO directly: no scatter of dO into the
+// packed output's width is made, in float32 either.
+TEST(Attention, HalfNodeKeepsTheFloat32LogSumExpAndTakesDOut) {
+  manual_seed(kiln::testing::test_seed(32));
+  for (DType dt : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor q = randn({2, 3, 37, 40}, dt), k = randn({2, 3, 29, 40}, dt), v = randn({2, 3, 29, 40}, dt);
+    Tensor y = scaled_dot_product_attention(q, k, v, std::nullopt, true);
+    Tensor y32 = scaled_dot_product_attention(q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), std::nullopt, true);
+    ASSERT_TRUE(fused(y) && fused(y32));
+    const Tensor packed = Tensor::from_node(y.node()->inputs[0]);
+    const std::vector<float> want = Tensor::from_node(y32.node()->inputs[0]).narrow(-1, 40, 1).to_vector<float>();
+    const std::vector<float> p = packed.to_vector<float>();  // (the pieces' values, exactly)
+    const int64_t w = packed.size(-1);
+    for (size_t row = 0; row < want.size(); ++row)
+      ASSERT_EQ(std::bit_cast<uint32_t>(decode_lse(p.data() + static_cast<int64_t>(row) * w + 40)),
+                std::bit_cast<uint32_t>(want[row]))
+          << row;
+    expect_close(y.to(kFloat32), y32.to(dt).to(kFloat32), 0, 0);  // (the float32 rows, rounded once)
+  }
+  for (DType dt : {kBFloat16, kFloat32}) {
+    Tensor q = randn({2, 5, 16}, dt).requires_grad_();
+    Tensor y = scaled_dot_product_attention(q, q, q);
+    Tensor gq = grad({(y * y).sum()}, {q})[0];
+    const Node* n = gq.node().get();
+    while (n->op != OpKind::AttentionBackward && !n->inputs.empty()) n = n->inputs[0].get();
+    ASSERT_EQ(n->op, OpKind::AttentionBackward);
+    EXPECT_NE(n->inputs[4]->op, OpKind::ViewScatter) << dtype_name(dt);
+    EXPECT_EQ(n->inputs[4]->shape.back().as_int(), 16) << dtype_name(dt);
+  }
 }
 
 // The tensor-core kernels (sm_80 and later) against the same float64 reference: random shapes

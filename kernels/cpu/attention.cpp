@@ -15,6 +15,7 @@
 #include "kernels/cpu/reference.h"
 #include "kernels/cpu/vmath.h"
 #include "runtime/core/error.h"
+#include "runtime/ir/attention_lse.h"
 
 namespace kiln::kernels {
 namespace {
@@ -264,9 +265,10 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
   const size_t r = out.sizes.size();
   const int64_t ors = out.strides[r - 2], frs = fwd.strides[r - 2], fcs = fwd.strides[r - 1], grs = gout.strides[r - 2],
                 gcs = gout.strides[r - 1];
+  const bool glse = gout.sizes[r - 1] > d;  // (dO alone: the log-sum-exp gets no gradient)
   auto run = [&](int64_t b) {
     const Rows<T> q(qo, oq[b], tq, d), k(ko, ok[b], tk, d), v(vo, ov[b], tk, d);
-    // dO, the row log-sum-exp and delta_i = dO_i·O_i - dLSE_i.
+    // dO, the row log-sum-exp and delta_i = dO_i·O_i - dLSE_i (0 without its gradient).
     std::vector<T> go(static_cast<size_t>(tq * d)), lse(static_cast<size_t>(tq)), delta(static_cast<size_t>(tq));
     const T* fp = fwd.ptr<T>() + of[b];
     const T* gp = gout.ptr<T>() + og[b];
@@ -275,7 +277,7 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
       T dot = 0;
       for (int64_t c = 0; c < d; ++c) dot += go[i * d + c] * fp[i * frs + c * fcs];
       lse[i] = fp[i * frs + d * fcs];
-      delta[i] = dot - gp[i * grs + d * gcs];
+      delta[i] = glse ? dot - gp[i * grs + d * gcs] : dot;
     }
     std::vector<T> dq(static_cast<size_t>(tq * d), T(0)), dk(static_cast<size_t>(kBlockK * d)),
         dv(static_cast<size_t>(kBlockK * d));
@@ -330,25 +332,98 @@ void backward(const Operand& out, const Operand& qo, const Operand& ko, const Op
 void check_float(DType t, const char* op) {
   KILN_CHECK(t == DType::Float32 || t == DType::Float64, op, ": expected float32 or float64, got ", dtype_name(t));
 }
+void check_inputs(DType t, const Operand& q, const char* op) {
+  KILN_CHECK(q.dtype == t, op, ": expected inputs of the output's dtype ", dtype_name(t), ", got ", dtype_name(q.dtype));
+}
 
-// A dense float32 copy of a 16-bit operand (a float32 attention node over bfloat16 / float16
-// inputs computes in float32); other operands pass through.
+// A dense float32 copy of a 16-bit operand (16-bit attention computes in float32); other
+// operands pass through.
 struct Widened {
   std::vector<float> buf;
   Operand op;
+  Widened(const Widened&) = delete;  // (op.data points into buf)
   explicit Widened(const Operand& o) : op(o) {
     if (!is_half(o.dtype)) return;
-    buf.resize(static_cast<size_t>(o.numel()));
-    op.data = reinterpret_cast<char*>(buf.data());
-    op.dtype = DType::Float32;
-    int64_t st = 1;
-    for (size_t d = o.sizes.size(); d-- > 0;) {
-      op.strides[d] = st;
-      st *= o.sizes[d];
-    }
+    dense(o.sizes);
     unary(OpKind::Contiguous, op, o);
   }
+  // A dense float32 buffer of `sizes`.
+  Widened(std::vector<int64_t> sizes, DType dt) {
+    op.sizes = std::move(sizes);
+    op.dtype = dt;
+    op.strides.assign(op.sizes.size(), 0);
+    dense(op.sizes);
+  }
+  void dense(const std::vector<int64_t>& sizes) {
+    buf.resize(static_cast<size_t>(std::max<int64_t>(1, op.numel())));
+    op.data = reinterpret_cast<char*>(buf.data());
+    op.dtype = DType::Float32;
+    op.sizes = sizes;
+    op.strides.resize(sizes.size());
+    int64_t st = 1;
+    for (size_t d = sizes.size(); d-- > 0;) {
+      op.strides[d] = st;
+      st *= sizes[d];
+    }
+  }
 };
+
+// Calls f(row of a, row of b) for every row (all dims but the last) of two operands of the same
+// leading sizes, with each one's element stride along the row.
+template <class A, class B, class F>
+void each_row(const Operand& a, const Operand& b, F f) {
+  const size_t r = a.sizes.size();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < r; ++i) rows *= a.sizes[i];
+  for (int64_t x = 0; x < rows; ++x) {
+    int64_t rem = x, oa = 0, ob = 0;
+    for (size_t i = r - 1; i-- > 0;) {
+      const int64_t at = rem % a.sizes[i];
+      rem /= a.sizes[i];
+      oa += at * a.strides[i];
+      ob += at * b.strides[i];
+    }
+    f(a.ptr<A>() + oa, b.ptr<B>() + ob);
+  }
+}
+
+// A 16-bit packed forward output [..., Tq, W] from its float32 form [..., Tq, d + 1]: the rows
+// rounded, the log-sum-exp in pieces (runtime/ir/attention_lse.h), zeros past them.
+template <class H>
+void pack_half(const Operand& out, const Operand& wide, int64_t d) {
+  const size_t r = out.sizes.size();
+  const int64_t cs = out.strides[r - 1], ws = wide.strides[r - 1], w = out.sizes[r - 1];
+  each_row<H, float>(out, wide, [&](H* o, const float* f) {
+    H lse[kAttentionLsePieces];
+    encode_lse(f[d * ws], lse);
+    for (int64_t c = 0; c < w; ++c)
+      o[c * cs] = c < d ? H(f[c * ws]) : c < d + kAttentionLsePieces ? lse[c - d] : H(0.f);
+  });
+}
+
+// The float32 form [..., Tq, d + 1] of a 16-bit packed forward output.
+template <class H>
+void unpack_half(const Operand& wide, const Operand& packed, int64_t d) {
+  const size_t r = packed.sizes.size();
+  const int64_t cs = packed.strides[r - 1], ws = wide.strides[r - 1];
+  each_row<float, H>(wide, packed, [&](float* f, const H* p) {
+    for (int64_t c = 0; c < d; ++c) f[c * ws] = static_cast<float>(p[c * cs]);
+    f[d * ws] = decode_lse(p + d * cs, static_cast<long>(cs));
+  });
+}
+
+template <class F>
+void dispatch_half(DType t, F&& f) {
+  if (t == DType::BFloat16)
+    f(BFloat16{});
+  else
+    f(Half{});
+}
+
+std::vector<int64_t> with_last(std::vector<int64_t> sizes, int64_t last) {
+  sizes.back() = last;
+  return sizes;
+}
 
 }  // namespace
 
@@ -359,12 +434,18 @@ std::optional<DropoutMask> mask_of(const AttentionDropout& d) {
 
 void attention(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand* mask,
                bool causal, double scale, const AttentionDropout& drop) {
+  if (is_half(out.dtype)) {  // computed in float32, then rounded once into the packed 16-bit form
+    const int64_t d = q.sizes.back();
+    const Widened wide(with_last(out.sizes, d + 1), DType::Float32);
+    const Widened wm = mask ? Widened(*mask) : Widened(Operand{});
+    attention(wide.op, Widened(q).op, Widened(k).op, Widened(v).op, mask ? &wm.op : nullptr, causal, scale, drop);
+    dispatch_half(out.dtype, [&](auto h) { pack_half<decltype(h)>(out, wide.op, d); });
+    return;
+  }
   check_float(out.dtype, "attention");
-  const Widened wq(q), wk(k), wv(v);
-  const std::optional<Widened> wm = mask ? std::optional<Widened>(std::in_place, *mask) : std::nullopt;
-  const Operand* m = wm ? &wm->op : nullptr;
+  check_inputs(out.dtype, q, "attention");
   if (out.dtype == DType::Float32)
-    forward<float>(out, wq.op, wk.op, wv.op, m, causal, static_cast<float>(scale), mask_of(drop));
+    forward<float>(out, q, k, v, mask, causal, static_cast<float>(scale), mask_of(drop));
   else
     forward<double>(out, q, k, v, mask, causal, scale, mask_of(drop));
 }
@@ -372,12 +453,22 @@ void attention(const Operand& out, const Operand& q, const Operand& k, const Ope
 void attention_backward(const Operand& out, const Operand& q, const Operand& k, const Operand& v, const Operand& fwd,
                         const Operand& gout, const Operand* mask, bool causal, double scale,
                         const AttentionDropout& drop) {
+  if (is_half(out.dtype)) {  // in float32 from the unpacked forward output and dO, rounded once
+    const int64_t d = q.sizes.back();
+    const Widened wfwd(with_last(fwd.sizes, d + 1), DType::Float32), wout(out.sizes, DType::Float32);
+    dispatch_half(fwd.dtype, [&](auto h) { unpack_half<decltype(h)>(wfwd.op, fwd, d); });
+    Operand dout = gout;
+    dout.sizes.back() = d;  // (the pieces' columns carry no gradient)
+    const Widened wm = mask ? Widened(*mask) : Widened(Operand{});
+    attention_backward(wout.op, Widened(q).op, Widened(k).op, Widened(v).op, wfwd.op, Widened(dout).op,
+                       mask ? &wm.op : nullptr, causal, scale, drop);
+    unary(OpKind::Contiguous, out, wout.op);
+    return;
+  }
   check_float(out.dtype, "attention_backward");
-  const Widened wq(q), wk(k), wv(v);
-  const std::optional<Widened> wm = mask ? std::optional<Widened>(std::in_place, *mask) : std::nullopt;
-  const Operand* m = wm ? &wm->op : nullptr;
+  check_inputs(out.dtype, q, "attention_backward");
   if (out.dtype == DType::Float32)
-    backward<float>(out, wq.op, wk.op, wv.op, fwd, gout, m, causal, static_cast<float>(scale), mask_of(drop));
+    backward<float>(out, q, k, v, fwd, gout, mask, causal, static_cast<float>(scale), mask_of(drop));
   else
     backward<double>(out, q, k, v, fwd, gout, mask, causal, scale, mask_of(drop));
 }

@@ -42,7 +42,8 @@ struct AttnArgs {
   i64 rng_st;
   double dropout;            // its probability (0: none)
   int vec[7];                // per operand: 16-byte loads of 8 16-bit elements apply (flash kernels)
-  void* work;                // flash backward: per query row dO rounded to 16 bits, lse, delta
+  void* work;                // flash backward: per query row dO, lse, delta
+  int glse;                  // backward: gout carries the log-sum-exp's gradient in column d
 };
 
 // Word w of Philox4x32-10 at (key, counter): runtime/core/philox.h, bit for bit.
@@ -245,7 +246,7 @@ template <class T, int DM> __device__ void attn_bwd_q(const AttnArgs& a) {
   T q[16], go[16], dq[16];
   load_row<T, DM>(a, off, Q, i, a.tq, part, q);
   load_row<T, DM>(a, off, G, i, a.tq, part, go);
-  // delta_i = dO_i . O_i - dLSE_i and the row's log-sum-exp (rows past tq: never written).
+  // delta_i = dO_i . O_i - dLSE_i (dLSE: 0 without glse) and the row's log-sum-exp (rows past tq: never written).
   T delta = 0, lse = 0;
   {
     T o[16];
@@ -258,7 +259,7 @@ template <class T, int DM> __device__ void attn_bwd_q(const AttnArgs& a) {
     }
     dot = row_sum<SPLIT>(dot);
     if (i < a.tq) {
-      delta = dot - in<T>(a, G)[off[G] + i * a.rs[G] + a.d * a.cs[G]];
+      delta = a.glse ? dot - in<T>(a, G)[off[G] + i * a.rs[G] + a.d * a.cs[G]] : dot;
       lse = in<T>(a, F)[off[F] + i * a.rs[F] + a.d * a.cs[F]];
     }
   }
@@ -321,7 +322,7 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
       const i64 i = i0 + r;
       T dot = 0;
       for (i64 c = 0; c < a.d; ++c) dot += gp[i * a.rs[G] + c * a.cs[G]] * fp[i * a.rs[F] + c * a.cs[F]];
-      delta[r] = dot - gp[i * a.rs[G] + a.d * a.cs[G]];
+      delta[r] = a.glse ? dot - gp[i * a.rs[G] + a.d * a.cs[G]] : dot;
       lse[r] = fp[i * a.rs[F] + a.d * a.cs[F]];
     }
     __syncthreads();
@@ -390,7 +391,7 @@ template <int DM> __device__ void row_stats(const AttnArgs& a, const i64* off, i
   dot += __shfl_xor_sync(0xffffffffu, dot, 2);
   if (part == 0) {
     if (i < a.tq) {
-      delta[row] = dot - in<float>(a, G)[off[G] + i * a.rs[G] + a.d * a.cs[G]];
+      delta[row] = a.glse ? dot - in<float>(a, G)[off[G] + i * a.rs[G] + a.d * a.cs[G]] : dot;
       lse[row] = in<float>(a, F)[off[F] + i * a.rs[F] + a.d * a.cs[F]];
     } else {
       delta[row] = 0.f;

@@ -1,6 +1,6 @@
 // CUDA source of the tensor-core attention kernels for bfloat16 and float16 (OpKind::Attention /
-// AttentionBackward whose q, k, v are 16-bit; the node's output is float32: the attention output
-// and its row log-sum-exp in column d). FlashAttention-2's work split on mma.sync m16n8k16
+// AttentionBackward of 16-bit q, k, v; the forward's packed output holds the output rows in the
+// input type and the float32 row log-sum-exp in four exact 16-bit pieces, runtime/ir/attention_lse.h). FlashAttention-2's work split on mma.sync m16n8k16
 // (sm_80 and later), compiled by NVRTC per instance (dtype × head-size bucket × kernel):
 //
 //   forward   a block per 64 query rows (4 warps × 16 rows); key/value tiles of 64 rows stream
@@ -15,8 +15,7 @@
 // it costs the two recomputed products. Head sizes above 128 split the gradients' columns over
 // blockIdx.z (each block recomputes S and dP for its half) to keep the accumulators in
 // registers. Operand tiles have a row pitch of DM + 8 elements: the 8 rows an ldmatrix reads
-// fall in distinct banks. dO arrives as float32 (the gradient of the float32 output) and is
-// rounded to the input type as it is staged, as the 16-bit output's gradient would be.
+// fall in distinct banks. Results are rounded to the input type once, as they are stored.
 #include "kernels/cuda/flash_kernels.h"
 
 namespace kiln::kernels {
@@ -241,8 +240,10 @@ template <int N> __device__ void zero(float (*x)[4]) {
 }
 
 // Stores this thread's part of a 16-row accumulator (rows ra and ra + 8, columns
-// c0 + 8n + 2(lane % 4) + e) into float32 `o` (row stride rs[O]), rows below `rows`, columns below d.
-template <int N> __device__ void store_rows(const AttnArgs& a, float* o, const float (*x)[4], i64 ra, i64 rows, int c0) {
+// c0 + 8n + 2(lane % 4) + e), rounded to the input type, into `o` (row stride rs[O]), rows below
+// `rows`, columns below d.
+template <bool BF, int N>
+__device__ void store_rows(const AttnArgs& a, u16* o, const float (*x)[4], i64 ra, i64 rows, int c0) {
   const int t4 = threadIdx.x & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -253,10 +254,32 @@ template <int N> __device__ void store_rows(const AttnArgs& a, float* o, const f
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const i64 c = c0 + n * 8 + t4 * 2 + e;
-        if (c < a.d) o[r * a.rs[O] + c * a.cs[O]] = x[n][2 * h + e];
+        if (c < a.d) o[r * a.rs[O] + c * a.cs[O]] = H<BF>::from(x[n][2 * h + e]);
       }
   }
 }
+
+// The row log-sum-exp in the packed output's pieces (runtime/ir/attention_lse.h: lse =
+// (m0 + m1 + m2) 2^e; 0, lse, 0, 0 where it is 0 or not finite), and back.
+template <bool BF> __device__ void encode_lse(float lse, u16* p, i64 cs) {
+  if (!isfinite(lse) || lse == 0.f) {
+    p[0] = H<BF>::from(0.f), p[cs] = H<BF>::from(lse), p[2 * cs] = H<BF>::from(0.f), p[3 * cs] = H<BF>::from(0.f);
+    return;
+  }
+  int e;
+  const float f = frexpf(lse, &e);
+  const u16 m0 = H<BF>::from(f);
+  const float r = f - H<BF>::to(m0);
+  const u16 m1 = H<BF>::from(r);
+  p[0] = H<BF>::from((float)e), p[cs] = m0, p[2 * cs] = m1, p[3 * cs] = H<BF>::from(r - H<BF>::to(m1));
+}
+template <bool BF> __device__ float decode_lse(const u16* p, i64 cs) {
+  const float m0 = H<BF>::to(p[cs]);
+  if (!isfinite(m0) || m0 == 0.f) return m0;
+  return ldexpf(m0 + H<BF>::to(p[2 * cs]) + H<BF>::to(p[3 * cs]), (int)H<BF>::to(p[0]));
+}
+// The packed output's columns (runtime/ir/node.h, attention_packed_width).
+__device__ int packed_width(int d) { return (d + 4 + 7) / 8 * 8; }
 
 // The forward's shape for head-size bucket DM: MT 16-row slices per warp (a key fragment read
 // from shared memory serves MT products: with one slice the kernel waits on shared memory) and KN
@@ -418,7 +441,8 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
     stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
-  float* out = (float*)a.ptr[O] + off[O];
+  u16* out = (u16*)a.ptr[O] + off[O];
+  const int w = packed_width(a.d);
   // (a row that sees no key: 0 / 0, NaN, as the softmax of -inf everywhere; no keys at all: 0)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -435,14 +459,18 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const i64 c = n * 8 + t4 * 2 + e;
-          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = acc[mt][n][2 * h + e] * inv;
+          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = H<BF>::from(acc[mt][n][2 * h + e] * inv);
         }
-      if (t4 == 0) out[i * a.rs[O] + a.d * a.cs[O]] = m[mt][h] * LN2 + logf(lt);
+      if (t4 == 0) {
+        u16* rest = out + i * a.rs[O] + a.d * a.cs[O];
+        encode_lse<BF>(m[mt][h] * LN2 + logf(lt), rest, a.cs[O]);
+        for (int c = 4; c < w - a.d; ++c) rest[c * a.cs[O]] = 0;
+      }
     }
 }
 
-// The backward's work area for BM query rows (a warp per row, coalesced): dO rounded to 16 bits
-// (zeros past d), lse, and delta = dO · O - dLSE, from the float32 output and its gradient.
+// The backward's work area for BM query rows (a warp per row, coalesced): dO (zeros past d), lse
+// and delta = dO · O, from the packed 16-bit output and dO (the log-sum-exp gets no gradient).
 template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   i64 off[7];
@@ -451,8 +479,8 @@ template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
   u16* dst = (u16*)a.work + b * a.tq * DM;
   float* lse = work_lse<DM>(a) + b * a.tq;
   float* delta = lse + (i64)gridDim.x * a.tq;
-  const float* fp = (const float*)a.ptr[F] + off[F];
-  const float* gp = (const float*)a.ptr[G] + off[G];
+  const u16* fp = (const u16*)a.ptr[F] + off[F];
+  const u16* gp = (const u16*)a.ptr[G] + off[G];
   for (int r = warp; r < BM; r += NT / 32) {
     const i64 i = (i64)blockIdx.y * BM + r;
     if (i >= a.tq) break;
@@ -460,15 +488,15 @@ template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
 #pragma unroll
     for (int c0 = 0; c0 < DM; c0 += 32) {
       const i64 c = c0 + lane;
-      const float g = c < a.d ? gp[i * a.rs[G] + c * a.cs[G]] : 0.f;
-      if (c < a.d) dot += g * fp[i * a.rs[F] + c * a.cs[F]];
-      dst[i * DM + c] = H<BF>::from(g);
+      const u16 g = c < a.d ? gp[i * a.rs[G] + c * a.cs[G]] : (u16)0;
+      if (c < a.d) dot += H<BF>::to(g) * H<BF>::to(fp[i * a.rs[F] + c * a.cs[F]]);
+      dst[i * DM + c] = g;
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (lane == 0) {
-      lse[i] = fp[i * a.rs[F] + a.d * a.cs[F]] * LOG2E;  // (base 2: score_grads uses ex2)
-      delta[i] = dot - gp[i * a.rs[G] + a.d * a.cs[G]];
+      lse[i] = decode_lse<BF>(fp + i * a.rs[F] + a.d * a.cs[F], a.cs[F]) * LOG2E;  // (base 2: score_grads uses ex2)
+      delta[i] = dot;
     }
   }
 }
@@ -596,12 +624,12 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
     stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
-  float* out = (float*)a.ptr[O] + off[O];
+  u16* out = (u16*)a.ptr[O] + off[O];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const i64 ja = jw + mt * 16 + (lane >> 2);
-    store_rows<DC / 8>(a, out + a.tq * a.rs[O], dk[mt], ja, a.tk, c0);
-    store_rows<DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv[mt], ja, a.tk, c0);
+    store_rows<BF, DC / 8>(a, out + a.tq * a.rs[O], dk[mt], ja, a.tk, c0);
+    store_rows<BF, DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv[mt], ja, a.tk, c0);
   }
 }
 
@@ -660,7 +688,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
   cp_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    store_rows<DC / 8>(a, (float*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
+    store_rows<BF, DC / 8>(a, (u16*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
 }
 
 // Gradient columns per block of head-size bucket DM (mirrored by the host).

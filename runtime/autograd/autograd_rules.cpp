@@ -96,6 +96,28 @@ Tensor inverse_view(OpKind op, const Attrs& a, const Tensor& x, const Tensor& g)
   }
 }
 
+// The grad_out input of AttentionBackward from the gradient g of Attention's packed output
+// [..., Tq, W]. Where only the output rows were used (scaled_dot_product_attention), g is their
+// gradient scattered into zeros: the scatter's source is dO itself, and the log-sum-exp has no
+// gradient (not materialized: W columns of zeros and a copy). 16-bit packed outputs: dO alone
+// (their log-sum-exp pieces carry no gradient). Else the whole packed gradient.
+Tensor attention_grad_out(const Tensor& g, const SymInt& d) {
+  const Node& n = *g.node();
+  const int64_t r = static_cast<int64_t>(n.shape.size());
+  if (n.op == OpKind::ViewScatter && n.inputs[0]->op == OpKind::Full && n.inputs[0]->attrs.f0 == 0 &&
+      n.inputs[0]->attrs.sizes.empty() && n.attrs.offset.is_constant() && n.attrs.offset.as_int() == 0 &&
+      n.inputs[1]->dtype == n.dtype) {
+    Shape want = n.shape;
+    want[static_cast<size_t>(r - 1)] = d;
+    const Shape dense = contiguous_strides(n.shape);
+    bool window = n.attrs.sizes.size() == want.size() && n.attrs.strides.size() == want.size();
+    for (size_t i = 0; window && i < want.size(); ++i)
+      window = same_size(n.attrs.sizes[i], want[i]) && same_size(n.attrs.strides[i], dense[i]);
+    if (window) return expand_to(Tensor::from_node(n.inputs[1]), want);
+  }
+  return is_half(g.dtype()) ? slice_window(g, r - 1, 0, d, 1) : g;
+}
+
 }  // namespace
 
 Tensor expand_reduced(const Tensor& g, const Tensor& x, const std::vector<int64_t>& dims) {
@@ -268,15 +290,11 @@ std::vector<Tensor> vjp(OpKind op, const Attrs& a, const std::vector<Tensor>& in
       Shape s = qs;
       s[r - 2] = tq + tk + tk;
       // (inputs after q, k, v: the mask, then the dropout mask's generator words; neither differentiable)
-      std::vector<Tensor> bin = {in[0], in[1], in[2], out, g};
+      std::vector<Tensor> bin = {in[0], in[1], in[2], out, attention_grad_out(g, qs.back())};
       for (size_t i = 3; i < in.size(); ++i) bin.push_back(in[i]);
-      Tensor packed = record(OpKind::AttentionBackward, bin, a, g.dtype(), s);
-      // (16-bit inputs: float32 gradients, rounded to the inputs' dtype)
-      auto part = [&](const SymInt& lo, const SymInt& hi, const Tensor& like) {
-        Tensor p = slice_window(packed, r - 2, lo, hi, 1);
-        return p.dtype() == like.dtype() ? p : p.to(like.dtype());
-      };
-      std::vector<Tensor> r3 = {part(0, tq, in[0]), part(tq, tq + tk, in[1]), part(tq + tk, tq + tk + tk, in[2])};
+      Tensor packed = record(OpKind::AttentionBackward, bin, a, x.dtype(), s);
+      std::vector<Tensor> r3 = {slice_window(packed, r - 2, 0, tq, 1), slice_window(packed, r - 2, tq, tq + tk, 1),
+                                slice_window(packed, r - 2, tq + tk, tq + tk + tk, 1)};
       r3.resize(in.size());
       return r3;
     }

@@ -164,7 +164,8 @@ struct AttnArgs {
   int64_t rng_st = 0;
   double dropout = 0;
   int32_t vec[7] = {};  // per operand: 16-byte loads apply (flash kernels)
-  void* work = nullptr;  // flash backward: dO rounded to 16 bits, lse and delta per query row
+  void* work = nullptr;  // flash backward: dO, lse and delta per query row
+  int32_t glse = 0;      // backward: gout carries the log-sum-exp's gradient in column d
 };
 constexpr int kAttnQ = 0, kAttnK = 1, kAttnV = 2, kAttnMask = 3, kAttnFwd = 4, kAttnGout = 5, kAttnOut = 6;
 // Rows per block and threads per row of a head-size bucket (the kernels' Shape<DM>).
@@ -277,11 +278,12 @@ void attention(int device, const Node& n, const Operand& out) {
   if (!fwd) {
     attn_operand(a, kAttnFwd, in(3), full);
     attn_operand(a, kAttnGout, in(4), full);
+    a.glse = n.inputs[4]->shape.back().as_int() > a.d;
   }
   a.causal = attention_causal(n.attrs);
   a.scale = attention_scale(n.attrs);
   const DType in_dt = n.inputs[0]->dtype;
-  if (is_half(in_dt)) {  // the tensor-core kernels (float32 output)
+  if (is_half(in_dt)) {  // the tensor-core kernels
     for (int i : {kAttnQ, kAttnK, kAttnV}) a.vec[i] = loads_vectors(in(static_cast<size_t>(i)), a.d);
     const int bucket = kernels::flash_head_bucket(a.d);
     const int parts = bucket / kernels::flash_columns(bucket);
@@ -316,12 +318,12 @@ void attention(int device, const Node& n, const Operand& out) {
   }
 }
 
-// Whether the attention kernels take node n: float32/64 (the CUDA-core kernels) or 16-bit inputs
-// with a float32 output (the tensor-core kernels: sm_80 and later, their shared memory within the
-// device's), head size 1..256, at most 6 batch dims, rows that fit the grid.
+// Whether the attention kernels take node n: float32/64 (the CUDA-core kernels) or 16-bit (the
+// tensor-core kernels: sm_80 and later, their shared memory within the device's), head size
+// 1..256, at most 6 batch dims, rows that fit the grid.
 bool attention_handled(const Node& n) {
   if (is_half(n.inputs[0]->dtype)) {
-    if (n.dtype != DType::Float32 || compute_capability(n.device.index) < 80) return false;
+    if (n.dtype != n.inputs[0]->dtype || compute_capability(n.device.index) < 80) return false;
     const int bucket = kernels::flash_head_bucket(n.inputs[0]->shape.back().as_int());
     const int64_t most = std::max({kernels::flash_shared_bytes(DeviceKernel::FlashForward, bucket),
                                    kernels::flash_shared_bytes(DeviceKernel::FlashBackwardKV, bucket),

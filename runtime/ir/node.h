@@ -119,13 +119,16 @@ enum class OpKind : uint16_t {
   // Im2Col: [N, C, H, W] -> [N, C*kh*kw, L]. Col2Im: inverse (summing overlaps) to attrs.sizes.
   Im2Col,
   Col2Im,
-  // Fused scaled dot-product attention over equal batch dims, Dk == Dv = D, float32/float64, or
-  // bfloat16/float16 inputs with float32 outputs (attention_out_dtype).
+  // Fused scaled dot-product attention over equal batch dims, Dk == Dv = D, float32/float64 or
+  // bfloat16/float16 (computed in float32, rounded once).
   // ints = {causal (0/1: key j <= query i), bit pattern of the double scale}.
   // Attention(q [..., Tq, D], k [..., Tk, D], v [..., Tk, D] [, additive mask broadcast to
-  // [..., Tq, Tk]]) -> [..., Tq, D + 1]: the output rows, then each row's log-sum-exp.
-  // AttentionBackward(q, k, v, out, grad_out [, mask]) -> [..., Tq + 2 Tk, D]: dq, dk, dv
-  // stacked (out and grad_out are Attention's packed output and its gradient).
+  // [..., Tq, Tk]]) -> [..., Tq, W] in q's dtype: the output rows, then each row's log-sum-exp
+  // (attention_packed_width: W = D + 1 for float32/float64; 16-bit: the float32 log-sum-exp in
+  // four exact 16-bit pieces, attention_lse.h, then zeros to a multiple of 8 columns).
+  // AttentionBackward(q, k, v, out, grad_out [, mask]) -> [..., Tq + 2 Tk, D] in q's dtype: dq,
+  // dk, dv stacked. out is Attention's packed output; grad_out is dO alone [..., Tq, D] (the
+  // log-sum-exp gets no gradient) or, float32/float64, the packed output's gradient [..., Tq, D + 1].
   Attention,
   AttentionBackward,
   // Cross-device copy: a dense copy of a contiguous input onto the node's device.
@@ -254,11 +257,15 @@ inline Attrs attention_attrs(bool causal, double scale, double dropout = 0) {
   a.ints = {causal ? 1 : 0, std::bit_cast<int64_t>(scale), std::bit_cast<int64_t>(dropout)};
   return a;
 }
-// The dtype of an Attention node's packed output (and of AttentionBackward's stacked gradients)
-// for inputs of dtype `in`: float32 for 16-bit inputs (the row log-sum-exp needs float32, and the
-// tensor-core kernels accumulate in it), else `in`.
-inline DType attention_out_dtype(DType in) {
-  return is_half(in) ? DType::Float32 : in;
+// The columns of an Attention node's packed output for head size d and dtype dt: the output
+// rows, then the row log-sum-exp: one column in float32/float64; in 16-bit dtypes its four exact
+// pieces (attention_lse.h) and zeros up to a multiple of 8 columns (rows stay 16-byte aligned).
+inline constexpr int64_t kAttentionLsePieces = 4;
+inline int64_t attention_packed_width(int64_t d, DType dt) {
+  return is_half(dt) ? (d + kAttentionLsePieces + 7) / 8 * 8 : d + 1;
+}
+inline SymInt attention_packed_width(const SymInt& d, DType dt) {
+  return is_half(dt) ? SymInt(attention_packed_width(d.as_int(), dt)) : d + 1;
 }
 inline bool attention_causal(const Attrs& a) { return a.ints[0] != 0; }
 inline double attention_scale(const Attrs& a) { return std::bit_cast<double>(a.ints[1]); }

@@ -1,6 +1,6 @@
-// scaled_dot_product_attention: one fused Attention node where its kernels apply (float32 /
-// float64, equal head sizes for keys and values, a constant head size up to 256, a mask that
-// needs no gradient) and kiln::sdpa_kernel's choice allows it (runtime/ops/attention_policy.h),
+// scaled_dot_product_attention: one fused Attention node where its kernels apply (float32,
+// float64, bfloat16, float16; equal head sizes for keys and values, a constant head size up to
+// 256, a mask that needs no gradient) and kiln::sdpa_kernel's choice allows it (runtime/ops/attention_policy.h),
 // else the unfused graph dropout(softmax(q·kᵀ·scale + mask))·v.
 #include <cmath>
 #include <cstdio>
@@ -123,7 +123,6 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
              dtype_name(k.dtype()), ", ", dtype_name(v.dtype()));
 
   const SymInt& d = qs.back();
-  // (16-bit inputs: a float32 node, its output rounded back to the inputs' dtype)
   const bool fused_dtype = is_floating(q.dtype());
   const bool fused_device = q.device().type == DeviceType::CPU || q.device().type == DeviceType::CUDA;
   const bool fused_head = d.is_constant() && d.as_int() >= 1 && d.as_int() <= kMaxFusedHead &&
@@ -181,11 +180,9 @@ Tensor scaled_dot_product_attention(const Tensor& q_in, const Tensor& k_in, cons
   if (dropout_p > 0) inputs.push_back(randint(0, int64_t{1} << 31, {4}, kInt64, q.device()));
   Shape os = *batch;
   os.push_back(tq);
-  os.push_back(d + 1);
-  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s, dropout_p),
-                         attention_out_dtype(q.dtype()), os);
-  Tensor out = detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
-  return out.dtype() == q.dtype() ? out : out.to(q.dtype());
+  os.push_back(attention_packed_width(d, q.dtype()));
+  Tensor packed = record(OpKind::Attention, inputs, attention_attrs(is_causal, s, dropout_p), q.dtype(), os);
+  return detail::slice_window(packed, static_cast<int64_t>(os.size()) - 1, 0, d, 1);
 }
 
 }  // namespace kiln

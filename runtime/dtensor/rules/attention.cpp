@@ -34,12 +34,36 @@ Tensor pass_on(const Tensor& block, int64_t d, int64_t size, int64_t src, const 
   return functional::all_to_all(rows, out_splits, in_splits, g).movedim(0, d);
 }
 
-// Attention of `q` over one key/value block: its packed output [..., Tq, D + 1].
+// Attention of `q` over one key/value block: its packed output [..., Tq, W] (runtime/ir/node.h).
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
   Shape os = q.shape();
-  os.back() = q.shape().back() + 1;
-  return kiln::detail::record(OpKind::Attention, {q, k, v}, attention_attrs(causal, scale),
-                              attention_out_dtype(q.dtype()), os);
+  os.back() = attention_packed_width(q.shape().back(), q.dtype());
+  return kiln::detail::record(OpKind::Attention, {q, k, v}, attention_attrs(causal, scale), q.dtype(), os);
+}
+
+// The float32 (float64: float64) row log-sum-exp [..., Tq, 1] of a packed output of head size D
+// (16-bit: decoded from its pieces, runtime/ir/attention_lse.h).
+Tensor packed_lse(const Tensor& packed, int64_t D) {
+  if (!is_half(packed.dtype())) return packed.narrow(-1, D, 1);
+  auto piece = [&](int64_t i) { return packed.narrow(-1, D + i, 1).to(kFloat32); };
+  const Tensor m0 = piece(1);
+  return where(isfinite(m0), (m0 + piece(2) + piece(3)) * exp2(piece(0)), m0);
+}
+
+// The packed output of dtype dt from the output rows and the row log-sum-exp (wider types:
+// rounded once here).
+Tensor pack(const Tensor& out, const Tensor& lse, DType dt) {
+  if (!is_half(dt)) return cat({out.to(dt), lse.to(dt)}, -1);
+  const int64_t D = out.size(-1);
+  const Tensor ok = logical_and(isfinite(lse), ne(lse, 0.0));
+  const Tensor e = where(ok, floor(log2(abs(lse))) + 1, 0.0);
+  const Tensor f = where(ok, lse * exp2(-e), lse);  // lse = f 2^e (0 and non-finite: e = 0)
+  const Tensor m0 = f.to(dt);
+  const Tensor r = where(ok, f - m0.to(kFloat32), 0.0);
+  const Tensor m1 = r.to(dt), m2 = (r - m1.to(kFloat32)).to(dt);
+  std::vector<int64_t> pad = out.sizes();
+  pad.back() = attention_packed_width(D, dt) - D - kAttentionLsePieces;
+  return cat({out.to(dt), e.to(dt), m0, m1, m2, zeros(pad, dt, out.device())}, -1);
 }
 
 Tensor ring_forward(const OpView& v, size_t m, const std::vector<Tensor>& shards) {
@@ -49,11 +73,12 @@ Tensor ring_forward(const OpView& v, size_t m, const std::vector<Tensor>& shards
   const bool causal = attention_causal(v.attrs);
   const double scale = attention_scale(v.attrs);
   const Tensor& q = shards[0];
+  const DType dt = q.dtype(), wide = is_half(dt) ? kFloat32 : dt;
   Tensor k = shards[1], val = shards[2], out, lse;
   for (int64_t step = 0, src = me; step < n; ++step, src = (src - 1 + n) % n) {
     if (!(causal && src > me) && k.size(d) > 0 && q.size(d) > 0) {
       Tensor packed = attend(q, k, val, causal && src == me, scale);
-      Tensor o = packed.narrow(-1, 0, D), l = packed.narrow(-1, D, 1);
+      Tensor o = packed.narrow(-1, 0, D).to(wide), l = packed_lse(packed, D);
       if (!out.defined()) {
         out = o, lse = l;
       } else {  // merged by log-sum-exp: out = sum_i exp(lse_i - lse) out_i
@@ -70,10 +95,10 @@ Tensor ring_forward(const OpView& v, size_t m, const std::vector<Tensor>& shards
   }
   if (!out.defined()) {  // no query rows here
     std::vector<int64_t> s = q.sizes();
-    s.back() = D + 1;
-    return zeros(s, attention_out_dtype(q.dtype()), q.device());
+    s.back() = attention_packed_width(D, dt);
+    return zeros(s, dt, q.device());
   }
-  return cat({out, lse}, -1);
+  return pack(out, lse, dt);
 }
 
 Tensor ring_backward(const OpView& v, size_t m, const std::vector<Tensor>& shards) {
@@ -96,13 +121,12 @@ Tensor ring_backward(const OpView& v, size_t m, const std::vector<Tensor>& shard
   auto zero_rows = [&](int64_t rows) {
     std::vector<int64_t> s = full;
     s[static_cast<size_t>(d)] = rows;
-    return zeros(s, attention_out_dtype(q.dtype()), q.device());
+    return zeros(s, q.dtype(), q.device());
   };
   if (mine.length == 0) return zero_rows(Tq + 2 * Tk);
   std::vector<int64_t> bs = full;
   bs[static_cast<size_t>(d)] = mine.length + 2 * Tk;
-  Tensor packed = kiln::detail::record(OpKind::AttentionBackward, ins, a, attention_out_dtype(q.dtype()),
-                                       make_shape(bs));
+  Tensor packed = kiln::detail::record(OpKind::AttentionBackward, ins, a, q.dtype(), make_shape(bs));
   return cat({zero_rows(mine.start), packed.narrow(d, 0, mine.length), zero_rows(Tq - mine.start - mine.length),
               packed.narrow(d, mine.length, 2 * Tk)},
              d);
