@@ -348,15 +348,10 @@ struct Widened {
     unary(OpKind::Contiguous, op, o);
   }
   // A dense float32 buffer of `sizes`.
-  Widened(std::vector<int64_t> sizes, DType dt) {
-    op.sizes = std::move(sizes);
-    op.dtype = dt;
-    op.strides.assign(op.sizes.size(), 0);
-    dense(op.sizes);
-  }
+  explicit Widened(const std::vector<int64_t>& sizes) { dense(sizes); }
+
+ private:
   void dense(const std::vector<int64_t>& sizes) {
-    buf.resize(static_cast<size_t>(std::max<int64_t>(1, op.numel())));
-    op.data = reinterpret_cast<char*>(buf.data());
     op.dtype = DType::Float32;
     op.sizes = sizes;
     op.strides.resize(sizes.size());
@@ -365,6 +360,8 @@ struct Widened {
       op.strides[d] = st;
       st *= sizes[d];
     }
+    buf.resize(static_cast<size_t>(std::max<int64_t>(1, st)));
+    op.data = reinterpret_cast<char*>(buf.data());
   }
 };
 
@@ -436,7 +433,7 @@ void attention(const Operand& out, const Operand& q, const Operand& k, const Ope
                bool causal, double scale, const AttentionDropout& drop) {
   if (is_half(out.dtype)) {  // computed in float32, then rounded once into the packed 16-bit form
     const int64_t d = q.sizes.back();
-    const Widened wide(with_last(out.sizes, d + 1), DType::Float32);
+    const Widened wide(with_last(out.sizes, d + 1));
     const Widened wm = mask ? Widened(*mask) : Widened(Operand{});
     attention(wide.op, Widened(q).op, Widened(k).op, Widened(v).op, mask ? &wm.op : nullptr, causal, scale, drop);
     dispatch_half(out.dtype, [&](auto h) { pack_half<decltype(h)>(out, wide.op, d); });
@@ -455,7 +452,7 @@ void attention_backward(const Operand& out, const Operand& q, const Operand& k, 
                         const AttentionDropout& drop) {
   if (is_half(out.dtype)) {  // in float32 from the unpacked forward output and dO, rounded once
     const int64_t d = q.sizes.back();
-    const Widened wfwd(with_last(fwd.sizes, d + 1), DType::Float32), wout(out.sizes, DType::Float32);
+    const Widened wfwd(with_last(fwd.sizes, d + 1)), wout(out.sizes);
     dispatch_half(fwd.dtype, [&](auto h) { unpack_half<decltype(h)>(wfwd.op, fwd, d); });
     Operand dout = gout;
     dout.sizes.back() = d;  // (the pieces' columns carry no gradient)
