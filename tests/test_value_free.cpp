@@ -5,6 +5,9 @@
 //   ValueFree.DerivedFromTheRules  ops whose rules use only shapes (sums, differences, views,
 //       copies, casts, concatenation, im2col) come out value-free; those reading an operand, a mask
 //       or an index (mul, where, relu, gather, matmul) do not
+//   ValueFree.EachNodeKeepsOnlyWhatItsRuleReads  per value: matmul keeps its operands (not its
+//       product), exp its output, log its input, where its condition
+//   ValueFree.PartlyKeptNodesGiveFiniteDifferences  gradients through such nodes (float64)
 //   ValueFree.AReadStandInIsFound  a gradient built from a stand-in through a comparison, a mask,
 //       an integer cast or a view is found; one built from g alone is not
 //   ValueFree.GradientsEqualTheKeptNodes  a program mixing shape-only and value-reading nodes:
@@ -49,6 +52,50 @@ TEST(ValueFree, DerivedFromTheRules) {
   EXPECT_TRUE(reads(OpKind::Where, {gt(x, 0), x, y}, where(gt(x, 0), x, y)));  // (the condition)
   EXPECT_TRUE(reads(OpKind::Matmul, {x, y.t()}, matmul(x, y.t())));
   EXPECT_TRUE(reads(OpKind::Amax, {x}, amax(x, {0}), sum0));  // (ties: x == out)
+}
+
+// Per value: a node keeps what its rule reads and nothing else (PyTorch's derivatives.yaml).
+TEST(ValueFree, EachNodeKeepsOnlyWhatItsRuleReads) {
+  manual_seed(kiln::testing::test_seed(42));
+  const Tensor x = randn({3, 4}), y = randn({4, 5}), z = randn({3, 4});
+  auto which = [](OpKind op, const std::vector<Tensor>& in, const Tensor& out, const Attrs& a = {}) {
+    return detail::vjp_reads(op, a, in, out, out.shape());
+  };
+  using V = std::vector<bool>;
+  EXPECT_EQ(which(OpKind::Matmul, {x, y}, matmul(x, y)), (V{true, true, false}));  // not the product
+  EXPECT_EQ(which(OpKind::Exp, {x}, exp(x)), (V{false, true}));  // its output, not its input
+  EXPECT_EQ(which(OpKind::Log, {x}, log(x)), (V{true, false}));
+  EXPECT_EQ(which(OpKind::Mul, {x, z}, x * z), (V{true, true, false}));
+  EXPECT_EQ(which(OpKind::Add, {x, z}, x + z), (V{false, false, false}));
+  // (a mask-only where reads its condition, not its branches)
+  EXPECT_EQ(which(OpKind::Where, {gt(x, 0), x, z}, where(gt(x, 0), x, z)), (V{true, false, false, false}));
+}
+
+// Gradients through nodes that keep part of their values (an input, the output, or both), in a
+// chain where the dropped ones are read by no one else: equal to finite differences (float64), in
+// lazy eager and with the stand-ins checked (any read of one raises).
+TEST(ValueFree, PartlyKeptNodesGiveFiniteDifferences) {
+  manual_seed(kiln::testing::test_seed(43));
+  const Tensor a = randn({3, 4}, kFloat64).requires_grad_(true), w = randn({4, 4}, kFloat64).requires_grad_(true);
+  auto f = [](const Tensor& p, const Tensor& q) {
+    Tensor h = exp(matmul(p, q) * 0.3);  // matmul keeps p and q; exp its output only
+    return (log(h + 2.0) * h).sum({}) + tanh(matmul(h, q)).sum({});
+  };
+  f(a, w).backward();
+  const double eps = 1e-6;
+  for (const Tensor* t : {&a, &w}) {
+    std::vector<double> v = t->detach().to_vector<double>(), want(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      auto at = [&](double d) {
+        std::vector<double> u = v;
+        u[i] += d;
+        Tensor p = from_vector(u, t->sizes());
+        return (t == &a ? f(p, w.detach()) : f(a.detach(), p)).item<double>();
+      };
+      want[i] = (at(eps) - at(-eps)) / (2 * eps);
+    }
+    expect_close(t->grad(), from_vector(want, t->sizes()), 1e-6, 1e-8);
+  }
 }
 
 TEST(ValueFree, AReadStandInIsFound) {

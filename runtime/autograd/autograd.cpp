@@ -64,8 +64,8 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   Attrs attrs;
   Shape view_shape;
   std::vector<Tensor> inputs;  // snapshots (undefined where `metas` stands in)
-  std::vector<std::optional<TensorMeta>> metas;  // per input, when the rule reads no values
-  NodePtr out;  // (null when the rule reads no values: out_meta stands in)
+  std::vector<std::optional<TensorMeta>> metas;  // per input, where the rule does not read it (empty: none)
+  NodePtr out;  // (null where the rule does not read it: out_meta stands in)
   std::optional<TensorMeta> out_meta;
   std::vector<TensorImpl::Tangent> out_tangents;  // the output's, for forward-over-reverse
   bool released_ = false;
@@ -85,7 +85,9 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
       if (metas[i]) in[i] = stand_in(*metas[i]);
     std::vector<Tensor> grads = detail::vjp(op, attrs, in, o, g, view_shape);
     if (detail::check_stand_ins()) {
-      std::vector<Tensor> marks = in;
+      std::vector<Tensor> marks;
+      for (size_t i = 0; i < in.size(); ++i)
+        if (metas[i]) marks.push_back(in[i]);
       if (!out) marks.push_back(o);
       KILN_CHECK(!detail::reads_any(grads, marks, g), "backward of ", op_name(op),
                  ": its rule read a value the node did not keep (a shape-only backward node); a kiln bug, please report it");
@@ -172,23 +174,25 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   node->attrs = attrs;
   node->view_shape = view_shape;
   node->out_tangents = out.impl()->tangents;
-  // A rule that reads no values keeps shapes, not tensors (DTensors excepted: a stand-in would
-  // lose their placements).
-  bool keep = out.node()->placed != nullptr;
-  for (const auto& t : inputs) keep = keep || t.node()->placed;
-  keep = keep || detail::vjp_reads_values(op, attrs, inputs, out, view_shape);
-  if (keep) {
+  // Only the values the rule reads are kept, shapes for the rest (DTensors excepted: a stand-in
+  // would lose their placements).
+  bool placed = out.node()->placed != nullptr;
+  for (const auto& t : inputs) placed = placed || t.node()->placed;
+  std::vector<bool> reads = placed ? std::vector<bool>(inputs.size() + 1, true)
+                                   : detail::vjp_reads(op, attrs, inputs, out, view_shape);
+  const bool all = std::all_of(reads.begin(), reads.end(), [](bool r) { return r; });
+  if (reads.back())
     node->out = out.node();
-  } else {
+  else
     node->out_meta = TensorMeta{out.shape(), out.dtype(), out.device()};
-  }
-  for (const auto& t : inputs) {
-    if (keep) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (reads[i]) {
       node->inputs.push_back(snapshot(t));
     } else {
       node->inputs.emplace_back();
-      node->metas.push_back(TensorMeta{t.shape(), t.dtype(), t.device()});
     }
+    if (!all) node->metas.push_back(reads[i] ? std::nullopt : std::optional<TensorMeta>(TensorMeta{t.shape(), t.dtype(), t.device()}));
     node->next.push_back(t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
   }
   out.impl()->requires_grad = true;

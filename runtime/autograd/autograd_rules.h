@@ -8,19 +8,24 @@ namespace kiln::detail {
 
 // Whether gradients flow through `op` at all.
 bool is_differentiable(OpKind op);
-// Whether op's vjp rule reads the values of its inputs or output (value_free.cpp). Where it does
-// not (sums, differences, views, copies, casts, concatenation: only shapes, dtypes and devices),
-// the backward node keeps no handle on them, so the forward's intermediates they name are freed as
-// soon as nothing else needs them, as PyTorch saves only what each formula uses. Found from the
-// rule itself: run once per op on stand-ins (this call's shapes, dtypes and attrs), its gradient
-// graph searched for them; remembered per op.
+// Which values op's vjp rule reads: per input, then (last) the output (value_free.cpp). The
+// backward node keeps only those; for the rest it keeps shapes, so the forward's intermediates
+// they name are freed as soon as nothing else needs them, as PyTorch saves only what each formula
+// uses (matmul keeps its operands, not its product; exp its output, not its input; sums,
+// differences, views, copies, casts and concatenation nothing). Found from the rule itself: run on
+// stand-ins (this call's shapes, dtypes and attrs), its gradient graph searched for each of them;
+// remembered per op, attributes, dtypes and defined inputs.
+std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
+                            const Shape& view_shape);
+// Whether it reads any of them.
 bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
                       const Shape& view_shape);
 // A tensor of `shape`, `dtype` and `device` standing in for one a shape-only backward node did
 // not keep: one expanded constant (no storage), NaN where floating, 0 otherwise.
 Tensor stand_in(const Shape& shape, DType dtype, Device device);
-// Whether any of `grads` is computed from one of `stand_ins` (searching what a rule built from
-// them and from its output gradient `g`, not g's own history).
+// Which of `stand_ins` (undefined entries: false) any of `grads` is computed from (searching what
+// a rule built from them and from its output gradient `g`, not g's own history); whether any is.
+std::vector<bool> reads_which(const std::vector<Tensor>& grads, const std::vector<Tensor>& stand_ins, const Tensor& g);
 bool reads_any(const std::vector<Tensor>& grads, const std::vector<Tensor>& stand_ins, const Tensor& g);
 // Whether each backward of a shape-only node checks that its stand-ins went unread (debug builds,
 // and KILN_POISON=1): a rule that read one raises kiln::Error rather than giving NaN or zeros.

@@ -3,11 +3,11 @@
 // Instead of a list of such ops kept beside the rules (which drifted from them), each op's rule
 // is run once on stand-ins and its gradient graph is searched for them; and, in debug builds and
 // under KILN_POISON, every backward of a shape-only node checks that its stand-ins went unread.
-#include <array>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "runtime/autograd/autograd.h"
@@ -21,8 +21,26 @@
 namespace kiln::detail {
 namespace {
 
-// Per op: unknown (0), reads values (2), reads none (1).
-std::array<std::atomic<int8_t>, static_cast<size_t>(OpKind::NumOps)> g_reads{};
+// What a rule reads depends on the op and may depend on its attributes (a dim, a mode), its
+// dtypes and which inputs it has: the probe's answer is remembered per such key, per thread (no
+// lock on the recording path; a thread probes a key once).
+std::string key_of(OpKind op, const Attrs& a, const std::vector<Tensor>& inputs, const Tensor& out) {
+  std::string k;
+  auto put = [&](const void* p, size_t n) { k.append(static_cast<const char*>(p), n); };
+  put(&op, sizeof op);
+  put(a.ints.data(), a.ints.size() * sizeof(int64_t));
+  put(&a.f0, sizeof a.f0);
+  put(&a.f1, sizeof a.f1);
+  const DType od = out.dtype();
+  put(&od, sizeof od);
+  for (const Tensor& t : inputs) {
+    const DType d = t.defined() ? t.dtype() : DType::Bool;
+    const char def = t.defined() ? 1 : 0;
+    put(&d, sizeof d);
+    put(&def, 1);
+  }
+  return k;
+}
 
 // `s` with every size a constant: a symbolic one (inside a kiln::compile trace) takes its traced
 // value, asked of the shape oracle without recording a guard.
@@ -60,28 +78,40 @@ Tensor stand_in(const Shape& shape, DType dtype, Device device) {
   return expand_to(full({}, v, dtype, device), shape);
 }
 
-bool reads_any(const std::vector<Tensor>& grads, const std::vector<Tensor>& stand_ins, const Tensor& g) {
-  std::unordered_set<const Node*> marks, seen{g.node().get()};
-  for (const Tensor& s : stand_ins)
-    if (s.defined()) add_nodes(s, marks);
+std::vector<bool> reads_which(const std::vector<Tensor>& grads, const std::vector<Tensor>& stand_ins, const Tensor& g) {
+  // Every node the gradients are computed from, up to g (past g lies only its own history).
+  std::unordered_set<const Node*> seen{g.node().get()};
   std::vector<const Node*> todo;
-  for (const Tensor& g : grads)
-    if (g.defined()) todo.push_back(g.node().get());
+  for (const Tensor& t : grads)
+    if (t.defined()) todo.push_back(t.node().get());
   while (!todo.empty()) {
     const Node* n = todo.back();
     todo.pop_back();
-    if (marks.count(n)) return true;
-    // (the rule's inputs are the stand-ins and g: past g lies only the gradient's own history)
     if (!seen.insert(n).second) continue;
     for (const NodePtr& in : n->inputs) todo.push_back(in.get());
   }
+  seen.erase(g.node().get());
+  std::vector<bool> read(stand_ins.size(), false);
+  for (size_t i = 0; i < stand_ins.size(); ++i) {
+    if (!stand_ins[i].defined()) continue;
+    std::unordered_set<const Node*> mine;
+    add_nodes(stand_ins[i], mine);
+    for (const Node* n : mine) read[i] = read[i] || seen.count(n) > 0;
+  }
+  return read;
+}
+
+bool reads_any(const std::vector<Tensor>& grads, const std::vector<Tensor>& stand_ins, const Tensor& g) {
+  for (bool r : reads_which(grads, stand_ins, g))
+    if (r) return true;
   return false;
 }
 
-bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
-                      const Shape& view_shape) {
-  std::atomic<int8_t>& known = g_reads[static_cast<size_t>(op)];
-  if (const int8_t k = known.load(std::memory_order_relaxed)) return k == 2;
+std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
+                            const Shape& view_shape) {
+  thread_local std::unordered_map<std::string, std::vector<bool>> known;
+  const std::string key = key_of(op, attrs, inputs, out);
+  if (auto it = known.find(key); it != known.end()) return it->second;
   try {
     // (sizes made constant first, while the shape oracle of a trace can still say them)
     const Shape out_shape = concrete_shape(out.shape()), vshape = concrete_shape(view_shape);
@@ -99,12 +129,19 @@ bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& 
     const Tensor g = stand_in(out_shape, out.dtype(), out.device());  // (read by every rule: not a mark)
     std::vector<Tensor> marks = in;
     marks.push_back(o);
-    const bool reads = reads_any(vjp(op, a, in, o, g, vshape), marks, g);
-    known.store(reads ? 2 : 1, std::memory_order_relaxed);
+    std::vector<bool> reads = reads_which(vjp(op, a, in, o, g, vshape), marks, g);
+    known.emplace(key, reads);
     return reads;
   } catch (const std::exception&) {
-    return true;  // (this call keeps the values; the next asks again)
+    return std::vector<bool>(inputs.size() + 1, true);  // (this call keeps the values; the next asks again)
   }
+}
+
+bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
+                      const Shape& view_shape) {
+  for (bool r : vjp_reads(op, attrs, inputs, out, view_shape))
+    if (r) return true;
+  return false;
 }
 
 bool check_stand_ins() {
