@@ -16,8 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/core/device.h"
 #include "runtime/core/error.h"
 #include "runtime/cuda/caching_allocator.h"
+#include "runtime/exec/buffer_pool.h"
 #include "tests/test_seed.h"
 
 using namespace kiln::cu;
@@ -526,4 +528,34 @@ TEST(CachingAllocator, Threads) {
   EXPECT_EQ(d.alloc.stats().allocated_bytes, 0);
   EXPECT_EQ(d.alloc.stats().reserved_bytes, 0);
   EXPECT_TRUE(d.fake->segments.empty());
+}
+
+// The CPU buffer pool (runtime/exec/buffer_pool.*): blocks are multiples of the 64-byte
+// alignment, never smaller than asked, from 512 bytes on at most 1/8 larger (eight size classes a
+// doubling, not powers of two); a freed block serves the next request of its class; the host
+// counters count blocks as handed out.
+TEST(CpuBufferPool, BlocksWasteAtMostAnEighth) {
+  std::mt19937_64 rng(kiln::testing::test_seed(60));
+  std::vector<size_t> sizes = {0, 1, 63, 64, 65, 511, 512, 513, 1000, 1024, 1025, 4096, 4097, size_t{1} << 30,
+                               (size_t{1} << 30) + 1, size_t{1} << 47};
+  for (int i = 0; i < 20000; ++i) sizes.push_back(std::uniform_int_distribution<size_t>(1, size_t{1} << 40)(rng));
+  for (int i = 0; i < 20000; ++i) sizes.push_back(std::uniform_int_distribution<size_t>(1, 1 << 16)(rng));
+  for (size_t n : sizes) {
+    const size_t b = kiln::pool_block_bytes(n);
+    ASSERT_EQ(b % 64, 0u) << n;
+    ASSERT_GE(b, std::max<size_t>(n, 1)) << n;
+    if (n >= 512) ASSERT_LE(8 * (b - n), b) << n << " -> " << b;
+    else ASSERT_LT(b - std::max<size_t>(n, 1), 64u) << n;
+  }
+  EXPECT_EQ(kiln::pool_block_bytes(3000000), 3145728u);  // (3 MiB; powers of two gave 4 MiB)
+  const int64_t before = kiln::host_memory_stats().allocated_bytes;
+  void* p = kiln::pool_allocate(3000000);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  EXPECT_EQ(kiln::host_memory_stats().allocated_bytes - before, 3145728);
+  std::memset(p, 1, 3000000);
+  kiln::pool_free(p, 3000000);
+  EXPECT_EQ(kiln::host_memory_stats().allocated_bytes, before);
+  void* q = kiln::pool_allocate(3100000);  // (the same class: the block just freed)
+  EXPECT_EQ(q, p);
+  kiln::pool_free(q, 3100000);
 }

@@ -1,7 +1,8 @@
 #include "runtime/exec/buffer_pool.h"
 
+#include <algorithm>
 #include <atomic>
-
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -13,7 +14,11 @@
 namespace kiln {
 namespace {
 
-constexpr int kClasses = 48;
+// Size classes: multiples of 64 bytes up to 512, then eight a doubling, (2^k, 2^(k+1)] in
+// steps of 2^(k-3) (jemalloc's spacing): a block of 512 bytes or more wastes at most 1/8 of
+// itself to rounding (powers of two wasted up to half), and every block stays a multiple of
+// the 64-byte alignment. Up to 2^47 bytes.
+constexpr int kClasses = 8 + 8 * (47 - 9);
 constexpr size_t kMaxCachedPerClass = 64;  // blocks
 constexpr size_t kMaxCachedBytes = size_t(1) << 30;  // total
 
@@ -39,14 +44,21 @@ bool poison() {
 }
 
 int size_class(size_t nbytes) {
-  int c = 6;  // 64 bytes
-  while ((size_t(1) << c) < nbytes) ++c;
-  return c;
+  if (nbytes <= 512) return static_cast<int>((std::max<size_t>(nbytes, 1) + 63) / 64) - 1;
+  const int k = std::bit_width(nbytes - 1) - 1;  // 2^k < nbytes <= 2^(k+1), k >= 9
+  const size_t step = size_t{1} << (k - 3);
+  const size_t j = (nbytes - (size_t{1} << k) + step - 1) / step;  // 1..8
+  return 8 + 8 * (k - 9) + static_cast<int>(j) - 1;
+}
+size_t class_bytes(int c) {
+  if (c < 8) return 64 * static_cast<size_t>(c + 1);
+  const int k = 9 + (c - 8) / 8;
+  return (size_t{1} << k) + static_cast<size_t>((c - 8) % 8 + 1) * (size_t{1} << (k - 3));
 }
 
 // Blocks of up to 4 KiB also wait in a small per-thread cache, so the small tensors of eager
 // code pass no lock. A thread's cache goes back to the pool when the thread exits.
-constexpr int kLocalClasses = 13;  // classes 6..12 (64 B .. 4 KiB)
+constexpr int kLocalClasses = 32;  // classes 0..31 (64 B .. 4 KiB)
 constexpr int kLocalBlocks = 4;
 void give_back(int c, void* b);
 struct LocalCache {  // trivially destructible: usable until the thread is gone
@@ -72,9 +84,9 @@ void give_back(int c, void* b) {
   Pool& p = pool();
   {
     std::lock_guard<std::mutex> lock(p.mu);
-    if (p.free[c].size() < kMaxCachedPerClass && p.cached + (size_t(1) << c) <= kMaxCachedBytes) {
+    if (p.free[c].size() < kMaxCachedPerClass && p.cached + class_bytes(c) <= kMaxCachedBytes) {
       p.free[c].push_back(b);
-      p.cached += size_t(1) << c;
+      p.cached += class_bytes(c);
       return;
     }
   }
@@ -112,14 +124,15 @@ MemoryStats host_memory_stats() {
 void reset_peak_host_memory_stats() { g_peak.store(g_allocated.load()); }
 
 void* pool_allocate(size_t nbytes) {
-  int c = size_class(nbytes == 0 ? 1 : nbytes);
-  KILN_CHECK(c < kClasses, "allocation of ", nbytes, " bytes is too large");
-  count_allocation(int64_t{1} << c);
+  KILN_CHECK(nbytes <= (size_t{1} << 47), "allocation of ", nbytes, " bytes is too large");
+  const int c = size_class(nbytes);
+  const size_t bytes = class_bytes(c);
+  count_allocation(static_cast<int64_t>(bytes));
   if (c < kLocalClasses) {
     LocalCache& l = t_local;
     if (l.count[c] > 0) {
       void* b = l.blocks[c][--l.count[c]];
-      if (poison()) std::memset(b, 0xFF, size_t(1) << c);
+      if (poison()) std::memset(b, 0xFF, bytes);
       return b;
     }
   }
@@ -129,22 +142,22 @@ void* pool_allocate(size_t nbytes) {
     if (!p.free[c].empty()) {
       void* b = p.free[c].back();
       p.free[c].pop_back();
-      p.cached -= size_t(1) << c;
-      if (poison()) std::memset(b, 0xFF, size_t(1) << c);
+      p.cached -= bytes;
+      if (poison()) std::memset(b, 0xFF, bytes);
       return b;
     }
   }
-  void* b = std::aligned_alloc(64, size_t(1) << c);
+  void* b = std::aligned_alloc(64, bytes);
   KILN_CHECK(b != nullptr, "out of memory allocating ", nbytes, " bytes");
-  if (poison()) std::memset(b, 0xFF, size_t(1) << c);
+  if (poison()) std::memset(b, 0xFF, bytes);
   return b;
 }
 
 void pool_free(void* b, size_t nbytes) {
-  int c = size_class(nbytes == 0 ? 1 : nbytes);
-  g_allocated.fetch_sub(int64_t{1} << c, std::memory_order_relaxed);
+  const int c = size_class(nbytes);
+  g_allocated.fetch_sub(static_cast<int64_t>(class_bytes(c)), std::memory_order_relaxed);
   g_frees.fetch_add(1, std::memory_order_relaxed);
-  if (poison()) std::memset(b, 0xFF, size_t(1) << c);
+  if (poison()) std::memset(b, 0xFF, class_bytes(c));
   if (c < kLocalClasses) {
     LocalCache& l = t_local;
     if (!l.armed) {
@@ -158,6 +171,8 @@ void pool_free(void* b, size_t nbytes) {
   }
   give_back(c, b);
 }
+
+size_t pool_block_bytes(size_t nbytes) { return class_bytes(size_class(nbytes)); }
 
 size_t pool_cached_bytes() {
   Pool& p = pool();
