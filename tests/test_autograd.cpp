@@ -402,6 +402,61 @@ TEST(Autograd, BackwardIsLazyAndAccumulates) {
   EXPECT_FALSE(w.grad().defined());
 }
 
+// The gradients of a split's pieces reach their input as one concatenation (PyTorch's
+// SplitBackward), not a zero-filled tensor of the whole per piece added up: split, chunk and
+// unbind, all pieces used; some unused (one zero tensor under the used windows); windows that
+// overlap (added). Values exact in float64.
+TEST(Autograd, SplitChunkUnbindGradientsAreOneCat) {
+  manual_seed(kiln::testing::test_seed(70));
+  auto grad_node = [](const Tensor& g) {
+    const Node* n = g.node().get();
+    while (n->op == OpKind::Contiguous && !n->inputs.empty()) n = n->inputs[0].get();
+    return n->op;
+  };
+  const Tensor w = randn({4, 6, 9}, kFloat64);
+  auto weighted = [&](const std::vector<Tensor>& pieces, const std::vector<Tensor>& ws) {
+    Tensor loss = zeros({}, kFloat64);
+    for (size_t i = 0; i < pieces.size(); ++i)
+      if (ws[i].defined()) loss = loss + (pieces[i] * ws[i]).sum();
+    return loss;
+  };
+  {  // split along the last dim, every piece used: dx = w
+    Tensor x = randn({4, 6, 9}, kFloat64).requires_grad_();
+    weighted(x.split(3, 2), w.split(3, 2)).backward();
+    EXPECT_EQ(grad_node(x.grad()), OpKind::Cat);
+    expect_close(x.grad(), w, 0, 0);
+  }
+  {  // chunk of dim 1, uneven sizes (6 in 4 chunks: 2, 2, 2), every piece
+    Tensor x = randn({4, 6, 9}, kFloat64).requires_grad_();
+    weighted(x.chunk(4, 1), w.chunk(4, 1)).backward();
+    EXPECT_EQ(grad_node(x.grad()), OpKind::Cat);
+    expect_close(x.grad(), w, 0, 0);
+  }
+  {  // unbind of dim 0 (select windows)
+    Tensor x = randn({4, 6, 9}, kFloat64).requires_grad_();
+    weighted(x.unbind(0), w.unbind(0)).backward();
+    EXPECT_EQ(grad_node(x.grad()), OpKind::Cat);
+    expect_close(x.grad(), w, 0, 0);
+  }
+  {  // pieces 0 and 2 of three: zeros between
+    Tensor x = randn({4, 6, 9}, kFloat64).requires_grad_();
+    std::vector<Tensor> ws = w.split(3, 2);
+    ws[1] = Tensor();
+    weighted(x.split(3, 2), ws).backward();
+    EXPECT_EQ(grad_node(x.grad()), OpKind::ViewScatter);
+    Tensor want = w.clone();
+    want.narrow(2, 3, 3).fill_(0.0);
+    expect_close(x.grad(), want, 0, 0);
+  }
+  {  // overlapping windows add
+    Tensor x = randn({4, 6, 9}, kFloat64).requires_grad_();
+    ((x.narrow(2, 0, 5) * w.narrow(2, 0, 5)).sum() + (x.narrow(2, 3, 6) * w.narrow(2, 3, 6)).sum()).backward();
+    Tensor want = w.clone();
+    want.narrow(2, 3, 2).mul_(2.0);
+    expect_close(x.grad(), want, 0, 0);
+  }
+}
+
 // A Linear layer's weight gradient is dense in the weight's own layout, as PyTorch's is (an
 // optimizer's update then reads it contiguously), and equals gᵀ·x (float64, 1e-12 relative); a
 // batched (3-D) input keeps the general rule and gives the same values.

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "runtime/autograd/autograd_rules.h"
+#include "runtime/autograd/gradient_sum.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -300,8 +301,8 @@ void run_backward(const std::vector<std::pair<Edge, Tensor>>& roots, bool retain
     auto it = buffer.find(n);
     if (it == buffer.end() || !it->second.defined())
       buffer[n] = g;
-    else
-      it->second = add(it->second, g);
+    else  // (a split's pieces: one cat; gradients with their own history: added)
+      it->second = create_graph ? add(it->second, g) : detail::sum_gradients(it->second, g);
   };
   for (const auto& [e, g] : roots)
     if (e.fn) accumulate(e.fn.get(), g);
