@@ -355,7 +355,7 @@ template <class T, int DM> __device__ void attn_bwd_kv(const AttnArgs& a) {
   }
 }
 
-// ---- tiled kernels: float32, head sizes up to 64 ----
+// ---- tiled kernels: float32, head sizes up to 128 (where their shared memory fits) ----
 // A block takes 64 rows and 256 threads; a 64 x 64 product tile is computed as 4 x 4 micro-tiles
 // per thread (rows ty + 16a, columns tx + 16b) from operands in shared memory, read as float4
 // along the reduced dim (row pitch DM + 4 and score pitch 68: 16-byte aligned rows whose

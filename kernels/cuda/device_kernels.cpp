@@ -720,7 +720,7 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
       for (int head : {32, 64, 128, 256}) v.push_back({k, t, DType::Int64, head});
   for (DeviceKernel k : {DeviceKernel::AttentionForwardTiled, DeviceKernel::AttentionBackwardQTiled,
                          DeviceKernel::AttentionBackwardKVTiled})
-    for (int head : {32, 64}) v.push_back({k, DType::Float32, DType::Int64, head});
+    for (int head : {32, 64, 128}) v.push_back({k, DType::Float32, DType::Int64, head});
   for (DeviceKernel k : {DeviceKernel::FlashForward, DeviceKernel::FlashBackwardKV, DeviceKernel::FlashBackwardQ,
                          DeviceKernel::FlashBackwardPrep})
     for (DType t : {DType::BFloat16, DType::Float16})

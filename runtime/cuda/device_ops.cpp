@@ -305,8 +305,10 @@ void attention(int device, const Node& n, const Operand& out) {
   const int64_t item = static_cast<int64_t>(itemsize(n.dtype));
   a.bt =
       std::min<int64_t>(64, 40960 / (2 * head * item)) / 4 * 4;  // (a multiple of 4: the kernels take 4 rows at a time)
-  // float32 with heads up to 64: the tiled kernels; else (and with dropout) the row kernels.
-  const bool tile = n.dtype == DType::Float32 && head <= 64 && a.dropout == 0;
+  // float32 with heads up to 128: the tiled kernels where their shared memory fits (heads of
+  // 128: 120-170 KiB, sm_90's 227 KiB); else (and with dropout) the row kernels.
+  const bool tile = n.dtype == DType::Float32 && head <= 128 && a.dropout == 0 &&
+                    attn_shared(DeviceKernel::AttentionBackwardKVTiled, head, 4, 0) <= max_shared_per_block(device);
   if (fwd) {
     attn_launch(device, tile ? DeviceKernel::AttentionForwardTiled : DeviceKernel::AttentionForward, n.dtype, head, a,
                 batch, a.tq);
