@@ -6,7 +6,8 @@
 //       copies, casts, concatenation, im2col) come out value-free; those reading an operand, a mask
 //       or an index (mul, where, relu, gather, matmul) do not
 //   ValueFree.EachNodeKeepsOnlyWhatItsRuleReads  per value: matmul keeps its operands (not its
-//       product), exp its output, log its input, where its condition
+//       product), exp its output, log its input, where its condition; only what the gradients
+//       of the inputs that need one read (x * mask keeps the mask)
 //   ValueFree.PartlyKeptNodesGiveFiniteDifferences  gradients through such nodes (float64)
 //   ValueFree.AReadStandInIsFound  a gradient built from a stand-in through a comparison, a mask,
 //       an integer cast or a view is found; one built from g alone is not
@@ -58,14 +59,19 @@ TEST(ValueFree, DerivedFromTheRules) {
 TEST(ValueFree, EachNodeKeepsOnlyWhatItsRuleReads) {
   manual_seed(kiln::testing::test_seed(42));
   const Tensor x = randn({3, 4}), y = randn({4, 5}), z = randn({3, 4});
-  auto which = [](OpKind op, const std::vector<Tensor>& in, const Tensor& out, const Attrs& a = {}) {
-    return detail::vjp_reads(op, a, in, out, out.shape());
+  auto which = [](OpKind op, const std::vector<Tensor>& in, const Tensor& out, const Attrs& a = {},
+                  std::vector<bool> needs = {}) {
+    if (needs.empty()) needs.assign(in.size(), true);
+    return detail::vjp_reads(op, a, in, out, out.shape(), needs);
   };
   using V = std::vector<bool>;
   EXPECT_EQ(which(OpKind::Matmul, {x, y}, matmul(x, y)), (V{true, true, false}));  // not the product
   EXPECT_EQ(which(OpKind::Exp, {x}, exp(x)), (V{false, true}));  // its output, not its input
   EXPECT_EQ(which(OpKind::Log, {x}, log(x)), (V{true, false}));
   EXPECT_EQ(which(OpKind::Mul, {x, z}, x * z), (V{true, true, false}));
+  // Only the inputs that need a gradient count: x * mask keeps the mask, not x (dropout).
+  EXPECT_EQ(which(OpKind::Mul, {x, z}, x * z, {}, {true, false}), (V{false, true, false}));
+  EXPECT_EQ(which(OpKind::Matmul, {x, y}, matmul(x, y), {}, {false, true}), (V{true, false, false}));
   EXPECT_EQ(which(OpKind::Add, {x, z}, x + z), (V{false, false, false}));
   // (a mask-only where reads its condition, not its branches)
   EXPECT_EQ(which(OpKind::Where, {gt(x, 0), x, z}, where(gt(x, 0), x, z)), (V{true, false, false, false}));
@@ -79,7 +85,8 @@ TEST(ValueFree, PartlyKeptNodesGiveFiniteDifferences) {
   const Tensor a = randn({3, 4}, kFloat64).requires_grad_(true), w = randn({4, 4}, kFloat64).requires_grad_(true);
   auto f = [](const Tensor& p, const Tensor& q) {
     Tensor h = exp(matmul(p, q) * 0.3);  // matmul keeps p and q; exp its output only
-    return (log(h + 2.0) * h).sum({}) + tanh(matmul(h, q)).sum({});
+    const Tensor c = full({3, 4}, 0.7, kFloat64);  // (x * c with only x needing a gradient keeps c)
+    return (log(h + 2.0) * h).sum({}) + tanh(matmul(h, q)).sum({}) + (sin(h) * c).sum({});
   };
   f(a, w).backward();
   const double eps = 1e-6;

@@ -54,10 +54,12 @@ struct TensorMeta {
   Shape shape;
   DType dtype = kFloat32;
   Device device;
+  Shape strides;  // (a rule may read the layout: matmul's transposed right operand)
 };
+TensorMeta meta_of(const Tensor& t) { return TensorMeta{t.shape(), t.dtype(), t.device(), t.node()->strides}; }
 
-// A stand-in of that shape, dtype and device for such a rule (detail::stand_in).
-Tensor stand_in(const TensorMeta& m) { return detail::stand_in(m.shape, m.dtype, m.device); }
+// A stand-in of that shape, dtype, device and layout for such a rule (detail::stand_in).
+Tensor stand_in(const TensorMeta& m) { return detail::stand_in(m.shape, m.dtype, m.device, &m.strides); }
 
 // The backward node of one recorded primitive.
 struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
@@ -85,6 +87,8 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
     for (size_t i = 0; i < in.size(); ++i)
       if (metas[i]) in[i] = stand_in(*metas[i]);
     std::vector<Tensor> grads = detail::vjp(op, attrs, in, o, g, view_shape);
+    for (size_t i = 0; i < grads.size(); ++i)  // (gradients no input wants were built from stand-ins)
+      if (i >= next.size() || !next[i].fn) grads[i] = Tensor();
     if (detail::check_stand_ins()) {
       std::vector<Tensor> marks;
       for (size_t i = 0; i < in.size(); ++i)
@@ -179,13 +183,15 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   // would lose their placements).
   bool placed = out.node()->placed != nullptr;
   for (const auto& t : inputs) placed = placed || t.node()->placed;
+  std::vector<bool> needs;
+  for (const auto& t : inputs) needs.push_back(t.requires_grad() && is_floating(t.dtype()));
   std::vector<bool> reads = placed ? std::vector<bool>(inputs.size() + 1, true)
-                                   : detail::vjp_reads(op, attrs, inputs, out, view_shape);
+                                   : detail::vjp_reads(op, attrs, inputs, out, view_shape, needs);
   const bool all = std::all_of(reads.begin(), reads.end(), [](bool r) { return r; });
   if (reads.back())
     node->out = out.node();
   else
-    node->out_meta = TensorMeta{out.shape(), out.dtype(), out.device()};
+    node->out_meta = meta_of(out);
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (reads[i]) {
@@ -193,8 +199,8 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
     } else {
       node->inputs.emplace_back();
     }
-    if (!all) node->metas.push_back(reads[i] ? std::nullopt : std::optional<TensorMeta>(TensorMeta{t.shape(), t.dtype(), t.device()}));
-    node->next.push_back(t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
+    if (!all) node->metas.push_back(reads[i] ? std::nullopt : std::optional<TensorMeta>(meta_of(t)));
+    node->next.push_back(needs[i] ? grad_edge(t) : Edge{});
   }
   out.impl()->requires_grad = true;
   out.impl()->grad_fn = std::move(node);

@@ -8,21 +8,24 @@ namespace kiln::detail {
 
 // Whether gradients flow through `op` at all.
 bool is_differentiable(OpKind op);
-// Which values op's vjp rule reads: per input, then (last) the output (value_free.cpp). The
-// backward node keeps only those; for the rest it keeps shapes, so the forward's intermediates
+// Which values op's vjp rule reads for the gradients of the inputs that need one (`needs`): per
+// input, then (last) the output (value_free.cpp). The backward node keeps only those (x * mask
+// with only x needing a gradient keeps the mask, not x); for the rest it keeps shapes, so the forward's intermediates
 // they name are freed as soon as nothing else needs them, as PyTorch saves only what each formula
 // uses (matmul keeps its operands, not its product; exp its output, not its input; sums,
 // differences, views, copies, casts and concatenation nothing). Found from the rule itself: run on
 // stand-ins (this call's shapes, dtypes and attrs), its gradient graph searched for each of them;
-// remembered per op, attributes, dtypes and defined inputs.
+// remembered per op, attributes, dtypes, defined inputs and those needing gradients.
 std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
-                            const Shape& view_shape);
-// Whether it reads any of them.
+                            const Shape& view_shape, const std::vector<bool>& needs);
+// Whether it reads any of them, for every input's gradient.
 bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
                       const Shape& view_shape);
-// A tensor of `shape`, `dtype` and `device` standing in for one a shape-only backward node did
-// not keep: one expanded constant (no storage), NaN where floating, 0 otherwise.
-Tensor stand_in(const Shape& shape, DType dtype, Device device);
+// A tensor of `shape`, `dtype` and `device` standing in for one a backward node did not keep:
+// a constant (no storage), NaN where floating, 0 otherwise; expanded, or with `strides` where
+// they are a permutation of a dense layout (a rule may read the layout: matmul's transposed
+// right operand).
+Tensor stand_in(const Shape& shape, DType dtype, Device device, const Shape* strides = nullptr);
 // Which of `stand_ins` (undefined entries: false) any of `grads` is computed from (searching what
 // a rule built from them and from its output gradient `g`, not g's own history); whether any is.
 std::vector<bool> reads_which(const std::vector<Tensor>& grads, const std::vector<Tensor>& stand_ins, const Tensor& g);

@@ -5,7 +5,9 @@
 // under KILN_POISON, every backward of a shape-only node checks that its stand-ins went unread.
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -24,7 +26,8 @@ namespace {
 // What a rule reads depends on the op and may depend on its attributes (a dim, a mode), its
 // dtypes and which inputs it has: the probe's answer is remembered per such key, per thread (no
 // lock on the recording path; a thread probes a key once).
-std::string key_of(OpKind op, const Attrs& a, const std::vector<Tensor>& inputs, const Tensor& out) {
+std::string key_of(OpKind op, const Attrs& a, const std::vector<Tensor>& inputs, const Tensor& out,
+                   const std::vector<bool>& needs) {
   std::string k;
   auto put = [&](const void* p, size_t n) { k.append(static_cast<const char*>(p), n); };
   put(&op, sizeof op);
@@ -33,9 +36,10 @@ std::string key_of(OpKind op, const Attrs& a, const std::vector<Tensor>& inputs,
   put(&a.f1, sizeof a.f1);
   const DType od = out.dtype();
   put(&od, sizeof od);
-  for (const Tensor& t : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
     const DType d = t.defined() ? t.dtype() : DType::Bool;
-    const char def = t.defined() ? 1 : 0;
+    const char def = static_cast<char>((t.defined() ? 1 : 0) | (needs[i] ? 2 : 0));
     put(&d, sizeof d);
     put(&def, 1);
   }
@@ -73,8 +77,26 @@ struct Apart {
 
 }  // namespace
 
-Tensor stand_in(const Shape& shape, DType dtype, Device device) {
+Tensor stand_in(const Shape& shape, DType dtype, Device device, const Shape* strides) {
   const Scalar v = is_floating(dtype) ? Scalar(std::numeric_limits<double>::quiet_NaN()) : Scalar(0);
+  // A permuted dense layout: a constant of the dims in stride order, permuted back.
+  const size_t r = shape.size();
+  bool permuted = strides && strides->size() == r && r > 1;
+  for (size_t i = 0; permuted && i < r; ++i) permuted = (*strides)[i].is_constant() && shape[i].is_constant();
+  if (permuted) {
+    std::vector<int64_t> order(r);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t x, int64_t y) { return (*strides)[x].as_int() > (*strides)[y].as_int(); });
+    std::vector<int64_t> dense(r), back(r);
+    for (size_t i = 0; i < r; ++i) dense[i] = shape[static_cast<size_t>(order[i])].as_int(), back[order[i]] = static_cast<int64_t>(i);
+    if (std::is_sorted(order.begin(), order.end())) return expand_to(full({}, v, dtype, device), shape);
+    Tensor t = permute(full(dense, v, dtype, device), back);
+    bool same = true;
+    for (size_t i = 0; i < r; ++i)
+      same = same && (shape[i].as_int() <= 1 || t.node()->strides[i].as_int() == (*strides)[i].as_int());
+    if (same) return t;
+  }
   return expand_to(full({}, v, dtype, device), shape);
 }
 
@@ -108,9 +130,9 @@ bool reads_any(const std::vector<Tensor>& grads, const std::vector<Tensor>& stan
 }
 
 std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
-                            const Shape& view_shape) {
+                            const Shape& view_shape, const std::vector<bool>& needs) {
   thread_local std::unordered_map<std::string, std::vector<bool>> known;
-  const std::string key = key_of(op, attrs, inputs, out);
+  const std::string key = key_of(op, attrs, inputs, out, needs);
   if (auto it = known.find(key); it != known.end()) return it->second;
   try {
     // (sizes made constant first, while the shape oracle of a trace can still say them)
@@ -124,12 +146,18 @@ std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Ten
     Apart apart;
     std::vector<Tensor> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].defined()) in[i] = stand_in(in_shapes[i], inputs[i].dtype(), inputs[i].device());
+      if (inputs[i].defined()) {
+        const Shape st = concrete_shape(inputs[i].node()->strides);
+        in[i] = stand_in(in_shapes[i], inputs[i].dtype(), inputs[i].device(), &st);
+      }
     const Tensor o = stand_in(out_shape, out.dtype(), out.device());
     const Tensor g = stand_in(out_shape, out.dtype(), out.device());  // (read by every rule: not a mark)
     std::vector<Tensor> marks = in;
     marks.push_back(o);
-    std::vector<bool> reads = reads_which(vjp(op, a, in, o, g, vshape), marks, g);
+    std::vector<Tensor> grads = vjp(op, a, in, o, g, vshape);
+    for (size_t i = 0; i < grads.size(); ++i)
+      if (i >= needs.size() || !needs[i]) grads[i] = Tensor();  // (discarded: no input wants it)
+    std::vector<bool> reads = reads_which(grads, marks, g);
     known.emplace(key, reads);
     return reads;
   } catch (const std::exception&) {
@@ -139,7 +167,7 @@ std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Ten
 
 bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
                       const Shape& view_shape) {
-  for (bool r : vjp_reads(op, attrs, inputs, out, view_shape))
+  for (bool r : vjp_reads(op, attrs, inputs, out, view_shape, std::vector<bool>(inputs.size(), true)))
     if (r) return true;
   return false;
 }
