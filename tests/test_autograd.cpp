@@ -457,6 +457,25 @@ TEST(Autograd, SplitChunkUnbindGradientsAreOneCat) {
   }
 }
 
+// silu and dropout are one backward node each that keeps what PyTorch's keeps (x; the boolean
+// mask), not their formulas' intermediates: the node's name, and gradients equal to the formula's
+// (silu: within rounding, float64; dropout: exactly g / (1 - p) where kept, 0 elsewhere).
+TEST(Autograd, SiluAndDropoutKeepWhatPyTorchKeeps) {
+  manual_seed(kiln::testing::test_seed(71));
+  Tensor x = randn({5, 7}, kFloat64).requires_grad_(), g = randn({5, 7}, kFloat64);
+  Tensor y = silu(x);
+  EXPECT_STREQ(y.impl()->grad_fn->name(), "silu");
+  Tensor x2 = x.detach().requires_grad_();
+  expect_close(grad({y}, {x}, {g})[0], grad({x2 * sigmoid(x2)}, {x2}, {g})[0], 1e-12, 1e-14);
+  for (double p : {0.25, 0.6}) {
+    Tensor d = dropout(x, p, true);
+    EXPECT_STREQ(d.impl()->grad_fn->name(), "dropout");
+    Tensor kept = ne(d, 0.0).to(kFloat64);  // (x is never exactly 0 here)
+    expect_close(d, x.detach() * kept / (1 - p), 0, 0);
+    expect_close(grad({d}, {x}, {g})[0], g * kept / (1 - p), 0, 0);
+  }
+}
+
 // A Linear layer's weight gradient is dense in the weight's own layout, as PyTorch's is (an
 // optimizer's update then reads it contiguously), and equals gᵀ·x (float64, 1e-12 relative); a
 // batched (3-D) input keeps the general rule and gives the same values.

@@ -131,11 +131,23 @@ Tensor bitwise_not(const Tensor& x) {
 
 Tensor square(const Tensor& x) { return mul(x, x); }
 
+// One backward node that keeps only x (PyTorch's SiluBackward: s (1 + x (1 - s)), s = sigmoid x);
+// recorded primitive by primitive it kept x and sigmoid(x).
 Tensor silu(const Tensor& x_in) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
   const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
-  return mul(f, sigmoid(f));
+  if (!(grad_enabled() && f.requires_grad())) return mul(f, sigmoid(f));
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mul(f, sigmoid(f));
+  }
+  detail::attach_custom_grad(out, "silu", {f}, [f](const Tensor& g, bool) {
+    Tensor s = sigmoid(f);
+    return std::vector<Tensor>{mul(g, mul(s, add(mul(f, sub(1.0, s)), 1.0)))};
+  });
+  return out;
 }
 
 Tensor softplus(const Tensor& x_in, double beta, double threshold) {
