@@ -1,8 +1,8 @@
-// Which vjp rules read no values, found from the rules themselves: a backward node whose rule uses
-// only shapes, dtypes and devices keeps no tensors (autograd.cpp), and it must never be wrong.
-// Instead of a list of such ops kept beside the rules (which drifted from them), each op's rule
-// is run once on stand-ins and its gradient graph is searched for them; and, in debug builds and
-// under KILN_POISON, every backward of a shape-only node checks that its stand-ins went unread.
+// Which values each vjp rule reads, found from the rules themselves: a backward node keeps only the
+// inputs and output its rule reads for the gradients wanted (autograd.cpp), and that must never be
+// wrong. Instead of a list kept beside the rules (which drifted from them), each rule is run once
+// per key on stand-ins and its gradient graph is searched for each of them; and, in debug builds
+// and under KILN_POISON, every backward of a node that kept stand-ins checks they went unread.
 #include <cstdlib>
 #include <cstring>
 #include <algorithm>
