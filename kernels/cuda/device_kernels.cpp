@@ -669,7 +669,6 @@ Family family(DeviceKernel k) {
 }  // namespace
 
 bool is_attention_kernel(DeviceKernel k) { return family(k) == Family::Attention; }
-bool is_flash_kernel(DeviceKernel k) { return family(k) == Family::Flash; }
 
 int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 

@@ -48,11 +48,11 @@ enum class DeviceKernel {
   AttentionBackwardQTiled,
   AttentionBackwardKVTiled,
   // Tensor-core attention for 16-bit q, k, v (kernels/cuda/flash_kernels.h; a: bfloat16/float16,
-  // head: bucket, a multiple of 32; float32 output; sm_80 and later).
-  FlashForward,  // output rows + log-sum-exp, float32
-  FlashBackwardKV,  // dk and dv rows of the stacked float32 gradient
+  // head: bucket, a multiple of 32; outputs in the input type; sm_80 and later).
+  FlashForward,  // output rows + log-sum-exp pieces (runtime/ir/attention_lse.h)
+  FlashBackwardKV,  // dk and dv rows of the stacked gradient
   FlashBackwardQ,  // dq rows
-  FlashBackwardPrep,  // the backward's work area: dO in 16 bits, lse, delta per query row
+  FlashBackwardPrep,  // the backward's work area: dO, lse, delta per query row
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).
@@ -62,9 +62,8 @@ struct DeviceKernelInstance {
   int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256; flash: 32, 64, ..., 256)
 };
 
-// Whether `k` is one of the CUDA-core attention kernels / one of the tensor-core (flash) kernels.
+// Whether `k` is one of the CUDA-core attention kernels.
 bool is_attention_kernel(DeviceKernel k);
-bool is_flash_kernel(DeviceKernel k);
 // The attention kernels' head-size bucket for head size d (1..256): 32, 64, 128 or 256.
 int attention_head_bucket(int64_t d);
 

@@ -1,15 +1,20 @@
 // CUDA source of the tensor-core attention kernels for bfloat16 and float16 (OpKind::Attention /
 // AttentionBackward of 16-bit q, k, v; the forward's packed output holds the output rows in the
-// input type and the float32 row log-sum-exp in four exact 16-bit pieces, runtime/ir/attention_lse.h). FlashAttention-2's work split on mma.sync m16n8k16
-// (sm_80 and later), compiled by NVRTC per instance (dtype × head-size bucket × kernel):
+// input type and the float32 row log-sum-exp in four exact 16-bit pieces,
+// runtime/ir/attention_lse.h). FlashAttention-2's work split on mma.sync m16n8k16 (sm_80 and
+// later), compiled by NVRTC per instance (dtype × head-size bucket × kernel); 4 warps a block,
+// shapes per bucket in Fwd and Bwd below (mirrored by the host's shape_of):
 //
-//   forward   a block per 64 query rows (4 warps × 16 rows); key/value tiles of 64 rows stream
-//             through shared memory; S = Q·Kᵀ and O += P·V on tensor cores with float32
-//             accumulators, an online softmax in registers (P rounded to the input type for the
-//             product, its sum kept in float32), causal tiles past the diagonal skipped.
+//   forward   a block per 128 query rows (64 above head size 128), two 16-row slices a warp;
+//             key/value tiles of 64 or 32 rows stream through shared memory (cp.async, two
+//             stages up to head size 128); S = Q·Kᵀ and O += P·V on tensor cores with float32
+//             accumulators, an online base-2 softmax in registers (P rounded to the input type
+//             for the product, its sum kept in float32), causal tiles past the diagonal skipped.
+//   prep      the backward's work area: dO staged densely, lse, delta = dO·O per query row.
 //   dk, dv    a block per 64 key rows (4 warps × 16 keys) over the query tiles: Sᵀ = K·Qᵀ and
 //             dPᵀ = V·dOᵀ, P recomputed from the saved log-sum-exp, dV += P̃ᵀ·dO, dK += dSᵀ·Q.
-//   dq        a block per 64 query rows over the key tiles: S, dP again, dQ += dS·K.
+//   dq        a block per 128 query rows (64 above head size 64) over the key tiles: S, dP
+//             again, dQ += dS·K.
 //
 // dq is its own kernel (not FlashAttention-2's float atomics) so every run gives the same bits;
 // it costs the two recomputed products. Head sizes above 128 split the gradients' columns over
@@ -178,6 +183,13 @@ __device__ void stage_kv(const AttnArgs& a, const Src& sk, const Src& sv, int t,
   stage<KT, DM>(sk, j0, cnt, a.d, ks);
   stage<KT, DM>(sv, j0, cnt, a.d, ks + KT * P);
   cp_commit();
+}
+
+// Tiles of KT keys that the query block of `rows` rows at i0 attends to (causal: none past its
+// last row).
+template <int KT> __device__ int key_tiles(const AttnArgs& a, i64 i0, int rows) {
+  const i64 jend = a.causal ? min(a.tk, i0 + rows) : a.tk;
+  return (int)((jend + KT - 1) / KT);
 }
 
 // lse and delta of the ROWS query rows at i0 from the work area into shared memory (rows past tq:
@@ -371,8 +383,7 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
   const i64 ra = rw + (lane >> 2);          // this thread's rows: ra + 16 mt + 8 h
   const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
   stage<QM, DM>(src_of(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs);
-  const i64 jend = a.causal ? min(a.tk, i0 + QM) : a.tk;
-  const int tiles = (int)((jend + KN - 1) / KN);
+  const int tiles = key_tiles<KN>(a, i0, QM);
   auto issue = [&](int t) { stage_kv<S, KN, DM>(a, sk, sv, t, kvs); };
   stages_begin(tiles, issue);
   float acc[MT][DM / 8][4];
@@ -652,8 +663,7 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
   stage<QB, DM>(work_do<DM>(a, blockIdx.x), i0, rows, DM, gs);
   stage_stats<QB, DM>(a, i0, lse, delta);
   const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
-  const i64 jend = a.causal ? min(a.tk, i0 + QB) : a.tk;
-  const int tiles = (int)((jend + KT - 1) / KT);
+  const int tiles = key_tiles<KT>(a, i0, QB);
   auto issue = [&](int t) { stage_kv<S, KT, DM>(a, sk, sv, t, kvs); };
   stages_begin(tiles, issue);
   float dq[MT][DC / 8][4];

@@ -22,7 +22,7 @@ int flash_stages(int bucket);
 int64_t flash_shared_bytes(DeviceKernel k, int bucket);
 // Rows (query rows; keys for dk/dv) a block of flash kernel `k` takes (its grid's y covers them).
 int flash_rows_per_block(DeviceKernel k, int bucket);
-// Bytes of the backward's work area (dO in 16 bits, lse and delta per query row) for `batch`
+// Bytes of the backward's work area (dO, lse and delta per query row) for `batch`
 // batch elements of `tq` query rows.
 int64_t flash_work_bytes(int64_t batch, int64_t tq, int bucket);
 

@@ -220,6 +220,20 @@ void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>
   out.impl()->grad_fn = std::move(node);
 }
 
+Tensor with_custom_grad(const char* name, const std::vector<Tensor>& inputs, const std::function<Tensor()>& value,
+                        CustomVjp vjp) {
+  bool any = false;
+  for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!g_grad_enabled || !any) return value();
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = value();
+  }
+  attach_custom_grad(out, name, inputs, std::move(vjp));
+  return out;
+}
+
 }  // namespace detail
 
 namespace {

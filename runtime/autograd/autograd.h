@@ -95,6 +95,10 @@ using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad, bool cre
 // grad mode is on and an input requires grad. `vjp` is dropped after a backward without
 // retain_graph (with the tensors it holds).
 void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjp vjp);
+// A composite with its own backward: value() recorded as it is where no gradient is wanted; else
+// computed without recording gradients, with `vjp` (and only what it captures) as its backward.
+Tensor with_custom_grad(const char* name, const std::vector<Tensor>& inputs, const std::function<Tensor()>& value,
+                        CustomVjp vjp);
 }  // namespace detail
 
 }  // namespace kiln

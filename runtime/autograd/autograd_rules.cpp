@@ -1,6 +1,7 @@
 // One VJP rule per differentiable primitive, written with ordinary ops so the gradient graph
 // is itself differentiable (double backward) and lazy.
 #include "runtime/autograd/autograd_rules.h"
+#include "runtime/autograd/gradient_sum.h"
 
 #include <cmath>
 #include <numeric>
@@ -102,19 +103,8 @@ Tensor inverse_view(OpKind op, const Attrs& a, const Tensor& x, const Tensor& g)
 // gradient (not materialized: W columns of zeros and a copy). 16-bit packed outputs: dO alone
 // (their log-sum-exp pieces carry no gradient). Else the whole packed gradient.
 Tensor attention_grad_out(const Tensor& g, const SymInt& d) {
-  const Node& n = *g.node();
-  const int64_t r = static_cast<int64_t>(n.shape.size());
-  if (n.op == OpKind::ViewScatter && n.inputs[0]->op == OpKind::Full && n.inputs[0]->attrs.f0 == 0 &&
-      n.inputs[0]->attrs.sizes.empty() && n.attrs.offset.is_constant() && n.attrs.offset.as_int() == 0 &&
-      n.inputs[1]->dtype == n.dtype) {
-    Shape want = n.shape;
-    want[static_cast<size_t>(r - 1)] = d;
-    const Shape dense = contiguous_strides(n.shape);
-    bool window = n.attrs.sizes.size() == want.size() && n.attrs.strides.size() == want.size();
-    for (size_t i = 0; window && i < want.size(); ++i)
-      window = same_size(n.attrs.sizes[i], want[i]) && same_size(n.attrs.strides[i], dense[i]);
-    if (window) return expand_to(Tensor::from_node(n.inputs[1]), want);
-  }
+  const int64_t r = g.dim();
+  if (std::optional<Tensor> dout = leading_window_source(g, r - 1, d)) return *dout;
   return is_half(g.dtype()) ? slice_window(g, r - 1, 0, d, 1) : g;
 }
 

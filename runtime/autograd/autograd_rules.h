@@ -18,9 +18,6 @@ bool is_differentiable(OpKind op);
 // remembered per op, attributes, dtypes, defined inputs and those needing gradients.
 std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
                             const Shape& view_shape, const std::vector<bool>& needs);
-// Whether it reads any of them, for every input's gradient.
-bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
-                      const Shape& view_shape);
 // A tensor of `shape`, `dtype` and `device` standing in for one a backward node did not keep:
 // a constant (no storage), NaN where floating, 0 otherwise; expanded, or with `strides` where
 // they are a permutation of a dense layout (a rule may read the layout: matmul's transposed

@@ -22,13 +22,14 @@ struct Piece {
   bool dropped = false;  // src lacks the dim (a select's window)
 };
 
-// A gradient made of slice windows scattered onto zeros: the windows' dim, the pieces, the
-// zero tensor under them.
+// A gradient made of slice windows scattered onto zeros: the windows' dim and the pieces.
 struct Pieces {
   int64_t dim = -1;
   std::vector<Piece> pieces;
-  NodePtr zeros;
 };
+
+// A tensor of zeros (the base into_zeros scatters onto).
+bool is_zeros(const Node& n) { return n.op == OpKind::Full && n.attrs.f0 == 0 && n.attrs.sizes.empty(); }
 
 bool constant_shape(const Shape& s) {
   return std::all_of(s.begin(), s.end(), [](const SymInt& x) { return x.is_constant(); });
@@ -83,8 +84,7 @@ std::optional<Pieces> pieces_of(const Tensor& g) {
     p.pieces.push_back(*w);
     n = n->inputs[0];
   }
-  if (p.pieces.empty() || n->op != OpKind::Full || n->attrs.f0 != 0 || !n->attrs.sizes.empty()) return std::nullopt;
-  p.zeros = n;
+  if (p.pieces.empty() || !is_zeros(*n)) return std::nullopt;
   return p;
 }
 
@@ -101,6 +101,21 @@ Tensor source(const Piece& p, const Shape& base, int64_t dim) {
 }
 
 }  // namespace
+
+std::optional<Tensor> leading_window_source(const Tensor& g, int64_t dim, const SymInt& length) {
+  const Node& n = *g.node();
+  if (n.op != OpKind::ViewScatter || !is_zeros(*n.inputs[0]) || !n.attrs.offset.is_constant() ||
+      n.attrs.offset.as_int() != 0 || n.inputs[1]->dtype != n.dtype)
+    return std::nullopt;
+  Shape want = n.shape;
+  want[static_cast<size_t>(dim)] = length;
+  const Shape dense = contiguous_strides(n.shape);
+  bool window = n.attrs.sizes.size() == want.size() && n.attrs.strides.size() == want.size();
+  for (size_t i = 0; window && i < want.size(); ++i)
+    window = same_size(n.attrs.sizes[i], want[i]) && same_size(n.attrs.strides[i], dense[i]);
+  if (!window) return std::nullopt;
+  return expand_to(Tensor::from_node(n.inputs[1]), want);
+}
 
 Tensor sum_gradients(const Tensor& a, const Tensor& b) {
   auto pa = pieces_of(a), pb = pieces_of(b);

@@ -165,13 +165,6 @@ std::vector<bool> vjp_reads(OpKind op, const Attrs& attrs, const std::vector<Ten
   }
 }
 
-bool vjp_reads_values(OpKind op, const Attrs& attrs, const std::vector<Tensor>& inputs, const Tensor& out,
-                      const Shape& view_shape) {
-  for (bool r : vjp_reads(op, attrs, inputs, out, view_shape, std::vector<bool>(inputs.size(), true)))
-    if (r) return true;
-  return false;
-}
-
 bool check_stand_ins() {
 #ifndef NDEBUG
   return true;

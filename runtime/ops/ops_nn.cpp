@@ -192,19 +192,11 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   if (!training || p == 0) return x;
   if (p == 1) return mul(x, 0);
   Tensor keep = lt(rand_like(as_float(x)), 1 - p);
-  if (!(grad_enabled() && x.requires_grad() && is_floating(x.dtype())))
-    return div(mul(x, detail::cast(keep, x.dtype())), 1 - p);
   // One backward node that keeps the boolean mask (PyTorch's NativeDropoutBackward), not x and
   // the mask in x's dtype.
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = div(mul(x, detail::cast(keep, x.dtype())), 1 - p);
-  }
-  detail::attach_custom_grad(out, "dropout", {x}, [keep, p](const Tensor& g, bool) {
-    return std::vector<Tensor>{mul(div(g, 1 - p), detail::cast(keep, g.dtype()))};
-  });
-  return out;
+  return detail::with_custom_grad(
+      "dropout", {x}, [&] { return div(mul(x, detail::cast(keep, x.dtype())), 1 - p); },
+      [keep, p](const Tensor& g, bool) { return std::vector<Tensor>{mul(div(g, 1 - p), detail::cast(keep, g.dtype()))}; });
 }
 
 Tensor conv2d(const Tensor& x_in, const Tensor& w_in, const std::optional<Tensor>& b_in, std::vector<int64_t> stride,

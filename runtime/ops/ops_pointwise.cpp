@@ -137,17 +137,12 @@ Tensor silu(const Tensor& x_in) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
   const Tensor& x = autocast_op[0];
   Tensor f = is_floating(x.dtype()) ? x : cast(x, kFloat32);
-  if (!(grad_enabled() && f.requires_grad())) return mul(f, sigmoid(f));
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = mul(f, sigmoid(f));
-  }
-  detail::attach_custom_grad(out, "silu", {f}, [f](const Tensor& g, bool) {
-    Tensor s = sigmoid(f);
-    return std::vector<Tensor>{mul(g, mul(s, add(mul(f, sub(1.0, s)), 1.0)))};
-  });
-  return out;
+  return detail::with_custom_grad(
+      "silu", {f}, [&] { return mul(f, sigmoid(f)); },
+      [f](const Tensor& g, bool) {
+        Tensor s = sigmoid(f);
+        return std::vector<Tensor>{mul(g, mul(s, add(mul(f, sub(1.0, s)), 1.0)))};
+      });
 }
 
 Tensor softplus(const Tensor& x_in, double beta, double threshold) {
@@ -196,16 +191,9 @@ Tensor gelu(const Tensor& x_in, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '",
              approximate, "'");
   const bool exact = approximate == "none";
-  if (!(grad_enabled() && f.requires_grad())) return gelu_value(f, exact);
-  Tensor out;
-  {
-    NoGradGuard no_grad;
-    out = gelu_value(f, exact);
-  }
-  detail::attach_custom_grad(out, "gelu", {f}, [f, exact](const Tensor& g, bool) {
-    return std::vector<Tensor>{mul(g, gelu_derivative(f, exact))};
-  });
-  return out;
+  return detail::with_custom_grad(
+      "gelu", {f}, [&] { return gelu_value(f, exact); },
+      [f, exact](const Tensor& g, bool) { return std::vector<Tensor>{mul(g, gelu_derivative(f, exact))}; });
 }
 
 Tensor to(const Tensor& x, DType dtype) {
