@@ -12,11 +12,12 @@
 //   bench_attention --pad-mm --device cuda                         compiled unaligned float16 GEMMs,
 //                                                                  GEMM padding (pad_mm) on and off
 //   bench_attention --sweep [--device D] [--dtype bfloat16|float16|float32] [--seq T]
-//                                                                  sdpa alone over T (256..8192, or T),
+//                   [--precision highest|high]                     sdpa alone over T (256..8192, or T),
 //                                                                  head dims 64 and 128, causal and
 //                                                                  not: forward and forward+backward,
 //                                                                  TFLOP/s, peak bytes over the call
-//                                                                  (bench/torch_sdpa_sweep.py: PyTorch)
+//                                                                  (bench/torch_sdpa_sweep.py: PyTorch);
+//                                                                  float32 in TF32 under --precision high
 //
 // Peak memory: on CUDA the caching allocator's peak allocated bytes over a step; on the CPU the
 // process's peak resident set over the first step, compile included (/proc/self/clear_refs
@@ -149,6 +150,8 @@ int main(int argc, char** argv) {
       sweep = true, seq = 0;
     else if (!std::strcmp(argv[i], "--dtype") && i + 1 < argc)
       dtype = argv[++i];
+    else if (!std::strcmp(argv[i], "--precision") && i + 1 < argc)
+      kiln::set_float32_matmul_precision(argv[++i]);  // (float32: TF32 under "high")
     else {
       std::fprintf(stderr, "bench_attention: unknown option %s\n", argv[i]);
       return 2;
@@ -225,9 +228,10 @@ int main(int argc, char** argv) {
           // FlashAttention's count: 4 b h t^2 d forward (half causal), 2.5 times that backward.
           const double flops = 4.0 * double(b * h) * double(t) * double(t) * double(d) / (causal ? 2 : 1);
           std::printf(
-              "{\"workload\": \"SDPA-%s-d%lld-%s-T%lld\", \"impl\": \"kiln\", \"device\": \"%s\", \"fwd_us\": %.1f, "
+              "{\"workload\": \"SDPA-%s-d%lld-%s-T%lld\", \"impl\": \"%s\", \"device\": \"%s\", \"fwd_us\": %.1f, "
               "\"fwd_bwd_us\": %.1f, \"fwd_tflops\": %.1f, \"fwd_bwd_tflops\": %.1f, \"peak_bytes\": %lld}\n",
               dtype.c_str(), static_cast<long long>(d), causal ? "causal" : "full", static_cast<long long>(t),
+              dt == kiln::kFloat32 && kiln::get_float32_matmul_precision() != "highest" ? "kiln-tf32" : "kiln",
               device.c_str(), fwd, both, flops / fwd / 1e6, 3.5 * flops / both / 1e6,
               static_cast<long long>(peak.bytes()));
           std::fflush(stdout);

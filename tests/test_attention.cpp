@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "kiln.h"
+#include "runtime/exec/device_runtime.h"
 #include "runtime/ir/attention_lse.h"
 #include "tests/expect_close.h"
 #include "tests/gradcheck.h"
@@ -56,8 +57,23 @@ struct Case {
 // and on the GPU the probabilities are rounded to it before their product with v, each term off
 // by up to that relative amount: 2^-6 (bfloat16) and 2^-9 (float16) relative, and the same of the
 // largest magnitude absolute.
-double rel_tolerance(DType dt) { return dt == kBFloat16 ? 1.0 / 64 : dt == kFloat16 ? 1.0 / 512 : 1e-4; }
-double abs_tolerance(DType dt) { return dt == kBFloat16 ? 1.0 / 64 : dt == kFloat16 ? 1.0 / 512 : 2e-5; }
+// Float32 under set_float32_matmul_precision("high") on the GPU: TF32 products, each operand
+// rounded to 2^-11 relative, as float16's.
+bool tf32() { return get_float32_matmul_precision() != "highest"; }
+double rel_tolerance(DType dt) {
+  return dt == kBFloat16 ? 1.0 / 64 : dt == kFloat16 || (dt == kFloat32 && tf32()) ? 1.0 / 512 : 1e-4;
+}
+double abs_tolerance(DType dt) {
+  return dt == kBFloat16 ? 1.0 / 64 : dt == kFloat16 || (dt == kFloat32 && tf32()) ? 1.0 / 512 : 2e-5;
+}
+
+// Whether SdpaBackend::Auto fuses small attention of dtype dt on dev: always on the CPU; on CUDA
+// 16-bit and float32 inputs where the device has the tensor-core kernels (float64's small scores
+// run materialized).
+bool auto_fuses_small(Device dev, DType dt) {
+  if (dev.type == DeviceType::CPU) return true;
+  return dt != kFloat64 && find_device_runtime(DeviceType::CUDA)->tensor_core_attention(dev.index);
+}
 
 void expect_match(const Tensor& got, const Tensor& want64) {
   if (got.dtype() == kFloat64) return expect_close(got, want64, 1e-10, 1e-11);
@@ -83,18 +99,30 @@ void expect_grads_match(const std::vector<Tensor>& g, const std::vector<Tensor>&
   }
 }
 
-void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Device dev = cpu()) {
+// x (float32) rounded to TF32 as cvt.rna does: 10 mantissa bits, to nearest, ties away from zero.
+Tensor tf32_rounded(const Tensor& x) {
+  std::vector<float> v = x.to_vector<float>();
+  for (float& f : v) f = std::bit_cast<float>((std::bit_cast<uint32_t>(f) + 0x1000u) & 0xffffe000u);
+  return from_vector(v, x.sizes());
+}
+
+// tf32_inputs: q, k, v and the output's weights w rounded to TF32 (the kernels' TF32 products
+// then see the reference's values, as 16-bit inputs do: what remains is float32 sums and the
+// probabilities and score gradients rounded to TF32 before their products, float16's tolerance).
+void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Device dev = cpu(),
+              bool tf32_inputs = false) {
   SCOPED_TRACE(::testing::Message() << "q " << ::testing::PrintToString(c.q) << " k " << ::testing::PrintToString(c.k)
                                     << " v " << ::testing::PrintToString(c.v) << " mask " << c.mask << " causal "
                                     << c.causal << " " << dtype_name(dt) << " on " << dev.str());
   manual_seed(rng());
-  Tensor q = randn(c.q, dt), k = randn(c.k, dt), v = randn(c.v, dt);
+  auto input = [&](const std::vector<int64_t>& shape) { return tf32_inputs ? tf32_rounded(randn(shape)) : randn(shape, dt); };
+  Tensor q = input(c.q), k = input(c.k), v = input(c.v);
   const int64_t tq = c.q[c.q.size() - 2], tk = c.k[c.k.size() - 2];
   std::optional<Tensor> mask;
   if (c.mask == 1) mask = randn({tq, tk}, dt);
   // Keep column 0 visible so that no row is fully masked (those give NaN both ways, tested apart).
   if (c.mask == 2) mask = logical_or(rand({1, tq, tk}) < 0.7, arange(tk).reshape({1, 1, tk}) == 0);
-  Tensor w = randn(c.q, dt);
+  Tensor w = input(c.q);
   auto on = [&](const Tensor& t) { return t.to(dev).requires_grad_(); };
   Tensor qd = on(q), kd = on(k), vd = on(v);
   std::optional<Tensor> md;
@@ -119,7 +147,8 @@ void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Devic
 }
 
 // Random cases: 2-D with an additive mask, causal 4-D, broadcast k/v with a boolean mask, 3-D.
-void random_cases(Device dev, int count, int64_t max_seq, std::vector<DType> dtypes = {kFloat64, kFloat32}) {
+void random_cases(Device dev, int count, int64_t max_seq, std::vector<DType> dtypes = {kFloat64, kFloat32},
+                  bool tf32_inputs = false) {
   std::mt19937_64 rng(kiln::testing::test_seed(11));
   std::uniform_int_distribution<int64_t> seq(1, max_seq), head(1, 80), small(1, 3);
   for (int it = 0; it < count; ++it) {
@@ -132,7 +161,7 @@ void random_cases(Device dev, int count, int64_t max_seq, std::vector<DType> dty
       default: c = {{b, tq, d}, {b, tk, d}, {b, tk, d}, 0, false}; break;
     }
     const double scale = it % 3 == 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.05 + 0.5 * (it % 5);
-    run_case(c, dtypes[static_cast<size_t>(it) % dtypes.size()], rng, scale, dev);
+    run_case(c, dtypes[static_cast<size_t>(it) % dtypes.size()], rng, scale, dev, tf32_inputs);
   }
 }
 
@@ -247,6 +276,26 @@ TEST(Attention, CudaTensorCoreKernelsEqualTheUnfusedGraph) {
   run_case({{3, 1000, 40}, {3, 8192, 40}, {3, 8192, 40}, 0, false}, kBFloat16, rng, 0.15, g);
 }
 
+// Float32 on tensor cores in TF32 under set_float32_matmul_precision("high"), on inputs rounded to
+// TF32 (3xTF32 under "highest": CudaKernelsEqualTheUnfusedGraph), and 3xTF32 again when the
+// precision changes back.
+TEST(Attention, CudaTf32KernelsEqualTheUnfusedGraph) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  const Device g{DeviceType::CUDA, 0};
+  struct Precision {
+    Precision() { set_float32_matmul_precision("high"); }
+    ~Precision() { set_float32_matmul_precision("highest"); }
+  };
+  {
+    Precision high;
+    random_cases(g, 24, 300, {kFloat32}, true);
+    std::mt19937_64 rng(kiln::testing::test_seed(13));
+    run_case({{1, 3, 1100, 128}, {1, 3, 1100, 128}, {1, 3, 1100, 128}, 0, true}, kFloat32, rng, 0.088, g, true);
+  }
+  std::mt19937_64 rng(kiln::testing::test_seed(14));
+  run_case({{2, 2, 300, 72}, {2, 2, 301, 72}, {2, 2, 301, 72}, 1, false}, kFloat32, rng, 0.12, g);
+}
+
 // The CUDA kernels against the same float64 reference (skipped without a GPU).
 TEST(Attention, CudaKernelsEqualTheUnfusedGraph) {
   if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
@@ -273,7 +322,11 @@ TEST(Attention, BackendChoiceFollowsSdpaKernel) {
            v = randn({2, 4, 40, 16}, kFloat32, dev);
     EXPECT_EQ(current_sdpa_backend(), SdpaBackend::Auto);
     Tensor a = scaled_dot_product_attention(q, k, v, std::nullopt, true);
-    EXPECT_EQ(fused(a), dev.type == DeviceType::CPU);
+    // (Auto on CUDA: float32 on the tensor-core kernels where the device has them, sm_80 and
+    // later; float64's small scores materialized)
+    EXPECT_EQ(fused(a), auto_fuses_small(dev, kFloat32));
+    EXPECT_EQ(fused(scaled_dot_product_attention(q.to(kFloat64), k.to(kFloat64), v.to(kFloat64))),
+              dev.type == DeviceType::CPU);
     Tensor m, f;
     {
       sdpa_kernel math(SdpaBackend::Math);
@@ -775,13 +828,14 @@ TEST(AttentionPatterns, GradientsOnlyWhenNothingReadsTheResult) {
 // gradients are read together; a second call of the same structure reuses the plan (no new
 // match) and gives the same bits. Keys stored before the call (their transpose is stored data, not
 // a recorded op) match too.
-// Random hand-written forms on `dev`; `fused`: whether the rewrite applies at these sizes.
-void lazy_eager_cases(Device dev, bool fused) {
+// Random hand-written forms on `dev`, fused where auto_fuses_small says.
+void lazy_eager_cases(Device dev) {
   std::mt19937_64 rng(kiln::testing::test_seed(51));
   std::uniform_int_distribution<int64_t> seq(2, 90), head(1, 24);
   for (int it = 0; it < 12; ++it) {
     const int form = it % 3, mask = (it / 2) % 6;
     const DType dt = it % 2 ? kFloat32 : kFloat64;
+    const bool fused = auto_fuses_small(dev, dt);
     const int64_t tq = seq(rng), tk = mask >= 4 ? tq : seq(rng), d = head(rng);
     SCOPED_TRACE(::testing::Message() << "form " << form << " mask " << mask << " tq " << tq << " tk " << tk << " d "
                                       << d << " " << dtype_name(dt) << " on " << dev.str());
@@ -835,7 +889,7 @@ void lazy_eager_cases(Device dev, bool fused) {
 
 TEST(AttentionPatterns, LazyEagerHandWrittenAttentionIsFused) {
   if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
-  lazy_eager_cases(cpu(), true);
+  lazy_eager_cases(cpu());
 }
 
 // nanoGPT's hand-written attention as a C++ user writes it in lazy eager (B 4, H 4, T 128, D 32,
@@ -885,8 +939,9 @@ TEST(AttentionPatterns, CudaLazyEagerHandWrittenAttentionIsFused) {
   if (interpreted()) GTEST_SKIP() << "the interpreter runs segments as recorded";
   if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
   const Device g{DeviceType::CUDA, 0};
-  // Small scores: the unfused graph is faster on the GPU; it stays as written.
-  lazy_eager_cases(g, false);
+  // Small scores: float32 rewritten to the tensor-core kernels (sm_80 and later), float64 stays as
+  // written (the unfused graph is faster than its CUDA-core kernels).
+  lazy_eager_cases(g);
   // 1 GiB of scores (16 x 4 x 2048 x 2048 float32): rewritten, and equal to the unfused graph.
   manual_seed(kiln::testing::test_seed(52));
   Tensor q = randn({16, 4, 2048, 64}, kFloat32, g), k = randn({16, 4, 2048, 64}, kFloat32, g),

@@ -27,11 +27,15 @@
 #include "temp_dir.h"
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <limits>
 #include <map>
+#include <set>
+#include <thread>
+#include <tuple>
 
 #include "jit/backend/backend.h"
 #include "jit/cuda/cuda_backend.h"
@@ -701,26 +705,40 @@ TEST(CudaNvrtc, EveryOpCompiles) {
 
 // The device runtime's kernel templates (kernels/cuda/device_kernels.h): every instance it may
 // launch (every op template x dtype combination) compiles for sm_90, and each extern "C" kernel
-// is in the CUBIN. One program per template holds all its instances (the runtime compiles them
-// one by one; the source and wrappers are the same); one instance is also compiled alone.
+// is in the CUBIN. One program per template and element type holds its instances (the runtime
+// compiles them one by one; the source and wrappers are the same), the programs compiled on every
+// core; one instance is also compiled alone.
 TEST(CudaNvrtc, DeviceKernelsCompile) {
   SKIP_WITHOUT_NVRTC();
   using kiln::kernels::DeviceKernelInstance;
-  std::map<int, std::vector<DeviceKernelInstance>> groups;
-  for (const DeviceKernelInstance& k : kiln::kernels::all_device_kernels())
-    groups[static_cast<int>(k.kernel)].push_back(k);
-  EXPECT_EQ(groups.size(), 27u);
+  std::map<std::tuple<int, int, int>, std::vector<DeviceKernelInstance>> groups;
+  std::set<int> kinds;
+  for (const DeviceKernelInstance& k : kiln::kernels::all_device_kernels()) {
+    const bool attention = k.head != 0;  // (the big ones: a program per element type)
+    groups[{static_cast<int>(k.kernel), attention ? static_cast<int>(k.a) : 0, k.tf32_passes}].push_back(k);
+    kinds.insert(static_cast<int>(k.kernel));
+  }
+  EXPECT_EQ(kinds.size(), 27u);
+  std::vector<std::vector<DeviceKernelInstance>*> todo;
+  for (auto& [key, ks] : groups) todo.push_back(&ks);
+  std::vector<std::string> cubins(todo.size()), errors(todo.size());
+  std::atomic<size_t> next{0};
+  std::vector<std::thread> workers;
+  for (unsigned w = 0; w < std::max(1u, std::thread::hardware_concurrency()); ++w)
+    workers.emplace_back([&] {
+      for (size_t i; (i = next++) < todo.size();) try {
+          cubins[i] = kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program(*todo[i]),
+                                              "kiln_device_kernels_" + std::to_string(i), 90);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+    });
+  for (std::thread& w : workers) w.join();
   size_t total = 0;
-  for (auto& [kind, ks] : groups) {
-    const std::string name = "kiln_device_kernels_" + std::to_string(kind);
-    std::string cubin;
-    try {
-      cubin = kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program(ks), name, 90);
-    } catch (const std::exception& e) {
-      FAIL() << e.what();
-    }
-    for (const DeviceKernelInstance& k : ks) {
-      EXPECT_NE(cubin.find(kiln::kernels::device_kernel_name(k) + std::string(1, '\0')), std::string::npos)
+  for (size_t i = 0; i < todo.size(); ++i) {
+    EXPECT_EQ(errors[i], "");
+    for (const DeviceKernelInstance& k : *todo[i]) {
+      EXPECT_NE(cubins[i].find(kiln::kernels::device_kernel_name(k) + std::string(1, '\0')), std::string::npos)
           << kiln::kernels::device_kernel_name(k) << " is not in the CUBIN";
       ++total;
     }
@@ -731,8 +749,9 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
           .empty());
   std::printf("[ cuda ] %zu device kernel instances compiled for sm_90\n", total);
   // copies, indexing, cumsum, claims, int ops, sort keys, the radix sort, batch pointers, ordered
-  // adds, attention (row kernels; tiled for heads 32, 64, 128), tensor-core attention
-  EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 2 * 2 + 3 + 1 + 4 * 2 + 3 * 2 * 4 + 3 * 3 + 4 * 2 * 8);
+  // adds, attention (row kernels; tiled for heads 32, 64, 128), tensor-core attention (bfloat16,
+  // float16, float32 in TF32 and 3xTF32)
+  EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 2 * 2 + 3 + 1 + 4 * 2 + 3 * 2 * 4 + 3 * 3 + 4 * 4 * 8);
 }
 
 TEST(CudaNvrtc, CompileErrorQuotesTheLog) {

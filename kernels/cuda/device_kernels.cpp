@@ -641,8 +641,8 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
-      return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) + "_h" +
-             std::to_string(k.head);
+      return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) +
+             (k.tf32_passes == 1 ? "_tf32" : k.tf32_passes == 3 ? "_tf32x3" : "") + "_h" + std::to_string(k.head);
   }
   return "";
 }
@@ -682,7 +682,7 @@ std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
     if (family(k.kernel) != fam) throw Error("device kernels: kernels of two families in one program");
     if (fam == Family::Flash)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
-           (k.a == DType::BFloat16 ? "true" : "false") + ", " + std::to_string(k.head) + ")\n";
+           flash_element(k) + ", " + std::to_string(k.head) + ")\n";
     else if (fam == Family::Attention)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
            device_type(k.a) + ", " + std::to_string(k.head) + ")\n";
@@ -722,8 +722,10 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
     for (int head : {32, 64, 128}) v.push_back({k, DType::Float32, DType::Int64, head});
   for (DeviceKernel k : {DeviceKernel::FlashForward, DeviceKernel::FlashBackwardKV, DeviceKernel::FlashBackwardQ,
                          DeviceKernel::FlashBackwardPrep})
-    for (DType t : {DType::BFloat16, DType::Float16})
-      for (int head = 32; head <= 256; head += 32) v.push_back({k, t, DType::Int64, head});
+    for (int head = 32; head <= 256; head += 32) {
+      for (DType t : {DType::BFloat16, DType::Float16}) v.push_back({k, t, DType::Int64, head});
+      for (int passes : {1, 3}) v.push_back({k, DType::Float32, DType::Int64, head, passes});
+    }
   return v;
 }
 

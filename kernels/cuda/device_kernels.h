@@ -47,9 +47,9 @@ enum class DeviceKernel {
   AttentionForwardTiled,
   AttentionBackwardQTiled,
   AttentionBackwardKVTiled,
-  // Tensor-core attention for 16-bit q, k, v (kernels/cuda/flash_kernels.h; a: bfloat16/float16,
-  // head: bucket, a multiple of 32; outputs in the input type; sm_80 and later).
-  FlashForward,  // output rows + log-sum-exp pieces (runtime/ir/attention_lse.h)
+  // Tensor-core attention (kernels/cuda/flash_kernels.h; a: bfloat16, float16 or float32 with
+  // tf32_passes; head: bucket, a multiple of 32; outputs in the input type; sm_80 and later).
+  FlashForward,  // output rows + log-sum-exp (16-bit: in pieces, runtime/ir/attention_lse.h)
   FlashBackwardKV,  // dk and dv rows of the stacked gradient
   FlashBackwardQ,  // dq rows
   FlashBackwardPrep,  // the backward's work area: dO, lse, delta per query row
@@ -60,6 +60,9 @@ struct DeviceKernelInstance {
   DeviceKernel kernel;
   DType a = DType::Float32, b = DType::Int64;
   int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256; flash: 32, 64, ..., 256)
+  // float32 flash kernels: tensor-core passes a product takes, 1 (TF32) or 3 (3xTF32,
+  // float32-accurate); 0 elsewhere.
+  int tf32_passes = 0;
 };
 
 // Whether `k` is one of the CUDA-core attention kernels.

@@ -23,6 +23,8 @@
 // fall in distinct banks. Results are rounded to the input type once, as they are stored.
 #include "kernels/cuda/flash_kernels.h"
 
+#include <algorithm>
+
 namespace kiln::kernels {
 namespace {
 
@@ -35,16 +37,16 @@ __device__ u32 smem_addr(const void* p) {
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
   return a;
 }
-// Four 8 x 8 matrices of 16-bit elements; lane l gives the shared-memory address of row l % 8 of
-// matrix l / 8 (32-bit shared addresses: tiles are passed as their address, `at` the element).
-__device__ void ldsm4(u32* r, u32 tile, int at) {
+// Four 8 x 8 matrices of 16-bit elements (8 rows of 16 bytes); lane l gives the shared-memory
+// address (32-bit) of row l % 8 of matrix l / 8 and gets word l % 4 of row l / 4 of each.
+__device__ void ldsm4(u32* r, u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tile + 2 * at));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 // The same, each matrix transposed.
-__device__ void ldsm4t(u32* r, u32 tile, int at) {
+__device__ void ldsm4t(u32* r, u32 addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(tile + 2 * at));
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
 
 // The 16-bit type (PTX name TY): the product c += a·b (16 x 16 by 16 x 8, float32 accumulators),
@@ -79,8 +81,167 @@ __device__ float H<false>::to(u16 h) {
   return f;
 }
 
-#define BM 64   // query rows of a tile
-#define BN 64   // key rows of a tile
+// The row log-sum-exp in a 16-bit packed output's pieces (runtime/ir/attention_lse.h: lse =
+// (m0 + m1 + m2) 2^e; 0, lse, 0, 0 where it is 0 or not finite), and back.
+template <bool BF> __device__ void encode_lse(float lse, u16* p, i64 cs) {
+  if (!isfinite(lse) || lse == 0.f) {
+    p[0] = H<BF>::from(0.f), p[cs] = H<BF>::from(lse), p[2 * cs] = H<BF>::from(0.f), p[3 * cs] = H<BF>::from(0.f);
+    return;
+  }
+  int e;
+  const float f = frexpf(lse, &e);
+  const u16 m0 = H<BF>::from(f);
+  const float r = f - H<BF>::to(m0);
+  const u16 m1 = H<BF>::from(r);
+  p[0] = H<BF>::from((float)e), p[cs] = m0, p[2 * cs] = m1, p[3 * cs] = H<BF>::from(r - H<BF>::to(m1));
+}
+template <bool BF> __device__ float decode_lse(const u16* p, i64 cs) {
+  const float m0 = H<BF>::to(p[cs]);
+  if (!isfinite(m0) || m0 == 0.f) return m0;
+  return ldexpf(m0 + H<BF>::to(p[2 * cs]) + H<BF>::to(p[3 * cs]), (int)H<BF>::to(p[0]));
+}
+
+// The element type of an instance (Half<is_bfloat16> or Tf32<passes>): its storage T; the depth KD
+// of one tensor-core product; the A fragment (16 x KD) and B fragment (KD x 8) of a product and
+// c += a·b; a fragment from ldmatrix words (a_raw, b_raw), from a 16-row float32 accumulator
+// (a_acc: k-step kk of it, whose layout is the operand's) and B fragments read by rows of a tile
+// (b_rows); COL(t4, e), the key of element e (0, 1) of a score accumulator's 8-column block (the
+// streamed side's rows are read in the order that makes a_acc a plain regrouping); the packed
+// output's width and its log-sum-exp.
+template <bool BF> struct Half {
+  typedef u16 T;
+  static const int KD = 16;
+  static const bool PERM = false;  // (the accumulator's columns 2 t4, 2 t4 + 1 are the A fragment's)
+  struct A {
+    u32 r[4];
+  };
+  struct B {
+    u32 r[2];
+  };
+  template <bool FINITE> static __device__ void mma(float* c, const A& a, const B& b) {
+    H<BF>::mma(c, a.r, b.r[0], b.r[1]);
+  }
+  static const bool CHECKS = false;  // (products of 16-bit operands keep IEEE's infinities)
+  static __device__ A a_raw(const u32* r) {
+    A a = {{r[0], r[1], r[2], r[3]}};
+    return a;
+  }
+  static __device__ B b_raw(u32 r0, u32 r1) {
+    B b = {{r0, r1}};
+    return b;
+  }
+  static __device__ A a_acc(const float (*s)[4], int kk) {
+    A a = {{H<BF>::pack(s[2 * kk][0], s[2 * kk][1]), H<BF>::pack(s[2 * kk][2], s[2 * kk][3]),
+            H<BF>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]), H<BF>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])}};
+    return a;
+  }
+  // Rows [k0, k0 + 16) at columns [c, c + 8) and [c + 8, c + 16) of tile t (pitch P): ldmatrix, transposed.
+  static __device__ void b_rows(B& b0, B& b1, const T* t, int P, int k0, int c) {
+    const int lane = threadIdx.x & 31;
+    u32 r[4];
+    ldsm4t(r, smem_addr(t + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c + (lane >> 4) * 8));
+    b0 = b_raw(r[0], r[1]);
+    b1 = b_raw(r[2], r[3]);
+  }
+  static __device__ int col(int t4, int e) { return 2 * t4 + e; }
+  static __device__ float to(T h) { return H<BF>::to(h); }
+  static __device__ T from(float x) { return H<BF>::from(x); }
+  static __device__ int packed_width(int d) { return (d + 4 + 7) / 8 * 8; }  // (runtime/ir/node.h)
+  static __device__ void put_lse(float lse, T* p, i64 cs, int w) {
+    encode_lse<BF>(lse, p, cs);
+    for (int c = 4; c < w; ++c) p[c * cs] = 0;
+  }
+  static __device__ float get_lse(const T* p, i64 cs) { return decode_lse<BF>(p, cs); }
+};
+
+// float32 on tensor cores: m16n8k8 products of TF32 operands (rounded to nearest from float32);
+// with three passes each operand is split into a TF32 head and the TF32 rounding of its rest, and
+// the product adds rest·head, head·rest and head·head (3xTF32: float32-accurate, as PyTorch's
+// float32 attention on sm_80+; split says how infinities keep IEEE's answers). The streamed side's rows are read in the order 0 4 1 5 2 6 3 7 of
+// each 8 (ldmatrix's row addresses), so that a score accumulator's elements e of column block n
+// hold keys 8n + t4 and 8n + t4 + 4: the A fragment of the next product.
+template <int S> struct Tf32 {
+  typedef float T;
+  static const int KD = 8;
+  static const bool PERM = true;
+  struct A {
+    u32 hi[4], lo[4];  // (lo: three passes only)
+  };
+  struct B {
+    u32 hi[2], lo[2];
+  };
+  static __device__ u32 rna(float x) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+  }
+  static __device__ void split(float x, u32& hi, u32& lo) {
+    hi = rna(x);
+    if (S == 3) lo = rna(x - __uint_as_float(hi));  // (NaN for an infinity: see mma)
+  }
+  static __device__ void mma1(float* c, const u32* a, const u32* b) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  // c += a·b. Three passes on finite operands (FINITE): the rest terms, then head·head. Else an
+  // infinite operand's rest is NaN and a finite one's may be 0 or of the other sign (NaN or
+  // inf - inf where IEEE's x·y is ±inf): head·head as is, the rest terms with every infinite or
+  // NaN head and rest taken as 0, so that those reach c through head·head alone, as IEEE's.
+  static __device__ u32 fin(u32 x) { return (x & 0x7f800000u) == 0x7f800000u ? 0u : x; }
+  template <bool FINITE> static __device__ void mma(float* c, const A& a, const B& b) {
+    if (S == 3 && FINITE) {
+      mma1(c, a.lo, b.hi);
+      mma1(c, a.hi, b.lo);
+    }
+    mma1(c, a.hi, b.hi);
+    if (S == 3 && !FINITE) {
+      const u32 ah[4] = {fin(a.hi[0]), fin(a.hi[1]), fin(a.hi[2]), fin(a.hi[3])};
+      const u32 al[4] = {fin(a.lo[0]), fin(a.lo[1]), fin(a.lo[2]), fin(a.lo[3])};
+      const u32 bh[2] = {fin(b.hi[0]), fin(b.hi[1])}, bl[2] = {fin(b.lo[0]), fin(b.lo[1])};
+      mma1(c, al, bh);
+      mma1(c, ah, bl);
+    }
+  }
+  // Whether the kernels check their tiles for infinities and NaN (three passes: see mma).
+  static const bool CHECKS = S == 3;
+  static __device__ A a_of(float x0, float x1, float x2, float x3) {
+    A a;
+    split(x0, a.hi[0], a.lo[0]);
+    split(x1, a.hi[1], a.lo[1]);
+    split(x2, a.hi[2], a.lo[2]);
+    split(x3, a.hi[3], a.lo[3]);
+    return a;
+  }
+  static __device__ B b_of(float x0, float x1) {
+    B b;
+    split(x0, b.hi[0], b.lo[0]);
+    split(x1, b.hi[1], b.lo[1]);
+    return b;
+  }
+  static __device__ A a_raw(const u32* r) {
+    return a_of(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3]));
+  }
+  static __device__ B b_raw(u32 r0, u32 r1) { return b_of(__uint_as_float(r0), __uint_as_float(r1)); }
+  static __device__ A a_acc(const float (*s)[4], int kk) { return a_of(s[kk][0], s[kk][2], s[kk][1], s[kk][3]); }
+  // Rows [k0, k0 + 8) at columns [c, c + 8) and [c + 8, c + 16) of tile t (pitch P): b0 = (k0 + t4,
+  // c + g), b1 = (k0 + t4 + 4, c + g), plain 32-bit loads (ldmatrix cannot transpose 32-bit words).
+  static __device__ void b_rows(B& b0, B& b1, const T* t, int P, int k0, int c) {
+    const int lane = threadIdx.x & 31;
+    const T* p = t + (k0 + (lane & 3)) * P + c + (lane >> 2);
+    b0 = b_of(p[0], p[4 * P]);
+    b1 = b_of(p[8], p[4 * P + 8]);
+  }
+  static __device__ int col(int t4, int e) { return t4 + 4 * e; }
+  static __device__ float to(T x) { return x; }
+  static __device__ T from(float x) { return x; }
+  static __device__ int packed_width(int d) { return d + 1; }
+  static __device__ void put_lse(float lse, T* p, i64, int) { p[0] = lse; }
+  static __device__ float get_lse(const T* p, i64) { return p[0]; }
+};
+
+#define BM 64   // query rows of a prep block
 #define NT 128  // threads of a block: 4 warps
 
 // Asynchronous copies to shared memory (sm_80): 16 bytes (`bytes` of them read, the rest zeros)
@@ -121,38 +282,44 @@ template <int DM> struct Stages {
   static const int n = DM <= 128 ? 2 : 1;
 };
 
-// A 16-bit matrix read by rows: its first row, row and column strides, whether 16-byte copies
-// apply (unit column stride, 8-element aligned rows and address).
-struct Src {
-  const u16* p;
+// A shared tile's row pitch: DM and 16 bytes (the 8 rows an ldmatrix reads fall in distinct banks).
+template <class T, int DM> struct Pitch {
+  static const int p = DM + 16 / (int)sizeof(T);
+};
+
+// A matrix read by rows: its first row, row and column strides, whether 16-byte copies apply
+// (unit column stride, rows and address aligned to 16 bytes).
+template <class T> struct Src {
+  const T* p;
   i64 rs, cs;
   int vec;
 };
-__device__ Src src_of(const AttnArgs& a, const i64* off, int k) {
-  Src s = {(const u16*)a.ptr[k] + off[k], a.rs[k], a.cs[k], a.vec[k]};
+template <class T> __device__ Src<T> src_of(const AttnArgs& a, const i64* off, int k) {
+  Src<T> s = {(const T*)a.ptr[k] + off[k], a.rs[k], a.cs[k], a.vec[k]};
   return s;
 }
 
-// The backward's work area (filled by flash_bwd_prep): dO rounded to 16 bits, [batch][tq][DM]
+// The backward's work area (filled by flash_bwd_prep): dO in the input type, [batch][tq][DM]
 // (zeros past d), then lse and delta, [batch][tq] float32 each.
-template <int DM> __device__ Src work_do(const AttnArgs& a, i64 b) {
-  Src s = {(const u16*)a.work + b * a.tq * DM, DM, 1, 1};
+template <class T, int DM> __device__ Src<T> work_do(const AttnArgs& a, i64 b) {
+  Src<T> s = {(const T*)a.work + b * a.tq * DM, DM, 1, 1};
   return s;
 }
-template <int DM> __device__ float* work_lse(const AttnArgs& a) {
-  return (float*)((u16*)a.work + (i64)gridDim.x * a.tq * DM);
+template <class T, int DM> __device__ float* work_lse(const AttnArgs& a) {
+  return (float*)((T*)a.work + (i64)gridDim.x * a.tq * DM);
 }
 
-// Rows [r0, r0 + cnt) of `s`, columns [0, DM), into `dst` (pitch DM + 8); zeros past the rows and
+// Rows [r0, r0 + cnt) of `s`, columns [0, DM), into `dst` (pitch Pitch); zeros past the rows and
 // past `cols`. Asynchronous 16-byte copies where `s` allows them, else plain stores.
-template <int ROWS, int DM> __device__ void stage(const Src& s, i64 r0, i64 cnt, i64 cols, u16* dst) {
-  constexpr int P = DM + 8;
-  constexpr int CH = DM / 8;  // 16-byte chunks of a row
+template <int ROWS, int DM, class T> __device__ void stage(const Src<T>& s, i64 r0, i64 cnt, i64 cols, T* dst) {
+  constexpr int P = Pitch<T, DM>::p;
+  constexpr int EC = 16 / (int)sizeof(T);  // elements of a 16-byte chunk
+  constexpr int CH = DM / EC;              // chunks of a row
   if (s.vec && NT % CH == 0) {  // (each thread keeps one column and steps over rows)
     constexpr int STEP = NT / CH;
-    const int c = threadIdx.x % CH * 8, rt = threadIdx.x / CH;
-    const u16* src = s.p + (r0 + rt) * s.rs + c;
-    u16* d = dst + rt * P + c;
+    const int c = threadIdx.x % CH * EC, rt = threadIdx.x / CH;
+    const T* src = s.p + (r0 + rt) * s.rs + c;
+    T* d = dst + rt * P + c;
     const bool col = c < cols;
 #pragma unroll
     for (int k = 0; k < ROWS / STEP; ++k) {
@@ -161,24 +328,24 @@ template <int ROWS, int DM> __device__ void stage(const Src& s, i64 r0, i64 cnt,
     }
   } else if (s.vec) {
     for (int x = threadIdx.x; x < ROWS * CH; x += NT) {
-      const int r = x / CH, c = x % CH * 8;
+      const int r = x / CH, c = x % CH * EC;
       const bool in = r < cnt && c < cols;
       cp16(dst + r * P + c, in ? s.p + (r0 + r) * s.rs + c : s.p, in ? 16 : 0);
     }
   } else {
     for (int x = threadIdx.x; x < ROWS * DM; x += NT) {
       const int r = x / DM, c = x % DM;
-      dst[r * P + c] = (r < cnt && c < cols) ? s.p[(r0 + r) * s.rs + c * s.cs] : (u16)0;
+      dst[r * P + c] = (r < cnt && c < cols) ? s.p[(r0 + r) * s.rs + c * s.cs] : (T)0;
     }
   }
 }
 
 // Tile t of the keys and values (KT rows each, from `sk` and `sv`) into stage t % S of `kvs` (keys,
 // then values), committed.
-template <int S, int KT, int DM>
-__device__ void stage_kv(const AttnArgs& a, const Src& sk, const Src& sv, int t, u16* kvs) {
-  constexpr int P = DM + 8;
-  u16* ks = kvs + (t % S) * 2 * KT * P;
+template <int S, int KT, int DM, class T>
+__device__ void stage_kv(const AttnArgs& a, const Src<T>& sk, const Src<T>& sv, int t, T* kvs) {
+  constexpr int P = Pitch<T, DM>::p;
+  T* ks = kvs + (t % S) * 2 * KT * P;
   const i64 j0 = (i64)t * KT, cnt = min((i64)KT, a.tk - j0);
   stage<KT, DM>(sk, j0, cnt, a.d, ks);
   stage<KT, DM>(sv, j0, cnt, a.d, ks + KT * P);
@@ -194,14 +361,14 @@ template <int KT> __device__ int key_tiles(const AttnArgs& a, i64 i0, int rows) 
 
 // lse and delta of the ROWS query rows at i0 from the work area into shared memory (rows past tq:
 // lse = +inf, probability 0, and delta = 0).
-template <int ROWS, int DM> __device__ void stage_stats(const AttnArgs& a, i64 i0, float* lse, float* delta) {
+template <int ROWS, int DM, class T> __device__ void stage_stats(const AttnArgs& a, i64 i0, float* lse, float* delta) {
   for (int x = threadIdx.x; x < 2 * ROWS; x += NT) {
     const int r = x % ROWS;
     const bool is_lse = x < ROWS;
     const i64 i = i0 + r;
     float* dst = is_lse ? lse : delta;
     if (i < a.tq)
-      cp4(dst + r, work_lse<DM>(a) + (is_lse ? 0 : (i64)gridDim.x * a.tq) + blockIdx.x * a.tq + i);
+      cp4(dst + r, work_lse<T, DM>(a) + (is_lse ? 0 : (i64)gridDim.x * a.tq) + blockIdx.x * a.tq + i);
     else
       dst[r] = is_lse ? __int_as_float(0x7f800000) : 0.f;
   }
@@ -212,36 +379,57 @@ __device__ __noinline__ float keep_of(const Drop& d, const AttnArgs& a, i64 b, i
   return kept<float>(d, a, b, i, j);
 }
 
-// acc[mt] += A[mt] · rows [k0, k0 + 16) of tile t at columns [c0, c0 + N) for MT slices: each B
-// fragment read once serves the MT products.
-template <bool BF, int MT, int N, int P>
-__device__ void mma_rows_m(float (*acc)[N / 8][4], const u32 (*a)[4], const u16* t, int k0, int c0) {
-  const int lane = threadIdx.x & 31;
-  const u32 ta = smem_addr(t);
-  const int row = (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + c0 + (lane >> 4) * 8;
+// acc[mt] += a[mt] · rows [k0, k0 + KD) of tile t at columns [c0, c0 + N) for MT slices: each B
+// fragment read once serves the MT products (FINITE: E::mma's, the operands all finite).
+template <class E, bool FINITE, int MT, int N, int P>
+__device__ void mma_rows_as(float (*acc)[N / 8][4], const typename E::A* a, const typename E::T* t, int k0, int c0) {
 #pragma unroll
   for (int p = 0; p < N / 16; ++p) {
-    u32 b[4];
-    ldsm4t(b, ta, row + p * 16);
+    typename E::B b0, b1;
+    E::b_rows(b0, b1, t, P, k0, c0 + p * 16);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      H<BF>::mma(acc[mt][2 * p], a[mt], b[0], b[1]);
-      H<BF>::mma(acc[mt][2 * p + 1], a[mt], b[2], b[3]);
+      E::template mma<FINITE>(acc[mt][2 * p], a[mt], b0);
+      E::template mma<FINITE>(acc[mt][2 * p + 1], a[mt], b1);
     }
   }
 }
+template <class E, int MT, int N, int P>
+__device__ void mma_rows_m(bool finite, float (*acc)[N / 8][4], const typename E::A* a, const typename E::T* t, int k0,
+                           int c0) {
+  if (finite) mma_rows_as<E, true, MT, N, P>(acc, a, t, k0, c0);
+  else mma_rows_as<E, false, MT, N, P>(acc, a, t, k0, c0);
+}
 
-// The A fragments of k-step kk of a 16 x N accumulator (the accumulator's layout is the operand's).
-template <bool BF> __device__ void as_a(u32* a, const float (*s)[4], int kk) {
-  a[0] = H<BF>::pack(s[2 * kk][0], s[2 * kk][1]);
-  a[1] = H<BF>::pack(s[2 * kk][2], s[2 * kk][3]);
-  a[2] = H<BF>::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-  a[3] = H<BF>::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+// Whether rows [0, ROWS) x columns [0, DM) of a float32 shared tile hold an infinity or NaN: this
+// thread's share (the block's answer: __syncthreads_or of every thread's).
+template <int ROWS, int DM, class T> __device__ bool nonfinite_part(const T* tile) {
+  constexpr int P = Pitch<T, DM>::p, EC = 16 / (int)sizeof(T), CH = DM / EC;
+  u32 bad = 0;
+  for (int x = threadIdx.x; x < ROWS * CH; x += NT) {
+    const uint4 w = *(const uint4*)(tile + x / CH * P + x % CH * EC);
+    const u32 e = 0x7f800000u;  // (the exponent all ones)
+    bad |= ((w.x & e) == e) | ((w.y & e) == e) | ((w.z & e) == e) | ((w.w & e) == e);
+  }
+  return bad != 0;
+}
+
+// Whether the products of a tile may take E::mma's FINITE form: always for 16-bit and one-pass
+// TF32; for 3xTF32 when the block's stationary rows (`stationary_bad`, the block's answer) and
+// the tile's ROWS rows at `tile` hold no infinity or NaN.
+template <class E, int ROWS, int DM>
+__device__ bool tile_finite(bool stationary_bad, const typename E::T* tile) {
+  if (!E::CHECKS) return true;
+  return !__syncthreads_or(stationary_bad || nonfinite_part<ROWS, DM>(tile));
+}
+// The block's answer for its stationary rows (3xTF32; false elsewhere).
+template <class E, int ROWS, int DM> __device__ bool stationary_nonfinite(const typename E::T* rows) {
+  return E::CHECKS && __syncthreads_or(nonfinite_part<ROWS, DM>(rows));
 }
 
 // The additive mask at (i, j) in float32 (0 without one).
-template <bool BF> __device__ float mask_at(const AttnArgs& a, const i64* off, i64 i, i64 j) {
-  return a.has_mask ? H<BF>::to(((const u16*)a.ptr[M])[off[M] + i * a.rs[M] + j * a.cs[M]]) : 0.f;
+template <class E> __device__ float mask_at(const AttnArgs& a, const i64* off, i64 i, i64 j) {
+  return a.has_mask ? E::to(((const typename E::T*)a.ptr[M])[off[M] + i * a.rs[M] + j * a.cs[M]]) : 0.f;
 }
 
 template <int N> __device__ void zero(float (*x)[4]) {
@@ -254,8 +442,8 @@ template <int N> __device__ void zero(float (*x)[4]) {
 // Stores this thread's part of a 16-row accumulator (rows ra and ra + 8, columns
 // c0 + 8n + 2(lane % 4) + e), rounded to the input type, into `o` (row stride rs[O]), rows below
 // `rows`, columns below d.
-template <bool BF, int N>
-__device__ void store_rows(const AttnArgs& a, u16* o, const float (*x)[4], i64 ra, i64 rows, int c0) {
+template <class E, int N>
+__device__ void store_rows(const AttnArgs& a, typename E::T* o, const float (*x)[4], i64 ra, i64 rows, int c0) {
   const int t4 = threadIdx.x & 3;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -266,32 +454,10 @@ __device__ void store_rows(const AttnArgs& a, u16* o, const float (*x)[4], i64 r
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const i64 c = c0 + n * 8 + t4 * 2 + e;
-        if (c < a.d) o[r * a.rs[O] + c * a.cs[O]] = H<BF>::from(x[n][2 * h + e]);
+        if (c < a.d) o[r * a.rs[O] + c * a.cs[O]] = E::from(x[n][2 * h + e]);
       }
   }
 }
-
-// The row log-sum-exp in the packed output's pieces (runtime/ir/attention_lse.h: lse =
-// (m0 + m1 + m2) 2^e; 0, lse, 0, 0 where it is 0 or not finite), and back.
-template <bool BF> __device__ void encode_lse(float lse, u16* p, i64 cs) {
-  if (!isfinite(lse) || lse == 0.f) {
-    p[0] = H<BF>::from(0.f), p[cs] = H<BF>::from(lse), p[2 * cs] = H<BF>::from(0.f), p[3 * cs] = H<BF>::from(0.f);
-    return;
-  }
-  int e;
-  const float f = frexpf(lse, &e);
-  const u16 m0 = H<BF>::from(f);
-  const float r = f - H<BF>::to(m0);
-  const u16 m1 = H<BF>::from(r);
-  p[0] = H<BF>::from((float)e), p[cs] = m0, p[2 * cs] = m1, p[3 * cs] = H<BF>::from(r - H<BF>::to(m1));
-}
-template <bool BF> __device__ float decode_lse(const u16* p, i64 cs) {
-  const float m0 = H<BF>::to(p[cs]);
-  if (!isfinite(m0) || m0 == 0.f) return m0;
-  return ldexpf(m0 + H<BF>::to(p[2 * cs]) + H<BF>::to(p[3 * cs]), (int)H<BF>::to(p[0]));
-}
-// The packed output's columns (runtime/ir/node.h, attention_packed_width).
-__device__ int packed_width(int d) { return (d + 4 + 7) / 8 * 8; }
 
 // The forward's shape for head-size bucket DM: MT 16-row slices per warp (a key fragment read
 // from shared memory serves MT products: with one slice the kernel waits on shared memory) and KN
@@ -310,79 +476,92 @@ __device__ float ex2(float x) {
   return y;
 }
 
-// s[mt][n] += (rows x0 + 16 mt of tile x) · (the N rows of tile y)ᵀ over DM columns.
-template <bool BF, int MT, int N, int DM>
-__device__ void mma_nt_m(float (*s)[N / 8][4], const u16* x, int x0, const u16* y) {
-  constexpr int P = DM + 8;
+// s[mt][n] += (rows x0 + 16 mt of tile x) · (the N rows of tile y)ᵀ over DM columns (tile y's rows
+// in E's order within each 8; FINITE: E::mma's).
+template <class E, bool FINITE, int MT, int N, int DM>
+__device__ void mma_nt_as(float (*s)[N / 8][4], const typename E::T* x, int x0, const typename E::T* y) {
+  constexpr int RB = Pitch<typename E::T, DM>::p * (int)sizeof(typename E::T);  // bytes a row
   const int lane = threadIdx.x & 31;
-  const u32 xa = smem_addr(x), ya = smem_addr(y);
-  const int xrow = (x0 + (lane & 15)) * P + (lane >> 4) * 8;
-  const int yrow = ((lane & 7) + (lane >> 4) * 8) * P + ((lane >> 3) & 1) * 8;
+  const int yr = E::PERM ? ((lane & 7) >> 1) | ((lane & 1) << 2) : lane & 7;
+  const u32 xa = smem_addr(x) + (x0 + (lane & 15)) * RB + (lane >> 4) * 16;
+  const u32 ya = smem_addr(y) + (yr + (lane >> 4) * 8) * RB + ((lane >> 3) & 1) * 16;
 #pragma unroll
-  for (int kk = 0; kk < DM / 16; ++kk) {
-    u32 a[MT][4];
+  for (int kk = 0; kk < DM * (int)sizeof(typename E::T) / 32; ++kk) {  // (32 bytes: KD columns)
+    typename E::A a[MT];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldsm4(a[mt], xa, xrow + mt * 16 * P + kk * 16);
+    for (int mt = 0; mt < MT; ++mt) {
+      u32 r[4];
+      ldsm4(r, xa + mt * 16 * RB + kk * 32);
+      a[mt] = E::a_raw(r);
+    }
 #pragma unroll
     for (int p = 0; p < N / 16; ++p) {
-      u32 b[4];
-      ldsm4(b, ya, yrow + p * 16 * P + kk * 16);
+      u32 r[4];
+      ldsm4(r, ya + p * 16 * RB + kk * 32);
+      const typename E::B b0 = E::b_raw(r[0], r[1]), b1 = E::b_raw(r[2], r[3]);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        H<BF>::mma(s[mt][2 * p], a[mt], b[0], b[1]);
-        H<BF>::mma(s[mt][2 * p + 1], a[mt], b[2], b[3]);
+        E::template mma<FINITE>(s[mt][2 * p], a[mt], b0);
+        E::template mma<FINITE>(s[mt][2 * p + 1], a[mt], b1);
       }
     }
   }
 }
+template <class E, int MT, int N, int DM>
+__device__ void mma_nt_m(bool finite, float (*s)[N / 8][4], const typename E::T* x, int x0, const typename E::T* y) {
+  if (finite) mma_nt_as<E, true, MT, N, DM>(s, x, x0, y);
+  else mma_nt_as<E, false, MT, N, DM>(s, x, x0, y);
+}
 
 // Calls f(x, i, j) for every score x (a reference) of this thread in the warp's MT slices of a
 // tile: row i (from ra, the thread's first), key j (from the tile's first key j0).
-template <int MT, int KN, class Body> __device__ void each_score(float (*s)[KN / 8][4], i64 ra, i64 j0, Body f) {
+template <class E, int MT, int KN, class Body>
+__device__ void each_score(float (*s)[KN / 8][4], i64 ra, i64 j0, Body f) {
   const int t4 = threadIdx.x & 3;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int n = 0; n < KN / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) f(s[mt][n][e], ra + mt * 16 + (e >> 1) * 8, j0 + n * 8 + t4 * 2 + (e & 1));
+      for (int e = 0; e < 4; ++e) f(s[mt][n][e], ra + mt * 16 + (e >> 1) * 8, j0 + n * 8 + E::col(t4, e & 1));
 }
 
 // Scores in base 2 of the warp's MT slices against a tile of keys at j0: s·scale2, plus the mask,
 // -inf where causal hides a key or past tk (PLAIN: none of that applies to the tile).
-template <bool PLAIN, bool BF, int MT, int KN>
+template <bool PLAIN, class E, int MT, int KN>
 __device__ void fwd_scores(const AttnArgs& a, const i64* off, float (*s)[KN / 8][4], i64 ra, i64 j0, float scale2) {
-  each_score<MT, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
+  each_score<E, MT, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
     float y = x * scale2;
     if (!PLAIN) {
       if (j >= a.tk || (a.causal && j > i)) y = ninf<float>();
-      else if (a.has_mask && i < a.tq) y += mask_at<BF>(a, off, i, j) * LOG2E;
+      else if (a.has_mask && i < a.tq) y += mask_at<E>(a, off, i, j) * LOG2E;
     }
     x = y;
   });
 }
 
 // The dropout factors applied to the warp's probabilities of a tile.
-template <int MT, int KN>
+template <class E, int MT, int KN>
 __device__ void fwd_dropout(const AttnArgs& a, const Drop& drop, float (*s)[KN / 8][4], i64 ra, i64 j0) {
-  each_score<MT, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
+  each_score<E, MT, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
     if (i < a.tq && j < a.tk) x *= keep_of(drop, a, blockIdx.x, i, j);
   });
 }
 
-template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
-  constexpr int P = DM + 8, S = Stages<DM>::n, MT = Fwd<DM>::mt, KN = Fwd<DM>::kn, QM = 64 * MT;
+template <class E, int DM> __device__ void flash_fwd(const AttnArgs& a) {
+  typedef typename E::T T;
+  constexpr int P = Pitch<T, DM>::p, S = Stages<DM>::n, MT = Fwd<DM>::mt, KN = Fwd<DM>::kn, QM = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
-  u16* qs = (u16*)smem;
-  u16* kvs = qs + QM * P;  // stage t: k at kvs + t 2 KN P, v after it
+  T* qs = (T*)smem;
+  T* kvs = qs + QM * P;  // stage t: k at kvs + t 2 KN P, v after it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t4 = lane & 3;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
   const i64 i0 = (i64)blockIdx.y * QM;
   const i64 rw = i0 + warp * 16 * MT;       // the warp's first row
   const i64 ra = rw + (lane >> 2);          // this thread's rows: ra + 16 mt + 8 h
-  const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
-  stage<QM, DM>(src_of(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs);
+  const Src<T> sk = src_of<T>(a, off, K), sv = src_of<T>(a, off, V);
+  stage<QM, DM>(src_of<T>(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs);
   const int tiles = key_tiles<KN>(a, i0, QM);
   auto issue = [&](int t) { stage_kv<S, KN, DM>(a, sk, sv, t, kvs); };
   stages_begin(tiles, issue);
@@ -396,20 +575,23 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
     for (int h = 0; h < 2; ++h) m[mt][h] = ninf<float>(), l[mt][h] = 0.f;
   const Drop drop = drop_of(a);
   const float scale2 = (float)a.scale * LOG2E;
+  bool q_bad = false;  // (3xTF32: an infinity or NaN among the block's query rows)
   for (int t = 0; t < tiles; ++t) {
     stage_wait<S>(t, tiles, issue);
-    const u16* ks = kvs + (t % S) * 2 * KN * P;
+    const T* ks = kvs + (t % S) * 2 * KN * P;
     const i64 j0 = (i64)t * KN;
+    if (t == 0) q_bad = stationary_nonfinite<E, QM, DM>(qs);
+    const bool finite = tile_finite<E, 2 * KN, DM>(q_bad, ks);
     float s[MT][KN / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) zero<KN / 8>(s[mt]);
-    mma_nt_m<BF, MT, KN, DM>(s, qs, warp * 16 * MT, ks);
+    mma_nt_m<E, MT, KN, DM>(finite, s, qs, warp * 16 * MT, ks);
     // (a tile every row of the warp sees whole, without a mask: no per-element tests; two
     // instances, so that the tests are a branch, not predicated instructions on every tile)
     if (!a.has_mask && j0 + KN <= a.tk && (!a.causal || j0 + KN - 1 <= rw))
-      fwd_scores<true, BF, MT, KN>(a, off, s, ra, j0, scale2);
+      fwd_scores<true, E, MT, KN>(a, off, s, ra, j0, scale2);
     else
-      fwd_scores<false, BF, MT, KN>(a, off, s, ra, j0, scale2);
+      fwd_scores<false, E, MT, KN>(a, off, s, ra, j0, scale2);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float mx[2] = {m[mt][0], m[mt][1]};
@@ -441,19 +623,19 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
           s[mt][n][e] = p;
         }
     }
-    if (drop.on) fwd_dropout<MT, KN>(a, drop, s, ra, j0);  // (one branch a tile, not one an element)
+    if (drop.on) fwd_dropout<E, MT, KN>(a, drop, s, ra, j0);  // (one branch a tile, not one an element)
 #pragma unroll
-    for (int kk = 0; kk < KN / 16; ++kk) {
-      u32 pa[MT][4];
+    for (int kk = 0; kk < KN / E::KD; ++kk) {
+      typename E::A pa[MT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) as_a<BF>(pa[mt], s[mt], kk);
-      mma_rows_m<BF, MT, DM, P>(acc, pa, ks + KN * P, kk * 16, 0);
+      for (int mt = 0; mt < MT; ++mt) pa[mt] = E::a_acc(s[mt], kk);
+      mma_rows_m<E, MT, DM, P>(finite, acc, pa, ks + KN * P, kk * E::KD, 0);
     }
     stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
-  u16* out = (u16*)a.ptr[O] + off[O];
-  const int w = packed_width(a.d);
+  T* out = (T*)a.ptr[O] + off[O];
+  const int w = E::packed_width(a.d);
   // (a row that sees no key: 0 / 0, NaN, as the softmax of -inf everywhere; no keys at all: 0)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -470,28 +652,26 @@ template <bool BF, int DM> __device__ void flash_fwd(const AttnArgs& a) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const i64 c = n * 8 + t4 * 2 + e;
-          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = H<BF>::from(acc[mt][n][2 * h + e] * inv);
+          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = E::from(acc[mt][n][2 * h + e] * inv);
         }
-      if (t4 == 0) {
-        u16* rest = out + i * a.rs[O] + a.d * a.cs[O];
-        encode_lse<BF>(m[mt][h] * LN2 + logf(lt), rest, a.cs[O]);
-        for (int c = 4; c < w - a.d; ++c) rest[c * a.cs[O]] = 0;
-      }
+      if (t4 == 0) E::put_lse(m[mt][h] * LN2 + logf(lt), out + i * a.rs[O] + a.d * a.cs[O], a.cs[O], w - (int)a.d);
     }
 }
 
 // The backward's work area for BM query rows (a warp per row, coalesced): dO (zeros past d), lse
-// and delta = dO · O, from the packed 16-bit output and dO (the log-sum-exp gets no gradient).
-template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
+// and delta = dO · O - dLSE (dLSE: the log-sum-exp's gradient, column d of a float32 gout; 16-bit
+// nodes take dO alone), from the packed output and its gradient.
+template <class E, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
+  typedef typename E::T T;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
   const i64 b = blockIdx.x;
-  u16* dst = (u16*)a.work + b * a.tq * DM;
-  float* lse = work_lse<DM>(a) + b * a.tq;
+  T* dst = (T*)a.work + b * a.tq * DM;
+  float* lse = work_lse<T, DM>(a) + b * a.tq;
   float* delta = lse + (i64)gridDim.x * a.tq;
-  const u16* fp = (const u16*)a.ptr[F] + off[F];
-  const u16* gp = (const u16*)a.ptr[G] + off[G];
+  const T* fp = (const T*)a.ptr[F] + off[F];
+  const T* gp = (const T*)a.ptr[G] + off[G];
   for (int r = warp; r < BM; r += NT / 32) {
     const i64 i = (i64)blockIdx.y * BM + r;
     if (i >= a.tq) break;
@@ -499,15 +679,15 @@ template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
 #pragma unroll
     for (int c0 = 0; c0 < DM; c0 += 32) {
       const i64 c = c0 + lane;
-      const u16 g = c < a.d ? gp[i * a.rs[G] + c * a.cs[G]] : (u16)0;
-      if (c < a.d) dot += H<BF>::to(g) * H<BF>::to(fp[i * a.rs[F] + c * a.cs[F]]);
+      const T g = c < a.d ? gp[i * a.rs[G] + c * a.cs[G]] : (T)0;
+      if (c < a.d) dot += E::to(g) * E::to(fp[i * a.rs[F] + c * a.cs[F]]);
       dst[i * DM + c] = g;
     }
 #pragma unroll
     for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     if (lane == 0) {
-      lse[i] = decode_lse<BF>(fp + i * a.rs[F] + a.d * a.cs[F], a.cs[F]) * LOG2E;  // (base 2: score_grads uses ex2)
-      delta[i] = dot;
+      lse[i] = E::get_lse(fp + i * a.rs[F] + a.d * a.cs[F], a.cs[F]) * LOG2E;  // (base 2: score_grads uses ex2)
+      delta[i] = a.glse ? dot - E::to(gp[i * a.rs[G] + a.d * a.cs[G]]) : dot;
     }
   }
 }
@@ -515,10 +695,10 @@ template <bool BF, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
 // Probabilities and score gradients of one 16-row slice against one tile: s holds q·kᵀ, dp the
 // products dO·vᵀ; on return p̃ (dropout applied) in s and dS = p (dp·keep - delta) scale in dp.
 // Rows are queries when BY_KEY is false (row i = r0 + lane/4 + 8h, column j = c0 + 8n +
-// 2(lane%4) + e), keys when it is true (the roles swapped); lse (base 2) and delta are indexed by
-// the query's place in its tile (stat0 + row, or the column). PLAIN: every entry is live and
+// E::col(lane%4, e)), keys when it is true (the roles swapped); lse (base 2) and delta are indexed
+// by the query's place in its tile (stat0 + row, or the column). PLAIN: every entry is live and
 // unmasked, without dropout (no per-element tests).
-template <bool PLAIN, bool BY_KEY, bool BF, int N>
+template <bool PLAIN, bool BY_KEY, class E, int N>
 __device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4],
                                i64 r0, i64 c0, const float* lse, const float* delta, int stat0) {
   const int t4 = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
@@ -527,17 +707,18 @@ __device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& dr
   for (int n = 0; n < N / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int st = BY_KEY ? n * 8 + t4 * 2 + (e & 1) : stat0 + g + (e >> 1) * 8;
+      const int cn = n * 8 + E::col(t4, e & 1);
+      const int st = BY_KEY ? cn : stat0 + g + (e >> 1) * 8;
       float p, keep = 1.f;
       if (PLAIN) {
         p = ex2(s[n][e] * scale2 - lse[st]);
       } else {
-        const i64 r = r0 + g + (e >> 1) * 8, c = c0 + n * 8 + t4 * 2 + (e & 1);
+        const i64 r = r0 + g + (e >> 1) * 8, c = c0 + cn;
         const i64 i = BY_KEY ? c : r, j = BY_KEY ? r : c;
         const bool live = i < a.tq && j < a.tk && !(a.causal && j > i);
         p = 0.f, keep = 0.f;
         if (live) {
-          p = ex2(s[n][e] * scale2 + (a.has_mask ? mask_at<BF>(a, off, i, j) * LOG2E : 0.f) - lse[st]);
+          p = ex2(s[n][e] * scale2 + (a.has_mask ? mask_at<E>(a, off, i, j) * LOG2E : 0.f) - lse[st]);
           keep = drop.on ? keep_of(drop, a, blockIdx.x, i, j) : 1.f;
         }
       }
@@ -546,7 +727,7 @@ __device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& dr
     }
 }
 
-template <bool BY_KEY, bool BF, int N>
+template <bool BY_KEY, class E, int N>
 __device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4], i64 r0,
                             i64 c0, const float* lse, const float* delta, int stat0) {
   const i64 rlast = r0 + 15, clast = c0 + N - 1;
@@ -554,45 +735,48 @@ __device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop,
                      (BY_KEY ? rlast < a.tk && clast < a.tq && (!a.causal || rlast <= c0)
                              : rlast < a.tq && clast < a.tk && (!a.causal || clast <= r0));
   if (plain)
-    score_grads_as<true, BY_KEY, BF, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
+    score_grads_as<true, BY_KEY, E, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
   else
-    score_grads_as<false, BY_KEY, BF, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
+    score_grads_as<false, BY_KEY, E, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
 }
 
-// The backward's shapes for bucket DM: MT 16-row slices per warp (64 MT stationary rows a block)
-// and T rows of the streamed side per tile. dq takes two slices up to head size 64; dk/dv one (its
-// two accumulators of two slices would not fit in registers), and query tiles of 32 above 64.
-template <int DM, bool KV> struct Bwd {
+// The backward's shapes for bucket DM and element size SZ: MT 16-row slices per warp (64 MT
+// stationary rows a block) and T rows of the streamed side per tile. dq takes two slices up to
+// head size 64; dk/dv one (its two accumulators of two slices would not fit in registers), and
+// 32-row tiles above 64 (dq too in float32: shared memory).
+template <int DM, bool KV, int SZ> struct Bwd {
   static const int mt = !KV && DM <= 64 ? 2 : 1;
-  static const int t = mt == 2 || (KV && DM > 64) ? 32 : 64;
+  static const int t = mt == 2 || (DM > 64 && (KV || SZ == 4)) ? 32 : 64;
 };
 
 // dk and dv of 64 MT key rows, gradient columns [c0, c0 + DC) (c0 = blockIdx.z DC), over the query
 // tiles (Q, dO and their lse / delta in flight while the previous tile is used).
-template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& a) {
-  constexpr int P = DM + 8, S = Stages<DM>::n, MT = Bwd<DM, true>::mt, QT = Bwd<DM, true>::t, KB = 64 * MT;
+template <class E, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& a) {
+  typedef typename E::T T;
+  typedef Bwd<DM, true, sizeof(T)> Sh;
+  constexpr int P = Pitch<T, DM>::p, S = Stages<DM>::n, MT = Sh::mt, QT = Sh::t, KB = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
-  u16* ks = (u16*)smem;
-  u16* vs = ks + KB * P;
-  u16* qgs = vs + KB * P;  // stage t: q at qgs + t 2 QT P, dO after it
+  T* ks = (T*)smem;
+  T* vs = ks + KB * P;
+  T* qgs = vs + KB * P;  // stage t: q at qgs + t 2 QT P, dO after it
   float* stats = (float*)(qgs + S * 2 * QT * P);  // stage t: lse at stats + t 2 QT, delta after it
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   i64 off[7];
   batch_offsets(a, blockIdx.x, off);
   const i64 j0 = (i64)blockIdx.y * KB;
   const int c0 = blockIdx.z * DC;
-  stage<KB, DM>(src_of(a, off, K), j0, min((i64)KB, a.tk - j0), a.d, ks);
-  stage<KB, DM>(src_of(a, off, V), j0, min((i64)KB, a.tk - j0), a.d, vs);
-  const Src sq = src_of(a, off, Q), sg = work_do<DM>(a, blockIdx.x);
+  stage<KB, DM>(src_of<T>(a, off, K), j0, min((i64)KB, a.tk - j0), a.d, ks);
+  stage<KB, DM>(src_of<T>(a, off, V), j0, min((i64)KB, a.tk - j0), a.d, vs);
+  const Src<T> sq = src_of<T>(a, off, Q), sg = work_do<T, DM>(a, blockIdx.x);
   const i64 first = a.causal ? j0 / QT * QT : 0;
   const int tiles = a.tq > first ? (int)((a.tq - first + QT - 1) / QT) : 0;
   auto issue = [&](int t) {
-    u16* q = qgs + (t % S) * 2 * QT * P;
+    T* q = qgs + (t % S) * 2 * QT * P;
     float* st = stats + (t % S) * 2 * QT;
     const i64 i0 = first + (i64)t * QT, cnt = min((i64)QT, a.tq - i0);
     stage<QT, DM>(sq, i0, cnt, a.d, q);
     stage<QT, DM>(sg, i0, cnt, DM, q + QT * P);
-    stage_stats<QT, DM>(a, i0, st, st + QT);
+    stage_stats<QT, DM, T>(a, i0, st, st + QT);
     cp_commit();
   };
   stages_begin(tiles, issue);
@@ -604,53 +788,58 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
   }
   const Drop drop = drop_of(a);
   const i64 jw = j0 + warp * 16 * MT;  // the warp's first key
+  bool kv_bad = false;  // (3xTF32: an infinity or NaN among the block's keys and values)
   for (int t = 0; t < tiles; ++t) {
     stage_wait<S>(t, tiles, issue);
-    const u16* qs = qgs + (t % S) * 2 * QT * P;
-    const u16* gs = qs + QT * P;
+    const T* qs = qgs + (t % S) * 2 * QT * P;
+    const T* gs = qs + QT * P;
     const float* lse = stats + (t % S) * 2 * QT;
     const i64 i0 = first + (i64)t * QT;
+    if (t == 0) kv_bad = stationary_nonfinite<E, 2 * KB, DM>(ks);
+    const bool finite = tile_finite<E, 2 * QT, DM>(kv_bad, qs);
     float st[MT][QT / 8][4], dpt[MT][QT / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       zero<QT / 8>(st[mt]);
       zero<QT / 8>(dpt[mt]);
     }
-    mma_nt_m<BF, MT, QT, DM>(st, ks, warp * 16 * MT, qs);
-    mma_nt_m<BF, MT, QT, DM>(dpt, vs, warp * 16 * MT, gs);
+    mma_nt_m<E, MT, QT, DM>(finite, st, ks, warp * 16 * MT, qs);
+    mma_nt_m<E, MT, QT, DM>(finite, dpt, vs, warp * 16 * MT, gs);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      score_grads<true, BF, QT>(a, off, drop, st[mt], dpt[mt], jw + mt * 16, i0, lse, lse + QT, 0);
+      score_grads<true, E, QT>(a, off, drop, st[mt], dpt[mt], jw + mt * 16, i0, lse, lse + QT, 0);
 #pragma unroll
-    for (int kk = 0; kk < QT / 16; ++kk) {
-      u32 pa[MT][4], da[MT][4];
+    for (int kk = 0; kk < QT / E::KD; ++kk) {
+      typename E::A pa[MT], da[MT];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
-        as_a<BF>(pa[mt], st[mt], kk);
-        as_a<BF>(da[mt], dpt[mt], kk);
+        pa[mt] = E::a_acc(st[mt], kk);
+        da[mt] = E::a_acc(dpt[mt], kk);
       }
-      mma_rows_m<BF, MT, DC, P>(dv, pa, gs, kk * 16, c0);
-      mma_rows_m<BF, MT, DC, P>(dk, da, qs, kk * 16, c0);
+      mma_rows_m<E, MT, DC, P>(finite, dv, pa, gs, kk * E::KD, c0);
+      mma_rows_m<E, MT, DC, P>(finite, dk, da, qs, kk * E::KD, c0);
     }
     stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
-  u16* out = (u16*)a.ptr[O] + off[O];
+  T* out = (T*)a.ptr[O] + off[O];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     const i64 ja = jw + mt * 16 + (lane >> 2);
-    store_rows<BF, DC / 8>(a, out + a.tq * a.rs[O], dk[mt], ja, a.tk, c0);
-    store_rows<BF, DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv[mt], ja, a.tk, c0);
+    store_rows<E, DC / 8>(a, out + a.tq * a.rs[O], dk[mt], ja, a.tk, c0);
+    store_rows<E, DC / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv[mt], ja, a.tk, c0);
   }
 }
 
 // dq of 64 MT query rows, gradient columns [c0, c0 + DC), over the key tiles (K, V in flight).
-template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a) {
-  constexpr int P = DM + 8, S = Stages<DM>::n, MT = Bwd<DM, false>::mt, KT = Bwd<DM, false>::t, QB = 64 * MT;
+template <class E, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a) {
+  typedef typename E::T T;
+  typedef Bwd<DM, false, sizeof(T)> Sh;
+  constexpr int P = Pitch<T, DM>::p, S = Stages<DM>::n, MT = Sh::mt, KT = Sh::t, QB = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
-  u16* qs = (u16*)smem;
-  u16* gs = qs + QB * P;
-  u16* kvs = gs + QB * P;  // stage t: k at kvs + t 2 KT P, v after it
+  T* qs = (T*)smem;
+  T* gs = qs + QB * P;
+  T* kvs = gs + QB * P;  // stage t: k at kvs + t 2 KT P, v after it
   float* lse = (float*)(kvs + S * 2 * KT * P);
   float* delta = lse + QB;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -659,10 +848,10 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
   const i64 i0 = (i64)blockIdx.y * QB;
   const int c0 = blockIdx.z * DC;
   const i64 rows = min((i64)QB, a.tq - i0);
-  stage<QB, DM>(src_of(a, off, Q), i0, rows, a.d, qs);
-  stage<QB, DM>(work_do<DM>(a, blockIdx.x), i0, rows, DM, gs);
-  stage_stats<QB, DM>(a, i0, lse, delta);
-  const Src sk = src_of(a, off, K), sv = src_of(a, off, V);
+  stage<QB, DM>(src_of<T>(a, off, Q), i0, rows, a.d, qs);
+  stage<QB, DM>(work_do<T, DM>(a, blockIdx.x), i0, rows, DM, gs);
+  stage_stats<QB, DM, T>(a, i0, lse, delta);
+  const Src<T> sk = src_of<T>(a, off, K), sv = src_of<T>(a, off, V);
   const int tiles = key_tiles<KT>(a, i0, QB);
   auto issue = [&](int t) { stage_kv<S, KT, DM>(a, sk, sv, t, kvs); };
   stages_begin(tiles, issue);
@@ -671,34 +860,37 @@ template <bool BF, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
   for (int mt = 0; mt < MT; ++mt) zero<DC / 8>(dq[mt]);
   const Drop drop = drop_of(a);
   const int rw = warp * 16 * MT;  // the warp's first row in the block
+  bool qg_bad = false;  // (3xTF32: an infinity or NaN among the block's q and dO rows)
   for (int t = 0; t < tiles; ++t) {
     stage_wait<S>(t, tiles, issue);
-    const u16* ks = kvs + (t % S) * 2 * KT * P;
+    const T* ks = kvs + (t % S) * 2 * KT * P;
+    if (t == 0) qg_bad = stationary_nonfinite<E, 2 * QB, DM>(qs);
+    const bool finite = tile_finite<E, 2 * KT, DM>(qg_bad, ks);
     float s[MT][KT / 8][4], dp[MT][KT / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       zero<KT / 8>(s[mt]);
       zero<KT / 8>(dp[mt]);
     }
-    mma_nt_m<BF, MT, KT, DM>(s, qs, rw, ks);
-    mma_nt_m<BF, MT, KT, DM>(dp, gs, rw, ks + KT * P);
+    mma_nt_m<E, MT, KT, DM>(finite, s, qs, rw, ks);
+    mma_nt_m<E, MT, KT, DM>(finite, dp, gs, rw, ks + KT * P);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      score_grads<false, BF, KT>(a, off, drop, s[mt], dp[mt], i0 + rw + mt * 16, (i64)t * KT, lse, delta,
-                                 rw + mt * 16);
+      score_grads<false, E, KT>(a, off, drop, s[mt], dp[mt], i0 + rw + mt * 16, (i64)t * KT, lse, delta,
+                                rw + mt * 16);
 #pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-      u32 da[MT][4];
+    for (int kk = 0; kk < KT / E::KD; ++kk) {
+      typename E::A da[MT];
 #pragma unroll
-      for (int mt = 0; mt < MT; ++mt) as_a<BF>(da[mt], dp[mt], kk);
-      mma_rows_m<BF, MT, DC, P>(dq, da, ks, kk * 16, c0);
+      for (int mt = 0; mt < MT; ++mt) da[mt] = E::a_acc(dp[mt], kk);
+      mma_rows_m<E, MT, DC, P>(finite, dq, da, ks, kk * E::KD, c0);
     }
     stage_done<S>(t, tiles, issue);
   }
   cp_wait<0>();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
-    store_rows<BF, DC / 8>(a, (u16*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
+    store_rows<E, DC / 8>(a, (T*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
 }
 
 // Gradient columns per block of head-size bucket DM (mirrored by the host).
@@ -706,20 +898,25 @@ template <int DM> struct Cols {
   static const int n = DM <= 128 ? DM : DM / 2;
 };
 
-#define KILN_FLASH_flash_fwd(NAME, BF, DM) \
-  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_fwd<BF, DM>(a); }
-#define KILN_FLASH_flash_bwd_kv(NAME, BF, DM) \
-  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_kv<BF, DM, Cols<DM>::n>(a); }
-#define KILN_FLASH_flash_bwd_prep(NAME, BF, DM) \
-  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_prep<BF, DM>(a); }
-#define KILN_FLASH_flash_bwd_q(NAME, BF, DM) \
-  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_q<BF, DM, Cols<DM>::n>(a); }
-#define KILN_FLASH(NAME, KIND, BF, DM) KILN_FLASH_##KIND(NAME, BF, DM)
+#define KILN_FLASH_flash_fwd(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_fwd<E, DM>(a); }
+#define KILN_FLASH_flash_bwd_kv(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_kv<E, DM, Cols<DM>::n>(a); }
+#define KILN_FLASH_flash_bwd_prep(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_prep<E, DM>(a); }
+#define KILN_FLASH_flash_bwd_q(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_q<E, DM, Cols<DM>::n>(a); }
+#define KILN_FLASH(NAME, KIND, E, DM) KILN_FLASH_##KIND(NAME, E, DM)
 )CUDA";
 
 }  // namespace
 
 const char* flash_kernel_source() { return kFlashSource; }
+
+std::string flash_element(const DeviceKernelInstance& k) {
+  if (k.a == DType::Float32) return k.tf32_passes == 1 ? "Tf32<1>" : "Tf32<3>";
+  return k.a == DType::BFloat16 ? "Half<true>" : "Half<false>";
+}
 
 int flash_head_bucket(int64_t d) { return static_cast<int>((d + 31) / 32 * 32); }
 
@@ -728,21 +925,21 @@ int flash_columns(int bucket) { return bucket <= 128 ? bucket : bucket / 2; }
 int flash_stages(int bucket) { return bucket <= 128 ? 2 : 1; }
 
 namespace {
-// A kernel's shape for a bucket (the source's Fwd and Bwd): stationary rows a block (64 a slice
-// per warp) and rows of the streamed side a tile.
+// A kernel's shape for a bucket and element size (the source's Fwd and Bwd): stationary rows a
+// block (64 a slice per warp) and rows of the streamed side a tile.
 struct Shape {
   int64_t rows, streamed;
 };
-Shape shape_of(DeviceKernel k, int bucket) {
+Shape shape_of(DeviceKernel k, int bucket, int64_t item) {
   if (k == DeviceKernel::FlashForward) return {bucket <= 128 ? 128 : 64, bucket <= 64 ? 64 : 32};
-  if (k == DeviceKernel::FlashBackwardQ) return bucket <= 64 ? Shape{128, 32} : Shape{64, 64};
+  if (k == DeviceKernel::FlashBackwardQ) return bucket <= 64 ? Shape{128, 32} : Shape{64, item == 4 ? 32 : 64};
   return {64, bucket <= 64 ? 64 : 32};
 }
 }  // namespace
 
-int64_t flash_shared_bytes(DeviceKernel k, int bucket) {
-  const Shape sh = shape_of(k, bucket);
-  const int64_t pitch = (bucket + 8) * 2, stages = flash_stages(bucket), streamed = stages * 2 * sh.streamed * pitch;
+int64_t flash_shared_bytes(DeviceKernel k, int bucket, int64_t item) {
+  const Shape sh = shape_of(k, bucket, item);
+  const int64_t pitch = bucket * item + 16, stages = flash_stages(bucket), streamed = stages * 2 * sh.streamed * pitch;
   switch (k) {
     case DeviceKernel::FlashForward: return sh.rows * pitch + streamed;  // q; k and v a stage
     case DeviceKernel::FlashBackwardKV:  // k, v; q and dO with their lse and delta a stage
@@ -753,10 +950,18 @@ int64_t flash_shared_bytes(DeviceKernel k, int bucket) {
   }
 }
 
-int flash_rows_per_block(DeviceKernel k, int bucket) {
-  return k == DeviceKernel::FlashBackwardPrep ? 64 : static_cast<int>(shape_of(k, bucket).rows);
+int64_t flash_most_shared_bytes(int bucket, int64_t item) {
+  return std::max({flash_shared_bytes(DeviceKernel::FlashForward, bucket, item),
+                   flash_shared_bytes(DeviceKernel::FlashBackwardKV, bucket, item),
+                   flash_shared_bytes(DeviceKernel::FlashBackwardQ, bucket, item)});
 }
 
-int64_t flash_work_bytes(int64_t batch, int64_t tq, int bucket) { return batch * tq * (2 * bucket + 8); }
+int flash_rows_per_block(DeviceKernel k, int bucket) {
+  return k == DeviceKernel::FlashBackwardPrep ? 64 : static_cast<int>(shape_of(k, bucket, 2).rows);
+}
+
+int64_t flash_work_bytes(int64_t batch, int64_t tq, int bucket, int64_t item) {
+  return batch * tq * (item * bucket + 8);
+}
 
 }  // namespace kiln::kernels

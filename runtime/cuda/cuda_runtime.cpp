@@ -213,7 +213,7 @@ class CudaRuntime final : public DeviceRuntime {
   std::string unavailable_reason() const override { return cu::unavailable_reason(); }
   int device_count() const override { return cu::device_count(); }
 
-  bool fused_half_attention(int index) override {  // (the flash kernels: mma.sync, sm_80 and later)
+  bool tensor_core_attention(int index) override {  // (the flash kernels: mma.sync, sm_80 and later)
     return cu::compute_capability(index) >= 80 && cu::have_nvrtc();
   }
 

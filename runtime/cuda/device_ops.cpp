@@ -226,23 +226,34 @@ void attn_launch(int device, DeviceKernel kernel, DType dt, int head, const Attn
                    attn_shared(kernel, head, static_cast<int64_t>(itemsize(dt)), a.bt));
 }
 
-// Whether 16-bit operand `o` (head size d) takes 16-byte loads: unit column stride, every
-// other stride and the address a multiple of 8 elements.
+// Whether operand `o` (head size d) takes 16-byte loads: unit column stride, every other stride
+// and the address a multiple of 16 bytes.
 bool loads_vectors(const Operand& o, int64_t d) {
-  if (!is_half(o.dtype) || d % 8 != 0 || reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return false;
+  const int64_t per = 16 / static_cast<int64_t>(itemsize(o.dtype));  // elements of 16 bytes
+  if (d % per != 0 || reinterpret_cast<uintptr_t>(o.data) % 16 != 0) return false;
   const size_t r = o.strides.size();
   if (o.strides[r - 1] != 1 && o.sizes[r - 1] > 1) return false;
   for (size_t i = 0; i + 1 < r; ++i)
-    if (o.strides[i] % 8 != 0 && o.sizes[i] > 1) return false;
+    if (o.strides[i] % per != 0 && o.sizes[i] > 1) return false;
   return true;
 }
 
-// Queues flash kernel `kernel` (128 threads, a block per 64 or 128 rows of `rows`, `parts` blocks of
+// Whether attention over `dt` inputs with head size d runs on the tensor-core (flash) kernels of
+// the device: 16-bit and float32 inputs on sm_80 and later, where their shared memory fits.
+bool flash_applies(int device, DType dt, int64_t d) {
+  if (!is_half(dt) && dt != DType::Float32) return false;
+  if (compute_capability(device) < 80) return false;
+  return kernels::flash_most_shared_bytes(kernels::flash_head_bucket(d), static_cast<int64_t>(itemsize(dt))) <=
+         max_shared_per_block(device);
+}
+
+// Queues flash kernel `k` (128 threads, a block per 64 or 128 rows of `rows`, `parts` blocks of
 // gradient columns) over each batch element.
-void flash_launch(int device, DeviceKernel kernel, DType dt, int bucket, const AttnArgs& a, int64_t batch,
+void flash_launch(int device, DeviceKernelInstance k, DeviceKernel kernel, const AttnArgs& a, int64_t batch,
                   int64_t rows, int parts) {
-  launch_attention(device, {kernel, dt, DType::Int64, bucket}, a, batch, rows,
-                   kernels::flash_rows_per_block(kernel, bucket), parts, 128, kernels::flash_shared_bytes(kernel, bucket));
+  k.kernel = kernel;
+  launch_attention(device, k, a, batch, rows, kernels::flash_rows_per_block(kernel, k.head), parts, 128,
+                   kernels::flash_shared_bytes(kernel, k.head, static_cast<int64_t>(itemsize(k.a))));
 }
 
 // Attention (forward) or AttentionBackward (dq, then dk and dv) of node n into `out`.
@@ -283,21 +294,24 @@ void attention(int device, const Node& n, const Operand& out) {
   a.causal = attention_causal(n.attrs);
   a.scale = attention_scale(n.attrs);
   const DType in_dt = n.inputs[0]->dtype;
-  if (is_half(in_dt)) {  // the tensor-core kernels
+  if (flash_applies(device, in_dt, a.d)) {  // the tensor-core kernels
     for (int i : {kAttnQ, kAttnK, kAttnV}) a.vec[i] = loads_vectors(in(static_cast<size_t>(i)), a.d);
     const int bucket = kernels::flash_head_bucket(a.d);
     const int parts = bucket / kernels::flash_columns(bucket);
+    // (float32: TF32 products where set_float32_matmul_precision allows them, else 3xTF32)
+    const DeviceKernelInstance k{DeviceKernel::FlashForward, in_dt, DType::Int64, bucket,
+                                 in_dt != DType::Float32 ? 0 : float32_matmul_allows_tf32() ? 1 : 3};
     if (fwd) {
-      flash_launch(device, DeviceKernel::FlashForward, in_dt, bucket, a, batch, a.tq, 1);
+      flash_launch(device, k, DeviceKernel::FlashForward, a, batch, a.tq, 1);
     } else {
       // (the work area goes back to the caching allocator once queued: its next user is queued after these)
-      const auto work = Storage::allocate(static_cast<size_t>(std::max<int64_t>(
-                                              1, kernels::flash_work_bytes(batch, a.tq, bucket))),
+      const int64_t work_bytes = kernels::flash_work_bytes(batch, a.tq, bucket, static_cast<int64_t>(itemsize(in_dt)));
+      const auto work = Storage::allocate(static_cast<size_t>(std::max<int64_t>(1, work_bytes)),
                                           Device{DeviceType::CUDA, device});
       a.work = work->data;
-      flash_launch(device, DeviceKernel::FlashBackwardPrep, in_dt, bucket, a, batch, a.tq, 1);
-      flash_launch(device, DeviceKernel::FlashBackwardQ, in_dt, bucket, a, batch, a.tq, parts);
-      flash_launch(device, DeviceKernel::FlashBackwardKV, in_dt, bucket, a, batch, a.tk, parts);
+      flash_launch(device, k, DeviceKernel::FlashBackwardPrep, a, batch, a.tq, 1);
+      flash_launch(device, k, DeviceKernel::FlashBackwardQ, a, batch, a.tq, parts);
+      flash_launch(device, k, DeviceKernel::FlashBackwardKV, a, batch, a.tk, parts);
     }
     return;
   }
@@ -325,12 +339,9 @@ void attention(int device, const Node& n, const Operand& out) {
 // 1..256, at most 6 batch dims, rows that fit the grid.
 bool attention_handled(const Node& n) {
   if (is_half(n.inputs[0]->dtype)) {
-    if (n.dtype != n.inputs[0]->dtype || compute_capability(n.device.index) < 80) return false;
-    const int bucket = kernels::flash_head_bucket(n.inputs[0]->shape.back().as_int());
-    const int64_t most = std::max({kernels::flash_shared_bytes(DeviceKernel::FlashForward, bucket),
-                                   kernels::flash_shared_bytes(DeviceKernel::FlashBackwardKV, bucket),
-                                   kernels::flash_shared_bytes(DeviceKernel::FlashBackwardQ, bucket)});
-    if (most > max_shared_per_block(n.device.index)) return false;
+    if (n.dtype != n.inputs[0]->dtype ||
+        !flash_applies(n.device.index, n.dtype, n.inputs[0]->shape.back().as_int()))
+      return false;
   } else if (n.dtype != DType::Float32 && n.dtype != DType::Float64) {
     return false;
   }

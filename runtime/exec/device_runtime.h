@@ -65,9 +65,10 @@ class DeviceRuntime {
   virtual MemoryStats memory_stats(int index) = 0;
   virtual void reset_peak_memory_stats(int index) = 0;
   virtual void empty_cache() = 0;
-  // Whether device `index` runs fused attention over 16-bit inputs on its own (tensor-core)
-  // kernels; where it does not, scaled_dot_product_attention materializes the scores there.
-  virtual bool fused_half_attention(int index) { return false; }
+  // Whether device `index` runs fused attention over 16-bit and float32 inputs on its own
+  // tensor-core kernels; where it does not, scaled_dot_product_attention under Auto materializes
+  // the scores of 16-bit inputs there (float32: by size).
+  virtual bool tensor_core_attention(int index) { return false; }
   // Records the device work `work` queues on device `index` from this thread into a graph,
   // without running it. Memory `work` allocates on that device comes from a pool private to the
   // graph (kept while the graph or a storage from it lives). Returns null and says why in `why`

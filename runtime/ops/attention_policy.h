@@ -18,8 +18,9 @@ constexpr double kMinGpuFusedScoresBytes = double(int64_t{1} << 30);
 
 // Whether attention over q [..., Tq, D] and k [..., Tk, D] runs as the materialized graph on this
 // thread: always under Math, never under Fused; under Auto on CUDA for 16-bit inputs where the
-// device has no tensor-core kernels, for other dtypes when every size is known and the scores
-// take less than kMinGpuFusedScoresBytes (symbolic sizes may grow); never elsewhere.
+// device has no tensor-core kernels, for float32 inputs there and float64 ones when every size is
+// known and the scores take less than kMinGpuFusedScoresBytes (symbolic sizes may grow); never
+// elsewhere.
 bool attention_materializes(const Tensor& q, const Tensor& k);
 
 // This thread's backend as a guard key (0: Auto) for kiln::compile's entries.

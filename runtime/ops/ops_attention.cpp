@@ -84,9 +84,11 @@ uint8_t sdpa_backend_key() { return static_cast<uint8_t>(t_backend); }
 bool attention_materializes(const Tensor& q, const Tensor& k) {
   if (t_backend != SdpaBackend::Auto) return t_backend == SdpaBackend::Math;
   if (q.device().type != DeviceType::CUDA) return false;
-  // 16-bit inputs: the tensor-core kernels, faster than the materialized graph at every size.
-  if (is_half(q.dtype()))
-    return !find_device_runtime(DeviceType::CUDA)->fused_half_attention(q.device().index);
+  // 16-bit and float32 inputs: the tensor-core kernels, faster than the materialized graph at
+  // every size (float32 ones too where the device has them).
+  const bool tensor_cores = find_device_runtime(DeviceType::CUDA)->tensor_core_attention(q.device().index);
+  if (is_half(q.dtype())) return !tensor_cores;
+  if (q.dtype() == kFloat32 && tensor_cores) return false;
   double bytes = static_cast<double>(itemsize(q.dtype()));
   const Shape &qs = q.shape(), &ks = k.shape();
   for (size_t d = 0; d + 1 < qs.size(); ++d) {
