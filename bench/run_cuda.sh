@@ -37,6 +37,8 @@ if [ -x "$ABIN" ]; then
     KILN_CACHE_DIR=$CACHE/a "$ABIN" --sweep --device cuda --dtype $DT >> "$OUT/sweep.jsonl.txt"
     python3 "$HERE/torch_sdpa_sweep.py" $DT >> "$OUT/sweep.jsonl.txt"
   done
+  # float32 in TF32 (set_float32_matmul_precision("high"); PyTorch's float32 sdpa is 3xTF32 either way)
+  KILN_CACHE_DIR=$CACHE/a "$ABIN" --sweep --device cuda --dtype float32 --precision high >> "$OUT/sweep.jsonl.txt"
 fi
 cat "$OUT"/*.jsonl > "$OUT/all.jsonl"
 python3 - "$OUT/all.jsonl" <<'PY'

@@ -1,14 +1,16 @@
-// CUDA source of the tensor-core attention kernels for bfloat16 and float16 (OpKind::Attention /
-// AttentionBackward of 16-bit q, k, v; the forward's packed output holds the output rows in the
-// input type and the float32 row log-sum-exp in four exact 16-bit pieces,
-// runtime/ir/attention_lse.h). FlashAttention-2's work split on mma.sync m16n8k16 (sm_80 and
-// later), compiled by NVRTC per instance (dtype × head-size bucket × kernel); 4 warps a block,
-// shapes per bucket in Fwd and Bwd below (mirrored by the host's shape_of):
+// CUDA source of the tensor-core attention kernels for bfloat16, float16 and float32
+// (OpKind::Attention / AttentionBackward; the forward's packed output holds the output rows in the
+// input type and the float32 row log-sum-exp: in four exact 16-bit pieces for 16-bit inputs,
+// runtime/ir/attention_lse.h). FlashAttention-2's work split on mma.sync (sm_80 and later):
+// m16n8k16 for 16-bit inputs, m16n8k8 TF32 for float32 (one pass, or 3xTF32: the element types
+// Half and Tf32 below), compiled by NVRTC per instance (element type × head-size bucket ×
+// kernel); 4 warps a block, shapes per bucket in Fwd and Bwd below (mirrored by the host's
+// shape_of):
 //
 //   forward   a block per 128 query rows (64 above head size 128), two 16-row slices a warp;
 //             key/value tiles of 64 or 32 rows stream through shared memory (cp.async, two
 //             stages up to head size 128); S = Q·Kᵀ and O += P·V on tensor cores with float32
-//             accumulators, an online base-2 softmax in registers (P rounded to the input type
+//             accumulators, an online base-2 softmax in registers (P rounded to the operand type
 //             for the product, its sum kept in float32), causal tiles past the diagonal skipped.
 //   prep      the backward's work area: dO staged densely, lse, delta = dO·O per query row.
 //   dk, dv    a block per 64 key rows (4 warps × 16 keys) over the query tiles: Sᵀ = K·Qᵀ and
@@ -19,8 +21,8 @@
 // dq is its own kernel (not FlashAttention-2's float atomics) so every run gives the same bits;
 // it costs the two recomputed products. Head sizes above 128 split the gradients' columns over
 // blockIdx.z (each block recomputes S and dP for its half) to keep the accumulators in
-// registers. Operand tiles have a row pitch of DM + 8 elements: the 8 rows an ldmatrix reads
-// fall in distinct banks. Results are rounded to the input type once, as they are stored.
+// registers. Operand tiles have a row pitch of DM elements and 16 bytes: the 8 rows an ldmatrix
+// reads fall in distinct banks. Results are rounded to the input type once, as they are stored.
 #include "kernels/cuda/flash_kernels.h"
 
 #include <algorithm>
