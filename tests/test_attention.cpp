@@ -115,7 +115,9 @@ void run_case(const Case& c, DType dt, std::mt19937_64& rng, double scale, Devic
                                     << " v " << ::testing::PrintToString(c.v) << " mask " << c.mask << " causal "
                                     << c.causal << " " << dtype_name(dt) << " on " << dev.str());
   manual_seed(rng());
-  auto input = [&](const std::vector<int64_t>& shape) { return tf32_inputs ? tf32_rounded(randn(shape)) : randn(shape, dt); };
+  auto input = [&](const std::vector<int64_t>& shape) {
+    return tf32_inputs ? tf32_rounded(randn(shape)) : randn(shape, dt);
+  };
   Tensor q = input(c.q), k = input(c.k), v = input(c.v);
   const int64_t tq = c.q[c.q.size() - 2], tk = c.k[c.k.size() - 2];
   std::optional<Tensor> mask;

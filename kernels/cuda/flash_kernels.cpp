@@ -159,9 +159,10 @@ template <bool BF> struct Half {
 // float32 on tensor cores: m16n8k8 products of TF32 operands (rounded to nearest from float32);
 // with three passes each operand is split into a TF32 head and the TF32 rounding of its rest, and
 // the product adds rest·head, head·rest and head·head (3xTF32: float32-accurate, as PyTorch's
-// float32 attention on sm_80+; split says how infinities keep IEEE's answers). The streamed side's rows are read in the order 0 4 1 5 2 6 3 7 of
-// each 8 (ldmatrix's row addresses), so that a score accumulator's elements e of column block n
-// hold keys 8n + t4 and 8n + t4 + 4: the A fragment of the next product.
+// float32 attention on sm_80+; mma says how infinities keep IEEE's answers). The streamed side's
+// rows are read in the order 0 4 1 5 2 6 3 7 of each 8 (ldmatrix's row addresses), so that a
+// score accumulator's elements e of column block n hold keys 8n + t4 and 8n + t4 + 4: the A
+// fragment of the next product.
 template <int S> struct Tf32 {
   typedef float T;
   static const int KD = 8;
