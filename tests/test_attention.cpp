@@ -496,10 +496,14 @@ bool same(const Tensor& a, const Tensor& b) {
 
 // Fused dropout equals the unfused graph dropout(softmax(.))·v with the same mask, forward and
 // backward (float64: 1e-10; float32: expect_match), on random shapes with masks, causal and
-// broadcast batch dims; the same seed draws the same mask, another seed another one.
-void dropout_cases(Device dev, std::vector<DType> dtypes = {kFloat64, kFloat32}) {
+// broadcast batch dims; the same seed draws the same mask, another seed another one. Head sizes
+// in `heads`, sequence lengths up to max_seq (at most 256: drawn_mask reads the mask through the
+// float64 kernels, whose heads stop there).
+void dropout_cases(Device dev, std::vector<DType> dtypes = {kFloat64, kFloat32},
+                   std::pair<int64_t, int64_t> heads = {1, 40}, int64_t max_seq = 100) {
+  KILN_CHECK(max_seq <= 256, "dropout_cases: drawn_mask reads at most 256 keys");
   std::mt19937_64 rng(kiln::testing::test_seed(61));
-  std::uniform_int_distribution<int64_t> seq(1, 100), head(1, 40), small(1, 3);
+  std::uniform_int_distribution<int64_t> seq(1, max_seq), head(heads.first, heads.second), small(1, 3);
   for (int it = 0; it < 12; ++it) {
     const DType dt = dtypes[static_cast<size_t>(it) % dtypes.size()];
     const int64_t b = small(rng), h = small(rng), tq = seq(rng), tk = seq(rng), d = head(rng);
@@ -554,6 +558,23 @@ TEST(Attention, CudaDropoutEqualsTheUnfusedGraphAndTheCpuMask) {
   dropout_cases(g, {kBFloat16, kFloat16});  // (the tensor-core kernels)
   // The GPU draws the CPU's mask for the same seed (one definition, kernels/cpu/attention_dropout.h).
   EXPECT_TRUE(same(drawn_mask(77, {2, 3}, 45, 70, 0.3, g), drawn_mask(77, {2, 3}, 45, 70, 0.3, cpu())));
+}
+
+// The forward on Hopper's warpgroup MMA (16-bit inputs at head buckets 128, and 64 from 2048
+// keys, on compute capability 9.0; the mma.sync kernels elsewhere, which these cases then test):
+// causal and not, additive and boolean masks, a negative scale (every tile takes the scaled path),
+// odd lengths and tq != tk, heads off the bucket (d 100: rows without 16-byte loads; d 48), batch
+// and heads of 1, 3-D inputs; and dropout, drawing the other kernels' mask.
+TEST(Attention, CudaWarpgroupForwardEqualsTheUnfusedGraph) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  const Device g{DeviceType::CUDA, 0};
+  std::mt19937_64 rng(kiln::testing::test_seed(15));
+  run_case({{2, 3, 257, 128}, {2, 3, 257, 128}, {2, 3, 257, 128}, 0, true}, kBFloat16, rng, 0.088, g);
+  run_case({{1, 2, 1000, 100}, {1, 2, 700, 100}, {1, 2, 700, 100}, 1, false}, kFloat16, rng, 0.1, g);
+  run_case({{2, 130, 128}, {2, 300, 128}, {2, 300, 128}, 2, false}, kBFloat16, rng, -0.09, g);
+  run_case({{1, 1, 2100, 64}, {1, 1, 2100, 64}, {1, 1, 2100, 64}, 0, true}, kBFloat16, rng, 0.125, g);
+  run_case({{1, 3, 90, 48}, {1, 3, 2500, 48}, {1, 3, 2500, 48}, 1, false}, kFloat16, rng, 0.14, g);
+  dropout_cases(g, {kBFloat16, kFloat16}, {97, 128}, 256);
 }
 
 // The share of kept probabilities is 1 - p within 6 standard deviations (n = 2·3·200·250 draws:

@@ -709,8 +709,10 @@ TEST(CudaNvrtc, EveryOpCompiles) {
 // each) at the head buckets of each shape class (32, 96, 256: the source's Fwd, Bwd, Stages and
 // Cols take no other branches), the others at every bucket. One program per template and element
 // type holds its instances (the runtime compiles them one by one; the source and wrappers are the
-// same), the programs compiled on every core; one instance is also compiled alone. (Once: the
-// templates do not depend on the executor the .interp run selects.)
+// same), the programs compiled on every core; one instance is also compiled alone. The Hopper
+// warpgroup forward compiles for sm_90a (its instructions exist there alone); an arch-specific
+// compile for an architecture NVRTC does not know is an error. (Once: the templates do not depend
+// on the executor the .interp run selects.)
 TEST(CudaNvrtc, DeviceKernelsCompile) {
   SKIP_WITHOUT_NVRTC();
   if (kiln::testing::interpreted()) GTEST_SKIP() << "the device kernels do not depend on the executor";
@@ -723,7 +725,7 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
     groups[{static_cast<int>(k.kernel), attention ? static_cast<int>(k.a) : 0, k.tf32_passes}].push_back(k);
     kinds.insert(static_cast<int>(k.kernel));
   }
-  EXPECT_EQ(kinds.size(), 27u);
+  EXPECT_EQ(kinds.size(), 28u);
   std::vector<std::vector<DeviceKernelInstance>*> todo;
   for (auto& [key, ks] : groups) todo.push_back(&ks);
   std::vector<std::string> cubins(todo.size()), errors(todo.size());
@@ -733,7 +735,8 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
     workers.emplace_back([&] {
       for (size_t i; (i = next++) < todo.size();) try {
           cubins[i] = kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program(*todo[i]),
-                                              "kiln_device_kernels_" + std::to_string(i), 90);
+                                              "kiln_device_kernels_" + std::to_string(i), 90, nullptr,
+                                              kiln::kernels::needs_sm90a((*todo[i])[0].kernel));
         } catch (const std::exception& e) {
           errors[i] = e.what();
         }
@@ -755,9 +758,12 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
   std::printf("[ cuda ] %zu device kernel instances compiled for sm_90\n", total);
   // copies, indexing, cumsum, claims, int ops, sort keys, the radix sort, batch pointers, ordered
   // adds, attention (row kernels; tiled for heads 32, 64, 128), tensor-core attention (bfloat16,
-  // float16 at 8 buckets; float32 in TF32 and 3xTF32 at 3)
+  // float16 at 8 buckets; float32 in TF32 and 3xTF32 at 3; the warpgroup forward at 2)
   EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 2 * 2 + 3 + 1 + 4 * 2 + 3 * 2 * 4 + 3 * 3 + 4 * 2 * 8 +
-                       4 * 2 * 3);
+                       4 * 2 * 3 + 2 * 2);
+  EXPECT_THROW(kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), "kiln_arch_specific", 999,
+                                       nullptr, true),
+               kiln::Error);
 }
 
 TEST(CudaNvrtc, CompileErrorQuotesTheLog) {

@@ -585,7 +585,8 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::FlashForward:
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
-    case DeviceKernel::FlashBackwardPrep: return "KILN_FLASH";
+    case DeviceKernel::FlashBackwardPrep:
+    case DeviceKernel::FlashForwardWarpgroup: return "KILN_FLASH";
   }
   return "";
 }
@@ -601,6 +602,7 @@ const char* attention_template(DeviceKernel k) {
     case DeviceKernel::FlashBackwardKV: return "flash_bwd_kv";
     case DeviceKernel::FlashBackwardQ: return "flash_bwd_q";
     case DeviceKernel::FlashBackwardPrep: return "flash_bwd_prep";
+    case DeviceKernel::FlashForwardWarpgroup: return "flash_fwd_wg";
     default: return "attn_bwd_kv_tiled";
   }
 }
@@ -641,6 +643,7 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
+    case DeviceKernel::FlashForwardWarpgroup:
       return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) +
              (k.tf32_passes == 1 ? "_tf32" : k.tf32_passes == 3 ? "_tf32x3" : "") + "_h" + std::to_string(k.head);
   }
@@ -662,13 +665,16 @@ Family family(DeviceKernel k) {
     case DeviceKernel::FlashForward:
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
-    case DeviceKernel::FlashBackwardPrep: return Family::Flash;
+    case DeviceKernel::FlashBackwardPrep:
+    case DeviceKernel::FlashForwardWarpgroup: return Family::Flash;
     default: return Family::Plain;
   }
 }
 }  // namespace
 
 bool is_attention_kernel(DeviceKernel k) { return family(k) == Family::Attention; }
+
+bool needs_sm90a(DeviceKernel k) { return k == DeviceKernel::FlashForwardWarpgroup; }
 
 int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
@@ -726,6 +732,9 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
       for (DType t : {DType::BFloat16, DType::Float16}) v.push_back({k, t, DType::Int64, head});
       for (int passes : {1, 3}) v.push_back({k, DType::Float32, DType::Int64, head, passes});
     }
+  for (int head : {64, 128})
+    for (DType t : {DType::BFloat16, DType::Float16})
+      v.push_back({DeviceKernel::FlashForwardWarpgroup, t, DType::Int64, head});
   return v;
 }
 

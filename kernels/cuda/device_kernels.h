@@ -53,6 +53,9 @@ enum class DeviceKernel {
   FlashBackwardKV,  // dk and dv rows of the stacked gradient
   FlashBackwardQ,  // dq rows
   FlashBackwardPrep,  // the backward's work area: dO, lse, delta per query row
+  // The forward on Hopper's warpgroup MMA (a: bfloat16 or float16; head: bucket 64 or 128;
+  // compiled for sm_90a, see needs_sm90a).
+  FlashForwardWarpgroup,
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).
@@ -67,6 +70,9 @@ struct DeviceKernelInstance {
 
 // Whether `k` is one of the CUDA-core attention kernels.
 bool is_attention_kernel(DeviceKernel k);
+// Whether `k` uses sm_90a's architecture-specific instructions (wgmma): compiled for sm_90a, it
+// runs on devices of compute capability 9.0 alone.
+bool needs_sm90a(DeviceKernel k);
 // The attention kernels' head-size bucket for head size d (1..256): 32, 64, 128 or 256.
 int attention_head_bucket(int64_t d);
 

@@ -5,7 +5,8 @@
 // m16n8k16 for 16-bit inputs, m16n8k8 TF32 for float32 (one pass, or 3xTF32: the element types
 // Half and Tf32 below), compiled by NVRTC per instance (element type × head-size bucket ×
 // kernel); 4 warps a block, shapes per bucket in Fwd and Bwd below (mirrored by the host's
-// shape_of):
+// shape_of); on Hopper the 16-bit forward at head sizes 64 and 128 has a warpgroup-MMA form
+// (flash_fwd_wg, below):
 //
 //   forward   a block per 128 query rows (64 above head size 128), two 16-row slices a warp;
 //             key/value tiles of 64 or 32 rows stream through shared memory (cp.async, two
@@ -112,6 +113,7 @@ template <bool BF> __device__ float decode_lse(const u16* p, i64 cs) {
 // output's width and its log-sum-exp.
 template <bool BF> struct Half {
   typedef u16 T;
+  static const bool bf = BF;
   static const int KD = 16;
   static const bool PERM = false;  // (the accumulator's columns 2 t4, 2 t4 + 1 are the A fragment's)
   struct A {
@@ -896,6 +898,314 @@ template <class E, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
     store_rows<E, DC / 8>(a, (T*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
 }
 
+// Hopper (sm_90a, compiled for that architecture alone): the 16-bit forward on warpgroup MMA.
+// A block of two warpgroups (64 query rows each) streams key and value tiles of 128 rows
+// through swizzled shared memory; S = Q·Kᵀ takes both operands from shared memory, O += P·V takes
+// P from the registers the softmax left it in.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+typedef unsigned long long u64;
+
+__device__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ void wg_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory"); }
+// Writes to shared memory by this thread (stores, cp.async) made visible to wgmma's reads.
+__device__ void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Registers an asynchronous MMA writes, pinned: not read before the wait above them.
+template <int N> __device__ void pin(float* x) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(x[i]));
+}
+// A shared-memory operand in the 128-byte swizzle: start address, leading and stride byte offsets.
+__device__ u64 wg_desc(u32 addr, u32 lbo, u32 sbo) {
+  return (u64)((addr & 0x3ffff) >> 4) | (u64)(lbo >> 4) << 16 | (u64)(sbo >> 4) << 32 | 1ull << 62;
+}
+
+// wgmma.mma_async m64nNk16, float32 accumulators d (N / 2 a thread), N 64 or 128: ss takes A and B
+// from shared-memory descriptors (d = A·B when scale_d is 0, else d += A·B), rs takes A from
+// registers (d += A·B); TB: B is MN-major (transposed). The register lists are spelled out.
+#define KILN_WG_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define KILN_WG_C64 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define KILN_WG_D128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define KILN_WG_C128 "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+template <bool BF, int N, int TB> struct Wg;
+#define KILN_WG_N(BF, TY, N, N0, N1, N2, N3, N4, N5, N6)                                                     \
+  template <int TB> struct Wg<BF, N, TB> {                                                                   \
+    static __device__ void ss(float* d, u64 da, u64 db, int scale_d) {                                       \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %" N2 ", 0; wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." \
+                   TY "." TY " " KILN_WG_D##N ", %" N0 ", %" N1 ", p, 1, 1, 0, %" N3 "; }"                    \
+                   : KILN_WG_C##N                                                                            \
+                   : "l"(da), "l"(db), "r"(scale_d), "n"(TB));                                               \
+    }                                                                                                        \
+    static __device__ void rs(float* d, const u32* a, u64 db) {                                              \
+      asm volatile("{ .reg .pred p; setp.ne.b32 p, %" N5 ", 0; wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." \
+                   TY "." TY " " KILN_WG_D##N ", {%" N0 ", %" N1 ", %" N2 ", %" N3 "}, %" N4 ", p, 1, 1, %" N6 "; }" \
+                   : KILN_WG_C##N                                                                            \
+                   : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));                  \
+    }                                                                                                        \
+  };
+KILN_WG_N(true, "bf16", 64, "32", "33", "34", "35", "36", "37", "38")
+KILN_WG_N(false, "f16", 64, "32", "33", "34", "35", "36", "37", "38")
+KILN_WG_N(true, "bf16", 128, "64", "65", "66", "67", "68", "69", "70")
+KILN_WG_N(false, "f16", 128, "64", "65", "66", "67", "68", "69", "70")
+
+// A tile of R rows x DM 16-bit columns in wgmma's 128-byte swizzle: DM / 64 blocks of 64 columns
+// (R rows of 128 bytes), piece p (16 bytes) of a row at byte (p % 8 ^ r % 8) 16 of it. The byte
+// offset of piece p of row r:
+template <int R> __device__ u32 swz(int r, int p) {
+  return (u32)((p >> 3) * R * 128 + r * 128 + (((p & 7) ^ (r & 7)) << 4));
+}
+__device__ void cp16s(u32 dst, const void* src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+// Rows [r0, r0 + cnt) of `s`, columns [0, DM), into the swizzled tile of R rows at shared address
+// dst, element by element (operands without 16-byte rows; smem: the block's shared memory, at
+// address s0); zeros past the rows and past `cols`.
+template <int R, int DM, int NTH, class T>
+__device__ void wg_stage_plain(const Src<T>& s, i64 r0, i64 cnt, i64 cols, u32 dst, unsigned char* smem, u32 s0) {
+  for (int x = threadIdx.x; x < R * DM; x += NTH) {
+    const int r = x / DM, c = x % DM;
+    T* d = (T*)(smem + (dst - s0 + swz<R>(r, c / 8))) + c % 8;
+    *d = (r < cnt && c < cols) ? s.p[(r0 + r) * s.rs + c * s.cs] : (T)0;
+  }
+}
+
+// This thread's share of staging swizzled tiles of R rows x DM columns with NTH threads (16-byte
+// copies): piece p of rows r + k STEP, k < R / STEP (STEP a multiple of 8: the rows' swizzle is the same).
+template <int R, int DM, int NTH> struct TileCopy {
+  static const int PC = DM / 8, STEP = NTH / PC;
+  int r, p;
+  u32 dst;
+  __device__ TileCopy() : r(threadIdx.x / PC), p(threadIdx.x % PC), dst(swz<R>(threadIdx.x / PC, threadIdx.x % PC)) {}
+  // Rows [r0, r0 + cnt) of s, zeros past them and past cols, into the tile at shared address `at`
+  // (smem: the block's shared memory at address s0, for operands without 16-byte rows).
+  template <class T>
+  __device__ void run(const Src<T>& s, i64 r0, i64 cnt, i64 cols, u32 at, unsigned char* smem, u32 s0) const {
+    if (!s.vec) return wg_stage_plain<R, DM, NTH>(s, r0, cnt, cols, at, smem, s0);
+    const T* src = s.p + (r0 + r) * s.rs + p * 8;
+    const i64 step = (i64)STEP * s.rs;
+    if (cnt >= R && p * 8 < cols) {
+#pragma unroll
+      for (int k = 0; k < R / STEP; ++k) cp16s(at + dst + k * STEP * 128, src + k * step, 16);
+    } else {
+#pragma unroll
+      for (int k = 0; k < R / STEP; ++k) {
+        const bool in = p * 8 < cols && r + k * STEP < cnt;
+        cp16s(at + dst + k * STEP * 128, in ? src + k * step : s.p, in ? 16 : 0);
+      }
+    }
+  }
+};
+
+// The forward's shape on wgmma: warpgroups (64 query rows each) a block, keys a tile.
+template <int DM> struct FwdWg {
+  static const int nwg = 2;
+  static const int kn = 128;
+};
+
+template <int N> __device__ void pin_u(u32* x) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(x[i]));
+}
+
+// A block of the warpgroup forward. Each warpgroup runs FlashAttention-3's loop: the scores of
+// tile t are computed while the probabilities of tile t - 1 multiply its values, and the softmax
+// of tile t runs while that product is still on the tensor cores. The keys of tile t + 1 and the
+// values of tile t load meanwhile (two stages each: step t reads K_t and V_{t-1}). The two
+// warpgroups take turns to issue their products (FlashAttention-3's ping-pong): one's softmax
+// runs while the other's products are on the tensor cores.
+template <bool BF, int DM> struct FwdWgBlock {
+  typedef Half<BF> E;
+  typedef u16 T;
+  static const int NWG = FwdWg<DM>::nwg, KN = FwdWg<DM>::kn, QM = 64 * NWG, NTH = 128 * NWG;
+  static const u32 TILE = KN * DM * 2;  // bytes of a key or value tile
+  unsigned char* smem;
+  u32 s0, qs, k_st, v_st;  // shared addresses: the block's memory, the query rows, the key and value stages
+  int wg, tiles;
+  i64 b, i0, rw, ra;  // batch element, first query row, the warp's first row, this thread's (ra, ra + 8)
+  i64 off[7];
+  Src<T> sk, sv;
+  TileCopy<KN, DM, NTH> kv_copy;
+  Drop drop;
+  float scale2;
+  float o[DM / 8][4];
+  float m[2], l[2];   // running maximum (base 2) and sum of the thread's rows
+  u32 p[KN / 16][4];  // the probabilities of the tile before, as the A operand
+
+  // (query blocks of a batch element run side by side, their keys and values shared in L2; the
+  // last, longest under causal, first)
+  // (the arguments are passed to each member, not kept: a reference member would copy them out
+  // of the parameter space)
+  __device__ __forceinline__ FwdWgBlock(const AttnArgs& a, unsigned char* sm) : smem(sm) {
+    s0 = smem_addr(smem);
+    qs = (s0 + 1023) & ~1023u;
+    k_st = qs + QM * DM * 2;
+    v_st = k_st + 2 * TILE;
+    wg = threadIdx.x >> 7;
+    const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    b = lin / gridDim.y;
+    i0 = (gridDim.y - 1 - lin % gridDim.y) * QM;
+    rw = i0 + wg * 64 + ((threadIdx.x >> 5) & 3) * 16;
+    ra = rw + ((threadIdx.x & 31) >> 2);
+    batch_offsets(a, b, off);
+    sk = src_of<T>(a, off, K);
+    sv = src_of<T>(a, off, V);
+    tiles = key_tiles<KN>(a, i0, QM);
+    drop = drop_of(a);
+    scale2 = (float)a.scale * LOG2E;
+    zero<DM / 8>(o);
+    m[0] = m[1] = ninf<float>();
+    l[0] = l[1] = 0.f;
+  }
+  __device__ __forceinline__ void load(const AttnArgs& a, const Src<T>& s, int t, u32 dst) const {
+    const i64 j0 = (i64)t * KN;
+    kv_copy.run(s, j0, min((i64)KN, a.tk - j0), a.d, dst, smem, s0);
+  }
+  // Named barrier 1 + w: the other warpgroup has issued its products, warpgroup w may.
+  __device__ __forceinline__ void turn_wait() const {
+    if (NWG == 2) asm volatile("bar.sync %0, 256;" ::"r"(1 + wg));
+  }
+  __device__ __forceinline__ void turn_pass() const {
+    if (NWG == 2) asm volatile("bar.arrive %0, 256;" ::"r"(2 - wg));
+  }
+  // O += P·V of the tile before (values at shared address vp).
+  __device__ __forceinline__ void issue_pv(u32 vp) {
+#pragma unroll
+    for (int kk = 0; kk < KN / 16; ++kk)  // (keys 16 kk: rows of the value tile, 8-row groups 1024 bytes apart)
+      Wg<BF, DM, 1>::rs(&o[0][0], p[kk], wg_desc(vp + kk * 16 * 128, KN * 128, 1024));
+    wg_commit();
+  }
+  // Step t (FIRST: t = 0, no product of the tile before to overlap).
+  template <bool FIRST> __device__ __forceinline__ void step(const AttnArgs& a, int t) {
+    cp_wait<0>();
+    fence_async_shared();
+    __syncthreads();  // K_t and V_{t-1} in; every warpgroup done with step t - 1
+    if (t + 1 < tiles) load(a, sk, t + 1, k_st + ((t + 1) & 1) * TILE);
+    load(a, sv, t, v_st + (t & 1) * TILE);
+    cp_commit();
+    const u32 ks = k_st + (t & 1) * TILE;
+    const i64 j0 = (i64)t * KN;
+    float s[1][KN / 8][4];
+    turn_wait();
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DM / 16; ++kk)  // (k-step kk: bytes 32 (kk % 4) of 64-column block kk / 4)
+      Wg<BF, KN, 0>::ss(&s[0][0][0], wg_desc(qs + (kk >> 2) * QM * 128 + wg * 64 * 128 + (kk & 3) * 32, 16, 1024),
+                        wg_desc(ks + (kk >> 2) * KN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+    wg_commit();
+    if (!FIRST) issue_pv(v_st + ((t + 1) & 1) * TILE);
+    turn_pass();
+    if (!FIRST) wg_wait<1>();
+    else wg_wait<0>();
+    pin<KN / 2>(&s[0][0][0]);
+    // Base-2 scores: on a plain tile (no mask, every key visible to every row of the warp) the
+    // scale goes into the exponent's multiply-add; else the scores are scaled and masked first.
+    const bool plain = !a.has_mask && j0 + KN <= a.tk && (!a.causal || j0 + KN - 1 <= rw) && scale2 > 0.f;
+    float sc = scale2;
+    if (!plain) {
+      fwd_scores<false, E, 1, KN>(a, off, s, ra, j0, scale2);
+      sc = 1.f;
+    }
+    float mx[2] = {ninf<float>(), ninf<float>()};
+#pragma unroll
+    for (int n = 0; n < KN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[0][n][e]);
+    float mu[2], alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2)) * sc, m[h]);
+      mu[h] = mx[h] == ninf<float>() ? 0.f : mx[h];  // (nothing visible yet: p = 0 everywhere)
+      alpha[h] = ex2(m[h] - mu[h]);
+      l[h] *= alpha[h];
+      m[h] = mx[h];
+    }
+#pragma unroll
+    for (int n = 0; n < KN / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float x = ex2(fmaf(s[0][n][e], sc, -mu[e >> 1]));
+        l[e >> 1] += x;  // (the softmax's sum: before dropout)
+        s[0][n][e] = x;
+      }
+    if (drop.on) {
+      const Drop d = drop;  // (keep_of takes its address: a copy, so that the block's state stays in registers)
+      const i64 bb = b;
+      each_score<E, 1, KN>(s, ra, j0, [&](float& x, i64 i, i64 j) {
+        if (i < a.tq && j < a.tk) x *= keep_of(d, a, bb, i, j);
+      });
+    }
+    if (!FIRST) {
+      wg_wait<0>();
+      pin<DM / 2>(&o[0][0]);
+      pin_u<KN / 4>(&p[0][0]);
+    }
+#pragma unroll
+    for (int n = 0; n < DM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
+#pragma unroll
+    for (int kk = 0; kk < KN / 16; ++kk) {
+      const typename E::A x = E::a_acc(s[0], kk);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) p[kk][r] = x.r[r];
+    }
+  }
+  __device__ __forceinline__ void run(const AttnArgs& a) {
+    TileCopy<QM, DM, NTH>().run(src_of<T>(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs, smem, s0);
+    if (tiles > 0) load(a, sk, 0, k_st);
+    cp_commit();
+    if (wg == 1) turn_pass();  // (warpgroup 0 first)
+    if (tiles > 0) step<true>(a, 0);
+    for (int t = 1; t < tiles; ++t) step<false>(a, t);
+    if (wg == 0) turn_wait();  // (warpgroup 1's last pass)
+    cp_wait<0>();
+    if (tiles > 0) {  // the last tile's values
+      fence_async_shared();
+      __syncthreads();
+      wg_fence();
+      issue_pv(v_st + ((tiles + 1) & 1) * TILE);
+      wg_wait<0>();
+      pin<DM / 2>(&o[0][0]);
+      pin_u<KN / 4>(&p[0][0]);
+    }
+    store(a);
+  }
+  // The output rows and their log-sum-exp (a row that sees no key: 0 / 0, NaN, as the softmax of
+  // -inf everywhere; no keys at all: 0).
+  __device__ __forceinline__ void store(const AttnArgs& a) {
+    T* out = (T*)a.ptr[O] + off[O];
+    const int w = E::packed_width(a.d), t4 = threadIdx.x & 3;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float lt = l[h];
+      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+      const i64 i = ra + 8 * h;
+      if (i >= a.tq) continue;
+      const float inv = a.tk == 0 ? 0.f : 1.f / lt;
+#pragma unroll
+      for (int n = 0; n < DM / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const i64 c = n * 8 + t4 * 2 + e;
+          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = E::from(o[n][2 * h + e] * inv);
+        }
+      if (t4 == 0) E::put_lse(m[h] * LN2 + logf(lt), out + i * a.rs[O] + a.d * a.cs[O], a.cs[O], w - (int)a.d);
+    }
+  }
+};
+
+template <bool BF, int DM> __device__ void flash_fwd_wg(const AttnArgs& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  FwdWgBlock<BF, DM>(a, smem).run(a);
+}
+
+#define KILN_FLASH_flash_fwd_wg(NAME, E, DM)                                                        \
+  extern "C" __global__ void __launch_bounds__(128 * FwdWg<DM>::nwg) NAME(AttnArgs a) { flash_fwd_wg<E::bf, DM>(a); }
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+
 // Gradient columns per block of head-size bucket DM (mirrored by the host).
 template <int DM> struct Cols {
   static const int n = DM <= 128 ? DM : DM / 2;
@@ -935,6 +1245,7 @@ struct Shape {
 };
 Shape shape_of(DeviceKernel k, int bucket, int64_t item) {
   if (k == DeviceKernel::FlashForward) return {bucket <= 128 ? 128 : 64, bucket <= 64 ? 64 : 32};
+  if (k == DeviceKernel::FlashForwardWarpgroup) return {128, 128};  // (FwdWg: two warpgroups)
   if (k == DeviceKernel::FlashBackwardQ) return bucket <= 64 ? Shape{128, 32} : Shape{64, item == 4 ? 32 : 64};
   return {64, bucket <= 64 ? 64 : 32};
 }
@@ -945,6 +1256,8 @@ int64_t flash_shared_bytes(DeviceKernel k, int bucket, int64_t item) {
   const int64_t pitch = bucket * item + 16, stages = flash_stages(bucket), streamed = stages * 2 * sh.streamed * pitch;
   switch (k) {
     case DeviceKernel::FlashForward: return sh.rows * pitch + streamed;  // q; k and v a stage
+    case DeviceKernel::FlashForwardWarpgroup:  // q; two stages of k and of v (unpadded); 1024-byte alignment
+      return (sh.rows + 4 * sh.streamed) * bucket * item + 1024;
     case DeviceKernel::FlashBackwardKV:  // k, v; q and dO with their lse and delta a stage
       return 2 * sh.rows * pitch + streamed + stages * 2 * sh.streamed * 4;
     case DeviceKernel::FlashBackwardQ:  // q, dO, lse, delta; k and v a stage
@@ -958,6 +1271,8 @@ int64_t flash_most_shared_bytes(int bucket, int64_t item) {
                    flash_shared_bytes(DeviceKernel::FlashBackwardKV, bucket, item),
                    flash_shared_bytes(DeviceKernel::FlashBackwardQ, bucket, item)});
 }
+
+int flash_threads(DeviceKernel k) { return k == DeviceKernel::FlashForwardWarpgroup ? 256 : 128; }
 
 int flash_rows_per_block(DeviceKernel k, int bucket) {
   return k == DeviceKernel::FlashBackwardPrep ? 64 : static_cast<int>(shape_of(k, bucket, 2).rows);

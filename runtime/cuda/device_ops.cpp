@@ -103,11 +103,14 @@ CUfunction function(int device, const DeviceKernelInstance& k, const std::string
       // Kept across processes in the JIT's disk cache when there is one (keyed by the source,
       // the architecture, NVRTC's version and options): a warm process compiles nothing.
       const std::string src = kernels::device_kernel_program({k});
-      const std::string key = "cuda-lib;sm_" + std::to_string(cc) + ";nvrtc" + std::to_string(nvrtc_version()) + ";" +
-                              nvrtc_options_key() + ";" + name + "\n" + src;
+      const bool sm90a = kernels::needs_sm90a(k.kernel);
+      KILN_CHECK(!sm90a || cc == 90, "cuda: ", name, " runs on compute capability 9.0 alone (device ", device,
+                 " has ", cc / 10, ".", cc % 10, ")");
+      const std::string key = "cuda-lib;sm_" + std::to_string(cc) + (sm90a ? "a" : "") + ";nvrtc" +
+                              std::to_string(nvrtc_version()) + ";" + nvrtc_options_key() + ";" + name + "\n" + src;
       KernelImageStore* store = kernel_image_store();
       if (store && store->read(key, c.image) && !c.image.empty()) return;
-      c.image = nvrtc_compile(src, name, cc);
+      c.image = nvrtc_compile(src, name, cc, nullptr, sm90a);
       if (store) store->write(key, c.image);
     });
     CUmodule mod = nullptr;  // kept for the life of the process
@@ -247,12 +250,23 @@ bool flash_applies(int device, DType dt, int64_t d) {
          max_shared_per_block(device);
 }
 
-// Queues flash kernel `k` (128 threads, a block per 64 or 128 rows of `rows`, `parts` blocks of
-// gradient columns) over each batch element.
+// The forward's kernel: on compute capability 9.0 (H100, H200) 16-bit inputs at head buckets 64
+// and 128 take the warpgroup-MMA kernel where it was measured faster than mma.sync's (bucket 64:
+// from 2048 keys; docs/BENCHMARKS.md), else the mma.sync kernel.
+DeviceKernel flash_forward_kernel(int device, DType dt, int bucket, int64_t tk) {
+  const bool hopper = compute_capability(device) == 90 && is_half(dt) && (bucket == 128 || (bucket == 64 && tk >= 2048));
+  return hopper && kernels::flash_shared_bytes(DeviceKernel::FlashForwardWarpgroup, bucket, 2) <= max_shared_per_block(device)
+             ? DeviceKernel::FlashForwardWarpgroup
+             : DeviceKernel::FlashForward;
+}
+
+// Queues flash kernel `k` (a block per 64 or 128 rows of `rows`, `parts` blocks of gradient
+// columns) over each batch element.
 void flash_launch(int device, DeviceKernelInstance k, DeviceKernel kernel, const AttnArgs& a, int64_t batch,
                   int64_t rows, int parts) {
   k.kernel = kernel;
-  launch_attention(device, k, a, batch, rows, kernels::flash_rows_per_block(kernel, k.head), parts, 128,
+  launch_attention(device, k, a, batch, rows, kernels::flash_rows_per_block(kernel, k.head), parts,
+                   kernels::flash_threads(kernel),
                    kernels::flash_shared_bytes(kernel, k.head, static_cast<int64_t>(itemsize(k.a))));
 }
 
@@ -302,7 +316,7 @@ void attention(int device, const Node& n, const Operand& out) {
     const DeviceKernelInstance k{DeviceKernel::FlashForward, in_dt, DType::Int64, bucket,
                                  in_dt != DType::Float32 ? 0 : float32_matmul_allows_tf32() ? 1 : 3};
     if (fwd) {
-      flash_launch(device, k, DeviceKernel::FlashForward, a, batch, a.tq, 1);
+      flash_launch(device, k, flash_forward_kernel(device, in_dt, bucket, a.tk), a, batch, a.tq, 1);
     } else {
       // (the work area goes back to the caching allocator once queued: its next user is queued after these)
       const int64_t work_bytes = kernels::flash_work_bytes(batch, a.tq, bucket, static_cast<int64_t>(itemsize(in_dt)));

@@ -59,13 +59,15 @@ std::string nvrtc_options_key() {
 
 // CUBIN for sm_<cc> when NVRTC knows the architecture; else PTX for the newest virtual
 // architecture it knows below it, which the driver compiles at load.
-std::string nvrtc_compile(const std::string& src, const std::string& symbol, int cc, bool* ptx_out) {
+std::string nvrtc_compile(const std::string& src, const std::string& symbol, int cc, bool* ptx_out,
+                          bool arch_specific) {
   KILN_CHECK(have_nvrtc(), "cuda: NVRTC (libnvrtc.so.13 / .12) not found: cannot compile ", symbol);
   const auto t0 = std::chrono::steady_clock::now();
   const Api& a = table();
   const std::vector<int>& archs = nvrtc_archs();
   int arch = cc;
   const bool ptx = std::find(archs.begin(), archs.end(), cc) == archs.end();
+  KILN_CHECK(!ptx || !arch_specific, "nvrtc: ", symbol, " needs sm_", cc, "a, which this NVRTC does not know");
   if (ptx) {
     arch = 0;
     for (int x : archs)
@@ -74,7 +76,8 @@ std::string nvrtc_compile(const std::string& src, const std::string& symbol, int
   }
   if (ptx_out) *ptx_out = ptx;
   std::vector<std::string> opts = base_options();
-  opts.push_back(std::string("--gpu-architecture=") + (ptx ? "compute_" : "sm_") + std::to_string(arch));
+  const std::string arch_name = std::to_string(arch) + (arch_specific ? "a" : "");
+  opts.push_back(std::string("--gpu-architecture=") + (ptx ? "compute_" : "sm_") + arch_name);
   std::vector<const char*> argv;
   for (const std::string& o : opts) argv.push_back(o.c_str());
   nvrtcProgram prog = nullptr;
@@ -107,8 +110,8 @@ std::string nvrtc_compile(const std::string& src, const std::string& symbol, int
     check_nvrtc(a.nvrtc_get_cubin(prog, out.data()), "nvrtcGetCUBIN");
   }
   if (const char* l = std::getenv("KILN_LOG"); l && (std::strstr(l, "codegen") || std::strstr(l, "all")))
-    std::fprintf(stderr, "[kiln:codegen] %s: nvrtc %s%d, %zu bytes, %.1f ms\n", symbol.c_str(),
-                 ptx ? "compute_" : "sm_", arch, out.size(),
+    std::fprintf(stderr, "[kiln:codegen] %s: nvrtc %s%s, %zu bytes, %.1f ms\n", symbol.c_str(),
+                 ptx ? "compute_" : "sm_", arch_name.c_str(), out.size(),
                  std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   return out;
 }
