@@ -560,12 +560,13 @@ TEST(Attention, CudaDropoutEqualsTheUnfusedGraphAndTheCpuMask) {
   EXPECT_TRUE(same(drawn_mask(77, {2, 3}, 45, 70, 0.3, g), drawn_mask(77, {2, 3}, 45, 70, 0.3, cpu())));
 }
 
-// The forward on Hopper's warpgroup MMA (16-bit inputs at head buckets 128, and 64 from 2048
-// keys, on compute capability 9.0; the mma.sync kernels elsewhere, which these cases then test):
+// The kernels on Hopper's warpgroup MMA (16-bit inputs at head buckets 64 and 128, the forward at
+// 64 from 2048 keys, on compute capability 9.0; the mma.sync kernels elsewhere, which these cases
+// then test), forward and backward:
 // causal and not, additive and boolean masks, a negative scale (every tile takes the scaled path),
 // odd lengths and tq != tk, heads off the bucket (d 100: rows without 16-byte loads; d 48), batch
 // and heads of 1, 3-D inputs; and dropout, drawing the other kernels' mask.
-TEST(Attention, CudaWarpgroupForwardEqualsTheUnfusedGraph) {
+TEST(Attention, CudaWarpgroupKernelsEqualTheUnfusedGraph) {
   if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
   const Device g{DeviceType::CUDA, 0};
   std::mt19937_64 rng(kiln::testing::test_seed(15));

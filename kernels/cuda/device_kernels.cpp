@@ -586,7 +586,9 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
-    case DeviceKernel::FlashForwardWarpgroup: return "KILN_FLASH";
+    case DeviceKernel::FlashForwardWarpgroup:
+    case DeviceKernel::FlashBackwardKVWarpgroup:
+    case DeviceKernel::FlashBackwardQWarpgroup: return "KILN_FLASH";
   }
   return "";
 }
@@ -603,6 +605,8 @@ const char* attention_template(DeviceKernel k) {
     case DeviceKernel::FlashBackwardQ: return "flash_bwd_q";
     case DeviceKernel::FlashBackwardPrep: return "flash_bwd_prep";
     case DeviceKernel::FlashForwardWarpgroup: return "flash_fwd_wg";
+    case DeviceKernel::FlashBackwardKVWarpgroup: return "flash_bwd_kv_wg";
+    case DeviceKernel::FlashBackwardQWarpgroup: return "flash_bwd_q_wg";
     default: return "attn_bwd_kv_tiled";
   }
 }
@@ -644,6 +648,8 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
     case DeviceKernel::FlashForwardWarpgroup:
+    case DeviceKernel::FlashBackwardKVWarpgroup:
+    case DeviceKernel::FlashBackwardQWarpgroup:
       return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) +
              (k.tf32_passes == 1 ? "_tf32" : k.tf32_passes == 3 ? "_tf32x3" : "") + "_h" + std::to_string(k.head);
   }
@@ -666,7 +672,9 @@ Family family(DeviceKernel k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
-    case DeviceKernel::FlashForwardWarpgroup: return Family::Flash;
+    case DeviceKernel::FlashForwardWarpgroup:
+    case DeviceKernel::FlashBackwardKVWarpgroup:
+    case DeviceKernel::FlashBackwardQWarpgroup: return Family::Flash;
     default: return Family::Plain;
   }
 }
@@ -674,7 +682,10 @@ Family family(DeviceKernel k) {
 
 bool is_attention_kernel(DeviceKernel k) { return family(k) == Family::Attention; }
 
-bool needs_sm90a(DeviceKernel k) { return k == DeviceKernel::FlashForwardWarpgroup; }
+bool needs_sm90a(DeviceKernel k) {
+  return k == DeviceKernel::FlashForwardWarpgroup || k == DeviceKernel::FlashBackwardKVWarpgroup ||
+         k == DeviceKernel::FlashBackwardQWarpgroup;
+}
 
 int attention_head_bucket(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : d <= 128 ? 128 : 256; }
 
@@ -732,9 +743,10 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
       for (DType t : {DType::BFloat16, DType::Float16}) v.push_back({k, t, DType::Int64, head});
       for (int passes : {1, 3}) v.push_back({k, DType::Float32, DType::Int64, head, passes});
     }
-  for (int head : {64, 128})
-    for (DType t : {DType::BFloat16, DType::Float16})
-      v.push_back({DeviceKernel::FlashForwardWarpgroup, t, DType::Int64, head});
+  for (DeviceKernel k : {DeviceKernel::FlashForwardWarpgroup, DeviceKernel::FlashBackwardKVWarpgroup,
+                         DeviceKernel::FlashBackwardQWarpgroup})
+    for (int head : {64, 128})
+      for (DType t : {DType::BFloat16, DType::Float16}) v.push_back({k, t, DType::Int64, head});
   return v;
 }
 

@@ -53,9 +53,11 @@ enum class DeviceKernel {
   FlashBackwardKV,  // dk and dv rows of the stacked gradient
   FlashBackwardQ,  // dq rows
   FlashBackwardPrep,  // the backward's work area: dO, lse, delta per query row
-  // The forward on Hopper's warpgroup MMA (a: bfloat16 or float16; head: bucket 64 or 128;
-  // compiled for sm_90a, see needs_sm90a).
+  // The same on Hopper's warpgroup MMA (a: bfloat16 or float16; head: bucket 64 or 128;
+  // compiled for sm_90a, see needs_sm90a; the backward's work area from FlashBackwardPrep).
   FlashForwardWarpgroup,
+  FlashBackwardKVWarpgroup,
+  FlashBackwardQWarpgroup,
 };
 
 // One instance: a template and its element types (the ones it does not use are ignored).

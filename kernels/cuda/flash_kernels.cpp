@@ -701,11 +701,11 @@ template <class E, int DM> __device__ void flash_bwd_prep(const AttnArgs& a) {
 // products dO·vᵀ; on return p̃ (dropout applied) in s and dS = p (dp·keep - delta) scale in dp.
 // Rows are queries when BY_KEY is false (row i = r0 + lane/4 + 8h, column j = c0 + 8n +
 // E::col(lane%4, e)), keys when it is true (the roles swapped); lse (base 2) and delta are indexed
-// by the query's place in its tile (stat0 + row, or the column). PLAIN: every entry is live and
-// unmasked, without dropout (no per-element tests).
+// by the query's place in its tile (stat0 + row, or the column); b: the batch element. PLAIN: every
+// entry is live and unmasked, without dropout (no per-element tests).
 template <bool PLAIN, bool BY_KEY, class E, int N>
 __device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4],
-                               i64 r0, i64 c0, const float* lse, const float* delta, int stat0) {
+                               i64 r0, i64 c0, const float* lse, const float* delta, int stat0, i64 b) {
   const int t4 = threadIdx.x & 3, g = (threadIdx.x & 31) >> 2;
   const float scale = (float)a.scale, scale2 = scale * LOG2E;
 #pragma unroll
@@ -724,7 +724,7 @@ __device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& dr
         p = 0.f, keep = 0.f;
         if (live) {
           p = ex2(s[n][e] * scale2 + (a.has_mask ? mask_at<E>(a, off, i, j) * LOG2E : 0.f) - lse[st]);
-          keep = drop.on ? keep_of(drop, a, blockIdx.x, i, j) : 1.f;
+          keep = drop.on ? keep_of(drop, a, b, i, j) : 1.f;
         }
       }
       dp[n][e] = p * (dp[n][e] * keep - delta[st]) * scale;
@@ -734,15 +734,15 @@ __device__ void score_grads_as(const AttnArgs& a, const i64* off, const Drop& dr
 
 template <bool BY_KEY, class E, int N>
 __device__ void score_grads(const AttnArgs& a, const i64* off, const Drop& drop, float (*s)[4], float (*dp)[4], i64 r0,
-                            i64 c0, const float* lse, const float* delta, int stat0) {
+                            i64 c0, const float* lse, const float* delta, int stat0, i64 b) {
   const i64 rlast = r0 + 15, clast = c0 + N - 1;
   const bool plain = !a.has_mask && !drop.on &&
                      (BY_KEY ? rlast < a.tk && clast < a.tq && (!a.causal || rlast <= c0)
                              : rlast < a.tq && clast < a.tk && (!a.causal || clast <= r0));
   if (plain)
-    score_grads_as<true, BY_KEY, E, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
+    score_grads_as<true, BY_KEY, E, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0, b);
   else
-    score_grads_as<false, BY_KEY, E, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0);
+    score_grads_as<false, BY_KEY, E, N>(a, off, drop, s, dp, r0, c0, lse, delta, stat0, b);
 }
 
 // The backward's shapes for bucket DM and element size SZ: MT 16-row slices per warp (64 MT
@@ -812,7 +812,7 @@ template <class E, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
     mma_nt_m<E, MT, QT, DM>(finite, dpt, vs, warp * 16 * MT, gs);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
-      score_grads<true, E, QT>(a, off, drop, st[mt], dpt[mt], jw + mt * 16, i0, lse, lse + QT, 0);
+      score_grads<true, E, QT>(a, off, drop, st[mt], dpt[mt], jw + mt * 16, i0, lse, lse + QT, 0, blockIdx.x);
 #pragma unroll
     for (int kk = 0; kk < QT / E::KD; ++kk) {
       typename E::A pa[MT], da[MT];
@@ -882,7 +882,7 @@ template <class E, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
       score_grads<false, E, KT>(a, off, drop, s[mt], dp[mt], i0 + rw + mt * 16, (i64)t * KT, lse, delta,
-                                rw + mt * 16);
+                                rw + mt * 16, blockIdx.x);
 #pragma unroll
     for (int kk = 0; kk < KT / E::KD; ++kk) {
       typename E::A da[MT];
@@ -996,9 +996,8 @@ template <int R, int DM, int NTH> struct TileCopy {
   }
 };
 
-// The forward's shape on wgmma: warpgroups (64 query rows each) a block, keys a tile.
+// The forward's keys a tile on wgmma (a block: two warpgroups of 64 query rows).
 template <int DM> struct FwdWg {
-  static const int nwg = 2;
   static const int kn = 128;
 };
 
@@ -1007,16 +1006,22 @@ template <int N> __device__ void pin_u(u32* x) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(x[i]));
 }
 
+// Two warpgroups taking turns to issue their products (FlashAttention-3's ping-pong: one's
+// element-wise work runs while the other's products are on the tensor cores). Named barrier
+// 1 + w: the other warpgroup has issued, warpgroup w may. Warpgroup 1 passes once before the
+// first turn, warpgroup 0 waits once after the last.
+__device__ void turn_wait(int wg) { asm volatile("bar.sync %0, 256;" ::"r"(1 + wg)); }
+__device__ void turn_pass(int wg) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - wg)); }
+
 // A block of the warpgroup forward. Each warpgroup runs FlashAttention-3's loop: the scores of
 // tile t are computed while the probabilities of tile t - 1 multiply its values, and the softmax
 // of tile t runs while that product is still on the tensor cores. The keys of tile t + 1 and the
 // values of tile t load meanwhile (two stages each: step t reads K_t and V_{t-1}). The two
-// warpgroups take turns to issue their products (FlashAttention-3's ping-pong): one's softmax
-// runs while the other's products are on the tensor cores.
+// warpgroups take turns to issue their products.
 template <bool BF, int DM> struct FwdWgBlock {
   typedef Half<BF> E;
   typedef u16 T;
-  static const int NWG = FwdWg<DM>::nwg, KN = FwdWg<DM>::kn, QM = 64 * NWG, NTH = 128 * NWG;
+  static const int KN = FwdWg<DM>::kn, QM = 128, NTH = 256;
   static const u32 TILE = KN * DM * 2;  // bytes of a key or value tile
   unsigned char* smem;
   u32 s0, qs, k_st, v_st;  // shared addresses: the block's memory, the query rows, the key and value stages
@@ -1060,13 +1065,6 @@ template <bool BF, int DM> struct FwdWgBlock {
     const i64 j0 = (i64)t * KN;
     kv_copy.run(s, j0, min((i64)KN, a.tk - j0), a.d, dst, smem, s0);
   }
-  // Named barrier 1 + w: the other warpgroup has issued its products, warpgroup w may.
-  __device__ __forceinline__ void turn_wait() const {
-    if (NWG == 2) asm volatile("bar.sync %0, 256;" ::"r"(1 + wg));
-  }
-  __device__ __forceinline__ void turn_pass() const {
-    if (NWG == 2) asm volatile("bar.arrive %0, 256;" ::"r"(2 - wg));
-  }
   // O += P·V of the tile before (values at shared address vp).
   __device__ __forceinline__ void issue_pv(u32 vp) {
 #pragma unroll
@@ -1085,7 +1083,7 @@ template <bool BF, int DM> struct FwdWgBlock {
     const u32 ks = k_st + (t & 1) * TILE;
     const i64 j0 = (i64)t * KN;
     float s[1][KN / 8][4];
-    turn_wait();
+    turn_wait(wg);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < DM / 16; ++kk)  // (k-step kk: bytes 32 (kk % 4) of 64-column block kk / 4)
@@ -1093,7 +1091,7 @@ template <bool BF, int DM> struct FwdWgBlock {
                         wg_desc(ks + (kk >> 2) * KN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
     wg_commit();
     if (!FIRST) issue_pv(v_st + ((t + 1) & 1) * TILE);
-    turn_pass();
+    turn_pass(wg);
     if (!FIRST) wg_wait<1>();
     else wg_wait<0>();
     pin<KN / 2>(&s[0][0][0]);
@@ -1155,10 +1153,10 @@ template <bool BF, int DM> struct FwdWgBlock {
     TileCopy<QM, DM, NTH>().run(src_of<T>(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs, smem, s0);
     if (tiles > 0) load(a, sk, 0, k_st);
     cp_commit();
-    if (wg == 1) turn_pass();  // (warpgroup 0 first)
+    if (wg == 1) turn_pass(wg);  // (warpgroup 0 first)
     if (tiles > 0) step<true>(a, 0);
     for (int t = 1; t < tiles; ++t) step<false>(a, t);
-    if (wg == 0) turn_wait();  // (warpgroup 1's last pass)
+    if (wg == 0) turn_wait(wg);  // (warpgroup 1's last pass)
     cp_wait<0>();
     if (tiles > 0) {  // the last tile's values
       fence_async_shared();
@@ -1201,8 +1199,249 @@ template <bool BF, int DM> __device__ void flash_fwd_wg(const AttnArgs& a) {
   FwdWgBlock<BF, DM>(a, smem).run(a);
 }
 
+// The backward on wgmma: two warpgroups of 64 stationary rows a block (keys for dk/dv, queries for
+// dq), the streamed side in 64-row tiles (two stages). The products that make scores and their
+// gradients take both operands from shared memory; the ones that add them into the gradients
+// take P̃ or dS from registers (rows of the stationary side: P̃ᵀ·dO, dSᵀ·Q and dS·K) and the
+// streamed tile, MN-major, from shared memory.
+#define WG_BT 64
+
+// lse and delta (the work area's, base-2 lse) of query rows [r0, r0 + R) of batch element b into
+// shared memory at `st` (lse, then delta); rows past tq: lse = +inf (probability 0), delta = 0.
+template <int R, class T, int DM> __device__ void wg_stage_stats(const AttnArgs& a, i64 b, i64 r0, float* st) {
+  for (int x = threadIdx.x; x < 2 * R; x += 256) {
+    const bool is_lse = x < R;
+    const i64 i = r0 + x % R;
+    if (i < a.tq)
+      cp4(st + x, work_lse<T, DM>(a) + (is_lse ? 0 : (i64)gridDim.x * a.tq) + b * a.tq + i);
+    else
+      st[x] = is_lse ? __int_as_float(0x7f800000) : 0.f;
+  }
+}
+
+// A block of dk and dv: 128 key rows (K and V stationary), over the query tiles from the first
+// one causal attention lets see them.
+template <bool BF, int DM> struct BwdKvWgBlock {
+  typedef Half<BF> E;
+  typedef u16 T;
+  static const int KB = 128, QT = WG_BT, NTH = 256;
+  static const u32 TILE = QT * DM * 2;  // bytes of a query or dO tile
+  unsigned char* smem;
+  u32 s0, ks, vs, qg;  // shared addresses: the block's memory, keys, values; stage t: q at qg + 2 t TILE, dO after
+  float* stats;        // stage t: lse at stats + 2 t QT, delta after
+  int wg, tiles;
+  i64 b, j0, jw, first;  // batch element, first key of the block and of the warp, first query row
+  i64 off[7];
+  Src<T> sq, sg;
+  TileCopy<QT, DM, NTH> copy;
+  float dk[DM / 8][4], dv[DM / 8][4];
+
+  // (key blocks of a batch element run side by side, their queries shared in L2; the first,
+  // longest under causal, first)
+  __device__ __forceinline__ BwdKvWgBlock(const AttnArgs& a, unsigned char* sm) : smem(sm) {
+    s0 = smem_addr(smem);
+    ks = (s0 + 1023) & ~1023u;
+    vs = ks + KB * DM * 2;
+    qg = vs + KB * DM * 2;
+    stats = (float*)(smem + (qg + 4 * TILE - s0));
+    wg = threadIdx.x >> 7;
+    const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    b = lin / gridDim.y;
+    j0 = lin % gridDim.y * KB;
+    jw = j0 + wg * 64 + ((threadIdx.x >> 5) & 3) * 16;
+    batch_offsets(a, b, off);
+    sq = src_of<T>(a, off, Q);
+    sg = work_do<T, DM>(a, b);
+    first = a.causal ? j0 / QT * QT : 0;
+    tiles = a.tq > first ? (int)((a.tq - first + QT - 1) / QT) : 0;
+    zero<DM / 8>(dk);
+    zero<DM / 8>(dv);
+  }
+  // Query tile t (q, dO, lse, delta) into stage t % 2, committed.
+  __device__ __forceinline__ void load(const AttnArgs& a, int t) const {
+    const u32 q = qg + (t & 1) * 2 * TILE;
+    const i64 i0 = first + (i64)t * QT, cnt = min((i64)QT, a.tq - i0);
+    copy.run(sq, i0, cnt, a.d, q, smem, s0);
+    copy.run(sg, i0, cnt, DM, q + TILE, smem, s0);
+    wg_stage_stats<QT, T, DM>(a, b, i0, stats + (t & 1) * 2 * QT);
+    cp_commit();
+  }
+  __device__ __forceinline__ void step(const AttnArgs& a, int t) {
+    cp_wait<0>();
+    fence_async_shared();
+    __syncthreads();  // tile t in; every warpgroup done with tile t - 1
+    if (t + 1 < tiles) load(a, t + 1);
+    const u32 qa = qg + (t & 1) * 2 * TILE, ga = qa + TILE;
+    const float* lse = stats + (t & 1) * 2 * QT;
+    const i64 i0 = first + (i64)t * QT;
+    float st[QT / 8][4], dpt[QT / 8][4];  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (rows: the warp's keys)
+    turn_wait(wg);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DM / 16; ++kk) {
+      const u32 at = (kk >> 2) * KB * 128 + wg * 64 * 128 + (kk & 3) * 32, bt = (kk >> 2) * QT * 128 + (kk & 3) * 32;
+      Wg<BF, QT, 0>::ss(&st[0][0], wg_desc(ks + at, 16, 1024), wg_desc(qa + bt, 16, 1024), kk > 0);
+      Wg<BF, QT, 0>::ss(&dpt[0][0], wg_desc(vs + at, 16, 1024), wg_desc(ga + bt, 16, 1024), kk > 0);
+    }
+    wg_commit();
+    turn_pass(wg);
+    wg_wait<0>();
+    pin<QT / 2>(&st[0][0]);
+    pin<QT / 2>(&dpt[0][0]);
+    {
+      const Drop d = drop_of(a);  // (a local: score_grads takes its address)
+      score_grads<true, E, QT>(a, off, d, st, dpt, jw, i0, lse, lse + QT, 0, b);
+    }
+    u32 pa[QT / 16][4], da[QT / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < QT / 16; ++kk) {
+      const typename E::A x = E::a_acc(st, kk), y = E::a_acc(dpt, kk);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = x.r[r], da[kk][r] = y.r[r];
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < QT / 16; ++kk) {  // (queries 16 kk: rows of the dO and q tiles)
+      Wg<BF, DM, 1>::rs(&dv[0][0], pa[kk], wg_desc(ga + kk * 16 * 128, QT * 128, 1024));
+      Wg<BF, DM, 1>::rs(&dk[0][0], da[kk], wg_desc(qa + kk * 16 * 128, QT * 128, 1024));
+    }
+    wg_commit();
+    wg_wait<0>();
+    pin<DM / 2>(&dv[0][0]);
+    pin<DM / 2>(&dk[0][0]);
+    pin_u<QT / 4>(&pa[0][0]);
+    pin_u<QT / 4>(&da[0][0]);
+  }
+  __device__ __forceinline__ void run(const AttnArgs& a) {
+    const i64 kn = min((i64)KB, a.tk - j0);
+    TileCopy<KB, DM, NTH>().run(src_of<T>(a, off, K), j0, kn, a.d, ks, smem, s0);
+    TileCopy<KB, DM, NTH>().run(src_of<T>(a, off, V), j0, kn, a.d, vs, smem, s0);
+    if (tiles > 0) load(a, 0);
+    else cp_commit();
+    if (wg == 1) turn_pass(wg);
+    for (int t = 0; t < tiles; ++t) step(a, t);
+    if (wg == 0) turn_wait(wg);
+    cp_wait<0>();
+    T* out = (T*)a.ptr[O] + off[O];
+    const i64 ja = jw + ((threadIdx.x & 31) >> 2);
+    store_rows<E, DM / 8>(a, out + a.tq * a.rs[O], dk, ja, a.tk, 0);
+    store_rows<E, DM / 8>(a, out + (a.tq + a.tk) * a.rs[O], dv, ja, a.tk, 0);
+  }
+};
+
+// A block of dq: 128 query rows (q and dO stationary, their lse and delta in shared memory), over
+// the key tiles it sees.
+template <bool BF, int DM> struct BwdQWgBlock {
+  typedef Half<BF> E;
+  typedef u16 T;
+  static const int QB = 128, KT = WG_BT, NTH = 256;
+  static const u32 TILE = KT * DM * 2;  // bytes of a key or value tile
+  unsigned char* smem;
+  u32 s0, qs, gs, kv;  // shared addresses: the block's memory, q, dO; stage t: k at kv + 2 t TILE, v after
+  float* stats;        // lse of the block's rows, then delta
+  int wg, tiles;
+  i64 b, i0, rw;  // batch element, first query row of the block and of the warp
+  i64 off[7];
+  Src<T> sk, sv;
+  TileCopy<KT, DM, NTH> copy;
+  float dq[DM / 8][4];
+
+  // (query blocks of a batch element side by side; the last, longest under causal, first)
+  __device__ __forceinline__ BwdQWgBlock(const AttnArgs& a, unsigned char* sm) : smem(sm) {
+    s0 = smem_addr(smem);
+    qs = (s0 + 1023) & ~1023u;
+    gs = qs + QB * DM * 2;
+    kv = gs + QB * DM * 2;
+    stats = (float*)(smem + (kv + 4 * TILE - s0));
+    wg = threadIdx.x >> 7;
+    const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x;
+    b = lin / gridDim.y;
+    i0 = (gridDim.y - 1 - lin % gridDim.y) * QB;
+    rw = i0 + wg * 64 + ((threadIdx.x >> 5) & 3) * 16;
+    batch_offsets(a, b, off);
+    sk = src_of<T>(a, off, K);
+    sv = src_of<T>(a, off, V);
+    tiles = key_tiles<KT>(a, i0, QB);
+    zero<DM / 8>(dq);
+  }
+  // Key tile t (k, v) into stage t % 2, committed.
+  __device__ __forceinline__ void load(const AttnArgs& a, int t) const {
+    const u32 k = kv + (t & 1) * 2 * TILE;
+    const i64 j0 = (i64)t * KT, cnt = min((i64)KT, a.tk - j0);
+    copy.run(sk, j0, cnt, a.d, k, smem, s0);
+    copy.run(sv, j0, cnt, a.d, k + TILE, smem, s0);
+    cp_commit();
+  }
+  __device__ __forceinline__ void step(const AttnArgs& a, int t) {
+    cp_wait<0>();
+    fence_async_shared();
+    __syncthreads();  // tile t in; every warpgroup done with tile t - 1
+    if (t + 1 < tiles) load(a, t + 1);
+    const u32 ka = kv + (t & 1) * 2 * TILE, va = ka + TILE;
+    float s[KT / 8][4], dp[KT / 8][4];  // S = Q·Kᵀ, dP = dO·Vᵀ (rows: the warp's queries)
+    turn_wait(wg);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < DM / 16; ++kk) {
+      const u32 at = (kk >> 2) * QB * 128 + wg * 64 * 128 + (kk & 3) * 32, bt = (kk >> 2) * KT * 128 + (kk & 3) * 32;
+      Wg<BF, KT, 0>::ss(&s[0][0], wg_desc(qs + at, 16, 1024), wg_desc(ka + bt, 16, 1024), kk > 0);
+      Wg<BF, KT, 0>::ss(&dp[0][0], wg_desc(gs + at, 16, 1024), wg_desc(va + bt, 16, 1024), kk > 0);
+    }
+    wg_commit();
+    turn_pass(wg);
+    wg_wait<0>();
+    pin<KT / 2>(&s[0][0]);
+    pin<KT / 2>(&dp[0][0]);
+    {
+      const Drop d = drop_of(a);  // (a local: score_grads takes its address)
+      score_grads<false, E, KT>(a, off, d, s, dp, rw, (i64)t * KT, stats, stats + QB, (int)(rw - i0), b);
+    }
+    u32 da[KT / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk) {
+      const typename E::A y = E::a_acc(dp, kk);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) da[kk][r] = y.r[r];
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < KT / 16; ++kk)  // (keys 16 kk: rows of the key tile)
+      Wg<BF, DM, 1>::rs(&dq[0][0], da[kk], wg_desc(ka + kk * 16 * 128, KT * 128, 1024));
+    wg_commit();
+    wg_wait<0>();
+    pin<DM / 2>(&dq[0][0]);
+    pin_u<KT / 4>(&da[0][0]);
+  }
+  __device__ __forceinline__ void run(const AttnArgs& a) {
+    const i64 rows = min((i64)QB, a.tq - i0);
+    TileCopy<QB, DM, NTH>().run(src_of<T>(a, off, Q), i0, rows, a.d, qs, smem, s0);
+    TileCopy<QB, DM, NTH>().run(work_do<T, DM>(a, b), i0, rows, DM, gs, smem, s0);
+    wg_stage_stats<QB, T, DM>(a, b, i0, stats);
+    if (tiles > 0) load(a, 0);
+    else cp_commit();
+    if (wg == 1) turn_pass(wg);
+    for (int t = 0; t < tiles; ++t) step(a, t);
+    if (wg == 0) turn_wait(wg);
+    cp_wait<0>();
+    store_rows<E, DM / 8>(a, (T*)a.ptr[O] + off[O], dq, rw + ((threadIdx.x & 31) >> 2), a.tq, 0);
+  }
+};
+
+template <bool BF, int DM> __device__ void flash_bwd_kv_wg(const AttnArgs& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  BwdKvWgBlock<BF, DM>(a, smem).run(a);
+}
+template <bool BF, int DM> __device__ void flash_bwd_q_wg(const AttnArgs& a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  BwdQWgBlock<BF, DM>(a, smem).run(a);
+}
+
+#define KILN_FLASH_flash_bwd_kv_wg(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { flash_bwd_kv_wg<E::bf, DM>(a); }
+#define KILN_FLASH_flash_bwd_q_wg(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { flash_bwd_q_wg<E::bf, DM>(a); }
 #define KILN_FLASH_flash_fwd_wg(NAME, E, DM)                                                        \
-  extern "C" __global__ void __launch_bounds__(128 * FwdWg<DM>::nwg) NAME(AttnArgs a) { flash_fwd_wg<E::bf, DM>(a); }
+  extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { flash_fwd_wg<E::bf, DM>(a); }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 
@@ -1245,7 +1484,8 @@ struct Shape {
 };
 Shape shape_of(DeviceKernel k, int bucket, int64_t item) {
   if (k == DeviceKernel::FlashForward) return {bucket <= 128 ? 128 : 64, bucket <= 64 ? 64 : 32};
-  if (k == DeviceKernel::FlashForwardWarpgroup) return {128, 128};  // (FwdWg: two warpgroups)
+  if (k == DeviceKernel::FlashForwardWarpgroup) return {128, 128};  // (two warpgroups; FwdWg)
+  if (needs_sm90a(k)) return {128, 64};                               // (two warpgroups; WG_BT)
   if (k == DeviceKernel::FlashBackwardQ) return bucket <= 64 ? Shape{128, 32} : Shape{64, item == 4 ? 32 : 64};
   return {64, bucket <= 64 ? 64 : 32};
 }
@@ -1258,6 +1498,10 @@ int64_t flash_shared_bytes(DeviceKernel k, int bucket, int64_t item) {
     case DeviceKernel::FlashForward: return sh.rows * pitch + streamed;  // q; k and v a stage
     case DeviceKernel::FlashForwardWarpgroup:  // q; two stages of k and of v (unpadded); 1024-byte alignment
       return (sh.rows + 4 * sh.streamed) * bucket * item + 1024;
+    case DeviceKernel::FlashBackwardKVWarpgroup:  // k, v; two stages of q and dO, and of their lse and delta
+      return (2 * sh.rows + 4 * sh.streamed) * bucket * item + 4 * sh.streamed * 4 + 1024;
+    case DeviceKernel::FlashBackwardQWarpgroup:  // q, dO, their lse and delta; two stages of k and v
+      return (2 * sh.rows + 4 * sh.streamed) * bucket * item + 2 * sh.rows * 4 + 1024;
     case DeviceKernel::FlashBackwardKV:  // k, v; q and dO with their lse and delta a stage
       return 2 * sh.rows * pitch + streamed + stages * 2 * sh.streamed * 4;
     case DeviceKernel::FlashBackwardQ:  // q, dO, lse, delta; k and v a stage
@@ -1272,7 +1516,7 @@ int64_t flash_most_shared_bytes(int bucket, int64_t item) {
                    flash_shared_bytes(DeviceKernel::FlashBackwardQ, bucket, item)});
 }
 
-int flash_threads(DeviceKernel k) { return k == DeviceKernel::FlashForwardWarpgroup ? 256 : 128; }
+int flash_threads(DeviceKernel k) { return needs_sm90a(k) ? 256 : 128; }
 
 int flash_rows_per_block(DeviceKernel k, int bucket) {
   return k == DeviceKernel::FlashBackwardPrep ? 64 : static_cast<int>(shape_of(k, bucket, 2).rows);

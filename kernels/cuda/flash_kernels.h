@@ -12,7 +12,7 @@ namespace kiln::kernels {
 
 // The templates and the KILN_FLASH(name, kernel, element, bucket) instancing macro (element:
 // Half<is_bfloat16> or Tf32<passes>, flash_element); each kernel takes one AttnArgs by value and
-// runs flash_threads threads per block. flash_fwd_wg instances compile for sm_90a alone.
+// runs flash_threads threads per block. The *_wg instances compile for sm_90a alone.
 const char* flash_kernel_source();
 // The source's element type of an instance: Half<true>, Half<false>, Tf32<1> or Tf32<3>.
 std::string flash_element(const DeviceKernelInstance& k);
@@ -26,7 +26,7 @@ int flash_stages(int bucket);
 // 4: float32), and the most of the forward and backward kernels.
 int64_t flash_shared_bytes(DeviceKernel k, int bucket, int64_t item);
 int64_t flash_most_shared_bytes(int bucket, int64_t item);
-// Threads a block of flash kernel `k` runs (128; the warpgroup forward 256).
+// Threads a block of flash kernel `k` runs (128; the warpgroup kernels 256).
 int flash_threads(DeviceKernel k);
 // Rows (query rows; keys for dk/dv) a block of flash kernel `k` takes (its grid's y covers them).
 int flash_rows_per_block(DeviceKernel k, int bucket);

@@ -250,14 +250,13 @@ bool flash_applies(int device, DType dt, int64_t d) {
          max_shared_per_block(device);
 }
 
-// The forward's kernel: on compute capability 9.0 (H100, H200) 16-bit inputs at head buckets 64
-// and 128 take the warpgroup-MMA kernel where it was measured faster than mma.sync's (bucket 64:
-// from 2048 keys; docs/BENCHMARKS.md), else the mma.sync kernel.
-DeviceKernel flash_forward_kernel(int device, DType dt, int bucket, int64_t tk) {
-  const bool hopper = compute_capability(device) == 90 && is_half(dt) && (bucket == 128 || (bucket == 64 && tk >= 2048));
-  return hopper && kernels::flash_shared_bytes(DeviceKernel::FlashForwardWarpgroup, bucket, 2) <= max_shared_per_block(device)
-             ? DeviceKernel::FlashForwardWarpgroup
-             : DeviceKernel::FlashForward;
+// Whether attention over `dt` inputs runs on the warpgroup-MMA (wgmma) kernels: compute
+// capability 9.0 (H100, H200), 16-bit inputs, head buckets 64 and 128, where they were measured
+// faster than the mma.sync ones (the forward at bucket 64 from 2048 keys; docs/BENCHMARKS.md).
+bool flash_warpgroup(int device, DType dt, int bucket, DeviceKernel k, int64_t tk) {
+  if (compute_capability(device) != 90 || !is_half(dt) || (bucket != 64 && bucket != 128)) return false;
+  if (k == DeviceKernel::FlashForwardWarpgroup && bucket == 64 && tk < 2048) return false;
+  return kernels::flash_shared_bytes(k, bucket, 2) <= max_shared_per_block(device);
 }
 
 // Queues flash kernel `k` (a block per 64 or 128 rows of `rows`, `parts` blocks of gradient
@@ -315,8 +314,9 @@ void attention(int device, const Node& n, const Operand& out) {
     // (float32: TF32 products where set_float32_matmul_precision allows them, else 3xTF32)
     const DeviceKernelInstance k{DeviceKernel::FlashForward, in_dt, DType::Int64, bucket,
                                  in_dt != DType::Float32 ? 0 : float32_matmul_allows_tf32() ? 1 : 3};
+    auto pick = [&](DeviceKernel wg, DeviceKernel sync) { return flash_warpgroup(device, in_dt, bucket, wg, a.tk) ? wg : sync; };
     if (fwd) {
-      flash_launch(device, k, flash_forward_kernel(device, in_dt, bucket, a.tk), a, batch, a.tq, 1);
+      flash_launch(device, k, pick(DeviceKernel::FlashForwardWarpgroup, DeviceKernel::FlashForward), a, batch, a.tq, 1);
     } else {
       // (the work area goes back to the caching allocator once queued: its next user is queued after these)
       const int64_t work_bytes = kernels::flash_work_bytes(batch, a.tq, bucket, static_cast<int64_t>(itemsize(in_dt)));
@@ -324,8 +324,10 @@ void attention(int device, const Node& n, const Operand& out) {
                                           Device{DeviceType::CUDA, device});
       a.work = work->data;
       flash_launch(device, k, DeviceKernel::FlashBackwardPrep, a, batch, a.tq, 1);
-      flash_launch(device, k, DeviceKernel::FlashBackwardQ, a, batch, a.tq, parts);
-      flash_launch(device, k, DeviceKernel::FlashBackwardKV, a, batch, a.tk, parts);
+      flash_launch(device, k, pick(DeviceKernel::FlashBackwardQWarpgroup, DeviceKernel::FlashBackwardQ), a, batch, a.tq,
+                   parts);
+      flash_launch(device, k, pick(DeviceKernel::FlashBackwardKVWarpgroup, DeviceKernel::FlashBackwardKV), a, batch,
+                   a.tk, parts);
     }
     return;
   }
