@@ -954,6 +954,52 @@ KILN_WG_N(false, "f16", 128, "64", "65", "66", "67", "68", "69", "70")
 template <int R> __device__ u32 swz(int r, int p) {
   return (u32)((p >> 3) * R * 128 + r * 128 + (((p & 7) ^ (r & 7)) << 4));
 }
+// Such a tile as an operand: K-major (the k index runs along a row; 8-row groups 1024 bytes
+// apart; k-step kk of 16 columns at byte kstep<R>(kk)), or MN-major (rows are k, the 64-column
+// blocks R 128 bytes apart; k-step kk at byte 2048 kk).
+__device__ u64 desc_k(u32 addr) { return wg_desc(addr, 16, 1024); }
+template <int R> __device__ u64 desc_mn(u32 addr) { return wg_desc(addr, R * 128, 1024); }
+template <int R> __device__ u32 kstep(int kk) { return (kk >> 2) * R * 128 + (kk & 3) * 32; }
+
+// Issued, not committed: x = (rows [64 wg, 64 wg + 64) of the tile of RA rows at a) times (the N
+// rows of the tile at b)ᵀ over DM columns, N / 2 floats a thread.
+template <bool BF, int N, int RA, int DM> __device__ void wg_scores(float* x, u32 a, u32 b, int wg) {
+#pragma unroll
+  for (int kk = 0; kk < DM / 16; ++kk)
+    Wg<BF, N, 0>::ss(x, desc_k(a + wg * 64 * 128 + kstep<RA>(kk)), desc_k(b + kstep<N>(kk)), kk > 0);
+}
+// The same for two products at once (x from a1, b1 and y from a2, b2; their steps interleaved).
+template <bool BF, int N, int RA, int DM>
+__device__ void wg_scores2(float* x, u32 a1, u32 b1, float* y, u32 a2, u32 b2, int wg) {
+#pragma unroll
+  for (int kk = 0; kk < DM / 16; ++kk) {
+    const u32 at = wg * 64 * 128 + kstep<RA>(kk), bt = kstep<N>(kk);
+    Wg<BF, N, 0>::ss(x, desc_k(a1 + at), desc_k(b1 + bt), kk > 0);
+    Wg<BF, N, 0>::ss(y, desc_k(a2 + at), desc_k(b2 + bt), kk > 0);
+  }
+}
+// Issued, not committed: acc += f (a warp's 16-bit A fragments of KR columns, a_frags) times the
+// first KR rows of the tile of R rows at b (MN-major), DM / 2 floats a thread.
+template <bool BF, int DM, int R, int KR> __device__ void wg_accumulate(float* acc, const u32 (*f)[4], u32 b) {
+#pragma unroll
+  for (int kk = 0; kk < KR / 16; ++kk) Wg<BF, DM, 1>::rs(acc, f[kk], desc_mn<R>(b + kk * 16 * 128));
+}
+// The A fragments of a warp's float32 16 x N accumulator (rounded to 16 bits), one a k-step.
+template <class E, int N> __device__ void a_frags(u32 (*f)[4], const float (*s)[4]) {
+#pragma unroll
+  for (int kk = 0; kk < N / 16; ++kk) {
+    const typename E::A x = E::a_acc(s, kk);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) f[kk][r] = x.r[r];
+  }
+}
+// The tiles this thread copied waited for and made visible to wgmma, and every thread's (the
+// block's barrier: every warpgroup is also done with the step before).
+__device__ void wg_tiles_in() {
+  cp_wait<0>();
+  fence_async_shared();
+  __syncthreads();
+}
 __device__ void cp16s(u32 dst, const void* src, int bytes) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
 }
@@ -1067,16 +1113,12 @@ template <bool BF, int DM> struct FwdWgBlock {
   }
   // O += P·V of the tile before (values at shared address vp).
   __device__ __forceinline__ void issue_pv(u32 vp) {
-#pragma unroll
-    for (int kk = 0; kk < KN / 16; ++kk)  // (keys 16 kk: rows of the value tile, 8-row groups 1024 bytes apart)
-      Wg<BF, DM, 1>::rs(&o[0][0], p[kk], wg_desc(vp + kk * 16 * 128, KN * 128, 1024));
+    wg_accumulate<BF, DM, KN, KN>(&o[0][0], p, vp);
     wg_commit();
   }
   // Step t (FIRST: t = 0, no product of the tile before to overlap).
   template <bool FIRST> __device__ __forceinline__ void step(const AttnArgs& a, int t) {
-    cp_wait<0>();
-    fence_async_shared();
-    __syncthreads();  // K_t and V_{t-1} in; every warpgroup done with step t - 1
+    wg_tiles_in();  // K_t and V_{t-1}
     if (t + 1 < tiles) load(a, sk, t + 1, k_st + ((t + 1) & 1) * TILE);
     load(a, sv, t, v_st + (t & 1) * TILE);
     cp_commit();
@@ -1085,10 +1127,7 @@ template <bool BF, int DM> struct FwdWgBlock {
     float s[1][KN / 8][4];
     turn_wait(wg);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < DM / 16; ++kk)  // (k-step kk: bytes 32 (kk % 4) of 64-column block kk / 4)
-      Wg<BF, KN, 0>::ss(&s[0][0][0], wg_desc(qs + (kk >> 2) * QM * 128 + wg * 64 * 128 + (kk & 3) * 32, 16, 1024),
-                        wg_desc(ks + (kk >> 2) * KN * 128 + (kk & 3) * 32, 16, 1024), kk > 0);
+    wg_scores<BF, KN, QM, DM>(&s[0][0][0], qs, ks, wg);
     wg_commit();
     if (!FIRST) issue_pv(v_st + ((t + 1) & 1) * TILE);
     turn_pass(wg);
@@ -1142,12 +1181,7 @@ template <bool BF, int DM> struct FwdWgBlock {
     for (int n = 0; n < DM / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) o[n][e] *= alpha[e >> 1];
-#pragma unroll
-    for (int kk = 0; kk < KN / 16; ++kk) {
-      const typename E::A x = E::a_acc(s[0], kk);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) p[kk][r] = x.r[r];
-    }
+    a_frags<E, KN>(p, s[0]);
   }
   __device__ __forceinline__ void run(const AttnArgs& a) {
     TileCopy<QM, DM, NTH>().run(src_of<T>(a, off, Q), i0, min((i64)QM, a.tq - i0), a.d, qs, smem, s0);
@@ -1157,15 +1191,15 @@ template <bool BF, int DM> struct FwdWgBlock {
     if (tiles > 0) step<true>(a, 0);
     for (int t = 1; t < tiles; ++t) step<false>(a, t);
     if (wg == 0) turn_wait(wg);  // (warpgroup 1's last pass)
-    cp_wait<0>();
     if (tiles > 0) {  // the last tile's values
-      fence_async_shared();
-      __syncthreads();
+      wg_tiles_in();
       wg_fence();
       issue_pv(v_st + ((tiles + 1) & 1) * TILE);
       wg_wait<0>();
       pin<DM / 2>(&o[0][0]);
       pin_u<KN / 4>(&p[0][0]);
+    } else {
+      cp_wait<0>();
     }
     store(a);
   }
@@ -1267,9 +1301,7 @@ template <bool BF, int DM> struct BwdKvWgBlock {
     cp_commit();
   }
   __device__ __forceinline__ void step(const AttnArgs& a, int t) {
-    cp_wait<0>();
-    fence_async_shared();
-    __syncthreads();  // tile t in; every warpgroup done with tile t - 1
+    wg_tiles_in();  // tile t
     if (t + 1 < tiles) load(a, t + 1);
     const u32 qa = qg + (t & 1) * 2 * TILE, ga = qa + TILE;
     const float* lse = stats + (t & 1) * 2 * QT;
@@ -1277,12 +1309,7 @@ template <bool BF, int DM> struct BwdKvWgBlock {
     float st[QT / 8][4], dpt[QT / 8][4];  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (rows: the warp's keys)
     turn_wait(wg);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < DM / 16; ++kk) {
-      const u32 at = (kk >> 2) * KB * 128 + wg * 64 * 128 + (kk & 3) * 32, bt = (kk >> 2) * QT * 128 + (kk & 3) * 32;
-      Wg<BF, QT, 0>::ss(&st[0][0], wg_desc(ks + at, 16, 1024), wg_desc(qa + bt, 16, 1024), kk > 0);
-      Wg<BF, QT, 0>::ss(&dpt[0][0], wg_desc(vs + at, 16, 1024), wg_desc(ga + bt, 16, 1024), kk > 0);
-    }
+    wg_scores2<BF, QT, KB, DM>(&st[0][0], ks, qa, &dpt[0][0], vs, ga, wg);
     wg_commit();
     turn_pass(wg);
     wg_wait<0>();
@@ -1293,18 +1320,11 @@ template <bool BF, int DM> struct BwdKvWgBlock {
       score_grads<true, E, QT>(a, off, d, st, dpt, jw, i0, lse, lse + QT, 0, b);
     }
     u32 pa[QT / 16][4], da[QT / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < QT / 16; ++kk) {
-      const typename E::A x = E::a_acc(st, kk), y = E::a_acc(dpt, kk);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = x.r[r], da[kk][r] = y.r[r];
-    }
+    a_frags<E, QT>(pa, st);
+    a_frags<E, QT>(da, dpt);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < QT / 16; ++kk) {  // (queries 16 kk: rows of the dO and q tiles)
-      Wg<BF, DM, 1>::rs(&dv[0][0], pa[kk], wg_desc(ga + kk * 16 * 128, QT * 128, 1024));
-      Wg<BF, DM, 1>::rs(&dk[0][0], da[kk], wg_desc(qa + kk * 16 * 128, QT * 128, 1024));
-    }
+    wg_accumulate<BF, DM, QT, QT>(&dv[0][0], pa, ga);
+    wg_accumulate<BF, DM, QT, QT>(&dk[0][0], da, qa);
     wg_commit();
     wg_wait<0>();
     pin<DM / 2>(&dv[0][0]);
@@ -1373,20 +1393,13 @@ template <bool BF, int DM> struct BwdQWgBlock {
     cp_commit();
   }
   __device__ __forceinline__ void step(const AttnArgs& a, int t) {
-    cp_wait<0>();
-    fence_async_shared();
-    __syncthreads();  // tile t in; every warpgroup done with tile t - 1
+    wg_tiles_in();  // tile t
     if (t + 1 < tiles) load(a, t + 1);
     const u32 ka = kv + (t & 1) * 2 * TILE, va = ka + TILE;
     float s[KT / 8][4], dp[KT / 8][4];  // S = Q·Kᵀ, dP = dO·Vᵀ (rows: the warp's queries)
     turn_wait(wg);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < DM / 16; ++kk) {
-      const u32 at = (kk >> 2) * QB * 128 + wg * 64 * 128 + (kk & 3) * 32, bt = (kk >> 2) * KT * 128 + (kk & 3) * 32;
-      Wg<BF, KT, 0>::ss(&s[0][0], wg_desc(qs + at, 16, 1024), wg_desc(ka + bt, 16, 1024), kk > 0);
-      Wg<BF, KT, 0>::ss(&dp[0][0], wg_desc(gs + at, 16, 1024), wg_desc(va + bt, 16, 1024), kk > 0);
-    }
+    wg_scores2<BF, KT, QB, DM>(&s[0][0], qs, ka, &dp[0][0], gs, va, wg);
     wg_commit();
     turn_pass(wg);
     wg_wait<0>();
@@ -1397,16 +1410,9 @@ template <bool BF, int DM> struct BwdQWgBlock {
       score_grads<false, E, KT>(a, off, d, s, dp, rw, (i64)t * KT, stats, stats + QB, (int)(rw - i0), b);
     }
     u32 da[KT / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk) {
-      const typename E::A y = E::a_acc(dp, kk);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) da[kk][r] = y.r[r];
-    }
+    a_frags<E, KT>(da, dp);
     wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < KT / 16; ++kk)  // (keys 16 kk: rows of the key tile)
-      Wg<BF, DM, 1>::rs(&dq[0][0], da[kk], wg_desc(ka + kk * 16 * 128, KT * 128, 1024));
+    wg_accumulate<BF, DM, KT, KT>(&dq[0][0], da, ka);
     wg_commit();
     wg_wait<0>();
     pin<DM / 2>(&dq[0][0]);
