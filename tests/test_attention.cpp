@@ -1110,6 +1110,45 @@ TEST(AttentionPatterns, ThreadsCompilingAtOnceShareTheRewrites) {
 
 // Non-finite inputs give what the unfused graph gives, element for element (NaN where it has NaN),
 // on the CPU and (when there is one) the GPU, in float64 and float32.
+// Gradients through non-finite values on the GPU's float32 kernels (3xTF32: the scan of q, k, v
+// and dO sends them to the careful form) equal the CPU's fused kernel's, which computes them the
+// same way (dS = P (dP - dO·O)): the same NaN elements, the same infinities, the finite ones
+// close. An infinity or NaN in dO only (the forward on the plain form), or in a key.
+TEST(Attention, CudaNonFiniteGradientsMatchTheCpuKernel) {
+  if (!cuda::is_available()) GTEST_SKIP() << "no usable CUDA device";
+  const Device g{DeviceType::CUDA, 0};
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  manual_seed(kiln::testing::test_seed(16));
+  for (double bad : {inf, -inf, nan})
+    for (bool in_key : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << bad << (in_key ? " in k" : " in dO"));
+      Tensor q = randn({2, 37, 24}), k = randn({2, 41, 24}), v = randn({2, 41, 24}), w = randn({2, 37, 24});
+      (in_key ? k : w).index_put_({1, 5, 3}, bad);
+      auto grads = [&](Device dev) {
+        sdpa_kernel kernels(SdpaBackend::Fused);
+        Tensor qd = q.to(dev).requires_grad_(), kd = k.to(dev).requires_grad_(), vd = v.to(dev).requires_grad_();
+        Tensor y = scaled_dot_product_attention(qd, kd, vd, std::nullopt, true);
+        EXPECT_TRUE(fused(y));
+        std::vector<Tensor> gs = grad({(y * w.to(dev)).sum()}, {qd, kd, vd});
+        for (Tensor& t : gs) t = t.to(cpu());
+        return gs;
+      };
+      const std::vector<Tensor> want = grads(cpu()), got = grads(g);
+      for (size_t i = 0; i < 3; ++i) {
+        const auto a = got[i].to_vector<float>(), b = want[i].to_vector<float>();
+        ASSERT_EQ(a.size(), b.size());
+        size_t nans = 0;
+        for (size_t e = 0; e < a.size(); ++e) {
+          nans += std::isnan(b[e]);
+          EXPECT_EQ(std::isnan(a[e]), std::isnan(b[e])) << "gradient " << i << " element " << e << ": " << a[e] << " vs " << b[e];
+          if (std::isnan(a[e]) || std::isnan(b[e]) || a[e] == b[e]) continue;  // (infinities: equal)
+          EXPECT_NEAR(a[e], b[e], 1e-4 * (1 + std::abs(b[e]))) << "gradient " << i << " element " << e;
+        }
+        if (i == 0) EXPECT_GT(nans, 0u) << "the bad value reaches dq";
+      }
+    }
+}
+
 TEST(Attention, NonFiniteInputsMatchTheUnfusedGraph) {
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
   std::vector<Device> devices = {cpu()};

@@ -725,7 +725,7 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
     groups[{static_cast<int>(k.kernel), attention ? static_cast<int>(k.a) : 0, k.tf32_passes}].push_back(k);
     kinds.insert(static_cast<int>(k.kernel));
   }
-  EXPECT_EQ(kinds.size(), 30u);
+  EXPECT_EQ(kinds.size(), 31u);
   std::vector<std::vector<DeviceKernelInstance>*> todo;
   for (auto& [key, ks] : groups) todo.push_back(&ks);
   std::vector<std::string> cubins(todo.size()), errors(todo.size());
@@ -758,9 +758,10 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
   std::printf("[ cuda ] %zu device kernel instances compiled for sm_90\n", total);
   // copies, indexing, cumsum, claims, int ops, sort keys, the radix sort, batch pointers, ordered
   // adds, attention (row kernels; tiled for heads 32, 64, 128), tensor-core attention (bfloat16,
-  // float16 at 8 buckets; float32 in TF32 and 3xTF32 at 3; the warpgroup kernels at 2)
+  // float16 at 8 buckets; float32 in TF32, 3xTF32 and careful 3xTF32 at 3, and the scan; the
+  // warpgroup kernels at 2)
   EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 2 * 2 + 3 + 1 + 4 * 2 + 3 * 2 * 4 + 3 * 3 + 4 * 2 * 8 +
-                       4 * 2 * 3 + 3 * 2 * 2);
+                       4 * 2 * 3 + 3 * 3 + 1 + 3 * 2 * 2);
   EXPECT_THROW(kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), "kiln_arch_specific", 999,
                                        nullptr, true),
                kiln::Error);

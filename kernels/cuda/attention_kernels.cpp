@@ -44,6 +44,7 @@ struct AttnArgs {
   int vec[7];                // per operand: 16-byte loads of 8 16-bit elements apply (flash kernels)
   void* work;                // flash backward: per query row dO, lse, delta
   int glse;                  // backward: gout carries the log-sum-exp's gradient in column d
+  int* nonfinite;            // 3xTF32 flash kernels: set by flash_scan when an input holds an infinity or NaN
 };
 
 // Word w of Philox4x32-10 at (key, counter): runtime/core/philox.h, bit for bit.

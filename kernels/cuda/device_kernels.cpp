@@ -586,6 +586,7 @@ const char* macro(DeviceKernel k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
+    case DeviceKernel::FlashScan:
     case DeviceKernel::FlashForwardWarpgroup:
     case DeviceKernel::FlashBackwardKVWarpgroup:
     case DeviceKernel::FlashBackwardQWarpgroup: return "KILN_FLASH";
@@ -604,6 +605,7 @@ const char* attention_template(DeviceKernel k) {
     case DeviceKernel::FlashBackwardKV: return "flash_bwd_kv";
     case DeviceKernel::FlashBackwardQ: return "flash_bwd_q";
     case DeviceKernel::FlashBackwardPrep: return "flash_bwd_prep";
+    case DeviceKernel::FlashScan: return "flash_scan";
     case DeviceKernel::FlashForwardWarpgroup: return "flash_fwd_wg";
     case DeviceKernel::FlashBackwardKVWarpgroup: return "flash_bwd_kv_wg";
     case DeviceKernel::FlashBackwardQWarpgroup: return "flash_bwd_q_wg";
@@ -647,11 +649,13 @@ std::string device_kernel_name(const DeviceKernelInstance& k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
+    case DeviceKernel::FlashScan:
     case DeviceKernel::FlashForwardWarpgroup:
     case DeviceKernel::FlashBackwardKVWarpgroup:
     case DeviceKernel::FlashBackwardQWarpgroup:
       return std::string("kiln_") + attention_template(k.kernel) + "_" + dtype_name(k.a) +
-             (k.tf32_passes == 1 ? "_tf32" : k.tf32_passes == 3 ? "_tf32x3" : "") + "_h" + std::to_string(k.head);
+             (k.tf32_passes == 1 ? "_tf32" : k.tf32_passes == 3 ? "_tf32x3" : "") + (k.careful ? "_careful" : "") +
+             "_h" + std::to_string(k.head);
   }
   return "";
 }
@@ -672,6 +676,7 @@ Family family(DeviceKernel k) {
     case DeviceKernel::FlashBackwardKV:
     case DeviceKernel::FlashBackwardQ:
     case DeviceKernel::FlashBackwardPrep:
+    case DeviceKernel::FlashScan:
     case DeviceKernel::FlashForwardWarpgroup:
     case DeviceKernel::FlashBackwardKVWarpgroup:
     case DeviceKernel::FlashBackwardQWarpgroup: return Family::Flash;
@@ -742,7 +747,9 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
     for (int head = 32; head <= 256; head += 32) {
       for (DType t : {DType::BFloat16, DType::Float16}) v.push_back({k, t, DType::Int64, head});
       for (int passes : {1, 3}) v.push_back({k, DType::Float32, DType::Int64, head, passes});
+      if (k != DeviceKernel::FlashBackwardPrep) v.push_back({k, DType::Float32, DType::Int64, head, 3, true});
     }
+  v.push_back({DeviceKernel::FlashScan, DType::Float32, DType::Int64, 32, 3});
   for (DeviceKernel k : {DeviceKernel::FlashForwardWarpgroup, DeviceKernel::FlashBackwardKVWarpgroup,
                          DeviceKernel::FlashBackwardQWarpgroup})
     for (int head : {64, 128})

@@ -53,6 +53,7 @@ enum class DeviceKernel {
   FlashBackwardKV,  // dk and dv rows of the stacked gradient
   FlashBackwardQ,  // dq rows
   FlashBackwardPrep,  // the backward's work area: dO, lse, delta per query row
+  FlashScan,  // whether q, k, v (and dO) hold an infinity or NaN (a: float32; 3xTF32 picks its form by it)
   // The same on Hopper's warpgroup MMA (a: bfloat16 or float16; head: bucket 64 or 128;
   // compiled for sm_90a, see needs_sm90a; the backward's work area from FlashBackwardPrep).
   FlashForwardWarpgroup,
@@ -68,6 +69,9 @@ struct DeviceKernelInstance {
   // float32 flash kernels: tensor-core passes a product takes, 1 (TF32) or 3 (3xTF32,
   // float32-accurate); 0 elsewhere.
   int tf32_passes = 0;
+  // 3xTF32: the careful form (each tile checked for infinities and NaN; runs when FlashScan
+  // found one, the plain form otherwise).
+  bool careful = false;
 };
 
 // Whether `k` is one of the CUDA-core attention kernels.

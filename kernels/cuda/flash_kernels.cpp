@@ -126,6 +126,7 @@ template <bool BF> struct Half {
     H<BF>::mma(c, a.r, b.r[0], b.r[1]);
   }
   static const bool CHECKS = false;  // (products of 16-bit operands keep IEEE's infinities)
+  static const bool GATED = false, CAREFUL = false;
   static __device__ A a_raw(const u32* r) {
     A a = {{r[0], r[1], r[2], r[3]}};
     return a;
@@ -165,7 +166,11 @@ template <bool BF> struct Half {
 // rows are read in the order 0 4 1 5 2 6 3 7 of each 8 (ldmatrix's row addresses), so that a
 // score accumulator's elements e of column block n hold keys 8n + t4 and 8n + t4 + 4: the A
 // fragment of the next product.
-template <int S> struct Tf32 {
+//
+// 3xTF32 runs as two kernels after a scan of the inputs (flash_scan): the fast one (Tf32<3>:
+// plain three passes, the code of a kernel with no checks) when every input is finite, the
+// careful one (Tf32Careful: each tile checked, see mma) otherwise; the other returns at once.
+template <int S, bool CAREFUL_ = false> struct Tf32 {
   typedef float T;
   static const int KD = 8;
   static const bool PERM = true;
@@ -209,8 +214,10 @@ template <int S> struct Tf32 {
       mma1(c, ah, bl);
     }
   }
-  // Whether the kernels check their tiles for infinities and NaN (three passes: see mma).
-  static const bool CHECKS = S == 3;
+  // Whether the kernels check their tiles for infinities and NaN (the careful three-pass form);
+  // whether they run by the scan's answer (GATED), and which answer they take.
+  static const bool CHECKS = S == 3 && CAREFUL_;
+  static const bool GATED = S == 3, CAREFUL = CAREFUL_;
   static __device__ A a_of(float x0, float x1, float x2, float x3) {
     A a;
     split(x0, a.hi[0], a.lo[0]);
@@ -245,6 +252,11 @@ template <int S> struct Tf32 {
   static __device__ void put_lse(float lse, T* p, i64, int) { p[0] = lse; }
   static __device__ float get_lse(const T* p, i64) { return p[0]; }
 };
+typedef Tf32<3, true> Tf32Careful;  // (a name without a comma, for the instancing macro)
+
+// Whether a gated kernel (3xTF32) leaves this call to its other form: the scan's answer is not
+// the one it takes.
+template <class E> __device__ bool gated_out(const AttnArgs& a) { return E::GATED && ((*a.nonfinite != 0) != E::CAREFUL); }
 
 #define BM 64   // query rows of a prep block
 #define NT 128  // threads of a block: 4 warps
@@ -554,6 +566,7 @@ __device__ void fwd_dropout(const AttnArgs& a, const Drop& drop, float (*s)[KN /
 }
 
 template <class E, int DM> __device__ void flash_fwd(const AttnArgs& a) {
+  if (gated_out<E>(a)) return;
   typedef typename E::T T;
   constexpr int P = Pitch<T, DM>::p, S = Stages<DM>::n, MT = Fwd<DM>::mt, KN = Fwd<DM>::kn, QM = 64 * MT;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -757,6 +770,7 @@ template <int DM, bool KV, int SZ> struct Bwd {
 // dk and dv of 64 MT key rows, gradient columns [c0, c0 + DC) (c0 = blockIdx.z DC), over the query
 // tiles (Q, dO and their lse / delta in flight while the previous tile is used).
 template <class E, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& a) {
+  if (gated_out<E>(a)) return;
   typedef typename E::T T;
   typedef Bwd<DM, true, sizeof(T)> Sh;
   constexpr int P = Pitch<T, DM>::p, S = Stages<DM>::n, MT = Sh::mt, QT = Sh::t, KB = 64 * MT;
@@ -838,6 +852,7 @@ template <class E, int DM, int DC> __device__ void flash_bwd_kv(const AttnArgs& 
 
 // dq of 64 MT query rows, gradient columns [c0, c0 + DC), over the key tiles (K, V in flight).
 template <class E, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a) {
+  if (gated_out<E>(a)) return;
   typedef typename E::T T;
   typedef Bwd<DM, false, sizeof(T)> Sh;
   constexpr int P = Pitch<T, DM>::p, S = Stages<DM>::n, MT = Sh::mt, KT = Sh::t, QB = 64 * MT;
@@ -1451,6 +1466,26 @@ template <bool BF, int DM> __device__ void flash_bwd_q_wg(const AttnArgs& a) {
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 
+// Whether q, k, v and (backward) dO, gout's first d columns, hold an infinity or NaN: blockIdx.x
+// the batch element, the blocks of y its elements in turn; a block that finds one sets
+// *a.nonfinite (zeroed before). The 3xTF32 kernels take their fast or careful form by it.
+__device__ void flash_scan(const AttnArgs& a) {
+  i64 off[7];
+  batch_offsets(a, blockIdx.x, off);
+  const int ops[4] = {Q, K, V, G};
+  bool bad = false;
+  for (int o = 0; o < (a.ptr[G] ? 4 : 3); ++o) {
+    const int k = ops[o];
+    const u32 n = (u32)((k == K || k == V ? a.tk : a.tq) * a.d), d = (u32)a.d;
+    const float* p = (const float*)a.ptr[k] + off[k];
+    for (u32 x = blockIdx.y * NT + threadIdx.x; x < n; x += gridDim.y * NT) {
+      const float v = p[(i64)(x / d) * a.rs[k] + (i64)(x % d) * a.cs[k]];
+      bad |= (__float_as_uint(v) & 0x7f800000u) == 0x7f800000u;
+    }
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) *a.nonfinite = 1;
+}
+
 // Gradient columns per block of head-size bucket DM (mirrored by the host).
 template <int DM> struct Cols {
   static const int n = DM <= 128 ? DM : DM / 2;
@@ -1464,6 +1499,8 @@ template <int DM> struct Cols {
   extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_prep<E, DM>(a); }
 #define KILN_FLASH_flash_bwd_q(NAME, E, DM) \
   extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_bwd_q<E, DM, Cols<DM>::n>(a); }
+#define KILN_FLASH_flash_scan(NAME, E, DM) \
+  extern "C" __global__ void __launch_bounds__(NT) NAME(AttnArgs a) { flash_scan(a); }
 #define KILN_FLASH(NAME, KIND, E, DM) KILN_FLASH_##KIND(NAME, E, DM)
 )CUDA";
 
@@ -1472,7 +1509,7 @@ template <int DM> struct Cols {
 const char* flash_kernel_source() { return kFlashSource; }
 
 std::string flash_element(const DeviceKernelInstance& k) {
-  if (k.a == DType::Float32) return k.tf32_passes == 1 ? "Tf32<1>" : "Tf32<3>";
+  if (k.a == DType::Float32) return k.tf32_passes == 1 ? "Tf32<1>" : k.careful ? "Tf32Careful" : "Tf32<3>";
   return k.a == DType::BFloat16 ? "Half<true>" : "Half<false>";
 }
 

@@ -14,7 +14,8 @@ namespace kiln::kernels {
 // Half<is_bfloat16> or Tf32<passes>, flash_element); each kernel takes one AttnArgs by value and
 // runs flash_threads threads per block. The *_wg instances compile for sm_90a alone.
 const char* flash_kernel_source();
-// The source's element type of an instance: Half<true>, Half<false>, Tf32<1> or Tf32<3>.
+// The source's element type of an instance: Half<true>, Half<false>, Tf32<1>, Tf32<3> or
+// Tf32Careful (3xTF32 with each tile checked for infinities and NaN).
 std::string flash_element(const DeviceKernelInstance& k);
 // The head-size bucket of head size d (1..256): d rounded up to a multiple of 32.
 int flash_head_bucket(int64_t d);

@@ -169,6 +169,7 @@ struct AttnArgs {
   int32_t vec[7] = {};  // per operand: 16-byte loads apply (flash kernels)
   void* work = nullptr;  // flash backward: dO, lse and delta per query row
   int32_t glse = 0;      // backward: gout carries the log-sum-exp's gradient in column d
+  int32_t* nonfinite = nullptr;  // 3xTF32 flash kernels: set by flash_scan when an input is not finite
 };
 constexpr int kAttnQ = 0, kAttnK = 1, kAttnV = 2, kAttnMask = 3, kAttnFwd = 4, kAttnGout = 5, kAttnOut = 6;
 // Rows per block and threads per row of a head-size bucket (the kernels' Shape<DM>).
@@ -269,6 +270,53 @@ void flash_launch(int device, DeviceKernelInstance k, DeviceKernel kernel, const
                    kernels::flash_shared_bytes(kernel, k.head, static_cast<int64_t>(itemsize(k.a))));
 }
 
+// Zeroes a flag on the device and queues flash_scan, which sets it when q, k, v or (backward) dO
+// hold an infinity or NaN (a.nonfinite: the 3xTF32 kernels take their careful form by it). The
+// flag goes back to the caching allocator once its readers are queued (its next user comes after).
+std::shared_ptr<Storage> queue_flash_scan(int device, AttnArgs& a, int64_t batch) {
+  auto flag = Storage::allocate(sizeof(int32_t), Device{DeviceType::CUDA, device});
+  check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(flag->data), 0, sizeof(int32_t), enter(device)),
+        "cuMemsetD8Async");
+  a.nonfinite = static_cast<int32_t*>(flag->data);
+  const int64_t most = std::max(a.tq, a.tk) * a.d, chunks = std::clamp<int64_t>((most + 2047) / 2048, 1, 1024);
+  launch_attention(device, {DeviceKernel::FlashScan, DType::Float32, DType::Int64, 32, 3}, a, batch, chunks, 1, 1,
+                   kernels::flash_threads(DeviceKernel::FlashScan), 0);
+  return flag;
+}
+
+// The tensor-core (flash) kernels: the forward, or the backward's work area, dq and dk/dv (in
+// their warpgroup forms where flash_warpgroup says). float32 takes TF32 products where
+// set_float32_matmul_precision allows them, else 3xTF32, which scans its inputs first and queues
+// both forms of each kernel (the scan's answer runs one, the other returns at once).
+void flash_attention(int device, AttnArgs& a, bool fwd, DType in_dt, int64_t batch) {
+  const int bucket = kernels::flash_head_bucket(a.d);
+  const int parts = bucket / kernels::flash_columns(bucket);
+  const DeviceKernelInstance k{DeviceKernel::FlashForward, in_dt, DType::Int64, bucket,
+                               in_dt != DType::Float32 ? 0 : float32_matmul_allows_tf32() ? 1 : 3};
+  std::shared_ptr<Storage> flag;
+  if (k.tf32_passes == 3) flag = queue_flash_scan(device, a, batch);
+  auto run = [&](DeviceKernel wg, DeviceKernel sync, int64_t rows, int p) {
+    const DeviceKernel kernel = flash_warpgroup(device, in_dt, bucket, wg, a.tk) ? wg : sync;
+    flash_launch(device, k, kernel, a, batch, rows, p);
+    if (k.tf32_passes != 3) return;
+    DeviceKernelInstance careful = k;
+    careful.careful = true;
+    flash_launch(device, careful, kernel, a, batch, rows, p);
+  };
+  if (fwd) {
+    run(DeviceKernel::FlashForwardWarpgroup, DeviceKernel::FlashForward, a.tq, 1);
+    return;
+  }
+  // (the work area goes back to the caching allocator once queued: its next user is queued after these)
+  const int64_t work_bytes = kernels::flash_work_bytes(batch, a.tq, bucket, static_cast<int64_t>(itemsize(in_dt)));
+  const auto work =
+      Storage::allocate(static_cast<size_t>(std::max<int64_t>(1, work_bytes)), Device{DeviceType::CUDA, device});
+  a.work = work->data;
+  flash_launch(device, k, DeviceKernel::FlashBackwardPrep, a, batch, a.tq, 1);
+  run(DeviceKernel::FlashBackwardQWarpgroup, DeviceKernel::FlashBackwardQ, a.tq, parts);
+  run(DeviceKernel::FlashBackwardKVWarpgroup, DeviceKernel::FlashBackwardKV, a.tk, parts);
+}
+
 // Attention (forward) or AttentionBackward (dq, then dk and dv) of node n into `out`.
 void attention(int device, const Node& n, const Operand& out) {
   const bool fwd = n.op == OpKind::Attention;
@@ -309,26 +357,7 @@ void attention(int device, const Node& n, const Operand& out) {
   const DType in_dt = n.inputs[0]->dtype;
   if (flash_applies(device, in_dt, a.d)) {  // the tensor-core kernels
     for (int i : {kAttnQ, kAttnK, kAttnV}) a.vec[i] = loads_vectors(in(static_cast<size_t>(i)), a.d);
-    const int bucket = kernels::flash_head_bucket(a.d);
-    const int parts = bucket / kernels::flash_columns(bucket);
-    // (float32: TF32 products where set_float32_matmul_precision allows them, else 3xTF32)
-    const DeviceKernelInstance k{DeviceKernel::FlashForward, in_dt, DType::Int64, bucket,
-                                 in_dt != DType::Float32 ? 0 : float32_matmul_allows_tf32() ? 1 : 3};
-    auto pick = [&](DeviceKernel wg, DeviceKernel sync) { return flash_warpgroup(device, in_dt, bucket, wg, a.tk) ? wg : sync; };
-    if (fwd) {
-      flash_launch(device, k, pick(DeviceKernel::FlashForwardWarpgroup, DeviceKernel::FlashForward), a, batch, a.tq, 1);
-    } else {
-      // (the work area goes back to the caching allocator once queued: its next user is queued after these)
-      const int64_t work_bytes = kernels::flash_work_bytes(batch, a.tq, bucket, static_cast<int64_t>(itemsize(in_dt)));
-      const auto work = Storage::allocate(static_cast<size_t>(std::max<int64_t>(1, work_bytes)),
-                                          Device{DeviceType::CUDA, device});
-      a.work = work->data;
-      flash_launch(device, k, DeviceKernel::FlashBackwardPrep, a, batch, a.tq, 1);
-      flash_launch(device, k, pick(DeviceKernel::FlashBackwardQWarpgroup, DeviceKernel::FlashBackwardQ), a, batch, a.tq,
-                   parts);
-      flash_launch(device, k, pick(DeviceKernel::FlashBackwardKVWarpgroup, DeviceKernel::FlashBackwardKV), a, batch,
-                   a.tk, parts);
-    }
+    flash_attention(device, a, fwd, in_dt, batch);
     return;
   }
   const int head = kernels::attention_head_bucket(a.d);
