@@ -1008,6 +1008,17 @@ template <class E, int N> __device__ void a_frags(u32 (*f)[4], const float (*s)[
     for (int r = 0; r < 4; ++r) f[kk][r] = x.r[r];
   }
 }
+// A block's batch element b and its index y along gridDim.y, numbered so that the blocks of one
+// batch element run side by side (the operands they share stay in L2); last_first: y from the
+// last (the longest under causal attention for query blocks).
+struct BlockPlace {
+  i64 b, y;
+};
+__device__ BlockPlace block_place(bool last_first) {
+  const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x, y = lin % gridDim.y;
+  BlockPlace p = {lin / gridDim.y, last_first ? gridDim.y - 1 - y : y};
+  return p;
+}
 // The tiles this thread copied waited for and made visible to wgmma, and every thread's (the
 // block's barrier: every warpgroup is also done with the step before).
 __device__ void wg_tiles_in() {
@@ -1097,8 +1108,6 @@ template <bool BF, int DM> struct FwdWgBlock {
   float m[2], l[2];   // running maximum (base 2) and sum of the thread's rows
   u32 p[KN / 16][4];  // the probabilities of the tile before, as the A operand
 
-  // (query blocks of a batch element run side by side, their keys and values shared in L2; the
-  // last, longest under causal, first)
   // (the arguments are passed to each member, not kept: a reference member would copy them out
   // of the parameter space)
   __device__ __forceinline__ FwdWgBlock(const AttnArgs& a, unsigned char* sm) : smem(sm) {
@@ -1107,9 +1116,9 @@ template <bool BF, int DM> struct FwdWgBlock {
     k_st = qs + QM * DM * 2;
     v_st = k_st + 2 * TILE;
     wg = threadIdx.x >> 7;
-    const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x;
-    b = lin / gridDim.y;
-    i0 = (gridDim.y - 1 - lin % gridDim.y) * QM;
+    const BlockPlace place = block_place(true);
+    b = place.b;
+    i0 = place.y * QM;
     rw = i0 + wg * 64 + ((threadIdx.x >> 5) & 3) * 16;
     ra = rw + ((threadIdx.x & 31) >> 2);
     batch_offsets(a, b, off);
@@ -1285,8 +1294,6 @@ template <bool BF, int DM> struct BwdKvWgBlock {
   TileCopy<QT, DM, NTH> copy;
   float dk[DM / 8][4], dv[DM / 8][4];
 
-  // (key blocks of a batch element run side by side, their queries shared in L2; the first,
-  // longest under causal, first)
   __device__ __forceinline__ BwdKvWgBlock(const AttnArgs& a, unsigned char* sm) : smem(sm) {
     s0 = smem_addr(smem);
     ks = (s0 + 1023) & ~1023u;
@@ -1294,9 +1301,9 @@ template <bool BF, int DM> struct BwdKvWgBlock {
     qg = vs + KB * DM * 2;
     stats = (float*)(smem + (qg + 4 * TILE - s0));
     wg = threadIdx.x >> 7;
-    const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x;
-    b = lin / gridDim.y;
-    j0 = lin % gridDim.y * KB;
+    const BlockPlace place = block_place(false);  // (the first key block is the longest under causal)
+    b = place.b;
+    j0 = place.y * KB;
     jw = j0 + wg * 64 + ((threadIdx.x >> 5) & 3) * 16;
     batch_offsets(a, b, off);
     sq = src_of<T>(a, off, Q);
@@ -1381,7 +1388,6 @@ template <bool BF, int DM> struct BwdQWgBlock {
   TileCopy<KT, DM, NTH> copy;
   float dq[DM / 8][4];
 
-  // (query blocks of a batch element side by side; the last, longest under causal, first)
   __device__ __forceinline__ BwdQWgBlock(const AttnArgs& a, unsigned char* sm) : smem(sm) {
     s0 = smem_addr(smem);
     qs = (s0 + 1023) & ~1023u;
@@ -1389,9 +1395,9 @@ template <bool BF, int DM> struct BwdQWgBlock {
     kv = gs + QB * DM * 2;
     stats = (float*)(smem + (kv + 4 * TILE - s0));
     wg = threadIdx.x >> 7;
-    const i64 lin = (i64)blockIdx.y * gridDim.x + blockIdx.x;
-    b = lin / gridDim.y;
-    i0 = (gridDim.y - 1 - lin % gridDim.y) * QB;
+    const BlockPlace place = block_place(true);
+    b = place.b;
+    i0 = place.y * QB;
     rw = i0 + wg * 64 + ((threadIdx.x >> 5) & 3) * 16;
     batch_offsets(a, b, off);
     sk = src_of<T>(a, off, K);
