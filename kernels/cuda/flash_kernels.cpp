@@ -976,6 +976,13 @@ __device__ u64 desc_k(u32 addr) { return wg_desc(addr, 16, 1024); }
 template <int R> __device__ u64 desc_mn(u32 addr) { return wg_desc(addr, R * 128, 1024); }
 template <int R> __device__ u32 kstep(int kk) { return (kk >> 2) * R * 128 + (kk & 3) * 32; }
 
+// Two warpgroups taking turns to issue their products (FlashAttention-3's ping-pong: one's
+// element-wise work runs while the other's products are on the tensor cores). Named barrier
+// 1 + w: the other warpgroup has issued, warpgroup w may. Warpgroup 1 passes once before the
+// first turn, warpgroup 0 waits once after the last.
+__device__ void turn_wait(int wg) { asm volatile("bar.sync %0, 256;" ::"r"(1 + wg)); }
+__device__ void turn_pass(int wg) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - wg)); }
+
 // Issued, not committed: x = (rows [64 wg, 64 wg + 64) of the tile of RA rows at a) times (the N
 // rows of the tile at b)ᵀ over DM columns, N / 2 floats a thread.
 template <bool BF, int N, int RA, int DM> __device__ void wg_scores(float* x, u32 a, u32 b, int wg) {
@@ -983,15 +990,23 @@ template <bool BF, int N, int RA, int DM> __device__ void wg_scores(float* x, u3
   for (int kk = 0; kk < DM / 16; ++kk)
     Wg<BF, N, 0>::ss(x, desc_k(a + wg * 64 * 128 + kstep<RA>(kk)), desc_k(b + kstep<N>(kk)), kk > 0);
 }
-// The same for two products at once (x from a1, b1 and y from a2, b2; their steps interleaved).
+// Two such products (x from a1, b1 and y from a2, b2; their steps interleaved), issued in the
+// warpgroup's turn (turn_wait, above) and waited for.
 template <bool BF, int N, int RA, int DM>
-__device__ void wg_scores2(float* x, u32 a1, u32 b1, float* y, u32 a2, u32 b2, int wg) {
+__device__ void wg_score_pair(float* x, u32 a1, u32 b1, float* y, u32 a2, u32 b2, int wg) {
+  turn_wait(wg);
+  wg_fence();
 #pragma unroll
   for (int kk = 0; kk < DM / 16; ++kk) {
     const u32 at = wg * 64 * 128 + kstep<RA>(kk), bt = kstep<N>(kk);
     Wg<BF, N, 0>::ss(x, desc_k(a1 + at), desc_k(b1 + bt), kk > 0);
     Wg<BF, N, 0>::ss(y, desc_k(a2 + at), desc_k(b2 + bt), kk > 0);
   }
+  wg_commit();
+  turn_pass(wg);
+  wg_wait<0>();
+  pin<N / 2>(x);
+  pin<N / 2>(y);
 }
 // Issued, not committed: acc += f (a warp's 16-bit A fragments of KR columns, a_frags) times the
 // first KR rows of the tile of R rows at b (MN-major), DM / 2 floats a thread.
@@ -1077,13 +1092,6 @@ template <int N> __device__ void pin_u(u32* x) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+r"(x[i]));
 }
-
-// Two warpgroups taking turns to issue their products (FlashAttention-3's ping-pong: one's
-// element-wise work runs while the other's products are on the tensor cores). Named barrier
-// 1 + w: the other warpgroup has issued, warpgroup w may. Warpgroup 1 passes once before the
-// first turn, warpgroup 0 waits once after the last.
-__device__ void turn_wait(int wg) { asm volatile("bar.sync %0, 256;" ::"r"(1 + wg)); }
-__device__ void turn_pass(int wg) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - wg)); }
 
 // A block of the warpgroup forward. Each warpgroup runs FlashAttention-3's loop: the scores of
 // tile t are computed while the probabilities of tile t - 1 multiply its values, and the softmax
@@ -1329,14 +1337,7 @@ template <bool BF, int DM> struct BwdKvWgBlock {
     const float* lse = stats + (t & 1) * 2 * QT;
     const i64 i0 = first + (i64)t * QT;
     float st[QT / 8][4], dpt[QT / 8][4];  // Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (rows: the warp's keys)
-    turn_wait(wg);
-    wg_fence();
-    wg_scores2<BF, QT, KB, DM>(&st[0][0], ks, qa, &dpt[0][0], vs, ga, wg);
-    wg_commit();
-    turn_pass(wg);
-    wg_wait<0>();
-    pin<QT / 2>(&st[0][0]);
-    pin<QT / 2>(&dpt[0][0]);
+    wg_score_pair<BF, QT, KB, DM>(&st[0][0], ks, qa, &dpt[0][0], vs, ga, wg);
     {
       const Drop d = drop_of(a);  // (a local: score_grads takes its address)
       score_grads<true, E, QT>(a, off, d, st, dpt, jw, i0, lse, lse + QT, 0, b);
@@ -1418,14 +1419,7 @@ template <bool BF, int DM> struct BwdQWgBlock {
     if (t + 1 < tiles) load(a, t + 1);
     const u32 ka = kv + (t & 1) * 2 * TILE, va = ka + TILE;
     float s[KT / 8][4], dp[KT / 8][4];  // S = Q·Kᵀ, dP = dO·Vᵀ (rows: the warp's queries)
-    turn_wait(wg);
-    wg_fence();
-    wg_scores2<BF, KT, QB, DM>(&s[0][0], qs, ka, &dp[0][0], gs, va, wg);
-    wg_commit();
-    turn_pass(wg);
-    wg_wait<0>();
-    pin<KT / 2>(&s[0][0]);
-    pin<KT / 2>(&dp[0][0]);
+    wg_score_pair<BF, KT, QB, DM>(&s[0][0], qs, ka, &dp[0][0], gs, va, wg);
     {
       const Drop d = drop_of(a);  // (a local: score_grads takes its address)
       score_grads<false, E, KT>(a, off, d, s, dp, rw, (i64)t * KT, stats, stats + QB, (int)(rw - i0), b);
@@ -1470,7 +1464,6 @@ template <bool BF, int DM> __device__ void flash_bwd_q_wg(const AttnArgs& a) {
 #define KILN_FLASH_flash_fwd_wg(NAME, E, DM)                                                        \
   extern "C" __global__ void __launch_bounds__(256) NAME(AttnArgs a) { flash_fwd_wg<E::bf, DM>(a); }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
 
 // Whether q, k, v and (backward) dO, gout's first d columns, hold an infinity or NaN: blockIdx.x
 // the batch element, the blocks of y its elements in turn; a block that finds one sets
