@@ -5,8 +5,8 @@
 // m16n8k16 for 16-bit inputs, m16n8k8 TF32 for float32 (one pass, or 3xTF32: the element types
 // Half and Tf32 below), compiled by NVRTC per instance (element type × head-size bucket ×
 // kernel); 4 warps a block, shapes per bucket in Fwd and Bwd below (mirrored by the host's
-// shape_of); on Hopper the 16-bit forward at head sizes 64 and 128 has a warpgroup-MMA form
-// (flash_fwd_wg, below):
+// shape_of); on Hopper the 16-bit kernels at head sizes 64 and 128 have warpgroup-MMA forms
+// (flash_fwd_wg, flash_bwd_kv_wg, flash_bwd_q_wg, below; 3xTF32's scan: flash_scan):
 //
 //   forward   a block per 128 query rows (64 above head size 128), two 16-row slices a warp;
 //             key/value tiles of 64 or 32 rows stream through shared memory (cp.async, two
