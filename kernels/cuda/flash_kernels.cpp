@@ -913,10 +913,10 @@ template <class E, int DM, int DC> __device__ void flash_bwd_q(const AttnArgs& a
     store_rows<E, DC / 8>(a, (T*)a.ptr[O] + off[O], dq[mt], i0 + rw + mt * 16 + (lane >> 2), a.tq, c0);
 }
 
-// Hopper (sm_90a, compiled for that architecture alone): the 16-bit forward on warpgroup MMA.
-// A block of two warpgroups (64 query rows each) streams key and value tiles of 128 rows
-// through swizzled shared memory; S = Q·Kᵀ takes both operands from shared memory, O += P·V takes
-// P from the registers the softmax left it in.
+// Hopper (sm_90a, compiled for that architecture alone): the 16-bit kernels on warpgroup MMA.
+// The forward: a block of two warpgroups (64 query rows each) streams key and value tiles of 128
+// rows through swizzled shared memory; S = Q·Kᵀ takes both operands from shared memory, O += P·V
+// takes P from the registers the softmax left it in. The backward below.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 typedef unsigned long long u64;
 
