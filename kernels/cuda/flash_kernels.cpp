@@ -565,6 +565,33 @@ __device__ void fwd_dropout(const AttnArgs& a, const Drop& drop, float (*s)[KN /
   });
 }
 
+// Stores a forward's 16 rows (this thread's: ra and ra + 8) from their accumulator (DM / 8
+// column blocks), running maximum m (base 2) and sum l (this thread's part of each row's): the
+// output rows, rounded to the input type, and their log-sum-exp, into the packed output `out` of
+// width w; t4 = lane % 4 (a row that sees no key: 0 / 0, NaN, as the softmax of -inf everywhere;
+// no keys at all: 0).
+template <class E, int DM>
+__device__ __forceinline__ void store_fwd_rows(const AttnArgs& a, typename E::T* out, int w, int t4,
+                                               const float (*acc)[4], const float* m, const float* l, i64 ra) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float lt = l[h];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    const i64 i = ra + 8 * h;
+    if (i >= a.tq) continue;
+    const float inv = a.tk == 0 ? 0.f : 1.f / lt;
+#pragma unroll
+    for (int n = 0; n < DM / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const i64 c = n * 8 + t4 * 2 + e;
+        if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = E::from(acc[n][2 * h + e] * inv);
+      }
+    if (t4 == 0) E::put_lse(m[h] * LN2 + logf(lt), out + i * a.rs[O] + a.d * a.cs[O], a.cs[O], w - (int)a.d);
+  }
+}
+
 template <class E, int DM> __device__ void flash_fwd(const AttnArgs& a) {
   if (gated_out<E>(a)) return;
   typedef typename E::T T;
@@ -654,26 +681,8 @@ template <class E, int DM> __device__ void flash_fwd(const AttnArgs& a) {
   cp_wait<0>();
   T* out = (T*)a.ptr[O] + off[O];
   const int w = E::packed_width(a.d);
-  // (a row that sees no key: 0 / 0, NaN, as the softmax of -inf everywhere; no keys at all: 0)
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lt = l[mt][h];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const i64 i = ra + mt * 16 + 8 * h;
-      if (i >= a.tq) continue;
-      const float inv = a.tk == 0 ? 0.f : 1.f / lt;
-#pragma unroll
-      for (int n = 0; n < DM / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const i64 c = n * 8 + t4 * 2 + e;
-          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = E::from(acc[mt][n][2 * h + e] * inv);
-        }
-      if (t4 == 0) E::put_lse(m[mt][h] * LN2 + logf(lt), out + i * a.rs[O] + a.d * a.cs[O], a.cs[O], w - (int)a.d);
-    }
+  for (int mt = 0; mt < MT; ++mt) store_fwd_rows<E, DM>(a, out, w, t4, acc[mt], m[mt], l[mt], ra + mt * 16);
 }
 
 // The backward's work area for BM query rows (a warp per row, coalesced): dO (zeros past d), lse
@@ -1235,28 +1244,9 @@ template <bool BF, int DM> struct FwdWgBlock {
     }
     store(a);
   }
-  // The output rows and their log-sum-exp (a row that sees no key: 0 / 0, NaN, as the softmax of
-  // -inf everywhere; no keys at all: 0).
+  // The output rows and their log-sum-exp.
   __device__ __forceinline__ void store(const AttnArgs& a) {
-    T* out = (T*)a.ptr[O] + off[O];
-    const int w = E::packed_width(a.d), t4 = threadIdx.x & 3;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float lt = l[h];
-      lt += __shfl_xor_sync(0xffffffffu, lt, 1);
-      lt += __shfl_xor_sync(0xffffffffu, lt, 2);
-      const i64 i = ra + 8 * h;
-      if (i >= a.tq) continue;
-      const float inv = a.tk == 0 ? 0.f : 1.f / lt;
-#pragma unroll
-      for (int n = 0; n < DM / 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const i64 c = n * 8 + t4 * 2 + e;
-          if (c < a.d) out[i * a.rs[O] + c * a.cs[O]] = E::from(o[n][2 * h + e] * inv);
-        }
-      if (t4 == 0) E::put_lse(m[h] * LN2 + logf(lt), out + i * a.rs[O] + a.d * a.cs[O], a.cs[O], w - (int)a.d);
-    }
+    store_fwd_rows<E, DM>(a, (T*)a.ptr[O] + off[O], E::packed_width(a.d), threadIdx.x & 3, o, m, l, ra);
   }
 };
 
