@@ -634,6 +634,43 @@ struct Emitter {
     return false;
   }
 
+  // The loop `s` with the warp's (block's) lanes over its iterations, the body serial per lane.
+  void lanes_over(const Stmt& s) {
+    std::string lo = expr(s.lo), hi = expr(s.hi);
+    std::string v = "i" + std::to_string(s.var);
+    // A flat loop: unrolled, so each lane keeps several loads in flight. Rows kept in shared
+    // memory: 8 (faster row kernels); otherwise 4 (the W1 split kernel loses occupancy at 8).
+    if (!has_loop(s.body)) line(rc.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
+    const auto lc = rc.loops.find(&s);
+    if (lc != rc.loops.end()) cur_cache = &lc->second;  // the loop's element in the row cache: rcx
+    block("for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
+          s.body, cur_cache ? "const int rcx = (int)(" + v + " - " + lo + ");" : "");
+    cur_cache = nullptr;
+  }
+
+  static bool uses_var(const Kernel& k, ExprId e, int var) {
+    if (e < 0) return false;
+    const Expr& x = k.exprs[e];
+    if (x.kind == Expr::Kind::Var) return x.i == var;
+    return uses_var(k, x.a, var) || uses_var(k, x.b, var) || uses_var(k, x.c, var);
+  }
+
+  // A perfect nest from `s` down (each body the next loop alone) whose innermost loop's bounds
+  // do not depend on the loops around it and that keeps no rows in shared memory: the loops,
+  // outermost first; empty otherwise (one loop is not a nest).
+  std::vector<const Stmt*> lanes_inside(const Stmt& s) const {
+    std::vector<const Stmt*> nest{&s};
+    while (nest.back()->body.size() == 1 && nest.back()->body[0].kind == Stmt::Kind::Loop)
+      nest.push_back(&nest.back()->body[0]);
+    const Stmt& in = *nest.back();
+    if (nest.size() < 2 || has_loop(in.body)) return {};
+    for (const Stmt* l : nest) {
+      if (rc.loops.count(l)) return {};
+      if (l != &in && (uses_var(k, in.lo, l->var) || uses_var(k, in.hi, l->var))) return {};
+    }
+    return nest;
+  }
+
   void warp_stmts(const std::vector<Stmt>& ss) {
     for (const Stmt& s : ss) {
       if (s.kind == Stmt::Kind::Store || s.kind == Stmt::Kind::AccStore) {
@@ -656,17 +693,39 @@ struct Emitter {
              (nan_flag(as) ? " accnan" + A + " = false;" : ""));
         saved.push_back(n);
       }
-      std::string lo = expr(s.lo), hi = expr(s.hi);
-      std::string v = "i" + std::to_string(s.var);
-      // A flat loop: unrolled, so each lane keeps several loads in flight. Rows kept in shared
-      // memory: 8 (faster row kernels); otherwise 4 (the W1 split kernel loses occupancy at 8).
-      if (!has_loop(s.body)) line(rc.empty() ? "#pragma unroll 4" : "#pragma unroll 8");
-      const auto lc = rc.loops.find(&s);
-      if (lc != rc.loops.end()) cur_cache = &lc->second;  // the loop's element in the row cache: rcx
-      block(
-          "for (i64 " + v + " = " + lo + " + lane; " + v + " < " + hi + "; " + v + " += " + std::to_string(lanes) + ")",
-          s.body, cur_cache ? "const int rcx = (int)(" + v + " - " + lo + ");" : "");
-      cur_cache = nullptr;
+      const std::vector<const Stmt*> nest = lanes_inside(s);
+      if (nest.empty()) {
+        lanes_over(s);
+      } else {
+        // The lanes over the innermost loop where it is long (neighbouring lanes read
+        // neighbouring elements: a chunk of one 3072-wide row was one lane's serial loop),
+        // over the outer loop where it is short.
+        const Stmt& in = *nest.back();
+        line("if (" + expr(in.hi) + " - " + expr(in.lo) + " >= 32) {");
+        ++indent;
+        scopes.emplace_back();
+        for (size_t d = 0; d + 1 < nest.size(); ++d) {
+          const std::string v = "i" + std::to_string(nest[d]->var);
+          line("for (i64 " + v + " = " + expr(nest[d]->lo) + "; " + v + " < " + expr(nest[d]->hi) + "; ++" + v + ") {");
+          ++indent;
+          scopes.emplace_back();
+        }
+        lanes_over(in);
+        for (size_t d = 0; d + 1 < nest.size(); ++d) {
+          scopes.pop_back();
+          --indent;
+          line("}");
+        }
+        scopes.pop_back();
+        --indent;
+        line("} else {");
+        ++indent;
+        scopes.emplace_back();
+        lanes_over(s);
+        scopes.pop_back();
+        --indent;
+        line("}");
+      }
       size_t si = 0;
       for (int a : up) {
         warp_reduce(a);
