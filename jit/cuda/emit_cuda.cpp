@@ -39,13 +39,18 @@ static __device__ __forceinline__ i32 kiln_f2i32(double x) {
 
 // float16/bfloat16 in memory and float32 in registers, rounded to 16 bits after each op
 // (kiln_rh / kiln_rbf), as the CPU reference kernels compute them: round to nearest even,
-// through the hardware's conversion for float16 and bit arithmetic for bfloat16.
+// through the hardware's conversions (bfloat16 before sm_80: bit arithmetic).
 const char* kHalfPreamble =
     R"(static __device__ __forceinline__ float kiln_h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 static __device__ __forceinline__ u16 kiln_f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 static __device__ __forceinline__ float kiln_rh(float f) { return kiln_h2f(kiln_f2h(f)); }
 static __device__ __forceinline__ float kiln_bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
 static __device__ __forceinline__ u16 kiln_f2bf(float f) {
+#if __CUDA_ARCH__ >= 800  // the hardware's conversion (round to nearest even), NaN as the CPU writes it
+  u16 h;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return f != f ? (u16)0x7fc0 : h;
+#endif
   u32 u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)0x7fc0;
   u += 0x7fffu + ((u >> 16) & 1u);
