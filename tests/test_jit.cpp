@@ -1198,6 +1198,44 @@ TEST(JitCodegen, RowKernelsKeepStagesInTheRowCache) {
   EXPECT_GE(plan.loops.size(), 3u) << "the stages after the first read the row back";
 }
 
+// Independent reductions of one iteration space merge into one kernel, at most
+// max_merged_reductions of them where the target asks (a GPU thread keeps each accumulator in
+// registers: twelve layers' bias gradients were one kernel of 74 accumulators). Twenty column
+// sums of [rows, cols] tensors: one kernel without the limit, ceil(20 / limit) with it, and each
+// sum the same either way.
+TEST(JitCodegen, MergedReductionsStayWithinTheTargetsLimit) {
+  std::mt19937_64 rng(test_seed() ^ 0x3e6ull);
+  const int64_t rows = 2 + static_cast<int64_t>(rng() % 50), cols = 1 + static_cast<int64_t>(rng() % 70);
+  SCOPED_TRACE(::testing::Message() << rows << " x " << cols);
+  std::vector<Tensor> outs;
+  for (int i = 0; i < 20; ++i) outs.push_back(kiln::sum(kiln::randn({rows, cols}).eval() * 2.0, {0}));
+  const kiln::Segment seg = make_segment(outs);
+  auto reductions = [](const kiln::jit::Step& st) {
+    int r = 0;
+    for (const kiln::Node* n : st.group.nodes) r += kiln::jit::is_reduction_op(n->op);
+    return r;
+  };
+  auto kernels = [](const std::vector<kiln::jit::Step>& steps) {
+    return std::count_if(steps.begin(), steps.end(),
+                         [](const kiln::jit::Step& st) { return st.kind == kiln::jit::Step::Kind::Kernel; });
+  };
+  kiln::jit::ScheduleOptions opts;
+  EXPECT_EQ(kernels(kiln::jit::schedule(seg, {}, opts)), 1) << "no limit: one kernel";
+  for (int limit : {1, 3, 8}) {
+    opts.max_merged_reductions = limit;
+    const std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg, {}, opts);
+    EXPECT_EQ(kernels(steps), (20 + limit - 1) / limit) << kiln::jit::describe(steps);
+    for (const kiln::jit::Step& st : steps)
+      if (st.kind == kiln::jit::Step::Kind::Kernel) EXPECT_LE(reductions(st), limit) << kiln::jit::describe(steps);
+  }
+  const auto [got, want] = jit_and_interpreter([&] { return outs; });
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    auto a = got[i].to_vector<double>(), e = want[i].to_vector<double>();
+    for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], e[j], 1e-5 * (1 + std::abs(e[j]))) << i << " " << j;
+  }
+}
+
 // A value stored only because a reduction and another op read it (a transcendental a host core
 // would otherwise recompute in each stage) is not stored when its row kernel keeps rows in the
 // row cache and no other step reads it: layer_norm -> gelu -> softmax forward+backward keeps

@@ -32,6 +32,7 @@ struct Target {
   // per column after (0: never; columns then reduce in one index each).
   int64_t column_split_rows = 0;
   bool merge_row_stages = false;  // ScheduleOptions::merge_row_stages
+  int max_merged_reductions = 0;  // ScheduleOptions::max_merged_reductions
   bool half_kernels = false;  // float16/bfloat16 ops fused into kernels (float32 math)
   bool split_flat = false;  // split over a short last dim: chunks of the flat index
                             // (lanes read consecutive elements), not of rows

@@ -78,6 +78,7 @@ Target cuda_target(int cc) {
   t.split_chunk_work = 1024;
   t.row_cache = 1024;  // rows of up to 1024 elements: values several stages use kept in shared memory
   t.column_split_rows = 256;  // dw/db of a layer: chunks of rows x neighbouring columns, combined per column
+  t.max_merged_reductions = 8;
   t.merge_row_stages = true;  // W3 backward: one row kernel (+ one column kernel), not nine
   t.half_kernels = true;  // float16/bfloat16: loaded to float32, rounded back after each op, as the CPU
   t.split_flat = true;  // [N, 3] rows: the warp's lanes over consecutive elements

@@ -126,6 +126,7 @@ ScheduleOptions schedule_options(const Target* tgt) {
   ScheduleOptions opts;
   opts.half_kernels = tgt && tgt->half_kernels;
   opts.merge_row_stages = tgt && tgt->merge_row_stages;
+  opts.max_merged_reductions = tgt ? tgt->max_merged_reductions : 0;
   if (tgt && tgt->recompute_in_row_cache_only)  // a host row kernel computes a cached value once
     opts.keeps_rows = [tgt](const Group& g) {
       return g.reduce_dims.size() == 1 && g.reduce_dims[0] + 1 == static_cast<int64_t>(g.domain.size()) &&

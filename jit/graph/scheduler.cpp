@@ -456,7 +456,7 @@ struct Scheduler {
         // Pointwise kernels join reduction kernels of their domain; reductions must agree.
         bool compatible = s.group.reduce_dims.empty() || g.reduce_dims.empty() ||
                           (s.group.reduce_dims == g.reduce_dims && s.group.split == g.split);
-        if (!compatible) continue;
+        if (!compatible || too_many_reductions(s.group, g)) continue;
         merge(s.group, g);
         producer[n] = k;
         merged = true;
@@ -480,6 +480,16 @@ struct Scheduler {
       }
     }
     return steps;
+  }
+
+  bool too_many_reductions(const Group& into, const Group& g) const {
+    if (opts.max_merged_reductions <= 0) return false;
+    auto reductions = [&](const Group& x) {
+      int r = 0;
+      for (Node* n : x.nodes) r += cls(*n) == NodeClass::Reduction;
+      return r;
+    };
+    return reductions(into) + reductions(g) > opts.max_merged_reductions;
   }
 
   // A reduction over the last dim only (one row per kept index).

@@ -55,6 +55,11 @@ struct ScheduleOptions {
   // Let a later stage over the same rows join the row kernel whose outputs it reads (one
   // kernel for layer_norm's forward and backward), rather than start a kernel of its own.
   bool merge_row_stages = false;
+  // The most reductions a kernel takes in from independent kernels of its iteration space (0: no
+  // limit). Each is an accumulator a GPU thread keeps in registers: the twelve layers' bias and
+  // layer-norm gradients of a GPT step made one kernel of 74 accumulators, spilling, 18x slower
+  // than its memory traffic.
+  int max_merged_reductions = 0;
   // Row kernels that keep the values their stages share in fast memory (the backend's row
   // cache), null: none. With store_expensive, a value stored only because a reduction and
   // another op read it is not stored when no other step reads it and its kernel keeps rows:
