@@ -1198,6 +1198,66 @@ TEST(JitCodegen, RowKernelsKeepStagesInTheRowCache) {
   EXPECT_GE(plan.loops.size(), 3u) << "the stages after the first read the row back";
 }
 
+// A reshape maps the leading and trailing dims both shapes share directly; only the dims
+// between go through the flat index. A kernel over [B, T, C] reading a [B*T, C] matrix product
+// through a view divides no more than the same kernel reading a [B, T, C] tensor (it divided
+// twice more an element: GPT's bias + gelu over the fc product). Values against the
+// interpreter at random sizes.
+TEST(JitCodegen, ReshapesKeepSharedDimsOutOfTheFlatIndex) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  std::mt19937_64 rng(test_seed() ^ 0x5a9ull);
+  const int64_t B = 2 + static_cast<int64_t>(rng() % 4), T = 2 + static_cast<int64_t>(rng() % 9),
+                C = 2 + static_cast<int64_t>(rng() % 3000), K = 3;
+  SCOPED_TRACE(::testing::Message() << "B " << B << " T " << T << " C " << C);
+  Tensor x = kiln::randn({B * T, K}).eval(), w = kiln::randn({K, C}).eval(), d = kiln::randn({B, T, C}).eval();
+  // Divisions and remainders the kernel's statements compute (the arena may hold dead ones).
+  auto divisions = [](const kiln::jit::Kernel& k) {
+    std::set<kiln::jit::ExprId> seen;
+    std::function<void(kiln::jit::ExprId)> visit = [&](kiln::jit::ExprId e) {
+      if (e < 0 || !seen.insert(e).second) return;
+      const kiln::jit::Expr& ex = k.exprs[static_cast<size_t>(e)];
+      visit(ex.a), visit(ex.b), visit(ex.c);
+    };
+    std::function<void(const std::vector<kiln::jit::Stmt>&)> walk = [&](const std::vector<kiln::jit::Stmt>& ss) {
+      for (const kiln::jit::Stmt& st : ss) {
+        for (kiln::jit::ExprId e : {st.lo, st.hi, st.index, st.value}) visit(e);
+        walk(st.body);
+      }
+    };
+    walk(k.body);
+    int n = 0;
+    for (kiln::jit::ExprId e : seen) {
+      const auto kind = k.exprs[static_cast<size_t>(e)].kind;
+      n += kind == kiln::jit::Expr::Kind::IDiv || kind == kiln::jit::Expr::Kind::IMod;
+    }
+    return n;
+  };
+  // The divisions of the one kernel `f` makes (the product is a step of its own).
+  auto kernel_divisions = [&](const std::function<Tensor()>& f) {
+    const Tensor out = f();  // (kept: the steps point into its graph)
+    const std::vector<kiln::jit::Step> steps = kiln::jit::schedule(make_segment({out}), {}, {});
+    int kernels = 0, n = 0;
+    for (const kiln::jit::Step& st : steps)
+      if (st.kind == kiln::jit::Step::Kind::Kernel) {
+        ++kernels;
+        auto L = kiln::jit::lower(st.group, kiln::jit::target_for(kiln::DeviceType::CPU));
+        n = divisions(L->kernel);
+      }
+    EXPECT_EQ(kernels, 1) << kiln::jit::describe(steps);
+    return n;
+  };
+  auto viewed = [&] { return kiln::exp(kiln::matmul(x, w).view({B, T, C}) * 2.0); };
+  auto plain = [&] { return kiln::exp((kiln::matmul(x, w).view({B, T, C}) + 0.0).eval() * 2.0); };
+  EXPECT_LE(kernel_divisions(viewed), kernel_divisions([&] { return kiln::exp(d * 2.0); }));
+  const auto [got, want] = jit_and_interpreter([&] { return std::vector<Tensor>{viewed()}; });
+  auto a = got[0].to_vector<double>(), e = want[0].to_vector<double>(), p = plain().to_vector<double>();
+  ASSERT_EQ(a.size(), e.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], e[i], 1e-6 * (1 + std::abs(e[i]))) << i;
+    ASSERT_NEAR(a[i], p[i], 1e-6 * (1 + std::abs(p[i]))) << i;
+  }
+}
+
 // Independent reductions of one iteration space merge into one kernel, at most
 // max_merged_reductions of them where the target asks (a GPU thread keeps each accumulator in
 // registers: twelve layers' bias gradients were one kernel of 74 accumulators). Twenty column

@@ -79,6 +79,52 @@ bool column_split_fits(const Group& g, const Target& t) {
   return true;
 }
 
+// How the index of a reshape `n` of `in` maps to `in`'s (row-major): directly where the shapes
+// differ only by size-1 dims; otherwise the leading and trailing dims they share map directly
+// and only the dims between go through a flat index. Sizes compare by value, so the mapping is
+// part of the kernel's key (group_key).
+struct ReshapeMap {
+  bool direct = false;
+  size_t lead = 0, trail = 0;
+};
+ReshapeMap reshape_map(const Node& n, const Node& in) {
+  ReshapeMap m;
+  std::vector<size_t> a, b;
+  for (size_t d = 0; d < n.shape.size(); ++d)
+    if (!is_one(n.shape[d])) a.push_back(d);
+  for (size_t d = 0; d < in.shape.size(); ++d)
+    if (!is_one(in.shape[d])) b.push_back(d);
+  m.direct = a.size() == b.size();
+  for (size_t j = 0; m.direct && j < a.size(); ++j) m.direct = sym_eq(n.shape[a[j]], in.shape[b[j]]).value_or(false);
+  if (m.direct) return m;
+  const size_t na = n.shape.size(), nb = in.shape.size();
+  auto same = [&](size_t i, size_t j) { return sym_eq(n.shape[i], in.shape[j]).value_or(false); };
+  while (m.lead < na && m.lead < nb && same(m.lead, m.lead)) ++m.lead;
+  while (m.lead + m.trail < na && m.lead + m.trail < nb && same(na - 1 - m.trail, nb - 1 - m.trail)) ++m.trail;
+  return m;
+}
+
+// The domain dim that dim `d` of `n` (right-aligned) equals by value, or -1. Lowering reads such
+// sizes from the domain's parameter (one parameter: a row split into (B, T) and linearized again
+// folds back to the row), so the equalities are part of the kernel's key (aligned_key).
+int domain_dim(const Node& n, size_t d, const Shape& domain) {
+  const size_t r = n.shape.size(), m = domain.size();
+  if (is_one(n.shape[d]) || r > m) return -1;
+  const size_t k = d + (m - r);
+  return sym_eq(n.shape[d], domain[k]).value_or(false) ? static_cast<int>(k) : -1;
+}
+std::string aligned_key(const Node& n, const Shape& domain) {
+  std::string k;
+  bool all = true;
+  for (size_t d = 0; d < n.shape.size(); ++d) {
+    if (is_one(n.shape[d])) continue;
+    const bool a = domain_dim(n, d, domain) >= 0;
+    all = all && a;
+    k += a ? 'a' : 'x';
+  }
+  return all ? "" : k;
+}
+
 // An input laid out exactly like the iteration domain (same sizes, row-major): it is read at
 // the flat domain index, so contiguous loops see unit-stride loads.
 bool dense_in_domain(const Node* n, const Shape& domain) {
@@ -129,7 +175,7 @@ std::string group_key(const Group& g, const Target& t) {
       if (auto c = small_stride(*n, d, t)) k << *c;
     }
     if (dense_in_domain(n, g.domain)) k << "D";
-    k << ";";
+    k << aligned_key(*n, g.domain) << ";";
   }
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node* n = g.nodes[i];
@@ -148,6 +194,11 @@ std::string group_key(const Group& g, const Target& t) {
       k << "{";
       for (int64_t d : n->attrs.ints) k << *n->inputs[0]->shape[static_cast<size_t>(d)].maybe_int() << ",";
       k << "}";
+    }
+    k << aligned_key(*n, g.domain);
+    if (n->op == OpKind::View) {
+      const ReshapeMap m = reshape_map(*n, *n->inputs[0]);
+      k << "{" << (m.direct ? "d" : "") << m.lead << "," << m.trail << "}";
     }
     if (std::find(g.outputs.begin(), g.outputs.end(), n) != g.outputs.end()) k << "*";
     k << ";";
@@ -208,6 +259,8 @@ struct Lowerer {
   }
   ExprId size_of(const Node* n, size_t d) {
     if (is_one(n->shape[d])) return K.iconst(1);
+    const int k = domain_dim(*n, d, g.domain);
+    if (k >= 0 && static_cast<size_t>(k) < dom.size()) return dom[static_cast<size_t>(k)];
     return ip(ArgSource::Kind::NodeSize, ref(n), static_cast<int>(d));
   }
   ExprId add(ExprId a, ExprId b) { return K.iop(Expr::Kind::IAdd, a, b); }
@@ -258,16 +311,21 @@ struct Lowerer {
     for (size_t d = 0; d < idx.size(); ++d) lin = add(mul(lin, size_of(n, d)), idx[d]);
     return lin;
   }
-  std::vector<ExprId> delinearize(const Node* n, ExprId lin) {
-    std::vector<ExprId> r(n->shape.size());
-    for (size_t d = n->shape.size(); d-- > 0;) {
-      ExprId s = size_of(n, d);
-      if (is_one(n->shape[d])) {
-        r[d] = K.iconst(0);
-        continue;
-      }
-      r[d] = d == 0 ? lin : K.iop(Expr::Kind::IMod, lin, s);
-      lin = K.iop(Expr::Kind::IDiv, lin, s);
+
+  // The index into `in` of element `idx` of its reshape `n`, mapped as `m` says (GPT's
+  // [B, T, C] -> [B*T, C] keeps C: no division an element where one divided by C twice).
+  std::vector<ExprId> reshape_index(const Node* n, const Node* in, const std::vector<ExprId>& idx,
+                                    const ReshapeMap& m) {
+    const size_t na = n->shape.size(), nb = in->shape.size(), ta = na - m.trail, tb = nb - m.trail;
+    std::vector<ExprId> r(nb, K.iconst(0));
+    for (size_t d = 0; d < m.lead; ++d) r[d] = idx[d];
+    for (size_t j = 0; j < m.trail; ++j) r[tb + j] = idx[ta + j];
+    ExprId lin = K.iconst(0);
+    for (size_t d = m.lead; d < ta; ++d) lin = add(mul(lin, size_of(n, d)), idx[d]);
+    for (size_t d = tb; d-- > m.lead;) {
+      if (is_one(in->shape[d])) continue;
+      r[d] = d == m.lead ? lin : K.iop(Expr::Kind::IMod, lin, size_of(in, d));
+      if (d > m.lead) lin = K.iop(Expr::Kind::IDiv, lin, size_of(in, d));
     }
     return r;
   }
@@ -410,21 +468,17 @@ struct Lowerer {
           r[d] = K.iop(Expr::Kind::ISub, K.iop(Expr::Kind::ISub, size_of(in, d), K.iconst(1)), idx[d]);
         return r;
       case OpKind::View: {
-        // Reshapes that only add or drop size-1 dims map indices directly.
-        std::vector<size_t> a, b;
-        for (size_t d = 0; d < n->shape.size(); ++d)
-          if (!is_one(n->shape[d])) a.push_back(d);
-        for (size_t d = 0; d < in->shape.size(); ++d)
-          if (!is_one(in->shape[d])) b.push_back(d);
-        bool direct = a.size() == b.size();
-        for (size_t j = 0; direct && j < a.size(); ++j)
-          direct = sym_eq(n->shape[a[j]], in->shape[b[j]]).value_or(false);
-        if (direct) {
+        const ReshapeMap m = reshape_map(*n, *in);
+        if (m.direct) {  // (only size-1 dims added or dropped)
           r.assign(in->shape.size(), K.iconst(0));
-          for (size_t j = 0; j < a.size(); ++j) r[b[j]] = idx[a[j]];
+          for (size_t d = 0, j = 0; d < n->shape.size(); ++d) {
+            if (is_one(n->shape[d])) continue;
+            while (is_one(in->shape[j])) ++j;
+            r[j++] = idx[d];
+          }
           return r;
         }
-        return delinearize(in, linearize(n, idx));
+        return reshape_index(n, in, idx, m);
       }
       default: throw LowerError(std::string("cannot fold view ") + op_name(n->op));
     }
