@@ -387,6 +387,33 @@ TEST(Autograd, CrossEntropyBackwardIsCompact) {
   }
 }
 
+// What cross_entropy keeps for its backward between forward and backward: two row statistics
+// (the max and the log of the sum of exponentials), not log_softmax's [N, C] (float32 under
+// autocast, 1.6 GiB for GPT-2's 8192 x 50304 logits). Float32 logits and bfloat16 logits under
+// autocast (whose float32 copy must not be kept either); the gradient equals (softmax(x) -
+// onehot(t)) / N computed apart (float32 to 1e-6, bfloat16's float32 math to 1e-6 of its values).
+TEST(Autograd, CrossEntropyKeepsRowStatisticsNotLogSoftmax) {
+  manual_seed(kiln::testing::test_seed(71));
+  const int64_t n = 256, c = 4096;
+  for (DType dt : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Tensor x = (randn({n, c}) * 3).to(dt).requires_grad_(), t = randint(0, c, {n});
+    eval({x, t});
+    const int64_t before = host_memory_stats().allocated_bytes;
+    std::optional<kiln::autocast> ac;
+    if (dt == kBFloat16) ac.emplace(DeviceType::CPU, kBFloat16);
+    Tensor l = cross_entropy(x, t);
+    ac.reset();
+    l.eval();
+    const int64_t kept = host_memory_stats().allocated_bytes - before;
+    EXPECT_LT(kept, n * c * 4 / 8) << kept << " bytes kept; log_softmax's [N, C] in float32 is " << n * c * 4;
+    Tensor g = grad({l}, {x})[0];
+    Tensor xf = x.detach().to(kFloat32);
+    Tensor want = (softmax(xf, 1) - one_hot(t, c).to(kFloat32)) / static_cast<double>(n);
+    expect_close(g.to(kFloat32), want.to(dt).to(kFloat32), 1e-6, 1e-6);
+  }
+}
+
 TEST(Autograd, BackwardIsLazyAndAccumulates) {
   Tensor w = from_vector<float>({1, 2, 3}).requires_grad_();
   Tensor loss = (w * w).sum();
