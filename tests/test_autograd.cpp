@@ -414,6 +414,42 @@ TEST(Autograd, CrossEntropyKeepsRowStatisticsNotLogSoftmax) {
   }
 }
 
+// layer_norm keeps for its backward what PyTorch's native_layer_norm keeps: its input, the mean
+// and the reciprocal standard deviation ([N, 1] each), not x^ ([N, C]). Float32 and float64
+// inputs, with and without an affine: the gradients the same bits as the decomposition's compact
+// form computed before (x^ recomputed by the same ops), checked against finite differences by
+// the gradcheck cases above.
+TEST(Autograd, LayerNormKeepsMeanAndRstdNotXhat) {
+  manual_seed(kiln::testing::test_seed(72));
+  const int64_t n = 64, c = 4096;
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (bool affine : {false, true}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (affine ? " affine" : ""));
+      Tensor x = randn({n, c}, dt).requires_grad_(), w = randn({c}, dt).requires_grad_(),
+             b = randn({c}, dt).requires_grad_(), gy = randn({n, c}, dt);
+      eval({x, w, b, gy});
+      const int64_t before = host_memory_stats().allocated_bytes;
+      Tensor y = affine ? layer_norm(x, {c}, w, b) : layer_norm(x, {c});
+      y.eval();
+      const int64_t item = static_cast<int64_t>(itemsize(dt));
+      const int64_t kept = host_memory_stats().allocated_bytes - before - n * c * item;  // (y itself)
+      EXPECT_LT(kept, n * c * item / 8) << kept << " bytes kept besides y; x^ is " << n * c * item;
+      std::vector<Tensor> g = grad({y}, affine ? std::vector<Tensor>{x, w, b} : std::vector<Tensor>{x}, {gy});
+      // against the same formula computed here
+      Tensor m = x.detach().mean({1}, true), xc = x.detach() - m;
+      Tensor r = rsqrt((xc * xc).mean({1}, true) + 1e-5), xh = xc * r;
+      Tensor gw = affine ? gy * w.detach() : gy;
+      Tensor dx = r * (gw - gw.mean({1}, true) - xh * (gw * xh).mean({1}, true));
+      const double tol = dt == kFloat32 ? 1e-5 : 1e-12;
+      expect_close(g[0], dx, tol, tol);
+      if (affine) {
+        expect_close(g[1], (gy * xh).sum({0}), tol * 10, tol * 10);
+        expect_close(g[2], gy.sum({0}), tol * 10, tol * 10);
+      }
+    }
+  }
+}
+
 TEST(Autograd, BackwardIsLazyAndAccumulates) {
   Tensor w = from_vector<float>({1, 2, 3}).requires_grad_();
   Tensor loss = (w * w).sum();

@@ -58,12 +58,15 @@ bool same_sizes(const Shape& a, const Shape& b) {
 }  // namespace
 
 namespace {
-// (x - mean) * rsqrt(var + eps) over `dims` (biased variance), and that rsqrt.
-std::pair<Tensor, Tensor> normalized(const Tensor& x, const std::vector<int64_t>& dims, double eps) {
+// x^ = (x - mean) * r over `dims`, r = rsqrt(var + eps) (biased variance), with the mean and r.
+struct Normalized {
+  Tensor xhat, r, mean;
+};
+Normalized normalized(const Tensor& x, const std::vector<int64_t>& dims, double eps) {
   Tensor m = mean(x, dims, true);
   Tensor c = sub(x, m);
   Tensor r = rsqrt(add(mean(mul(c, c), dims, true), eps));
-  return {mul(c, r), r};
+  return {mul(c, r), r, m};
 }
 }  // namespace
 
@@ -97,27 +100,38 @@ Tensor layer_norm(const Tensor& x_in, const std::vector<int64_t>& ns, const std:
     return y;
   };
   if (!grad_enabled() || !(x.requires_grad() || (w && w->requires_grad()) || (b && b->requires_grad())))
-    return affine(normalized(x, dims, eps).first);
+    return affine(normalized(x, dims, eps).xhat);
   // With gradients: the compact backward (as PyTorch's), not the decomposition's. With g = dy * w
   // and x^ = (x - mean) * r, r = rsqrt(var + eps), over the normalized dims:
   //   dx = r * (g - mean(g) - x^ * mean(g * x^)),  dw = sum(dy * x^),  db = sum(dy)
   // (the leading dims summed). One stage of row reductions, where the decomposition's chain
-  // rule needs two (the mean of a gradient that depends on the variance's gradient).
-  Tensor xhat, r, y;
+  // rule needs two (the mean of a gradient that depends on the variance's gradient). Kept for it
+  // what PyTorch's native_layer_norm keeps: the input (as given: an autocast's float32 copy is
+  // not kept), the mean and r, [N, 1] each; x^ is recomputed from them (the same bits).
+  Normalized f;
+  Tensor y;
   {
     NoGradGuard ng;
-    std::tie(xhat, r) = normalized(x, dims, eps);
-    y = affine(xhat);
+    f = normalized(x, dims, eps);
+    y = affine(f.xhat);
   }
-  const Tensor xs = detail::snapshot(x), ws = w ? detail::snapshot(*w) : Tensor(),
-               bs = b ? detail::snapshot(*b) : Tensor();
+  const Tensor xs = detail::snapshot(x_in), ws = w ? detail::snapshot(*w) : Tensor(),
+               bs = b ? detail::snapshot(*b) : Tensor(), m = f.mean, r = f.r;
+  const DType dt = x.dtype();
   detail::attach_custom_grad(
-      y, "layer_norm", {x, wt, bt}, [xs, ws, bs, xhat, r, dims, eps](const Tensor& g, bool create_graph) {
-        Tensor xh = xhat, rr = r;
-        if (create_graph) std::tie(xh, rr) = normalized(xs, dims, eps);  // differentiable in x
+      y, "layer_norm", {x, wt, bt}, [xs, ws, bs, m, r, dt, dims, eps](const Tensor& g, bool create_graph) {
+        const Tensor xf = detail::cast(xs, dt);
+        Tensor xh, rr = r;
+        if (create_graph) {  // differentiable in x
+          const Normalized n = normalized(xf, dims, eps);
+          xh = n.xhat;
+          rr = n.r;
+        } else {
+          xh = mul(sub(xf, m), r);
+        }
         Tensor gw = ws.defined() ? mul(g, ws) : g;
         Tensor dx = mul(rr, sub(sub(gw, mean(gw, dims, true)), mul(xh, mean(mul(gw, xh), dims, true))));
-        std::vector<Tensor> grads = {detail::cast(dx, xs.dtype()), Tensor(), Tensor()};
+        std::vector<Tensor> grads = {detail::cast(dx, dt), Tensor(), Tensor()};
         if (ws.defined() && ws.requires_grad())
           grads[1] = detail::cast(detail::sum_to(mul(g, xh), ws.shape()), ws.dtype());
         if (bs.defined() && bs.requires_grad()) grads[2] = detail::cast(detail::sum_to(g, bs.shape()), bs.dtype());
