@@ -450,6 +450,23 @@ TEST(Autograd, LayerNormKeepsMeanAndRstdNotXhat) {
   }
 }
 
+// gelu of 16-bit inputs computes in float32 and rounds once, value and gradient, as PyTorch's
+// kernels (opmath): the same bits as the float32 gelu of the same values rounded to the input's
+// dtype, both forms ("none", "tanh"); before, each op of the formula rounded to 16 bits.
+TEST(Autograd, HalfGeluRoundsOnce) {
+  manual_seed(kiln::testing::test_seed(73));
+  for (DType dt : {kBFloat16, kFloat16})
+    for (const char* form : {"none", "tanh"}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " " + form);
+      Tensor x = (randn({4096}) * 3).to(dt).requires_grad_(), g = randn({4096}).to(dt);
+      Tensor y = gelu(x, form), gx = grad({y}, {x}, {g})[0];
+      Tensor xf = x.detach().to(kFloat32).requires_grad_();
+      Tensor yf = gelu(xf, form), gf = grad({yf}, {xf}, {g.to(kFloat32)})[0];
+      EXPECT_EQ(y.to(kFloat32).to_vector<float>(), yf.to(dt).to(kFloat32).to_vector<float>());
+      EXPECT_EQ(gx.to(kFloat32).to_vector<float>(), gf.to(dt).to(kFloat32).to_vector<float>());
+    }
+}
+
 TEST(Autograd, BackwardIsLazyAndAccumulates) {
   Tensor w = from_vector<float>({1, 2, 3}).requires_grad_();
   Tensor loss = (w * w).sum();

@@ -183,7 +183,8 @@ Tensor gelu_derivative(const Tensor& f, bool exact) {
 
 // One backward node that keeps only x (PyTorch's GeluBackward): recorded primitive by primitive,
 // every intermediate of the formula ([B, T, 4d] five times in a transformer's MLP) was kept for
-// the backward.
+// the backward. 16-bit inputs compute in float32 and round once, value and gradient, as
+// PyTorch's kernels do (its opmath type), not after each op of the formula.
 Tensor gelu(const Tensor& x_in, const std::string& approximate) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Body, {&x_in});
   const Tensor& x = autocast_op[0];
@@ -191,9 +192,12 @@ Tensor gelu(const Tensor& x_in, const std::string& approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh", "gelu: approximate must be 'none' or 'tanh', got '",
              approximate, "'");
   const bool exact = approximate == "none";
+  const DType dt = f.dtype(), op = is_half(dt) ? kFloat32 : dt;
   return detail::with_custom_grad(
-      "gelu", {f}, [&] { return gelu_value(f, exact); },
-      [f, exact](const Tensor& g, bool) { return std::vector<Tensor>{mul(g, gelu_derivative(f, exact))}; });
+      "gelu", {f}, [&] { return cast(gelu_value(cast(f, op), exact), dt); },
+      [f, exact, dt, op](const Tensor& g, bool) {
+        return std::vector<Tensor>{cast(mul(cast(g, op), gelu_derivative(cast(f, op), exact)), dt)};
+      });
 }
 
 Tensor to(const Tensor& x, DType dtype) {
