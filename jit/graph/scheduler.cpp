@@ -240,6 +240,43 @@ struct Scheduler {
       if (opts.store_expensive && c == NodeClass::Pointwise && consumers[n] >= 2 && read_by_reduction.count(n))
         require(n, kReadByReduction);
     }
+    // A scalar computed from scalars (an optimizer's bias correction: pow, sqrt, float64 math)
+    // that a larger kernel reads would be recomputed for each of that kernel's elements: it is
+    // computed once, in a kernel of the segment's scalars, and read back.
+    for (Node* n : seg.nodes) {
+      if (scalar_shape(n->shape)) continue;
+      for (auto& in : n->inputs)
+        if (in_seg(in.get()) && scalar_shape(in->shape) && computes_scalar(in.get())) require(in.get(), kScalar);
+    }
+  }
+
+  static bool scalar_shape(const Shape& s) {
+    return std::all_of(s.begin(), s.end(), [](const SymInt& d) { return is_one(d); });
+  }
+
+  // Whether the scalar s, fused, would compute something: s or its fused cone (the segment's
+  // unstored pointwise, source and view nodes it reads) holds an op other than a cast, a copy
+  // or a view.
+  bool computes_scalar(const Node* s) const {
+    auto arith = [&](const Node* x) {
+      return cls(*x) == NodeClass::Pointwise && x->op != OpKind::Cast && x->op != OpKind::Contiguous;
+    };
+    const NodeClass c = cls(*s);
+    if (c != NodeClass::Pointwise && c != NodeClass::View) return false;
+    std::unordered_set<const Node*> seen{s};
+    std::vector<const Node*> stack{s};
+    while (!stack.empty()) {
+      const Node* x = stack.back();
+      stack.pop_back();
+      if (arith(x)) return true;
+      for (const auto& in : x->inputs) {
+        const Node* i = in.get();
+        if (!in_seg(i) || M.count(i) || !seen.insert(i).second) continue;
+        const NodeClass ci = cls(*i);
+        if (ci == NodeClass::Pointwise || ci == NodeClass::View || ci == NodeClass::Source) stack.push_back(i);
+      }
+    }
+    return false;
   }
 
   // A value that several kernels compute and whose computation reads many stored values is
@@ -320,6 +357,7 @@ struct Scheduler {
   }
 
   static constexpr const char* kReadByReduction = "expensive value read by a reduction and another op";
+  static constexpr const char* kScalar = "scalar read by a larger kernel";
   static constexpr const char* kManyReads = "computed by several kernels, each reading many stored values";
   // (two kernels: storing costs r + 2 accesses, recomputing 2r)
   static constexpr size_t kRecomputeReads = 3;

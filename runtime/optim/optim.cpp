@@ -2,6 +2,7 @@
 #include "runtime/optim/optim.h"
 
 #include <cmath>
+#include <map>
 
 #include "runtime/autograd/autograd.h"
 
@@ -200,22 +201,41 @@ void Adam::step() {
     Tensor bc2 = 1 - pow(b2, step_);
     Tensor step_size = lr / bc1, bc2_sqrt = sqrt(bc2);
     Tensor decay_factor = decoupled_ && decay ? 1 - lr * wd : Tensor();
+    // The scalars in each parameter dtype, made once a group (not once a parameter: one
+    // node each in the step's graph).
+    struct Scalars {
+      Tensor decay, b1, one_minus_b1, b2, one_minus_b2, bc2_sqrt, eps, step_size;
+    };
+    std::map<DType, Scalars> in_dtype;
+    auto scalars = [&](DType dt) -> const Scalars& {
+      auto it = in_dtype.find(dt);
+      if (it != in_dtype.end()) return it->second;
+      Scalars c{decay_factor.defined() ? decay_factor.to(dt) : Tensor(),
+                b1.to(dt),
+                (1 - b1).to(dt),
+                b2.to(dt),
+                (1 - b2).to(dt),
+                bc2_sqrt.to(dt),
+                eps.to(dt),
+                step_size.to(dt)};
+      return in_dtype.emplace(dt, std::move(c)).first->second;
+    };
     for (Tensor p : group.params()) {
       Tensor &m = m_[i], &v = v_[i];
       ++i;
       Tensor g = p.grad();
       if (!g.defined()) continue;
-      DType dt = p.dtype();
+      const Scalars& c = scalars(p.dtype());
       if (decay) {
         if (decoupled_)
-          p.mul_(decay_factor.to(dt));
+          p.mul_(c.decay);
         else
-          g = g + wd.to(dt) * p;
+          g = g + wd.to(p.dtype()) * p;
       }
-      m.mul_(b1.to(dt)).add_(g * (1 - b1).to(dt));
-      v.mul_(b2.to(dt)).add_(g * g * (1 - b2).to(dt));
-      Tensor denom = sqrt(v) / bc2_sqrt.to(dt) + eps.to(dt);
-      p.sub_(m / denom * step_size.to(dt));
+      m.mul_(c.b1).add_(g * c.one_minus_b1);
+      v.mul_(c.b2).add_(g * g * c.one_minus_b2);
+      Tensor denom = sqrt(v) / c.bc2_sqrt + c.eps;
+      p.sub_(m / denom * c.step_size);
     }
   }
 }
