@@ -686,6 +686,49 @@ TEST(CudaNvrtc, CombineWithEpilogueCompiles) {
   EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, "kiln_combine_then_tail", 90)) << src;
 }
 
+// Independent pointwise kernels as one horizontal kernel (an optimizer step's updates): the
+// members are picked by a search over their ends, computed once a thread before its loop, and
+// the kernel compiles (its results on a GPU: test_horizontal).
+TEST(CudaNvrtc, HorizontalKernelPicksMembersBySearch) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  SKIP_WITHOUT_NVRTC();
+  kiln::set_executor(kiln::interpreter());
+  std::vector<Tensor> outs;
+  for (int64_t n : {3, 17, 64, 1, 300}) {
+    Tensor x = kiln::randn({n, 2});
+    x.eval();
+    outs.push_back(kiln::exp(x) * 2 + 1);
+  }
+  kiln::Segment seg = make_segment(outs);
+  const kiln::jit::Target target = kiln::jit::cuda_target(90);
+  std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg);
+  std::vector<std::shared_ptr<Lowered>> lowered;
+  std::vector<const kiln::jit::Kernel*> members;
+  for (const kiln::jit::Step& st : steps) {
+    if (st.kind != kiln::jit::Step::Kind::Kernel) continue;
+    lowered.push_back(kiln::jit::lower(st.group, target));
+    members.push_back(&lowered.back()->kernel);
+  }
+  ASSERT_EQ(members.size(), 5u);
+  const kiln::jit::Kernel k = kiln::jit::horizontal_kernel(members);
+  ASSERT_EQ(k.member_ends.size(), 5u);
+  const std::string src = kiln::jit::emit_cuda(k, "kiln_horizontal_search");
+  const size_t loop = src.find("for (i64 i0 =");
+  ASSERT_NE(loop, std::string::npos) << src;
+  // Four tests of i0 against an end (a search over five members), each a name computed before
+  // the grid-stride loop.
+  size_t tests = 0;
+  for (size_t at = src.find("if (i0 < t"); at != std::string::npos; at = src.find("if (i0 < t", at + 1)) {
+    ++tests;
+    const size_t name_end = src.find(')', at);
+    const std::string name = src.substr(at + 9, name_end - at - 9);
+    const size_t defined = src.find("const i64 " + name + " =");
+    EXPECT_LT(defined, loop) << name << " is computed inside the loop\n" << src;
+  }
+  EXPECT_EQ(tests, 4u) << src;
+  EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, "kiln_horizontal_search", 90)) << src;
+}
+
 TEST(CudaNvrtc, EveryOpCompiles) {
   SKIP_WITHOUT_NVRTC();
   OpsKernel ok = make_ops_kernel();

@@ -783,6 +783,11 @@ struct Emitter {
              std::to_string(rc.region) + " + " + std::to_string(rc.slot_offset[sl]) + ");");
       }
     }
+    // Values of the launch's parameters alone that every index would compute again: once a
+    // thread, before its loop (a horizontal kernel's member ends).
+    scopes.emplace_back();
+    if (horizontal())
+      for (ExprId e : k.member_ends) expr(e);
     // The grid-stride loop is not unrolled: a thread runs it a few times at most (grids go up to
     // 32 blocks an SM), and NVVM's unrolled and versioned copies of the body only made NVRTC
     // slower, with no faster kernels.
@@ -804,13 +809,41 @@ struct Emitter {
     scopes.emplace_back();
     if (warp)
       warp_stmts(k.body);
+    else if (horizontal())
+      members(0, k.body.size());
     else
       stmts(k.body);
     scopes.pop_back();
     --indent;
     line("}");
+    scopes.pop_back();
     out << "}\n";
     return out.str();
+  }
+
+  bool horizontal() const { return !k.member_ends.empty() && k.member_ends.size() == k.body.size(); }
+
+  // Members [a, b) of a horizontal kernel: a binary search over their ends picks the one that
+  // runs index i0 (neighbouring threads take the same branch), rather than every thread
+  // testing every member (an optimizer step's update: up to 32 of them).
+  void members(size_t a, size_t b) {
+    if (b - a == 1) {
+      stmts({k.body[a]});
+      return;
+    }
+    const size_t mid = (a + b) / 2;
+    line("if (i0 < " + expr(k.member_ends[mid - 1]) + ") {");
+    for (int half = 0; half < 2; ++half) {
+      ++indent;
+      scopes.emplace_back();
+      if (half == 0)
+        members(a, mid);
+      else
+        members(mid, b);
+      scopes.pop_back();
+      --indent;
+      line(half == 0 ? "} else {" : "}");
+    }
   }
 };
 

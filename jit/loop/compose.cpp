@@ -107,6 +107,7 @@ Kernel horizontal_kernel(const std::vector<const Kernel*>& members) {
     loop.body = sp.body();
     K.body.push_back(std::move(loop));
     off = K.iop(Expr::Kind::IAdd, off, extent);
+    K.member_ends.push_back(off);
   }
   K.parallel_extent = off;
   return K;

@@ -96,6 +96,10 @@ struct Kernel {
   // > 0: every loop runs at most this many iterations (row reductions over short rows), so a
   // backend may keep values that several loops compute in fast memory.
   int64_t row_cache = 0;
+  // A horizontal kernel (compose.h): body[j] is member j, run for the parallel indices in
+  // [member_ends[j - 1], member_ends[j]) (from 0 for j = 0); a device backend may pick the
+  // member by a search over these rather than test every member. Empty: not horizontal.
+  std::vector<ExprId> member_ends;
   // Adds an expression, returning its id (identical expressions are shared).
   ExprId add(const Expr& e);
   // Shorthands.
