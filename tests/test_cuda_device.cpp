@@ -751,6 +751,53 @@ TEST(CudaDevice, IndexOpsCatCumsumMatchTheCpu) {
   }
 }
 
+// cat of many pieces (up to 330: launches of 128 dense pieces), every dtype, along each dim;
+// pieces dense, dense at odd offsets into a larger tensor (a unit below 16 bytes), strided or
+// transposed (a copy each) and empty; and a stack of 149 0-d values (clip_grad_norm_'s): the
+// same elements as the CPU's.
+TEST(CudaDevice, CatOfManyPiecesMatchesTheCpu) {
+  NEED_GPU();
+  const uint64_t seed = kiln::testing::test_seed(17);
+  std::mt19937_64 rng(seed);
+  kiln::manual_seed(seed);
+  const std::vector<kiln::DType> dtypes = {kiln::kBool,     kiln::kInt32,   kiln::kInt64,  kiln::kFloat16,
+                                           kiln::kBFloat16, kiln::kFloat32, kiln::kFloat64};
+  for (int c = 0; c < 28; ++c) {
+    const kiln::DType dt = dtypes[c % dtypes.size()];
+    const int64_t rank = 1 + static_cast<int64_t>(rng() % 3);
+    std::vector<int64_t> shape;
+    for (int64_t i = 0; i < rank; ++i) shape.push_back(1 + static_cast<int64_t>(rng() % 5));
+    const int64_t d = static_cast<int64_t>(rng() % rank);
+    const int n = c % 4 == 0 ? 129 + static_cast<int>(rng() % 200) : 1 + static_cast<int>(rng() % 20);
+    std::vector<Tensor> pc, pd;
+    for (int k = 0; k < n; ++k) {
+      std::vector<int64_t> ps = shape;
+      ps[d] = static_cast<int64_t>(rng() % 4);
+      if (rng() % 3 == 0) {
+        int64_t count = 1;
+        for (int64_t s : ps) count *= s;
+        const int64_t off = static_cast<int64_t>(rng() % 4);
+        Tensor big = random_of(dt, {count + 3});
+        pc.push_back(big.narrow(0, off, count).reshape(ps));
+        pd.push_back(big.cuda().narrow(0, off, count).reshape(ps));
+      } else {
+        Pair p = make(dt, ps, rng);
+        pc.push_back(p.cpu);
+        pd.push_back(p.dev);
+      }
+    }
+    expect_same(kiln::cat(pd, d), kiln::cat(pc, d),
+                "case " + std::to_string(c) + " " + kiln::dtype_name(dt) + " " + std::to_string(n) + " pieces of " +
+                    str(shape) + " along " + std::to_string(d) + " (seed " + std::to_string(seed) + ")");
+  }
+  std::vector<Tensor> nc, nd;
+  for (int k = 0; k < 149; ++k) {
+    nc.push_back(kiln::randn({}));
+    nd.push_back(nc.back().cuda());
+  }
+  expect_same(kiln::stack(nd), kiln::stack(nc), "a stack of 149 0-d values");
+}
+
 // Integer remainder (the divisor's sign), fmod (the dividend's sign) and pow (by squaring,
 // wrapping on overflow; negative exponents only of 1 and -1) on the device kernels against the
 // CPU, exactly: int32 / int64 (and bool pow), negative values, broadcasting and strided

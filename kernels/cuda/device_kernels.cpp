@@ -224,6 +224,26 @@ template <class TO, class TI> __device__ void copy_k(TO* out, const TI* in, Geom
   }
 }
 
+// cat of pieces contiguous in memory, up to KILN_CAT_PIECES a launch (blockIdx.y: the piece):
+// piece y's `outer` rows of `row` units each go to out's rows of `out_row` units from unit `at`.
+// A unit is the widest access (1 to 16 bytes) dividing every size, offset and address, so a
+// bfloat16 row of 768 moves as 96 16-byte loads and stores.
+#define KILN_CAT_PIECES 128
+struct __align__(16) u128 { u64 lo, hi; };
+struct CatPiece { const char* src; i64 row, at; };
+struct CatArgs { char* out; i64 outer, out_row; CatPiece piece[KILN_CAT_PIECES]; };
+template <class U> __device__ void cat_k(const CatArgs& a) {
+  const CatPiece p = a.piece[blockIdx.y];
+  const U* src = (const U*)p.src;
+  U* out = (U*)a.out;
+  const i64 n = a.outer * p.row;
+  const bool narrow = n < 2147483647;
+  KILN_FOR(i, n) {
+    const i64 o = narrow ? (i64)((u32)i / (u32)p.row) : i / p.row;
+    out[o * a.out_row + p.at + (i - o * p.row)] = src[i];
+  }
+}
+
 // Operands: 0 out, 1 index, 2 x (indexed dim's stride zeroed; xs is that stride).
 template <class T, class I>
 __device__ void gather_k(T* out, const T* x, const I* idx, Geom g, i64 n, i64 xs, i64 size, i64 dim, i64 op, i64* err) {
@@ -480,6 +500,8 @@ __device__ void batch_pointers_k(u64* out, u64 c, u64 a, u64 b, Geom g, i64 n) {
 // One extern "C" kernel per instance (NAME, then the element types).
 #define KILN_COPY(NAME, TO, TI) \
   extern "C" __global__ void NAME(TO* out, const TI* in, Geom g, i64 n) { copy_k<TO, TI>(out, in, g, n); }
+#define KILN_CAT(NAME, U) \
+  extern "C" __global__ void NAME(const CatArgs a) { cat_k<U>(a); }
 #define KILN_GATHER(NAME, T, I)                                                                                     \
   extern "C" __global__ void NAME(T* out, const T* x, const I* idx, Geom g, i64 n, i64 xs, i64 size, i64 dim, i64 op, \
                                   i64* err) {                                                                       \
@@ -560,6 +582,7 @@ const char* device_type(DType t) {
 const char* macro(DeviceKernel k) {
   switch (k) {
     case DeviceKernel::Copy: return "KILN_COPY";
+    case DeviceKernel::Cat: return "KILN_CAT";
     case DeviceKernel::Gather: return "KILN_GATHER";
     case DeviceKernel::ScatterAdd: return "KILN_SCATTER_ADD";
     case DeviceKernel::ScatterClaim: return "KILN_SCATTER_CLAIM";
@@ -613,6 +636,18 @@ const char* attention_template(DeviceKernel k) {
   }
 }
 
+// The unsigned type of a cat unit's bytes.
+const char* cat_unit(int bytes) {
+  switch (bytes) {
+    case 1: return "u8";
+    case 2: return "u16";
+    case 4: return "u32";
+    case 8: return "u64";
+    case 16: return "u128";
+  }
+  throw Error("device kernels: a cat unit of " + std::to_string(bytes) + " bytes");
+}
+
 const DType kAll[] = {DType::Bool,     DType::Int32,   DType::Int64,  DType::Float16,
                       DType::BFloat16, DType::Float32, DType::Float64};
 const DType kIndex[] = {DType::Int32, DType::Int64};
@@ -622,6 +657,7 @@ const DType kIndex[] = {DType::Int32, DType::Int64};
 std::string device_kernel_name(const DeviceKernelInstance& k) {
   switch (k.kernel) {
     case DeviceKernel::Copy: return std::string("kiln_copy_") + dtype_name(k.a) + "_from_" + dtype_name(k.b);
+    case DeviceKernel::Cat: return "kiln_cat_" + std::to_string(k.head) + "b";
     case DeviceKernel::Gather: return std::string("kiln_gather_") + dtype_name(k.a) + "_" + dtype_name(k.b);
     case DeviceKernel::ScatterAdd: return std::string("kiln_scatter_add_") + dtype_name(k.a) + "_" + dtype_name(k.b);
     case DeviceKernel::ScatterClaim: return std::string("kiln_scatter_claim_") + dtype_name(k.b);
@@ -708,6 +744,8 @@ std::string device_kernel_program(const std::vector<DeviceKernelInstance>& ks) {
     else if (fam == Family::Attention)
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + attention_template(k.kernel) + ", " +
            device_type(k.a) + ", " + std::to_string(k.head) + ")\n";
+    else if (k.kernel == DeviceKernel::Cat)
+      s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + cat_unit(k.head) + ")\n";
     else
       s += std::string(macro(k.kernel)) + "(" + device_kernel_name(k) + ", " + device_type(k.a) + ", " +
            device_type(k.b) + ")\n";
@@ -730,6 +768,7 @@ std::vector<DeviceKernelInstance> all_device_kernels() {
     for (DeviceKernel k : {DeviceKernel::Remainder, DeviceKernel::Fmod, DeviceKernel::Pow}) v.push_back({k, i});
   }
   v.push_back({DeviceKernel::Pow, DType::Bool});
+  for (int bytes : {1, 2, 4, 8, 16}) v.push_back({DeviceKernel::Cat, DType::Float32, DType::Int64, bytes});
   for (DeviceKernel k :
        {DeviceKernel::RadixCount, DeviceKernel::RadixScan, DeviceKernel::RadixMove, DeviceKernel::BatchPointers})
     v.push_back({k});

@@ -18,6 +18,9 @@ namespace kiln::kernels {
 // value into the device's error record (first error wins) and skip the element.
 enum class DeviceKernel {
   Copy,  // out[i] = convert(in[i]) (a: out dtype, b: in dtype)
+  // cat of up to kCatPieces pieces contiguous in memory, one launch (head: the bytes a thread
+  // moves at once, 1, 2, 4, 8 or 16; a piece's rows are whole units)
+  Cat,
   Gather,  // out[i] = x[... idx[i] ...] (gather, index_select; a: data, b: index)
   ScatterAdd,  // out[... idx[i] ...] += src[i] atomically (integer / bool scatter_add, index_add)
   ScatterClaim,  // winner[dest] = max i writing dest (scatter's last-write-wins order; b: index)
@@ -61,11 +64,14 @@ enum class DeviceKernel {
   FlashBackwardQWarpgroup,
 };
 
+// The most pieces one Cat launch takes (its arguments: 24 bytes a piece).
+constexpr int kCatPieces = 128;
+
 // One instance: a template and its element types (the ones it does not use are ignored).
 struct DeviceKernelInstance {
   DeviceKernel kernel;
   DType a = DType::Float32, b = DType::Int64;
-  int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256; flash: 32, 64, ..., 256)
+  int head = 0;  // attention kernels: the head-size bucket (32, 64, 128 or 256; flash: 32, 64, ..., 256); Cat: unit bytes
   // float32 flash kernels: tensor-core passes a product takes, 1 (TF32) or 3 (3xTF32,
   // float32-accurate); 0 elsewhere.
   int tf32_passes = 0;

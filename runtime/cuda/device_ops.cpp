@@ -123,30 +123,33 @@ CUfunction function(int device, const DeviceKernelInstance& k, const std::string
   return l.fn;
 }
 
-// Queues instance `k` over `n` elements (threads) on `device`'s stream with arguments `args`.
+// Queues instance `k` as a grid of blocks_x x blocks_y blocks of `threads` threads on `device`'s
+// stream with arguments `args` (a kernel that checks indices reports into the error record).
 template <class... A>
-void launch(int device, const DeviceKernelInstance& k, int64_t n, bool checks_indices, A... args) {
-  if (n <= 0) return;
+void launch_grid(int device, const DeviceKernelInstance& k, int64_t blocks_x, int64_t blocks_y, int64_t threads,
+                 bool checks_indices, A... args) {
   const std::string name = kernels::device_kernel_name(k);
   CUfunction f = function(device, k, name);
   void* params[] = {&args...};
-  const int64_t threads = 256, blocks = std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20);
-  check(api().launch_kernel(f, static_cast<unsigned>(blocks), 1, 1, threads, 1, 1, 0, enter(device), params, nullptr),
+  check(api().launch_kernel(f, static_cast<unsigned>(blocks_x), static_cast<unsigned>(blocks_y), 1,
+                            static_cast<unsigned>(threads), 1, 1, 0, enter(device), params, nullptr),
         "cuLaunchKernel");
   note_launch(device, name, checks_indices);
+}
+
+// Queues instance `k` over `n` elements (threads, grid-stride beyond 2^20 blocks).
+template <class... A>
+void launch(int device, const DeviceKernelInstance& k, int64_t n, bool checks_indices, A... args) {
+  if (n <= 0) return;
+  const int64_t threads = 256, blocks = std::min<int64_t>((n + threads - 1) / threads, int64_t{1} << 20);
+  launch_grid(device, k, blocks, 1, threads, checks_indices, args...);
 }
 
 // Queues instance `k` as `blocks` blocks of `threads` threads (kernels that split their work by
 // block themselves: the radix sort's).
 template <class... A>
 void launch_blocks(int device, const DeviceKernelInstance& k, int64_t blocks, int64_t threads, A... args) {
-  const std::string name = kernels::device_kernel_name(k);
-  CUfunction f = function(device, k, name);
-  void* params[] = {&args...};
-  check(api().launch_kernel(f, static_cast<unsigned>(blocks), 1, 1, static_cast<unsigned>(threads), 1, 1, 0,
-                            enter(device), params, nullptr),
-        "cuLaunchKernel");
-  note_launch(device, name, false);
+  launch_grid(device, k, blocks, 1, threads, false, args...);
 }
 
 void* ptr(const Operand& o) { return o.data; }
@@ -416,6 +419,85 @@ Operand window(const Operand& out, std::vector<int64_t> sizes, std::vector<int64
   return w;
 }
 
+// The kernel's CatArgs (kernels/cuda/device_kernels.cpp), field for field.
+struct CatPiece {
+  const void* src;
+  int64_t row, at;
+};
+struct CatArgs {
+  void* out;
+  int64_t outer, out_row;
+  CatPiece piece[kernels::kCatPieces];
+};
+static_assert(sizeof(CatArgs) == 24 + 24 * kernels::kCatPieces, "CatArgs as the kernel's");
+
+// Whether `o` lies in memory in its row-major order (size-1 dims' strides aside).
+bool dense(const Operand& o) {
+  int64_t expect = 1;
+  for (size_t d = o.sizes.size(); d-- > 0;) {
+    if (o.sizes[d] != 1 && o.strides[d] != expect) return false;
+    expect *= o.sizes[d];
+  }
+  return true;
+}
+
+// cat along `dim` into the contiguous `out`: pieces of out's dtype that are dense go in launches
+// of up to kCatPieces (one per row of blocks), in the widest unit that divides every piece's
+// row, offset and address; any other piece is a strided copy of its own. 149 gradient norms
+// stacked for clip_grad_norm_ were 149 one-element launches; a GPT layer's dq, dk, dv
+// (bfloat16 rows of 768 into rows of 2304) three copies of two-byte elements.
+void cat(int device, const Operand& out, const std::vector<Operand>& pieces, int64_t dim) {
+  const size_t isz = itemsize(out.dtype);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < dim; ++d) outer *= out.sizes[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(dim) + 1; d < out.sizes.size(); ++d) inner *= out.sizes[d];
+  const int64_t out_row = out.sizes[static_cast<size_t>(dim)] * inner;
+  struct Dense {
+    const Operand* piece;
+    int64_t at;  // elements into out's row
+  };
+  std::vector<Dense> batch;
+  auto flush = [&] {
+    if (batch.empty()) return;
+    uint64_t bits = reinterpret_cast<uintptr_t>(out.data) | static_cast<uint64_t>(out_row * isz);
+    for (const Dense& b : batch)
+      bits |= reinterpret_cast<uintptr_t>(b.piece->data) | static_cast<uint64_t>(b.piece->numel() / outer * isz) |
+              static_cast<uint64_t>(b.at * isz);
+    int unit = 16;
+    while (bits % static_cast<uint64_t>(unit) != 0) unit /= 2;
+    CatArgs a{};
+    a.out = out.data;
+    a.outer = outer;
+    a.out_row = out_row * static_cast<int64_t>(isz) / unit;
+    int64_t most = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t row = batch[i].piece->numel() / outer;
+      a.piece[i] = {batch[i].piece->data, row * static_cast<int64_t>(isz) / unit, batch[i].at * static_cast<int64_t>(isz) / unit};
+      most = std::max(most, outer * a.piece[i].row);
+    }
+    const int64_t threads = 256, blocks = std::min<int64_t>((most + threads - 1) / threads, int64_t{1} << 16);
+    const DeviceKernelInstance k{DeviceKernel::Cat, DType::Float32, DType::Int64, unit};
+    launch_grid(device, k, blocks, static_cast<int64_t>(batch.size()), threads, false, a);
+    batch.clear();
+  };
+  int64_t at = 0;  // along dim
+  for (const Operand& src : pieces) {
+    std::vector<int64_t> sz = out.sizes;
+    sz[static_cast<size_t>(dim)] = src.sizes[static_cast<size_t>(dim)];
+    if (src.numel() > 0) {
+      if (src.dtype == out.dtype && src.sizes == sz && dense(src)) {
+        batch.push_back({&src, at * inner});
+        if (batch.size() == static_cast<size_t>(kernels::kCatPieces)) flush();
+      } else {
+        copy(device, window(out, sz, out.strides, at * out.strides[static_cast<size_t>(dim)]), src);
+      }
+    }
+    at += sz[static_cast<size_t>(dim)];
+  }
+  flush();
+}
+
+
 // The gather template: gather (index strides as given) and index_select (index along `dim`).
 void gather(int device, OpKind op, const Operand& out, const Operand& x, const Operand& index, int64_t dim) {
   const int64_t size = x.sizes.empty() ? 1 : x.sizes[dim];
@@ -673,14 +755,9 @@ bool run_device_op(Node& n) {
     case OpKind::Contiguous:
     case OpKind::Cast: copy(device, out, in(0)); break;
     case OpKind::Cat: {
-      int64_t at = 0;
-      for (size_t i = 0; i < n.inputs.size(); ++i) {
-        Operand src = in(i);
-        std::vector<int64_t> sz = out.sizes;
-        sz[dim] = src.sizes[dim];
-        copy(device, window(out, sz, out.strides, at * out.strides[dim]), src);
-        at += sz[dim];
-      }
+      std::vector<Operand> pieces;
+      for (size_t i = 0; i < n.inputs.size(); ++i) pieces.push_back(in(i));
+      cat(device, out, pieces, dim);
       break;
     }
     case OpKind::ViewScatter:
