@@ -38,6 +38,7 @@
 #include <tuple>
 
 #include "jit/backend/backend.h"
+#include "jit/backend/host_code.h"
 #include "jit/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_runtime.h"
 #include "runtime/cuda/driver.h"
@@ -729,6 +730,44 @@ TEST(CudaNvrtc, HorizontalKernelPicksMembersBySearch) {
   EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, "kiln_horizontal_search", 90)) << src;
 }
 
+// A pointwise kernel over long rows (cross-entropy's gradient over [rows, 50304] in bfloat16)
+// runs tiles of a row, a warp's lanes over each, and computes what the row shares (its log of
+// the sum of exponentials, its target's position, its index) once before the tile loop: the
+// lanes' loop divides nothing and takes no log. It compiles.
+TEST(CudaNvrtc, RowTilesComputeWhatTheRowSharesOnce) {
+  SKIP_UNDER_INTERP_REGISTRATION();
+  SKIP_WITHOUT_NVRTC();
+  kiln::set_executor(kiln::interpreter());
+  const int64_t N = 50304;
+  Tensor x = kiln::randn({2, 4, N}).to(kiln::kBFloat16);
+  Tensor mx = kiln::randn({2, 4, 1}), se = kiln::rand({2, 4, 1}) + 1, g = kiln::randn({});
+  Tensor target = kiln::randint(0, N, {2, 4});
+  for (Tensor* t : {&x, &mx, &se, &g, &target}) t->eval();
+  Tensor onehot = kiln::eq(kiln::arange(0, N, 1, kiln::kInt64), target.unsqueeze(-1)).to(kiln::kFloat32);
+  Tensor grad = ((kiln::exp(x.to(kiln::kFloat32) - mx - kiln::log(se)) - onehot) * g).to(kiln::kBFloat16);
+  kiln::Segment seg = make_segment({grad});
+  kiln::jit::ScheduleOptions opts;
+  opts.half_kernels = true;
+  std::vector<kiln::jit::Step> steps = kiln::jit::schedule(seg, {}, opts);
+  ASSERT_EQ(steps.size(), 1u);
+  const kiln::jit::Target target90 = kiln::jit::cuda_target(90);
+  auto L = kiln::jit::lower(steps[0].group, target90);
+  ASSERT_EQ(L->kernel.body.size(), 1u);
+  ASSERT_EQ(L->kernel.body[0].kind, kiln::jit::Stmt::Kind::Loop) << L->kernel.str();
+  EXPECT_NE(kiln::jit::group_key(steps[0].group, target90), kiln::jit::group_key(steps[0].group, kiln::jit::host_target()));
+  int lanes = 0;
+  const std::string src = kiln::jit::emit_cuda(L->kernel, "kiln_row_tiles", &lanes);
+  EXPECT_EQ(lanes, 32) << src;
+  const size_t loop = src.find("+ lane;");
+  ASSERT_NE(loop, std::string::npos) << src;
+  const std::string body = src.substr(loop);
+  EXPECT_EQ(body.find("logf("), std::string::npos) << "the row's log is taken in the lanes' loop\n" << src;
+  EXPECT_EQ(body.find(" / (u64)"), std::string::npos) << "the lanes' loop divides\n" << src;
+  EXPECT_EQ(body.find(" % (u64)"), std::string::npos) << "the lanes' loop divides\n" << src;
+  EXPECT_NE(body.find("expf("), std::string::npos) << src;
+  EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, "kiln_row_tiles", 90)) << src;
+}
+
 TEST(CudaNvrtc, EveryOpCompiles) {
   SKIP_WITHOUT_NVRTC();
   OpsKernel ok = make_ops_kernel();
@@ -799,11 +838,11 @@ TEST(CudaNvrtc, DeviceKernelsCompile) {
       kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), kiln::kernels::device_kernel_name(one), 90)
           .empty());
   std::printf("[ cuda ] %zu device kernel instances compiled for sm_90\n", total);
-  // copies, indexing, cumsum, claims, int ops, sort keys, the radix sort, batch pointers, ordered
-  // adds, attention (row kernels; tiled for heads 32, 64, 128), tensor-core attention (bfloat16,
+  // copies, cat (5 unit widths), indexing, cumsum, claims, int ops, sort keys, the radix sort,
+  // batch pointers, ordered adds, attention (row kernels; tiled for heads 32, 64, 128), tensor-core attention (bfloat16,
   // float16 at 8 buckets; float32 in TF32, 3xTF32 and careful 3xTF32 at 3, and the scan; the
   // warpgroup kernels at 2)
-  EXPECT_EQ(total, 7u * 7 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 2 * 2 + 3 + 1 + 4 * 2 + 3 * 2 * 4 + 3 * 3 + 4 * 2 * 8 +
+  EXPECT_EQ(total, 7u * 7 + 5 + 7 * 2 * 3 + 7 + 2 + 2 * 3 + 1 + 2 * 2 + 3 + 1 + 4 * 2 + 3 * 2 * 4 + 3 * 3 + 4 * 2 * 8 +
                        4 * 2 * 3 + 3 * 3 + 1 + 3 * 2 * 2);
   EXPECT_THROW(kiln::cu::nvrtc_compile(kiln::kernels::device_kernel_program({one}), "kiln_arch_specific", 999,
                                        nullptr, true),

@@ -327,7 +327,11 @@ struct Emitter {
         std::string raw = elem(static_cast<int>(e.i), I(e.a));
         if (k.buffers[e.i].dtype != e.dtype) raw = "*(const " + std::string(mtype(e.dtype)) + "*)&" + raw;
         if (e.dtype == DType::Bool) raw = "(" + raw + " != 0)";
-        if (is_half(e.dtype)) raw = (e.dtype == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ")";
+        if (is_half(e.dtype)) {  // a 16-bit value widened: exact, no rounding
+          v = "t" + std::to_string(temps++);
+          line("const float " + v + " = " + (e.dtype == DType::Float16 ? "kiln_h2f(" : "kiln_bf2f(") + raw + ");");
+          break;
+        }
         v = let(e.dtype, raw);
         break;
       }
@@ -516,6 +520,14 @@ struct Emitter {
       loads_in(s.body, out);
     }
   }
+  // A pointwise kernel over row tiles (lower.cpp's row_tiled): its body one loop over the tile,
+  // every store inside it; a warp's lanes run the tile.
+  bool row_tiles() const {
+    if (!k.accs.empty() || !k.member_ends.empty() || k.columns || k.row_cache > 0 || k.body.size() != 1) return false;
+    const Stmt& s = k.body[0];
+    return s.kind == Stmt::Kind::Loop && !has_loop(s.body);
+  }
+
   // Whether the kernel can run a warp per parallel index: it reduces in a top-level loop, no
   // loop reads an accumulator it updates, and no buffer written is read inside a loop (column
   // scratch), so lanes never depend on each other inside a loop. (A value stored by lane 0 and
@@ -639,9 +651,73 @@ struct Emitter {
     return false;
   }
 
+  // The values loop `s`'s body reads that stay the same over its iterations: no variable of
+  // the loop or of loops inside it, no accumulator and no load of a buffer the kernel writes
+  // reach them. Outermost such expressions only, leaves (constants, parameters) left out.
+  std::vector<ExprId> invariants(const Stmt& s) const {
+    std::set<int64_t> vars;
+    std::function<void(const Stmt&)> collect = [&](const Stmt& l) {
+      if (l.kind != Stmt::Kind::Loop) return;
+      vars.insert(l.var);
+      for (const Stmt& b : l.body) collect(b);
+    };
+    collect(s);
+    const std::vector<char> varying = reaches(k, [&](ExprId id) {
+      const Expr& e = k.exprs[static_cast<size_t>(id)];
+      return (e.kind == Expr::Kind::Var && vars.count(e.i)) || e.kind == Expr::Kind::Acc ||
+             e.kind == Expr::Kind::AccIndex ||
+             (e.kind == Expr::Kind::Load && k.buffers[static_cast<size_t>(e.i)].output);
+    });
+    std::vector<ExprId> out;
+    std::set<ExprId> seen;
+    std::function<void(ExprId)> visit = [&](ExprId id) {
+      if (id < 0 || !seen.insert(id).second) return;
+      const Expr& e = k.exprs[static_cast<size_t>(id)];
+      switch (e.kind) {
+        case Expr::Kind::IConst:
+        case Expr::Kind::FConst:
+        case Expr::Kind::Param:
+        case Expr::Kind::FParam:
+        case Expr::Kind::Var: return;
+        default: break;
+      }
+      if (!varying[static_cast<size_t>(id)]) {
+        out.push_back(id);
+        return;
+      }
+      for (ExprId x : {e.a, e.b, e.c}) visit(x);
+    };
+    std::function<void(const std::vector<Stmt>&)> walk = [&](const std::vector<Stmt>& ss) {
+      for (const Stmt& b : ss) {
+        for (ExprId x : {b.lo, b.hi, b.index, b.value}) visit(x);
+        walk(b.body);
+      }
+    };
+    walk(s.body);
+    return out;
+  }
+
   // The loop `s` with the warp's (block's) lanes over its iterations, the body serial per lane.
+  // What the body reads that stays the same over the iterations is computed first, when the
+  // loop runs at all (a row's scale, log-sum-exp or index; not once per element).
   void lanes_over(const Stmt& s) {
     std::string lo = expr(s.lo), hi = expr(s.hi);
+    const std::vector<ExprId> hoisted = rc.loops.count(&s) ? std::vector<ExprId>{} : invariants(s);
+    if (!hoisted.empty()) {
+      line("if (" + lo + " < " + hi + ") {");
+      ++indent;
+      scopes.emplace_back();
+      for (ExprId e : hoisted) expr(e);
+    }
+    lanes_loop(s, lo, hi);
+    if (!hoisted.empty()) {
+      scopes.pop_back();
+      --indent;
+      line("}");
+    }
+  }
+
+  void lanes_loop(const Stmt& s, const std::string& lo, const std::string& hi) {
     std::string v = "i" + std::to_string(s.var);
     // A flat loop: unrolled, so each lane keeps several loads in flight. Rows kept in shared
     // memory: 8 (faster row kernels); otherwise 4 (the W1 split kernel loses occupancy at 8).
@@ -851,7 +927,7 @@ struct Emitter {
 
 std::string emit_cuda(const Kernel& k, const std::string& symbol, int* lanes, int* shared_bytes, size_t param_bytes) {
   Emitter e(k);
-  e.warp = e.warp_eligible() && !k.columns;
+  e.warp = (e.warp_eligible() || e.row_tiles()) && !k.columns;
   e.lanes = !e.warp ? 1 : k.long_indices ? kCudaWideBlock : 32;
   // Rows kept in shared memory: 48 KiB a block, split between its warps (four blocks an SM
   // on sm_90; 96 KiB left two, too few warps for the row kernels).

@@ -240,10 +240,14 @@ Windows horizontal_windows(const Planning& p) {
   };
   Windows w{std::vector<std::shared_ptr<Lowered>>(steps.size()), std::vector<bool>(steps.size(), false),
             std::vector<int>(steps.size(), -1), std::vector<int>(steps.size(), N - 1)};
+  // On a device a horizontal kernel runs an element of its members a thread (the member picked
+  // by the index), so members are lowered without row tiles.
+  Target member = *p.tgt;
+  if (member.parallel == Target::Parallel::DeviceGrid) member.tile = 1;
   for (int j = 0; j < N; ++j) {
     if (!p.deferred[j]) continue;
     try {
-      w.lowered[j] = lower(steps[j].group, *p.tgt);
+      w.lowered[j] = lower(steps[j].group, member);
     } catch (const std::exception&) {
     }  // (compiled alone, where the error is handled)
     w.cand[j] = w.lowered[j] && horizontal_member(*w.lowered[j]);

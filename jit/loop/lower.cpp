@@ -26,6 +26,15 @@ std::optional<int64_t> small_inner(const Shape& d, const Target& t) {
   return std::nullopt;
 }
 
+// Whether a pointwise group over `d` runs tiles of its last dim (rows x tiles parallel indices,
+// a loop over the tile) rather than one element per parallel index.
+bool row_tiled(const Shape& d, const Target& t) {
+  if (d.empty() || t.tile <= 1 || small_inner(d, t) || is_one(d.back())) return false;
+  if (t.tile_min_inner <= 0) return true;
+  const auto v = d.back().maybe_int();
+  return v && *v >= t.tile_min_inner;
+}
+
 char stride_class(const SymInt& size, const SymInt& stride) {
   if (is_one(size)) return 'u';
   auto s = stride.maybe_int();
@@ -164,6 +173,7 @@ std::string group_key(const Group& g, const Target& t) {
   k << "D" << g.domain.size() << ":";
   for (const auto& s : g.domain) k << (is_one(s) ? 'u' : 's');
   if (auto si = small_inner(g.domain, t)) k << "c" << *si;
+  if (t.tile_min_inner > 0 && g.reduce_dims.empty() && row_tiled(g.domain, t)) k << "T";
   k << "|R";
   for (int64_t d : g.reduce_dims) k << d << ",";
   k << (g.split ? "S" : "") << (row_cache_fits(g, t) ? "C" : "") << (column_split_fits(g, t) ? "K" : "") << "|";
@@ -649,7 +659,7 @@ struct Lowerer {
     std::vector<size_t> rows;
     for (size_t d = 0; d + 1 < n; ++d) rows.push_back(d);
     int j = new_var();
-    if (small_inner(g.domain, tgt) || is_one(g.domain.back()) || tgt.tile == 1) {
+    if (!row_tiled(g.domain, tgt)) {
       // A short last dim, or one element per parallel index: iterate the flat index, so the
       // vectorizable loop is the long one (contiguous operands fold back to the flat index;
       // broadcast ones become gathers).
