@@ -25,5 +25,5 @@ done
 # Three calls: the first compiles, the second records the graph, the third replays it.
 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
   "$BIN" --config "$CONFIG" --dtype "$DTYPE" --mode compiled --steps 1 --warmup 2 --device cuda > "$CSV"
-# The replay's kernels: as many as the graph holds (KILN_LOG=graphs prints it; ~1,400 for L).
-python3 "$HERE/ncu_table.py" "$CSV" --last "${KILN_GRAPH_KERNELS:-1300}" --top "$TOP"
+# The replay's kernels: the third call's, found as the tail the second call repeats.
+python3 "$HERE/ncu_table.py" "$CSV" --last "${KILN_GRAPH_KERNELS:-auto}" --top "$TOP"
