@@ -739,9 +739,9 @@ TEST(CudaNvrtc, RowTilesComputeWhatTheRowSharesOnce) {
   SKIP_WITHOUT_NVRTC();
   kiln::set_executor(kiln::interpreter());
   const int64_t N = 50304;
-  Tensor x = kiln::randn({2, 4, N}).to(kiln::kBFloat16);
-  Tensor mx = kiln::randn({2, 4, 1}), se = kiln::rand({2, 4, 1}) + 1, g = kiln::randn({});
-  Tensor target = kiln::randint(0, N, {2, 4});
+  Tensor x = kiln::randn({4, 4, N}).to(kiln::kBFloat16);
+  Tensor mx = kiln::randn({4, 4, 1}), se = kiln::rand({4, 4, 1}) + 1, g = kiln::randn({});
+  Tensor target = kiln::randint(0, N, {4, 4});
   for (Tensor* t : {&x, &mx, &se, &g, &target}) t->eval();
   Tensor onehot = kiln::eq(kiln::arange(0, N, 1, kiln::kInt64), target.unsqueeze(-1)).to(kiln::kFloat32);
   Tensor grad = ((kiln::exp(x.to(kiln::kFloat32) - mx - kiln::log(se)) - onehot) * g).to(kiln::kBFloat16);
@@ -766,6 +766,19 @@ TEST(CudaNvrtc, RowTilesComputeWhatTheRowSharesOnce) {
   EXPECT_EQ(body.find(" % (u64)"), std::string::npos) << "the lanes' loop divides\n" << src;
   EXPECT_NE(body.find("expf("), std::string::npos) << src;
   EXPECT_NO_THROW(kiln::cu::nvrtc_compile(src, "kiln_row_tiles", 90)) << src;
+  // Too few tiles for the GPU (one row of 768; 8 rows): an element a thread.
+  for (std::vector<int64_t> shape : {std::vector<int64_t>{768}, std::vector<int64_t>{8, 768}}) {
+    Tensor a = kiln::randn(shape), b = kiln::randn(shape);
+    a.eval();
+    b.eval();
+    kiln::Segment small = make_segment({kiln::sqrt(a * a + b) * 0.5});
+    std::vector<kiln::jit::Step> st = kiln::jit::schedule(small, {}, opts);
+    ASSERT_EQ(st.size(), 1u);
+    auto flat = kiln::jit::lower(st[0].group, target90);
+    int flat_lanes = 0;
+    (void)kiln::jit::emit_cuda(flat->kernel, "kiln_flat", &flat_lanes);
+    EXPECT_EQ(flat_lanes, 1) << flat->kernel.str();
+  }
 }
 
 TEST(CudaNvrtc, EveryOpCompiles) {

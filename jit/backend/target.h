@@ -19,8 +19,11 @@ struct Target {
   Parallel parallel = Parallel::HostChunks;
   int64_t tile = 2048;  // elements of a long last dim per parallel index
   // Pointwise kernels run tiles of the last dim only where it is a constant at least this long
-  // (0: wherever it is not small_inner); others one element per parallel index.
+  // (0: wherever it is not small_inner), in a domain of rows (two dims or more) that gives at
+  // least tile_min_parallel tiles when its leading dims are constants; others one element per
+  // parallel index.
   int64_t tile_min_inner = 0;
+  int64_t tile_min_parallel = 0;
   int64_t column_tile = 64;  // columns per parallel index of a column reduction
   int64_t small_inner = 8;  // a last dim up to this size is a compile-time constant
   int vector_bytes = 32;  // width of the vector registers code is generated for

@@ -32,7 +32,14 @@ bool row_tiled(const Shape& d, const Target& t) {
   if (d.empty() || t.tile <= 1 || small_inner(d, t) || is_one(d.back())) return false;
   if (t.tile_min_inner <= 0) return true;
   const auto v = d.back().maybe_int();
-  return v && *v >= t.tile_min_inner;
+  if (!v || *v < t.tile_min_inner || d.size() < 2) return false;
+  int64_t tiles = (*v + t.tile - 1) / t.tile;  // times the rows, where they are constants
+  for (size_t i = 0; i + 1 < d.size(); ++i) {
+    const auto r = d[i].maybe_int();
+    if (!r) return true;  // a symbolic batch: rows enough
+    tiles *= *r;
+  }
+  return tiles >= t.tile_min_parallel;
 }
 
 char stride_class(const SymInt& size, const SymInt& stride) {
