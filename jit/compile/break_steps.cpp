@@ -70,7 +70,7 @@ std::shared_ptr<Storage> storage_like(const Node& like, const Node& src, const s
   size_t isz = itemsize(src.dtype);
   int64_t last = off;
   for (size_t d = 0; d < sizes.size(); ++d) last += sizes[d] > 0 ? (sizes[d] - 1) * to[d] : 0;
-  auto s = Storage::allocate(static_cast<size_t>(last + 1) * isz, src.device);
+  auto s = Storage::allocate(static_cast<size_t>(last + 1) * isz, src.device, "graph break copy");
   const auto* in = static_cast<const char*>(src.storage->data);
   auto* out = static_cast<char*>(s->data);
   for_each_element(sizes, from, src.offset.as_int(), [&](int64_t a, const std::vector<int64_t>& idx) {

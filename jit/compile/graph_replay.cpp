@@ -207,7 +207,7 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
           if (!moving_[i] || written_[i]) continue;
           // An input at a new address each call: read from a buffer of the graph, filled per replay.
           in.bytes = span_bytes(*ins[i]);
-          in.buffer = Storage::allocate(std::max<size_t>(in.bytes, 1), device_);
+          in.buffer = Storage::allocate(std::max<size_t>(in.bytes, 1), device_, "CUDA graph input");
           bind_input(i, in.buffer);
         }
         run();
@@ -301,7 +301,7 @@ void GraphReplay::make_outputs(const Graph& g, const std::vector<Node*>& ins, st
     if (!g.copied[k]) return g.owned[k];
     if (!copies[k]) {
       const Storage& s = *g.owned[k];
-      copies[k] = Storage::allocate(std::max<size_t>(s.nbytes, 1), device_);
+      copies[k] = Storage::allocate(std::max<size_t>(s.nbytes, 1), device_, "CUDA graph output copy");
       if (s.nbytes) device_runtime(device_).copy(copies[k]->data, device_, s.data, device_, s.nbytes);
     }
     return copies[k];

@@ -49,7 +49,8 @@ struct AtExit {
 bool profile_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("KILN_PROFILE");
-    const bool yes = v && *v && std::strcmp(v, "0") != 0;
+    // (KILN_PROFILE=memory alone asks for the memory ledger: runtime/exec/memory_ledger.h)
+    const bool yes = v && *v && std::strcmp(v, "0") != 0 && std::strcmp(v, "memory") != 0;
     if (yes) static AtExit at_exit;
     return yes;
   }();

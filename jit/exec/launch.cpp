@@ -51,7 +51,7 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
                          in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
   for (Node* o : g.outputs) {
     int64_t n = numel(o->shape).as_int();
-    auto s = Storage::allocate(static_cast<size_t>(n) * itemsize(o->dtype), o->device);
+    auto s = Storage::allocate(static_cast<size_t>(n) * itemsize(o->dtype), o->device, op_name(o->op));
     bd.buffers.push_back(static_cast<char*>(s->data));
     bd.out_storage.push_back(std::move(s));
   }
@@ -66,7 +66,7 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
       bd.partials.emplace_back(bytes);
       bd.buffers.push_back(bd.partials.back().data());
     } else {
-      bd.device_partials.push_back(Storage::allocate(bytes, dev));
+      bd.device_partials.push_back(Storage::allocate(bytes, dev, "split reduction partials"));
       bd.buffers.push_back(static_cast<char*>(bd.device_partials.back()->data));
     }
   }
@@ -220,7 +220,8 @@ bool run_gemm_epilogue(const PlanStep& mm, const PlanStep& ks, const std::vector
   Group& g = load_group(ks, ext, sc);
   const int64_t rows = m->shape[0].as_int();
   for (auto& in : m->inputs) materialize_view(in.get());
-  m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device),
+  m->set_storage(Storage::allocate(static_cast<size_t>(numel(m->shape).as_int()) * itemsize(m->dtype), m->device,
+                                   op_name(m->op)),
                  false);
   const Lowered& L = *ks.ck->lowered;
   Binding& bd = sc.binding;

@@ -42,6 +42,10 @@ struct MemoryStats {
 // The CPU counterpart of cuda::memory_stats (the bench's peak_alloc_mib on the CPU).
 KILN_API MemoryStats host_memory_stats();
 KILN_API void reset_peak_host_memory_stats();
+// With KILN_PROFILE=memory: writes the host blocks live at the peak (bytes and the op that made
+// each, largest first) as JSON to `path`, as PyTorch's memory snapshot. kiln::Error when the
+// ledger is off or `path` cannot be written.
+KILN_API void host_memory_snapshot(const std::string& path);
 
 // CUDA device `index`: converts to Device{CUDA, index} (`x.to(kiln::cuda())`). The static
 // members ask about and control the CUDA devices (`kiln::cuda::is_available()`).
@@ -59,6 +63,10 @@ struct KILN_API cuda {
   static MemoryStats memory_stats(int index = 0);
   // Resets the peak counters of device `index` to the current values.
   static void reset_peak_memory_stats(int index = 0);
+  // With KILN_PROFILE=memory: writes what was live on device `index` at its peak (each block's
+  // bytes and the op that made it, largest first) as JSON to `path`, as PyTorch's
+  // torch.cuda.memory._snapshot. kiln::Error when the ledger is off or `path` cannot be written.
+  static void memory_snapshot(const std::string& path, int index = 0);
   // Gives every cached, unused block of every device back to the driver.
   static void empty_cache();
   // The device kiln's generated kernels run on in this process (default 0; other devices run

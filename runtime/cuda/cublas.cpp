@@ -191,7 +191,7 @@ bool gemm(Node& n) {
     return false;
   if (!pointers && (!batch_stride(a, nb, sa) || !batch_stride(b, nb, sb))) return false;
   const size_t esize = itemsize(n.dtype);
-  auto out = Storage::allocate(static_cast<size_t>(batch * M * N) * esize, n.device);
+  auto out = Storage::allocate(static_cast<size_t>(batch * M * N) * esize, n.device, op_name(n.op));
   if (batch * M * N > 0) {
     std::lock_guard<std::mutex> lock(blas_mutex());
     CUstream s = enter(n.device.index);

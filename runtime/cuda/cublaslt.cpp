@@ -97,7 +97,7 @@ bool gemm_bias(Node& out, const Node& a, const Node& b, const Node& bias, bool r
     return false;
   const int index = out.device.index;
   // The output first: a block freed by another thread has its last user queued before enter().
-  auto storage = Storage::allocate(static_cast<size_t>(M * N) * 4, out.device);
+  auto storage = Storage::allocate(static_cast<size_t>(M * N) * 4, out.device, "matmul");
   static std::map<int, DeviceLt> devices;
   std::lock_guard<std::mutex> lock(blas_mutex());
   CUstream stream = enter(index);

@@ -190,14 +190,14 @@ void run_on_host(Node& n) {
     h->shape = in->shape;
     h->strides = in->strides;
     h->offset = in->offset;
-    auto s = Storage::allocate(in->storage->nbytes, cpu());
+    auto s = Storage::allocate(in->storage->nbytes, cpu(), "host fallback input");
     if (in->storage->nbytes)
       device_runtime(in->device).copy(s->data, cpu(), in->storage->data, in->device, in->storage->nbytes);
     h->set_storage(std::move(s));
     host->inputs.push_back(std::move(h));
   }
   interpret_node(*host);
-  auto out = Storage::allocate(host->storage->nbytes, n.device);
+  auto out = Storage::allocate(host->storage->nbytes, n.device, op_name(n.op));
   if (out->nbytes) device_runtime(n.device).copy(out->data, n.device, host->storage->data, cpu(), out->nbytes);
   n.set_storage(std::move(out), false);
 }

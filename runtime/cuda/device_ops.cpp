@@ -277,7 +277,7 @@ void flash_launch(int device, DeviceKernelInstance k, DeviceKernel kernel, const
 // hold an infinity or NaN (a.nonfinite: the 3xTF32 kernels take their careful form by it). The
 // flag goes back to the caching allocator once its readers are queued (its next user comes after).
 std::shared_ptr<Storage> queue_flash_scan(int device, AttnArgs& a, int64_t batch) {
-  auto flag = Storage::allocate(sizeof(int32_t), Device{DeviceType::CUDA, device});
+  auto flag = Storage::allocate(sizeof(int32_t), Device{DeviceType::CUDA, device}, "attention workspace");
   check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(flag->data), 0, sizeof(int32_t), enter(device)),
         "cuMemsetD8Async");
   a.nonfinite = static_cast<int32_t*>(flag->data);
@@ -313,7 +313,8 @@ void flash_attention(int device, AttnArgs& a, bool fwd, DType in_dt, int64_t bat
   // (the work area goes back to the caching allocator once queued: its next user is queued after these)
   const int64_t work_bytes = kernels::flash_work_bytes(batch, a.tq, bucket, static_cast<int64_t>(itemsize(in_dt)));
   const auto work =
-      Storage::allocate(static_cast<size_t>(std::max<int64_t>(1, work_bytes)), Device{DeviceType::CUDA, device});
+      Storage::allocate(static_cast<size_t>(std::max<int64_t>(1, work_bytes)), Device{DeviceType::CUDA, device},
+                        "attention workspace");
   a.work = work->data;
   flash_launch(device, k, DeviceKernel::FlashBackwardPrep, a, batch, a.tq, 1);
   run(DeviceKernel::FlashBackwardQWarpgroup, DeviceKernel::FlashBackwardQ, a.tq, parts);
@@ -535,7 +536,8 @@ SortBuffers sort_buffers(int device, int64_t n) {
   b.tiles = std::max<int64_t>(1, (n + 256 * 1024 - 1) / (256 * 1024));
   b.blocks = (n + 256 * b.tiles - 1) / (256 * b.tiles);
   const size_t pairs = static_cast<size_t>(n) * 8;
-  b.storage = Storage::allocate(4 * pairs + static_cast<size_t>(256 * b.blocks) * 8, Device{DeviceType::CUDA, device});
+  b.storage = Storage::allocate(4 * pairs + static_cast<size_t>(256 * b.blocks) * 8, Device{DeviceType::CUDA, device},
+                                "sort workspace");
   char* p = static_cast<char*>(b.storage->data);
   b.key[0] = reinterpret_cast<uint64_t*>(p);
   b.key[1] = reinterpret_cast<uint64_t*>(p + pairs);
@@ -631,7 +633,8 @@ void scatter(int device, OpKind op, const Operand& out, const Operand& index, co
   // Duplicate destinations: the last write in the CPU's serial order wins, as there. `win`
   // goes back to the caching allocator after queuing; its next user is queued after these.
   auto win =
-      Storage::allocate(static_cast<size_t>(numel(out.sizes)) * sizeof(int64_t), Device{DeviceType::CUDA, device});
+      Storage::allocate(static_cast<size_t>(numel(out.sizes)) * sizeof(int64_t), Device{DeviceType::CUDA, device},
+                        "scatter workspace");
   check(api().memset_d8_async(reinterpret_cast<CUdeviceptr>(win->data), 0xff, win->nbytes, enter(device)),
         "cuMemsetD8Async");
   launch(device, {DeviceKernel::ScatterClaim, out.dtype, index.dtype}, n, true, ptr(index), g, n, os, size, dim,
@@ -710,7 +713,8 @@ NodePtr dense_copy(const Node& n) {
   d->shape = n.shape;
   d->strides = contiguous_strides(n.shape);
   d->offset = 0;
-  auto storage = Storage::allocate(static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype), n.device);
+  auto storage =
+      Storage::allocate(static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype), n.device, op_name(n.op));
   Operand out;
   out.dtype = n.dtype;
   out.sizes = concrete(n.shape);
@@ -733,7 +737,7 @@ std::shared_ptr<Storage> gemm_batch_pointers(Device device, const std::vector<in
     for (int64_t& x : st) x *= static_cast<int64_t>(itemsize);
   const Geom g = make_geom(sizes, bytes);
   const int64_t n = numel(sizes);
-  auto storage = Storage::allocate(static_cast<size_t>(3 * n) * sizeof(uint64_t), device);
+  auto storage = Storage::allocate(static_cast<size_t>(3 * n) * sizeof(uint64_t), device, "matmul workspace");
   auto addr = [](const void* p) { return static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)); };
   launch(device.index, {DeviceKernel::BatchPointers}, n, false, storage->data, addr(bases[0]), addr(bases[1]),
          addr(bases[2]), g, n);
@@ -743,7 +747,8 @@ std::shared_ptr<Storage> gemm_batch_pointers(Device device, const std::vector<in
 bool run_device_op(Node& n) {
   if (!handled(n)) return false;
   const int device = n.device.index;
-  auto storage = Storage::allocate(static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype), n.device);
+  auto storage =
+      Storage::allocate(static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype), n.device, op_name(n.op));
   Operand out;
   out.dtype = n.dtype;
   out.sizes = concrete(n.shape);

@@ -70,7 +70,7 @@ void run(Node& n) {
   const size_t isz = itemsize(n.dtype);
   const size_t in_count = static_cast<size_t>(numel(in.shape).as_int());
   const size_t out_count = static_cast<size_t>(numel(n.shape).as_int());
-  auto out = Storage::allocate(out_count * isz, n.device);
+  auto out = Storage::allocate(out_count * isz, n.device, op_name(n.op));
   const void* src = static_cast<const char*>(in.storage->data) + in.offset.as_int() * static_cast<int64_t>(isz);
   void* dst = out->data;
   const int size = g->size();

@@ -279,7 +279,8 @@ Work recv(Tensor& tensor, int src, const ProcessGroup& group) {
   Group& g = member_group(group, "recv");
   check_root(src, g, "recv");
   KILN_CHECK(src != g.rank(), "recv: a rank cannot receive from itself (rank ", src, ")");
-  auto storage = Storage::allocate(static_cast<size_t>(tensor.numel()) * itemsize(tensor.dtype()), tensor.device());
+  auto storage =
+      Storage::allocate(static_cast<size_t>(tensor.numel()) * itemsize(tensor.dtype()), tensor.device(), "recv");
   CompletionPtr c = g.run("recv", tensor.device(), [&](Backend& b) {
     return b.recv(storage->data, static_cast<size_t>(tensor.numel()), tensor.dtype(), src);
   });

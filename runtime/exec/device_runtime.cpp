@@ -5,6 +5,7 @@
 #include <atomic>
 
 #include "runtime/core/error.h"
+#include "runtime/exec/memory_ledger.h"
 #include "runtime/ops/ops.h"
 
 namespace kiln {
@@ -66,6 +67,8 @@ void cuda::synchronize() {
 }
 
 MemoryStats cuda::memory_stats(int index) { return device_runtime(cuda(index)).memory_stats(index); }
+void cuda::memory_snapshot(const std::string& path, int index) { memory_ledger_snapshot(path, cuda(index)); }
+void host_memory_snapshot(const std::string& path) { memory_ledger_snapshot(path, cpu()); }
 
 void cuda::reset_peak_memory_stats(int index) { device_runtime(cuda(index)).reset_peak_memory_stats(index); }
 

@@ -40,7 +40,7 @@ kernels::Operand window(const kernels::Operand& out, std::vector<int64_t> sizes,
 void copy_to_device(Node& n) {
   const Node& in = *n.inputs[0];
   const size_t nbytes = static_cast<size_t>(kiln::numel(n.shape).as_int()) * itemsize(n.dtype);
-  auto storage = Storage::allocate(nbytes, n.device);
+  auto storage = Storage::allocate(nbytes, n.device, "copy between devices");
   const char* src =
       static_cast<const char*>(in.storage->data) + in.offset.as_int() * static_cast<int64_t>(itemsize(in.dtype));
   if (nbytes)
@@ -69,7 +69,7 @@ void compute(Node& n) {
     return;
   }
   const int64_t numel = kiln::numel(n.shape).as_int();
-  auto storage = Storage::allocate(static_cast<size_t>(numel) * itemsize(n.dtype), n.device);
+  auto storage = Storage::allocate(static_cast<size_t>(numel) * itemsize(n.dtype), n.device, op_name(n.op));
   Operand out;
   out.dtype = n.dtype;
   out.sizes = concrete(n.shape);

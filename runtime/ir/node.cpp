@@ -9,6 +9,7 @@
 
 #include "runtime/core/pool_allocator.h"
 #include "runtime/exec/device_runtime.h"
+#include "runtime/exec/memory_ledger.h"
 
 namespace kiln {
 
@@ -78,13 +79,24 @@ void bind_size_attrs(Node& n) {
   }
 }
 
-std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device) {
-  if (device.type != DeviceType::CPU) return device_runtime(device).allocate(nbytes, device.index);
-  auto s = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>());
-  s->data = pool_allocate(nbytes);
-  s->nbytes = nbytes;
-  s->device = device;
-  s->deleter = [nbytes](void* p) { pool_free(p, nbytes); };
+Storage::~Storage() {
+  if (in_ledger) memory_ledger_remove(*this);
+  if (deleter) deleter(data);
+}
+
+std::shared_ptr<Storage> Storage::allocate(size_t nbytes, Device device, const char* made_by) {
+  std::shared_ptr<Storage> s;
+  if (device.type != DeviceType::CPU) {
+    s = device_runtime(device).allocate(nbytes, device.index);
+  } else {
+    s = std::allocate_shared<Storage>(detail::PoolAllocator<Storage>());
+    s->data = pool_allocate(nbytes);
+    s->nbytes = nbytes;
+    s->device = device;
+    s->deleter = [nbytes](void* p) { pool_free(p, nbytes); };
+  }
+  s->made_by = made_by;
+  if (memory_ledger_on()) memory_ledger_add(*s);
   return s;
 }
 

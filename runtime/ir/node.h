@@ -160,12 +160,13 @@ struct KILN_API Storage {
   size_t nbytes = 0;
   Device device;
   std::function<void(void*)> deleter;  // frees data (empty: not owned)
-  ~Storage() {
-    if (deleter) deleter(data);
-  }
+  // The op that made it (an op name: the memory ledger's "made by"); null: not said.
+  const char* made_by = nullptr;
+  bool in_ledger = false;  // recorded by the memory ledger (KILN_PROFILE=memory)
+  ~Storage();
   // Fresh, owned memory of `nbytes` on `device` (64-byte aligned on the CPU; from the device's
-  // caching allocator elsewhere).
-  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device);
+  // caching allocator elsewhere), made by `made_by` (an op name, for KILN_PROFILE=memory).
+  static std::shared_ptr<Storage> allocate(size_t nbytes, Device device, const char* made_by = nullptr);
 };
 
 struct Node;

@@ -1,0 +1,171 @@
+#include "runtime/exec/memory_ledger.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include "runtime/core/error.h"
+#include "runtime/ir/node.h"
+
+namespace kiln {
+namespace {
+
+struct Account {
+  size_t live = 0, peak = 0, recorded = 0;
+  std::vector<LedgerBlock> at_peak;
+};
+
+struct Block {
+  LedgerBlock block;
+  Device device;  // where it was counted
+};
+
+struct Ledger {
+  std::mutex mu;
+  std::unordered_map<const Storage*, Block> blocks;
+  std::map<std::pair<int, int>, Account> devices;  // (type, index)
+};
+
+Ledger& ledger() {
+  static Ledger* l = new Ledger;  // never destroyed: storages may die during static teardown
+  return *l;
+}
+
+std::atomic<bool> g_forced{false};
+
+std::pair<int, int> key(Device d) { return {static_cast<int>(d.type), d.index}; }
+Device device_of(std::pair<int, int> k) { return Device{static_cast<DeviceType>(k.first), k.second}; }
+
+// Records the live blocks of `d` as its peak's: when the peak passes the last recorded one by
+// 1 MiB or 0.5 % (a copy of the live list per recorded peak, not per allocation).
+void record_peak(Ledger& l, Device d, Account& a) {
+  const size_t step = std::max<size_t>(size_t{1} << 20, a.recorded / 200);
+  if (a.live < a.recorded + step && !a.at_peak.empty()) return;
+  a.recorded = a.live;
+  a.at_peak.clear();
+  for (const auto& [s, b] : l.blocks)
+    if (b.device == d) a.at_peak.push_back(b.block);
+}
+
+// Prints the report when the process exits.
+struct AtExit {
+  ~AtExit() { std::fputs(memory_ledger_report().c_str(), stderr); }
+};
+
+std::string mib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f", static_cast<double>(b) / 1048576.0);
+  return s;
+}
+
+}  // namespace
+
+bool memory_ledger_on() {
+  static const bool from_env = [] {
+    const char* v = std::getenv("KILN_PROFILE");
+    const bool yes = v && (std::strstr(v, "memory") != nullptr || std::strcmp(v, "all") == 0);  // "memory", "all" 
+    if (yes) static AtExit at_exit;
+    return yes;
+  }();
+  return from_env || g_forced.load(std::memory_order_relaxed);
+}
+
+void memory_ledger_enable() { g_forced.store(true); }
+
+void memory_ledger_add(Storage& s) {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mu);
+  // A device runtime may hand out a block it allocated as another device's (a simulated device
+  // over host memory): counted once, on the device it is for.
+  auto [it, fresh] = l.blocks.try_emplace(&s);
+  if (!fresh) l.devices[key(it->second.device)].live -= it->second.block.bytes;
+  it->second = {{s.nbytes, s.made_by ? s.made_by : "other"}, s.device};
+  s.in_ledger = true;
+  Account& a = l.devices[key(s.device)];
+  a.live += s.nbytes;
+  if (a.live > a.peak) {
+    a.peak = a.live;
+    record_peak(l, s.device, a);
+  }
+}
+
+void memory_ledger_remove(const Storage& s) {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = l.blocks.find(&s);
+  if (it == l.blocks.end()) return;
+  l.devices[key(it->second.device)].live -= it->second.block.bytes;
+  l.blocks.erase(it);
+}
+
+std::vector<LedgerDevice> memory_ledger() {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mu);
+  std::vector<LedgerDevice> out;
+  for (const auto& [k, a] : l.devices) out.push_back({device_of(k), a.live, a.peak, a.recorded, a.at_peak});
+  return out;
+}
+
+void memory_ledger_reset_peaks() {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mu);
+  for (auto& [k, a] : l.devices) {
+    a.peak = a.recorded = a.live;
+    a.at_peak.clear();
+    for (const auto& [s, b] : l.blocks)
+      if (b.device == device_of(k)) a.at_peak.push_back(b.block);
+  }
+}
+
+std::string memory_ledger_report() {
+  std::string out;
+  for (const LedgerDevice& d : memory_ledger()) {
+    std::map<std::string, std::pair<size_t, size_t>> by;  // made by -> (bytes, blocks)
+    for (const LedgerBlock& b : d.at_peak) {
+      auto& [bytes, n] = by[b.made_by];
+      bytes += b.bytes;
+      ++n;
+    }
+    std::vector<std::pair<std::string, std::pair<size_t, size_t>>> rows(by.begin(), by.end());
+    std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    out += "[kiln:profile] memory on " + d.device.str() + ": peak " + mib(d.peak_bytes) + " MiB (live now " +
+           mib(d.live_bytes) + " MiB); the blocks live at " + mib(d.recorded_peak_bytes) +
+           " MiB, by the op that made them\n";
+    char line[256];
+    std::snprintf(line, sizeof line, "%12s %7s %8s  %s\n", "MiB", "share", "blocks", "made by");
+    out += line;
+    for (const auto& [what, v] : rows) {
+      std::snprintf(line, sizeof line, "%12.1f %6.1f%% %8zu  %s\n", static_cast<double>(v.first) / 1048576.0,
+                    d.recorded_peak_bytes ? 100.0 * static_cast<double>(v.first) / static_cast<double>(d.recorded_peak_bytes)
+                                          : 0.0,
+                    v.second, what.c_str());
+      out += line;
+    }
+  }
+  return out;
+}
+
+void memory_ledger_snapshot(const std::string& path, Device device) {
+  KILN_CHECK(memory_ledger_on(), "memory_snapshot: the memory ledger is off (run with KILN_PROFILE=memory)");
+  LedgerDevice d{device};
+  for (LedgerDevice& x : memory_ledger())
+    if (x.device == device) d = std::move(x);
+  std::sort(d.at_peak.begin(), d.at_peak.end(), [](const LedgerBlock& a, const LedgerBlock& b) { return a.bytes > b.bytes; });
+  std::ofstream f(path);
+  KILN_CHECK(f.good(), "memory_snapshot: cannot write ", path);
+  f << "{\"device\": \"" << device.str() << "\", \"peak_bytes\": " << d.peak_bytes
+    << ", \"recorded_peak_bytes\": " << d.recorded_peak_bytes << ", \"live_bytes\": " << d.live_bytes
+    << ", \"blocks\": [";
+  for (size_t i = 0; i < d.at_peak.size(); ++i)
+    f << (i ? ", " : "") << "{\"bytes\": " << d.at_peak[i].bytes << ", \"made_by\": \"" << d.at_peak[i].made_by << "\"}";
+  f << "]}\n";
+  KILN_CHECK(f.good(), "memory_snapshot: writing ", path, " failed");
+}
+
+}  // namespace kiln

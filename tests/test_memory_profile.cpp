@@ -1,0 +1,175 @@
+// The memory ledger (KILN_PROFILE=memory, runtime/exec/memory_ledger.h) on the test device
+// (KILN_TEST_DEVICE; CPU, fake-cuda and a real GPU): blocks attributed to the op that made them,
+// the peak's blocks, the snapshot, the peak against the allocator's, and threads.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "kiln.h"
+#include "runtime/exec/memory_ledger.h"
+#include "temp_dir.h"
+#include "test_seed.h"
+#include "training_step.h"
+
+using namespace kiln;
+
+namespace {
+
+// The simulated CUDA device (fake-cuda) runs its ops on host memory, some blocks relabelled
+// after the host op made them: its blocks are counted on the host and on it, summed here, with
+// no allocator counters of its own.
+bool simulated() {
+  const char* v = std::getenv("KILN_TEST_DEVICE");
+  return v && std::string(v) == "fake-cuda";
+}
+
+LedgerDevice ledger_of(Device d) {
+  LedgerDevice sum{d};
+  for (LedgerDevice& x : memory_ledger())
+    if (x.device == d || (simulated() && x.device == cpu())) {
+      sum.live_bytes += x.live_bytes;
+      sum.peak_bytes += x.peak_bytes;
+      sum.recorded_peak_bytes += x.recorded_peak_bytes;
+      sum.at_peak.insert(sum.at_peak.end(), x.at_peak.begin(), x.at_peak.end());
+    }
+  return sum;
+}
+
+// Bytes equal but for 0-d constants the ops keep (a scalar operand made a host tensor).
+void expect_bytes(size_t got, size_t want) { EXPECT_LE(got > want ? got - want : want - got, 64u) << got << " vs " << want; }
+
+size_t bytes_made_by(const LedgerDevice& d, const std::string& op) {
+  size_t b = 0;
+  for (const LedgerBlock& x : d.at_peak)
+    if (op == x.made_by) b += x.bytes;
+  return b;
+}
+
+MemoryStats allocator_stats(Device d) {
+  if (simulated()) d = cpu();
+  return d.type == DeviceType::CPU ? host_memory_stats() : cuda::memory_stats(d.index);
+}
+void reset_allocator_peak(Device d) {
+  if (simulated()) d = cpu();
+  if (d.type == DeviceType::CPU)
+    reset_peak_host_memory_stats();
+  else
+    cuda::reset_peak_memory_stats(d.index);
+}
+
+void snapshot(const std::string& path, Device d) {
+  if (simulated()) d = cpu();
+  if (d.type == DeviceType::CPU)
+    host_memory_snapshot(path);
+  else
+    cuda::memory_snapshot(path, d.index);
+}
+
+struct Mlp : nn::Module {
+  std::shared_ptr<nn::Linear> a, b;
+  Mlp() {
+    a = register_module("a", std::make_shared<nn::Linear>(64, 256));
+    b = register_module("b", std::make_shared<nn::Linear>(256, 64));
+  }
+  Tensor forward(const Tensor& x) override { return b->forward(gelu(a->forward(x))); }
+};
+
+}  // namespace
+
+// Runs first (gtest's order within a file): without KILN_PROFILE=memory the ledger is off and a
+// snapshot is a clear error, not an empty file.
+TEST(MemoryLedger, OffUnlessAskedAndTheSnapshotSaysSo) {
+  if (memory_ledger_on()) GTEST_SKIP() << "KILN_PROFILE names memory in this run";
+  kiln::testing::TempDir dir("kiln-ledger");
+  try {
+    host_memory_snapshot(dir.path() + "/s.json");
+    ADD_FAILURE() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_PROFILE=memory"), std::string::npos) << e.what();
+  }
+}
+
+// Each block is the op's that made it; the peak's blocks are those live at the peak (the product
+// freed after it stays in them), the live bytes drop when it is freed; the snapshot lists them.
+TEST(MemoryLedger, BlocksByTheOpThatMadeThemAtThePeak) {
+  memory_ledger_enable();
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(3));
+  Tensor a = randn({512, 512}).to(dev).eval();
+  memory_ledger_reset_peaks();
+  const size_t before = ledger_of(dev).live_bytes;
+  {
+    Tensor p = matmul(a, a).eval();
+    Tensor q = (p * 2).eval();
+    const LedgerDevice at = ledger_of(dev);
+    expect_bytes(at.live_bytes, before + 2 * 512 * 512 * 4);
+    EXPECT_GE(at.peak_bytes, at.live_bytes);
+    EXPECT_EQ(bytes_made_by(at, "matmul"), 512u * 512 * 4) << memory_ledger_report();
+    EXPECT_GE(bytes_made_by(at, "mul"), 512u * 512 * 4) << memory_ledger_report();
+  }
+  const LedgerDevice after = ledger_of(dev);
+  expect_bytes(after.live_bytes, before);
+  EXPECT_GE(after.peak_bytes + 64, before + 2 * 512 * 512 * 4);
+  EXPECT_EQ(bytes_made_by(after, "matmul"), 512u * 512 * 4);
+  EXPECT_NE(memory_ledger_report().find("matmul"), std::string::npos);
+
+  kiln::testing::TempDir dir("kiln-ledger");
+  const std::string path = dir.path() + "/snapshot.json";
+  snapshot(path, dev);
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  EXPECT_NE(text.str().find("\"device\": \"" + (simulated() ? cpu() : dev).str() + "\""), std::string::npos)
+      << text.str();
+  EXPECT_NE(text.str().find("{\"bytes\": 1048576, \"made_by\": \"matmul\"}"), std::string::npos) << text.str();
+  EXPECT_THROW(snapshot(dir.path() + "/no/such/dir/s.json", dev), Error);
+}
+
+// A compiled training step (MLP, AdamW, batch sizes that change): the ledger's peak rise is the
+// allocator's (which rounds sizes up by at most 1/8 and counts the same blocks) within 25 %.
+TEST(MemoryLedger, CompiledStepPeakIsTheAllocators) {
+  memory_ledger_enable();
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(5));
+  Mlp net;
+  net.to(dev);
+  optim::AdamW opt(net.parameters(), {.lr = 1e-3});
+  auto step = compile([&](const Tensor& x, const Tensor& y) { return kiln::testing::mse_step(net, opt, x, y); });
+  for (int64_t b : {96, 128, 112}) {
+    Tensor x = randn({b, 64}).to(dev).eval(), y = randn({b, 64}).to(dev).eval();
+    if (dev.type == DeviceType::CUDA) cuda::synchronize();
+    const size_t ledger_live = ledger_of(dev).live_bytes;
+    const int64_t pool_live = allocator_stats(dev).allocated_bytes;
+    memory_ledger_reset_peaks();
+    reset_allocator_peak(dev);
+    Tensor loss = step(x, y).eval();
+    if (dev.type == DeviceType::CUDA) cuda::synchronize();
+    const double ledger_rise = static_cast<double>(ledger_of(dev).peak_bytes - ledger_live);
+    const double pool_rise = static_cast<double>(allocator_stats(dev).peak_allocated_bytes - pool_live);
+    SCOPED_TRACE("batch " + std::to_string(b) + "\n" + memory_ledger_report());
+    EXPECT_GT(ledger_rise, 0);
+    EXPECT_LE(ledger_rise, pool_rise);
+    EXPECT_GE(ledger_rise, 0.75 * pool_rise);
+  }
+}
+
+// Threads allocating and freeing at once: every block is removed again, the live bytes return.
+TEST(MemoryLedger, ThreadsLeaveNothingBehind) {
+  memory_ledger_enable();
+  const Device dev = kiln::testing::test_device();
+  const size_t before = ledger_of(dev).live_bytes;
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 4; ++t)
+    ts.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        Tensor x = (full({64 + t, 33}, 1.0f).to(dev) * static_cast<double>(i)).eval();
+        EXPECT_EQ(x.sum().item<float>(), static_cast<float>(i * (64 + t) * 33));
+      }
+    });
+  for (std::thread& t : ts) t.join();
+  if (dev.type == DeviceType::CUDA) cuda::synchronize();
+  expect_bytes(ledger_of(dev).live_bytes, before);
+}
