@@ -785,6 +785,9 @@ void CompiledCore::partition_and_build(TraceState& st) {
   if (!st.tangents.empty()) partition_backward(st, highlight);
   e.out.fwd = std::make_shared<Program>(inputs, st.outputs, e.guards.symbol_names,
                                         ts.breaks.empty() ? std::map<uint64_t, SymInt>{} : ts.rng_offsets);
+  // State the program updates is written over its old storage where the caller holds it alone
+  // (only in a program without breaks: there the state is an input of it).
+  if (ts.breaks.empty()) e.out.fwd->donate(st.write_back);
   if (opt_.cuda_graphs) {
     // State written in place (captured tensors, arguments) is written back into its own storage
     // by the graph (only in a program without breaks: there the state is an input of it).

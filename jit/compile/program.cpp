@@ -20,6 +20,9 @@ struct Program::Instance {
   Segment seg;
   std::unique_ptr<PreparedSegment> prepared;
   std::unique_ptr<GraphReplay> graphs;  // on a GPU: the instance's device graphs
+  // Program::donate's pairs this instance's structure allows: the output computed by the
+  // program, no other output a view of the input.
+  std::vector<std::pair<size_t, size_t>> donations;
 };
 
 namespace {
@@ -84,6 +87,12 @@ Program::Program(std::vector<NodePtr> inputs, std::vector<NodePtr> outputs, std:
     if (used.count(symbols_[i])) used_.push_back(i);
 }
 Program::~Program() = default;
+
+void Program::donate(std::vector<std::pair<size_t, size_t>> write_back) {
+  std::lock_guard<std::mutex> lock(mu_);
+  KILN_CHECK(instances_.empty(), "compiled program: donations are set before the first run");
+  donations_ = std::move(write_back);
+}
 
 void Program::use_graphs(GraphPolicy policy) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -208,6 +217,15 @@ Program::Instance& Program::instance(const std::vector<int64_t>& syms) {
     if (m == o) inst->owned.push_back(o);  // constant output: keep it alive
   }
   for (Node* n : inst->seg.nodes) inst->seg.needed.push_back(outs.count(n) > 0);
+  for (const auto& [o, j] : donations_) {
+    Node* out = inst->outputs[o];
+    Node* in = inst->inputs[j];
+    bool ok = std::find(inst->seg.nodes.begin(), inst->seg.nodes.end(), out) != inst->seg.nodes.end() &&
+              !is_view_op(out->op);
+    for (const Node* v : inst->outputs)  // an output over the old state would see the write
+      for (; ok && v; v = is_view_op(v->op) && !v->inputs.empty() ? v->inputs[0].get() : nullptr) ok = v != in;
+    if (ok) inst->donations.push_back({o, j});
+  }
   if (!inst->seg.nodes.empty()) inst->prepared = std::make_unique<PreparedSegment>(inst->seg);
   graph_instance(*inst);
   last_ = inst.get();
@@ -284,6 +302,21 @@ std::vector<Tensor> Program::run(const std::vector<Node*>& inputs, const std::ve
   } else if (inst.graphs) {
     inst.graphs->note_ungraphed();
   }
+  // Donated state: the caller's node and storage held by no one else (a second tensor, a view or
+  // a pending op over it would see the write), bound as given (not a dense copy).
+  struct Donated {
+    Instance& i;
+    ~Donated() {
+      for (const auto& [o, j] : i.donations) i.outputs[o]->write_over = nullptr;
+    }
+  } donated{inst};
+  if (!inst.graphs)
+    for (const auto& [o, j] : inst.donations) {
+      const Node* caller = inputs[j];
+      if (ins[j] == caller && caller->storage && caller->storage.use_count() == 2 &&
+          caller->weak_from_this().use_count() == 1)
+        inst.outputs[o]->write_over = inst.inputs[j];
+    }
   if (inst.prepared) inst.prepared->run();
   out.reserve(inst.outputs.size());
   for (Node* o : inst.outputs) {

@@ -35,6 +35,11 @@ class Program {
   const std::vector<NodePtr>& outputs() const { return outputs_; }
   // Replays instances on a GPU as device graphs under `policy` (set before the first run).
   void use_graphs(GraphPolicy policy);
+  // (output, input) pairs: the output is the new value of the input (state the program updates
+  // in place). A run without a device graph whose caller holds such an input alone writes the
+  // output over the input's storage (when the kernel computing it reads the input last and only
+  // where it writes): the old and the new state do not both take memory.
+  void donate(std::vector<std::pair<size_t, size_t>> write_back);
   // Number of size instances built so far (one per set of values of the symbols it uses).
   size_t instances() const;
   // The symbols the program's sizes use (inputs' layouts, nodes, random offsets), in the
@@ -60,6 +65,7 @@ class Program {
   std::vector<size_t> used_;  // indices into symbols_ of the symbols the program uses
   std::map<uint64_t, SymInt> rng_offsets_;
   std::unique_ptr<GraphPolicy> graphs_;  // null: no device graphs
+  std::vector<std::pair<size_t, size_t>> donations_;  // (output, input)
   mutable std::mutex mu_;
   std::map<std::vector<int64_t>, std::unique_ptr<Instance>> instances_;
   Instance* last_ = nullptr;  // the instance used last (most calls repeat sizes)

@@ -22,6 +22,9 @@ uint64_t gemm_epilogue_in_place_runs();
 // Kernel steps run on the interpreter because no kernel could be compiled for them, since start
 // (KILN_LOG=jit says why, once per kernel).
 uint64_t interpreted_kernel_runs();
+// Kernel outputs written over the storage of the input they replace (donated state: a compiled
+// program's optimizer update, Node::write_over).
+uint64_t outputs_written_over_inputs();
 // Kernels split by their outputs because their arguments exceeded the launch limit, since start.
 uint64_t wide_kernel_splits();
 

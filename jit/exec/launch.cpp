@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
@@ -23,6 +24,8 @@
 namespace kiln::jit {
 namespace {
 
+std::atomic<uint64_t> g_written_over{0};
+
 int64_t eval_index(const Kernel& k, ExprId id, const std::vector<int64_t>& ip) {
   const Expr& e = k.exprs[id];
   auto a = [&] { return eval_index(k, e.a, ip); };
@@ -40,8 +43,86 @@ int64_t eval_index(const Kernel& k, ExprId id, const std::vector<int64_t>& ip) {
   }
 }
 
-// Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`.
-void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins) {
+// Whether kernel `k` reads buffer `in` only at the index it stores buffer `out` at, and every
+// such read comes before that store (one store of `out`, no accumulators, both in one body): `out`
+// may then be written over `in`, element for element. (Every backend computes an expression once
+// in its scope, at its first use in statement order.)
+bool reads_where_it_writes(const Kernel& k, int in, int out) {
+  if (!k.accs.empty()) return false;
+  const Stmt* store = nullptr;
+  const std::vector<Stmt>* body = nullptr;
+  std::function<bool(const std::vector<Stmt>&)> find = [&](const std::vector<Stmt>& ss) {
+    for (const Stmt& s : ss) {
+      if (s.kind == Stmt::Kind::Store && s.buffer == in) return false;
+      if (s.kind == Stmt::Kind::Store && s.buffer == out) {
+        if (store) return false;
+        store = &s;
+        body = &ss;
+      }
+      if (!find(s.body)) return false;
+    }
+    return true;
+  };
+  if (!find(k.body) || !store) return false;
+  // The expressions computed by the statements of the store's body up to the store itself.
+  std::vector<char> before(k.exprs.size(), 0);
+  std::function<void(ExprId)> mark = [&](ExprId e) {
+    if (e < 0 || before[static_cast<size_t>(e)]) return;
+    before[static_cast<size_t>(e)] = 1;
+    const Expr& x = k.exprs[static_cast<size_t>(e)];
+    mark(x.a);
+    mark(x.b);
+    mark(x.c);
+  };
+  for (const Stmt& s : *body) {
+    if (s.kind == Stmt::Kind::Loop) return false;  // (a nested loop between: not one body)
+    mark(s.index);
+    mark(s.value);
+    if (&s == store) break;
+  }
+  for (size_t e = 0; e < k.exprs.size(); ++e) {
+    const Expr& x = k.exprs[e];
+    if (x.kind == Expr::Kind::Load && x.i == in && (x.a != store->index || !before[e])) return false;
+  }
+  return true;
+}
+
+// Whether output `o` may take over input `in`'s storage: the same dtype, shape and dense layout
+// from the storage's start, the storage exactly its size.
+bool same_dense_block(const Node& o, const Node& in) {
+  if (o.dtype != in.dtype || o.device != in.device || !in.storage || !in.offset.is_constant() ||
+      in.offset.as_int() != 0 || o.shape.size() != in.shape.size())
+    return false;
+  for (size_t d = 0; d < o.shape.size(); ++d)
+    if (o.shape[d].as_int() != in.shape[d].as_int()) return false;
+  if (!is_contiguous_layout(in.shape, in.strides)) return false;
+  return in.storage->nbytes == static_cast<size_t>(numel(o.shape).as_int()) * itemsize(o.dtype);
+}
+
+// The storage output `oi` of kernel step `s` writes: its donated input's (Node::write_over),
+// where the step reads that input last and only where it writes the output; else fresh.
+std::shared_ptr<Storage> output_storage(const Group& g, size_t oi, const Lowered& L, const std::vector<Node*>& ins,
+                                        const PlanStep* s) {
+  Node* o = g.outputs[oi];
+  if (s && o->write_over)
+    for (size_t i = 0; i < ins.size(); ++i) {
+      if (ins[i] != o->write_over || s->inputs[i] >= 0) continue;
+      const int k = -s->inputs[i] - 1;
+      if (std::find(s->last_reader_of.begin(), s->last_reader_of.end(), k) == s->last_reader_of.end()) break;
+      if (!same_dense_block(*o, *ins[i]) ||
+          !reads_where_it_writes(L.kernel, static_cast<int>(i), L.num_inputs + static_cast<int>(oi)))
+        break;
+      g_written_over.fetch_add(1, std::memory_order_relaxed);
+      return ins[i]->storage;
+    }
+  return Storage::allocate(static_cast<size_t>(numel(o->shape).as_int()) * itemsize(o->dtype), o->device,
+                           op_name(o->op));
+}
+
+// Fills `bd` (cleared first, capacity kept) for group `g` whose canonical inputs are `ins`
+// (kernel step `s`, where known: its outputs may be written over donated inputs).
+void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vector<Node*>& ins,
+                 const PlanStep* s = nullptr) {
   bd.buffers.clear();
   bd.out_storage.clear();
   bd.partials.clear();
@@ -49,11 +130,10 @@ void bind_kernel(Binding& bd, const Group& g, const Lowered& L, const std::vecto
   for (Node* in : ins)
     bd.buffers.push_back(static_cast<char*>(in->storage->data) +
                          in->offset.as_int() * static_cast<int64_t>(itemsize(in->dtype)));
-  for (Node* o : g.outputs) {
-    int64_t n = numel(o->shape).as_int();
-    auto s = Storage::allocate(static_cast<size_t>(n) * itemsize(o->dtype), o->device, op_name(o->op));
-    bd.buffers.push_back(static_cast<char*>(s->data));
-    bd.out_storage.push_back(std::move(s));
+  for (size_t oi = 0; oi < g.outputs.size(); ++oi) {
+    auto st = output_storage(g, oi, L, ins, s);
+    bd.buffers.push_back(static_cast<char*>(st->data));
+    bd.out_storage.push_back(std::move(st));
   }
   bind_args(L, g, ins, bd.args);
   const Kernel& k = L.kernel;
@@ -175,7 +255,7 @@ Launch launch_of(const Binding& bd, int64_t extent, int64_t work = 0) {
 std::atomic<uint64_t> g_interpreted_runs{0};
 
 void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const std::vector<Node*>& ins, Binding& bd,
-                int64_t work) {
+                int64_t work, const PlanStep* s = nullptr) {
   if (!ck) {
     g_interpreted_runs.fetch_add(1, std::memory_order_relaxed);
     interpret_group(g);
@@ -183,7 +263,7 @@ void run_kernel(const Group& g, const std::shared_ptr<CompiledKernel>& ck, const
   }
   const Lowered& L = *ck->lowered;
   const Kernel& k = L.kernel;
-  bind_kernel(bd, g, L, ins);
+  bind_kernel(bd, g, L, ins, s);
   int64_t extent = eval_index(k, k.parallel_extent, bd.args.ip);
   if (extent > 0) {
     const Code& code = launch_code(*ck);
@@ -317,7 +397,7 @@ void run_horizontal(const Plan& plan, const Batch& b, const std::vector<Node*>& 
     const PlanStep& ms = plan.steps[static_cast<size_t>(b.members[m])];
     const Group& g = load_group(ms, ext, sc);
     Binding& bd = sc.members[m];
-    bind_kernel(bd, g, *ms.lowered, sc.ins);
+    bind_kernel(bd, g, *ms.lowered, sc.ins, &ms);
     bufs.insert(bufs.end(), bd.buffers.begin(), bd.buffers.end());
     ip.insert(ip.end(), bd.args.ip.begin(), bd.args.ip.end());
     fp.insert(fp.end(), bd.args.fp.begin(), bd.args.fp.end());
@@ -376,7 +456,7 @@ bool run_step(const Plan& plan, size_t si, const std::vector<Node*>& ext, RunScr
   switch (s.kind) {
     case Step::Kind::Kernel:
       if (s.epilogue && s.combine && run_split_with_epilogue(s, plan.steps[si + 1], ext, sc)) return true;
-      run_kernel(load_group(s, ext, sc), s.ck, sc.ins, sc.binding, s.work);
+      run_kernel(load_group(s, ext, sc), s.ck, sc.ins, sc.binding, s.work, &s);
       return false;
     case Step::Kind::Opaque: {
       if (s.gemm_bias && run_gemm_bias(s, ext, sc)) return true;
@@ -454,5 +534,6 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
 uint64_t gemm_epilogue_runs() { return g_epilogue_runs.load(); }
 uint64_t gemm_epilogue_in_place_runs() { return g_epilogue_in_place_runs.load(); }
 uint64_t interpreted_kernel_runs() { return g_interpreted_runs.load(); }
+uint64_t outputs_written_over_inputs() { return g_written_over.load(); }
 
 }  // namespace kiln::jit

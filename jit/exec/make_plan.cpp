@@ -1,6 +1,7 @@
 // make_plan: a segment's plan as a pipeline of named planning passes —
 //   rewrite_segment → choose_target → schedule_and_compile → record_steps →
-//   fuse_gemm_epilogues → fuse_gemm_bias → fuse_split_tails → batch_horizontal → plan_releases
+//   fuse_gemm_epilogues → fuse_gemm_bias → fuse_split_tails → batch_horizontal → plan_releases →
+//   plan_last_readers
 // (the fusions across steps are in plan_fusions.cpp, the release schedule in plan_lifetimes.cpp).
 #include <algorithm>
 #include <cstdlib>
@@ -267,6 +268,7 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes)
   record_steps(p);
   for (const auto& fusion : kFusions) fusion.run(p);
   plan_releases(p);
+  plan_last_readers(p);
   return plan;
 }
 

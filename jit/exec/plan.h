@@ -37,6 +37,9 @@ struct PlanStep {
   // GEMM's epilogue (DeviceRuntime::gemm_bias) producing position `bias_out` from `bias`.
   bool gemm_bias = false, relu = false;
   int bias = 0, bias_out = 0;
+  // Kernel: the external inputs (index k of -(k + 1)) this step reads last, and alone at its
+  // read time: an output donated over one of them (Node::write_over) may take its storage.
+  std::vector<int> last_reader_of;
 };
 
 // Independent pointwise kernel steps run as one launch.

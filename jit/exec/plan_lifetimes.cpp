@@ -77,4 +77,54 @@ void plan_releases(Planning& p) {
   }
 }
 
+void plan_last_readers(Planning& p) {
+  Plan& plan = p.plan;
+  const std::vector<Node*>& ext = p.sc.ext;
+  const std::vector<Node*>& externals = p.sc.externals;
+  const std::vector<size_t> when = read_times(plan);
+  std::unordered_map<const Node*, int> index;
+  for (size_t k = 0; k < externals.size(); ++k) index[externals[k]] = static_cast<int>(k);
+  // Per external: the last read time and how many reads happen then.
+  std::vector<size_t> last(externals.size(), 0);
+  std::vector<int> reads_then(externals.size(), 0);
+  auto note = [&](int k, size_t t) {
+    const size_t u = static_cast<size_t>(k);
+    if (reads_then[u] == 0 || t > last[u]) {
+      last[u] = t;
+      reads_then[u] = 1;
+    } else if (t == last[u]) {
+      ++reads_then[u];
+    }
+  };
+  auto read_node = [&](const Node* n, size_t t) {
+    for (; n; n = view_base(n)) {
+      auto it = index.find(n);
+      if (it != index.end()) note(it->second, t);
+    }
+  };
+  auto read_at = [&](int pos, size_t t) {
+    if (pos < 0)
+      note(-pos - 1, t);
+    else
+      read_node(ext[static_cast<size_t>(pos)], t);
+  };
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const PlanStep& s = plan.steps[si];
+    if (s.kind == Step::Kind::Kernel) {
+      for (int i : s.inputs) read_at(i, when[si]);
+    } else {
+      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) read_node(in.get(), when[si]);
+    }
+    if (s.gemm_bias) read_at(s.bias, when[si]);
+  }
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    PlanStep& s = plan.steps[si];
+    s.last_reader_of.clear();
+    if (s.kind != Step::Kind::Kernel || s.fused) continue;
+    for (int i : s.inputs)
+      if (i < 0 && last[static_cast<size_t>(-i - 1)] == when[si] && reads_then[static_cast<size_t>(-i - 1)] == 1)
+        s.last_reader_of.push_back(-i - 1);
+  }
+}
+
 }  // namespace kiln::jit

@@ -49,4 +49,8 @@ void batch_horizontal(Planning& p);
 // last step that reads it (plan_lifetimes.cpp).
 void plan_releases(Planning& p);
 
+// The external inputs each kernel step reads last and alone (PlanStep::last_reader_of; reads
+// through views of them included): where a donated output may take an input's storage.
+void plan_last_readers(Planning& p);
+
 }  // namespace kiln::jit

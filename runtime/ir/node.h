@@ -197,6 +197,11 @@ struct KILN_API Node : std::enable_shared_from_this<Node> {
   // A scalar operand's constant that a thread's ops share (detail::scalar_operand): only ops
   // read it, so materialize() never stores it unless asked for it.
   bool shared_constant = false;
+  // A compiled program's output that is the new value of its input `write_over` (optimizer state
+  // updated in place), for one run whose caller holds that input alone: the kernel computing it
+  // may write over the input's storage when it reads each element only where it writes it and is
+  // that input's last reader (jit/exec/launch.cpp). Null: a fresh buffer.
+  Node* write_over = nullptr;
   // Scratch for the thread materializing this (pending) node: a visit mark and the node's
   // position in its segment. Meaningless outside materialize() and Executor::run().
   uint32_t mark = 0;
