@@ -37,29 +37,33 @@ std::unordered_set<const Node*> kept_nodes(const Planning& p) {
   return keep;
 }
 
+// Every read of the plan's steps at its read time t: at_pos(pos, t) for a kernel's (or a GEMM
+// bias's) input, a position of the extended segment or an external input (-(k + 1)); at_node(n,
+// t) for a library or view step's input node. (A step fused into the previous one as its
+// epilogue reads at the same time or later.)
+template <class AtPos, class AtNode>
+void for_each_read(const Plan& plan, const std::vector<Node*>& ext, AtPos at_pos, AtNode at_node) {
+  const std::vector<size_t> when = read_times(plan);
+  for (size_t si = 0; si < plan.steps.size(); ++si) {
+    const PlanStep& s = plan.steps[si];
+    if (s.kind == Step::Kind::Kernel)
+      for (int i : s.inputs) at_pos(i, when[si]);
+    else
+      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) at_node(in.get(), when[si]);
+    if (s.gemm_bias) at_pos(s.bias, when[si]);
+  }
+}
+
 // The last step reading each node (a read of a view reads its bases too).
 std::unordered_map<const Node*, size_t> last_reads(const Planning& p) {
-  const Plan& plan = p.plan;
   const std::vector<Node*>& ext = p.sc.ext;
-  const std::vector<size_t> when = read_times(plan);
   std::unordered_map<const Node*, size_t> last;
   auto read = [&](const Node* n, size_t t) {
     for (; n; n = view_base(n)) last[n] = std::max(last[n], t);
   };
-  // A position of the extended segment, or an external input (negative: never released).
-  auto read_at = [&](int pos, size_t t) {
-    if (pos >= 0) read(ext[static_cast<size_t>(pos)], t);
-  };
-  for (size_t si = 0; si < plan.steps.size(); ++si) {
-    const PlanStep& s = plan.steps[si];
-    if (s.kind == Step::Kind::Kernel) {
-      for (int i : s.inputs) read_at(i, when[si]);
-      // (a step fused into the previous one as its epilogue reads at the same time or later)
-    } else {
-      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) read(in.get(), when[si]);
-    }
-    if (s.gemm_bias) read_at(s.bias, when[si]);
-  }
+  // (an external input, negative: never released)
+  for_each_read(
+      p.plan, ext, [&](int pos, size_t t) { if (pos >= 0) read(ext[static_cast<size_t>(pos)], t); }, read);
   return last;
 }
 
@@ -108,15 +112,7 @@ void plan_last_readers(Planning& p) {
     else
       read_node(ext[static_cast<size_t>(pos)], t);
   };
-  for (size_t si = 0; si < plan.steps.size(); ++si) {
-    const PlanStep& s = plan.steps[si];
-    if (s.kind == Step::Kind::Kernel) {
-      for (int i : s.inputs) read_at(i, when[si]);
-    } else {
-      for (const NodePtr& in : ext[static_cast<size_t>(s.node)]->inputs) read_node(in.get(), when[si]);
-    }
-    if (s.gemm_bias) read_at(s.bias, when[si]);
-  }
+  for_each_read(plan, ext, read_at, read_node);
   for (size_t si = 0; si < plan.steps.size(); ++si) {
     PlanStep& s = plan.steps[si];
     s.last_reader_of.clear();
