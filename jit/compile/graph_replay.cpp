@@ -210,12 +210,22 @@ bool GraphReplay::record(const std::vector<Node*>& ins, const std::function<void
           in.buffer = Storage::allocate(std::max<size_t>(in.bytes, 1), device_, "CUDA graph input");
           bind_input(i, in.buffer);
         }
+        // State the program rewrites is computed over its own storage where the kernel computing
+        // it allows (launch.cpp); the rest goes back into it after the run.
+        for (size_t o = 0; o < outputs_.size(); ++o)
+          if (writes[o]) outputs_[o]->write_over = inputs_[write_to_[o]];
+        struct Clear {
+          GraphReplay& r;
+          ~Clear() {
+            for (Node* o : r.outputs_) o->write_over = nullptr;
+          }
+        } clear{*this};
         run();
-        // Captured state rewritten by the program goes back into its own storage.
         for (size_t o = 0; o < outputs_.size(); ++o) {
           if (!writes[o]) continue;
           const Node& src = *outputs_[o];
           const Node& dst = *inputs_[write_to_[o]];
+          if (src.storage && src.storage == dst.storage) continue;  // written in place
           bool can = src.storage && dst.storage && src.dtype == dst.dtype && dense(src) && dense(dst) &&
                      src.shape.size() == dst.shape.size() && src.storage != dst.storage;
           for (size_t d = 0; can && d < src.shape.size(); ++d) can = src.shape[d].as_int() == dst.shape[d].as_int();
