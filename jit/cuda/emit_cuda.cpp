@@ -425,17 +425,30 @@ struct Emitter {
     }
   }
 
-  // `header {`, then `first` (a line, if any) and `body` in a fresh scope (values computed inside
-  // stay inside), then `}`.
-  void block(const std::string& header, const std::vector<Stmt>& body, const std::string& first = "") {
+  // `header {` and a fresh scope (values computed inside stay inside), ended by close(), or by
+  // otherwise() and then close() for an if with an else.
+  void open(const std::string& header) {
     line(header + " {");
     ++indent;
     scopes.emplace_back();
-    if (!first.empty()) line(first);
-    stmts(body);
+  }
+  void close() {
     scopes.pop_back();
     --indent;
     line("}");
+  }
+  void otherwise() {
+    scopes.pop_back();
+    --indent;
+    open("} else");
+  }
+
+  // `header {`, then `first` (a line, if any) and `body` in a fresh scope, then `}`.
+  void block(const std::string& header, const std::vector<Stmt>& body, const std::string& first = "") {
+    open(header);
+    if (!first.empty()) line(first);
+    stmts(body);
+    close();
   }
 
   void stmts(const std::vector<Stmt>& ss) {
@@ -704,17 +717,11 @@ struct Emitter {
     std::string lo = expr(s.lo), hi = expr(s.hi);
     const std::vector<ExprId> hoisted = rc.loops.count(&s) ? std::vector<ExprId>{} : invariants(s);
     if (!hoisted.empty()) {
-      line("if (" + lo + " < " + hi + ") {");
-      ++indent;
-      scopes.emplace_back();
+      open("if (" + lo + " < " + hi + ")");
       for (ExprId e : hoisted) expr(e);
     }
     lanes_loop(s, lo, hi);
-    if (!hoisted.empty()) {
-      scopes.pop_back();
-      --indent;
-      line("}");
-    }
+    if (!hoisted.empty()) close();
   }
 
   void lanes_loop(const Stmt& s, const std::string& lo, const std::string& hi) {
@@ -729,13 +736,6 @@ struct Emitter {
     cur_cache = nullptr;
   }
 
-  static bool uses_var(const Kernel& k, ExprId e, int var) {
-    if (e < 0) return false;
-    const Expr& x = k.exprs[e];
-    if (x.kind == Expr::Kind::Var) return x.i == var;
-    return uses_var(k, x.a, var) || uses_var(k, x.b, var) || uses_var(k, x.c, var);
-  }
-
   // A perfect nest from `s` down (each body the next loop alone) whose innermost loop's bounds
   // do not depend on the loops around it and that keeps no rows in shared memory: the loops,
   // outermost first; empty otherwise (one loop is not a nest).
@@ -745,10 +745,16 @@ struct Emitter {
       nest.push_back(&nest.back()->body[0]);
     const Stmt& in = *nest.back();
     if (nest.size() < 2 || has_loop(in.body)) return {};
+    std::set<int64_t> outer;
     for (const Stmt* l : nest) {
       if (rc.loops.count(l)) return {};
-      if (l != &in && (uses_var(k, in.lo, l->var) || uses_var(k, in.hi, l->var))) return {};
+      if (l != &in) outer.insert(l->var);
     }
+    const std::vector<char> dep = reaches(k, [&](ExprId id) {
+      const Expr& e = k.exprs[static_cast<size_t>(id)];
+      return e.kind == Expr::Kind::Var && outer.count(e.i) > 0;
+    });
+    if (dep[static_cast<size_t>(in.lo)] || dep[static_cast<size_t>(in.hi)]) return {};
     return nest;
   }
 
@@ -782,30 +788,16 @@ struct Emitter {
         // neighbouring elements: a chunk of one 3072-wide row was one lane's serial loop),
         // over the outer loop where it is short.
         const Stmt& in = *nest.back();
-        line("if (" + expr(in.hi) + " - " + expr(in.lo) + " >= 32) {");
-        ++indent;
-        scopes.emplace_back();
+        open("if (" + expr(in.hi) + " - " + expr(in.lo) + " >= 32)");
         for (size_t d = 0; d + 1 < nest.size(); ++d) {
           const std::string v = "i" + std::to_string(nest[d]->var);
-          line("for (i64 " + v + " = " + expr(nest[d]->lo) + "; " + v + " < " + expr(nest[d]->hi) + "; ++" + v + ") {");
-          ++indent;
-          scopes.emplace_back();
+          open("for (i64 " + v + " = " + expr(nest[d]->lo) + "; " + v + " < " + expr(nest[d]->hi) + "; ++" + v + ")");
         }
         lanes_over(in);
-        for (size_t d = 0; d + 1 < nest.size(); ++d) {
-          scopes.pop_back();
-          --indent;
-          line("}");
-        }
-        scopes.pop_back();
-        --indent;
-        line("} else {");
-        ++indent;
-        scopes.emplace_back();
+        for (size_t d = 0; d + 1 < nest.size(); ++d) close();
+        otherwise();
         lanes_over(s);
-        scopes.pop_back();
-        --indent;
-        line("}");
+        close();
       }
       size_t si = 0;
       for (int a : up) {
@@ -870,28 +862,24 @@ struct Emitter {
     if (lanes > 32) {  // a block per parallel index
       line("const int lane = threadIdx.x;");
       line("#pragma unroll 1");
-      line("for (i64 i0 = begin + (i64)blockIdx.x; i0 < end; i0 += gridDim.x) {");
+      open("for (i64 i0 = begin + (i64)blockIdx.x; i0 < end; i0 += gridDim.x)");
     } else if (warp) {
       line("const int lane = threadIdx.x & 31;");
       line("const i64 wstride = ((i64)gridDim.x * blockDim.x) >> 5;");
       line("#pragma unroll 1");
-      line("for (i64 i0 = begin + (((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5); i0 < end; i0 += wstride) {");
+      open("for (i64 i0 = begin + (((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5); i0 < end; i0 += wstride)");
     } else {
       line("const i64 stride = (i64)gridDim.x * blockDim.x;");
       line("#pragma unroll 1");
-      line("for (i64 i0 = begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride) {");
+      open("for (i64 i0 = begin + (i64)blockIdx.x * blockDim.x + threadIdx.x; i0 < end; i0 += stride)");
     }
-    ++indent;
-    scopes.emplace_back();
     if (warp)
       warp_stmts(k.body);
     else if (horizontal())
       members(0, k.body.size());
     else
       stmts(k.body);
-    scopes.pop_back();
-    --indent;
-    line("}");
+    close();
     scopes.pop_back();
     out << "}\n";
     return out.str();
@@ -908,18 +896,11 @@ struct Emitter {
       return;
     }
     const size_t mid = (a + b) / 2;
-    line("if (i0 < " + expr(k.member_ends[mid - 1]) + ") {");
-    for (int half = 0; half < 2; ++half) {
-      ++indent;
-      scopes.emplace_back();
-      if (half == 0)
-        members(a, mid);
-      else
-        members(mid, b);
-      scopes.pop_back();
-      --indent;
-      line(half == 0 ? "} else {" : "}");
-    }
+    open("if (i0 < " + expr(k.member_ends[mid - 1]) + ")");
+    members(a, mid);
+    otherwise();
+    members(mid, b);
+    close();
   }
 };
 

@@ -432,27 +432,20 @@ struct CatArgs {
 };
 static_assert(sizeof(CatArgs) == 24 + 24 * kernels::kCatPieces, "CatArgs as the kernel's");
 
-// Whether `o` lies in memory in its row-major order (size-1 dims' strides aside).
-bool dense(const Operand& o) {
-  int64_t expect = 1;
-  for (size_t d = o.sizes.size(); d-- > 0;) {
-    if (o.sizes[d] != 1 && o.strides[d] != expect) return false;
-    expect *= o.sizes[d];
-  }
-  return true;
-}
-
-// cat along `dim` into the contiguous `out`: pieces of out's dtype that are dense go in launches
+// cat of node `n`'s inputs along `dim` into the contiguous `out`: pieces of out's dtype laid out
+// contiguously go in launches
 // of up to kCatPieces (one per row of blocks), in the widest unit that divides every piece's
 // row, offset and address; any other piece is a strided copy of its own. 149 gradient norms
 // stacked for clip_grad_norm_ were 149 one-element launches; a GPT layer's dq, dk, dv
 // (bfloat16 rows of 768 into rows of 2304) three copies of two-byte elements.
-void cat(int device, const Operand& out, const std::vector<Operand>& pieces, int64_t dim) {
-  const size_t isz = itemsize(out.dtype);
+void cat(int device, const Operand& out, const Node& n, int64_t dim) {
+  const size_t isz = itemsize(out.dtype), dm = static_cast<size_t>(dim);
   int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < dim; ++d) outer *= out.sizes[static_cast<size_t>(d)];
-  for (size_t d = static_cast<size_t>(dim) + 1; d < out.sizes.size(); ++d) inner *= out.sizes[d];
-  const int64_t out_row = out.sizes[static_cast<size_t>(dim)] * inner;
+  for (size_t d = 0; d < dm; ++d) outer *= out.sizes[d];
+  for (size_t d = dm + 1; d < out.sizes.size(); ++d) inner *= out.sizes[d];
+  const int64_t out_row = out.sizes[dm] * inner;
+  std::vector<Operand> pieces;
+  for (const NodePtr& in : n.inputs) pieces.push_back(kernels::operand_of(*in));
   struct Dense {
     const Operand* piece;
     int64_t at;  // elements into out's row
@@ -482,22 +475,23 @@ void cat(int device, const Operand& out, const std::vector<Operand>& pieces, int
     batch.clear();
   };
   int64_t at = 0;  // along dim
-  for (const Operand& src : pieces) {
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const Operand& src = pieces[i];
     std::vector<int64_t> sz = out.sizes;
-    sz[static_cast<size_t>(dim)] = src.sizes[static_cast<size_t>(dim)];
+    sz[dm] = src.sizes[dm];
     if (src.numel() > 0) {
-      if (src.dtype == out.dtype && src.sizes == sz && dense(src)) {
+      const Node& in = *n.inputs[i];
+      if (src.dtype == out.dtype && src.sizes == sz && is_contiguous_layout(in.shape, in.strides)) {
         batch.push_back({&src, at * inner});
         if (batch.size() == static_cast<size_t>(kernels::kCatPieces)) flush();
       } else {
-        copy(device, window(out, sz, out.strides, at * out.strides[static_cast<size_t>(dim)]), src);
+        copy(device, window(out, sz, out.strides, at * out.strides[dm]), src);
       }
     }
-    at += sz[static_cast<size_t>(dim)];
+    at += sz[dm];
   }
   flush();
 }
-
 
 // The gather template: gather (index strides as given) and index_select (index along `dim`).
 void gather(int device, OpKind op, const Operand& out, const Operand& x, const Operand& index, int64_t dim) {
@@ -759,12 +753,7 @@ bool run_device_op(Node& n) {
   switch (n.op) {
     case OpKind::Contiguous:
     case OpKind::Cast: copy(device, out, in(0)); break;
-    case OpKind::Cat: {
-      std::vector<Operand> pieces;
-      for (size_t i = 0; i < n.inputs.size(); ++i) pieces.push_back(in(i));
-      cat(device, out, pieces, dim);
-      break;
-    }
+    case OpKind::Cat: cat(device, out, n, dim); break;
     case OpKind::ViewScatter:
       copy(device, out, in(0));
       copy(device, window(out, concrete(n.attrs.sizes), concrete(n.attrs.strides), n.attrs.offset.as_int()), in(1));

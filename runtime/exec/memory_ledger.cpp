@@ -42,15 +42,19 @@ std::atomic<bool> g_forced{false};
 std::pair<int, int> key(Device d) { return {static_cast<int>(d.type), d.index}; }
 Device device_of(std::pair<int, int> k) { return Device{static_cast<DeviceType>(k.first), k.second}; }
 
-// Records the live blocks of `d` as its peak's: when the peak passes the last recorded one by
-// 1 MiB or 0.5 % (a copy of the live list per recorded peak, not per allocation).
-void record_peak(Ledger& l, Device d, Account& a) {
-  const size_t step = std::max<size_t>(size_t{1} << 20, a.recorded / 200);
-  if (a.live < a.recorded + step && !a.at_peak.empty()) return;
+// Records the live blocks of `d` as its peak's.
+void capture(const Ledger& l, Device d, Account& a) {
   a.recorded = a.live;
   a.at_peak.clear();
   for (const auto& [s, b] : l.blocks)
     if (b.device == d) a.at_peak.push_back(b.block);
+}
+
+// capture() when the peak passes the last recorded one by 1 MiB or 0.5 % (a copy of the live list
+// per recorded peak, not per allocation).
+void record_peak(const Ledger& l, Device d, Account& a) {
+  const size_t step = std::max<size_t>(size_t{1} << 20, a.recorded / 200);
+  if (a.live >= a.recorded + step || a.at_peak.empty()) capture(l, d, a);
 }
 
 // Prints the report when the process exits.
@@ -116,10 +120,8 @@ void memory_ledger_reset_peaks() {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.mu);
   for (auto& [k, a] : l.devices) {
-    a.peak = a.recorded = a.live;
-    a.at_peak.clear();
-    for (const auto& [s, b] : l.blocks)
-      if (b.device == device_of(k)) a.at_peak.push_back(b.block);
+    a.peak = a.live;
+    capture(l, device_of(k), a);
   }
 }
 
