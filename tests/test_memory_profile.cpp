@@ -188,8 +188,10 @@ TEST(MemoryLedger, CompiledOptimizerStepWritesStateInPlace) {
   struct Wide : nn::Module {
     std::shared_ptr<nn::Linear> a, b;
     Wide() {
-      a = register_module("a", std::make_shared<nn::Linear>(512, 1024));
-      b = register_module("b", std::make_shared<nn::Linear>(1024, 512));
+      // (weights of 16 MiB: each its own segment of the graph's pool, which rounds smaller
+      // blocks into segments of 20 MiB)
+      a = register_module("a", std::make_shared<nn::Linear>(1024, 4096));
+      b = register_module("b", std::make_shared<nn::Linear>(4096, 1024));
     }
     Tensor forward(const Tensor& x) override { return b->forward(relu(a->forward(x))); }
   };
@@ -203,7 +205,7 @@ TEST(MemoryLedger, CompiledOptimizerStepWritesStateInPlace) {
   size_t state = 0;
   for (const Tensor& p : net.parameters()) state += static_cast<size_t>(p.numel()) * 4;
   for (int s = 0; s < 5; ++s) {
-    Tensor x = randn({4, 512}).to(dev).eval(), y = randn({4, 512}).to(dev).eval();
+    Tensor x = randn({4, 1024}).to(dev).eval(), y = randn({4, 1024}).to(dev).eval();
     Tensor held;  // step 2 on the CPU: a tensor sharing the first layer's weight
     std::vector<float> old;
     if (s == 2 && cpu_run) {

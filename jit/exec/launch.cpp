@@ -104,17 +104,29 @@ bool same_dense_block(const Node& o, const Node& in) {
 std::shared_ptr<Storage> output_storage(const Group& g, size_t oi, const Lowered& L, const std::vector<Node*>& ins,
                                         const PlanStep* s) {
   Node* o = g.outputs[oi];
-  if (s && o->write_over)
+  if (s && o->write_over) {
+    const char* why = "the kernel does not read the old value";
     for (size_t i = 0; i < ins.size(); ++i) {
-      if (ins[i] != o->write_over || s->inputs[i] >= 0) continue;
+      if (ins[i] != o->write_over) continue;
       const int k = -s->inputs[i] - 1;
-      if (std::find(s->last_reader_of.begin(), s->last_reader_of.end(), k) == s->last_reader_of.end()) break;
-      if (!same_dense_block(*o, *ins[i]) ||
-          !reads_where_it_writes(L.kernel, static_cast<int>(i), L.num_inputs + static_cast<int>(oi)))
-        break;
-      g_written_over.fetch_add(1, std::memory_order_relaxed);
-      return ins[i]->storage;
+      if (s->inputs[i] >= 0)
+        why = "the old value is not an input of the program here";
+      else if (std::find(s->last_reader_of.begin(), s->last_reader_of.end(), k) == s->last_reader_of.end())
+        why = "a later step (or another in the same launch) reads the old value";
+      else if (!same_dense_block(*o, *ins[i]))
+        why = "the old value's storage is not a dense block of the new one's size";
+      else if (!reads_where_it_writes(L.kernel, static_cast<int>(i), L.num_inputs + static_cast<int>(oi)))
+        why = "the kernel reads the old value away from where it writes the new one";
+      else {
+        g_written_over.fetch_add(1, std::memory_order_relaxed);
+        return ins[i]->storage;
+      }
+      break;
     }
+    if (log_enabled("memory"))
+      log_line("memory", "updated state " + shape_str(o->shape) + " " + dtype_name(o->dtype) +
+                             " computed into new memory (its old storage kept until the step ends): " + why);
+  }
   return Storage::allocate(static_cast<size_t>(numel(o->shape).as_int()) * itemsize(o->dtype), o->device,
                            op_name(o->op));
 }
