@@ -35,6 +35,12 @@ static __device__ __forceinline__ i64 kiln_f2i64(double x) {
 static __device__ __forceinline__ i32 kiln_f2i32(double x) {
   return (x > -2147483649.0 && x < 2147483648.0) ? (i32)x : (i32)0x80000000u;
 }
+static __device__ __forceinline__ i64 kiln_udiv(i64 a, i64 b) {  // 32-bit division where both fit
+  return (((u64)a | (u64)b) >> 32) ? (i64)((u64)a / (u64)b) : (i64)((u32)a / (u32)b);
+}
+static __device__ __forceinline__ i64 kiln_umod(i64 a, i64 b) {
+  return (((u64)a | (u64)b) >> 32) ? (i64)((u64)a % (u64)b) : (i64)((u32)a % (u32)b);
+}
 )";
 
 // float16/bfloat16 in memory and float32 in registers, rounded to 16 bits after each op
@@ -315,8 +321,8 @@ struct Emitter {
       case Expr::Kind::IAdd: v = let(DType::Int64, I(e.a) + " + " + I(e.b)); break;
       case Expr::Kind::ISub: v = let(DType::Int64, I(e.a) + " - " + I(e.b)); break;
       case Expr::Kind::IMul: v = let(DType::Int64, I(e.a) + " * " + I(e.b)); break;
-      case Expr::Kind::IDiv: v = let(DType::Int64, "(i64)((u64)" + I(e.a) + " / (u64)" + I(e.b) + ")"); break;
-      case Expr::Kind::IMod: v = let(DType::Int64, "(i64)((u64)" + I(e.a) + " % (u64)" + I(e.b) + ")"); break;
+      case Expr::Kind::IDiv: v = let(DType::Int64, "kiln_udiv(" + I(e.a) + ", " + I(e.b) + ")"); break;
+      case Expr::Kind::IMod: v = let(DType::Int64, "kiln_umod(" + I(e.a) + ", " + I(e.b) + ")"); break;
       case Expr::Kind::IMin: {
         std::string a = I(e.a), b = I(e.b);
         v = let(DType::Int64, a + " < " + b + " ? " + a + " : " + b);
@@ -463,7 +469,13 @@ struct Emitter {
         }
         case Stmt::Kind::Store: {
           DType t = k.buffers[s.buffer].dtype;
-          std::string v = convert(expr(s.value), k.exprs[s.value].dtype, t);
+          ExprId value = s.value;
+          // A float32 value cast to the 16-bit type it is stored as: converted once by the store
+          // (rounding it in registers first gives the same bits, a conversion later).
+          const Expr& ve = k.exprs[static_cast<size_t>(value)];
+          if (is_half(t) && ve.kind == Expr::Kind::Cast && ve.dtype == t && k.exprs[ve.a].dtype == DType::Float32)
+            value = ve.a;
+          std::string v = convert(expr(value), k.exprs[value].dtype, t);
           std::string idx = expr(s.index);
           if (t == DType::Bool) v = "(u8)(" + v + " ? 1 : 0)";
           if (is_half(t)) v = (t == DType::Float16 ? "kiln_f2h(" : "kiln_f2bf(") + v + ")";
@@ -665,20 +677,26 @@ struct Emitter {
   }
 
   // The values loop `s`'s body reads that stay the same over its iterations: no variable of
-  // the loop or of loops inside it, no accumulator and no load of a buffer the kernel writes
-  // reach them. Outermost such expressions only, leaves (constants, parameters) left out.
+  // the loop or of loops inside it, no accumulator the loop updates (one it does not holds the
+  // same value in every lane: a finished row sum, a row's max), no load of a buffer the kernel
+  // writes and no value the row cache keeps per element reach them. Outermost such expressions
+  // only, leaves (constants, parameters) left out.
   std::vector<ExprId> invariants(const Stmt& s) const {
     std::set<int64_t> vars;
+    std::set<int> accs;
     std::function<void(const Stmt&)> collect = [&](const Stmt& l) {
+      if (l.kind == Stmt::Kind::AccUpdate || l.kind == Stmt::Kind::AccInit) accs.insert(l.acc);
       if (l.kind != Stmt::Kind::Loop) return;
       vars.insert(l.var);
       for (const Stmt& b : l.body) collect(b);
     };
     collect(s);
+    const auto cached = rc.loops.find(&s);
     const std::vector<char> varying = reaches(k, [&](ExprId id) {
       const Expr& e = k.exprs[static_cast<size_t>(id)];
-      return (e.kind == Expr::Kind::Var && vars.count(e.i)) || e.kind == Expr::Kind::Acc ||
-             e.kind == Expr::Kind::AccIndex ||
+      if (cached != rc.loops.end() && (cached->second.reads.count(id) || cached->second.writes.count(id))) return true;
+      return (e.kind == Expr::Kind::Var && vars.count(e.i)) ||
+             ((e.kind == Expr::Kind::Acc || e.kind == Expr::Kind::AccIndex) && accs.count(static_cast<int>(e.i))) ||
              (e.kind == Expr::Kind::Load && k.buffers[static_cast<size_t>(e.i)].output);
     });
     std::vector<ExprId> out;
@@ -715,7 +733,7 @@ struct Emitter {
   // loop runs at all (a row's scale, log-sum-exp or index; not once per element).
   void lanes_over(const Stmt& s) {
     std::string lo = expr(s.lo), hi = expr(s.hi);
-    const std::vector<ExprId> hoisted = rc.loops.count(&s) ? std::vector<ExprId>{} : invariants(s);
+    const std::vector<ExprId> hoisted = invariants(s);
     if (!hoisted.empty()) {
       open("if (" + lo + " < " + hi + ")");
       for (ExprId e : hoisted) expr(e);

@@ -68,6 +68,16 @@ std::string mib(size_t b) {
   return s;
 }
 
+// The `n` largest of `blocks`, one line: where a peak's bytes concentrate.
+std::string largest_blocks(std::vector<LedgerBlock> blocks, size_t n) {
+  n = std::min(n, blocks.size());
+  std::partial_sort(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(n), blocks.end(),
+                    [](const LedgerBlock& a, const LedgerBlock& b) { return a.bytes > b.bytes; });
+  std::string out = n ? "  largest blocks (MiB):" : "";
+  for (size_t i = 0; i < n; ++i) out += std::string(i ? "," : "") + " " + mib(blocks[i].bytes) + " " + blocks[i].made_by;
+  return n ? out + "\n" : out;
+}
+
 }  // namespace
 
 bool memory_ledger_on() {
@@ -149,6 +159,7 @@ std::string memory_ledger_report() {
                     v.second, what.c_str());
       out += line;
     }
+    out += largest_blocks(d.at_peak, 8);
   }
   return out;
 }
