@@ -463,8 +463,16 @@ struct Emitter {
         case Stmt::Kind::Loop: {
           std::string lo = expr(s.lo), hi = expr(s.hi);
           std::string v = "i" + std::to_string(s.var);
+          // What the iterations share, computed once when the loop runs (NVCC's own hoisting
+          // stops at the 32-bit division's branch: a column's index remainder was per row).
+          const std::vector<ExprId> hoisted = invariants(s);
+          if (!hoisted.empty()) {
+            open("if (" + lo + " < " + hi + ")");
+            for (ExprId e : hoisted) expr(e);
+          }
           if (k.columns && !has_loop(s.body)) line("#pragma unroll 4");  // rows of a column: loads in flight
           block("for (i64 " + v + " = " + lo + "; " + v + " < " + hi + "; ++" + v + ")", s.body);
+          if (!hoisted.empty()) close();
           break;
         }
         case Stmt::Kind::Store: {
