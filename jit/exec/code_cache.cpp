@@ -13,7 +13,7 @@ namespace {
 
 constexpr const char* kKilnVersion = "kiln-0.1.0";
 // Bump when a backend changes what it generates for the same loop IR.
-constexpr const char* kCodegenVersion = "codegen-16";  // 16: CUDA hoists loop invariants (finished accumulators too) out of every loop, 32-bit index division, one rounding a 16-bit store
+constexpr const char* kCodegenVersion = "codegen-17";  // 17: CUDA hoists loop invariants (finished accumulators too) out of every loop, one rounding a 16-bit store, 32-bit index division, one rounding a 16-bit store
 
 std::mutex g_mu;
 std::unordered_map<std::string, std::shared_future<std::shared_ptr<CompiledKernel>>> g_cache;
