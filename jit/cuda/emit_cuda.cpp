@@ -459,16 +459,10 @@ struct Emitter {
         case Stmt::Kind::Loop: {
           std::string lo = expr(s.lo), hi = expr(s.hi);
           std::string v = "i" + std::to_string(s.var);
-          // What the iterations share, computed once when the loop runs (not left to NVCC's
-          // loop-invariant motion, which a branch in the body can stop).
-          const std::vector<ExprId> hoisted = invariants(s);
-          if (!hoisted.empty()) {
-            open("if (" + lo + " < " + hi + ")");
-            for (ExprId e : hoisted) expr(e);
-          }
+          const bool guarded = hoist_invariants(s, lo, hi);
           if (k.columns && !has_loop(s.body)) line("#pragma unroll 4");  // rows of a column: loads in flight
           block("for (i64 " + v + " = " + lo + "; " + v + " < " + hi + "; ++" + v + ")", s.body);
-          if (!hoisted.empty()) close();
+          if (guarded) close();
           break;
         }
         case Stmt::Kind::Store: {
@@ -476,7 +470,7 @@ struct Emitter {
           ExprId value = s.value;
           // A float32 value cast to the 16-bit type it is stored as: converted once by the store
           // (rounding it in registers first gives the same bits, a conversion later).
-          const Expr& ve = k.exprs[static_cast<size_t>(value)];
+          const Expr& ve = k.exprs[value];
           if (is_half(t) && ve.kind == Expr::Kind::Cast && ve.dtype == t && k.exprs[ve.a].dtype == DType::Float32)
             value = ve.a;
           std::string v = convert(expr(value), k.exprs[value].dtype, t);
@@ -737,13 +731,21 @@ struct Emitter {
   // loop runs at all (a row's scale, log-sum-exp or index; not once per element).
   void lanes_over(const Stmt& s) {
     std::string lo = expr(s.lo), hi = expr(s.hi);
-    const std::vector<ExprId> hoisted = invariants(s);
-    if (!hoisted.empty()) {
-      open("if (" + lo + " < " + hi + ")");
-      for (ExprId e : hoisted) expr(e);
-    }
+    const bool guarded = hoist_invariants(s, lo, hi);
     lanes_loop(s, lo, hi);
-    if (!hoisted.empty()) close();
+    if (guarded) close();
+  }
+
+  // What loop `s` (bounds lo, hi) shares over its iterations, computed once before it when it
+  // runs at all: opens `if (lo < hi)` for it and returns true (the caller closes it after the
+  // loop), or false where there is nothing to hoist. Not left to NVCC's loop-invariant motion,
+  // which a branch in the body can stop.
+  bool hoist_invariants(const Stmt& s, const std::string& lo, const std::string& hi) {
+    const std::vector<ExprId> hoisted = invariants(s);
+    if (hoisted.empty()) return false;
+    open("if (" + lo + " < " + hi + ")");
+    for (ExprId e : hoisted) expr(e);
+    return true;
   }
 
   void lanes_loop(const Stmt& s, const std::string& lo, const std::string& hi) {

@@ -68,11 +68,13 @@ std::string mib(size_t b) {
   return s;
 }
 
+// Largest first (the report's and the snapshot's order).
+bool larger(const LedgerBlock& a, const LedgerBlock& b) { return a.bytes > b.bytes; }
+
 // The `n` largest of `blocks`, one line: where a peak's bytes concentrate.
 std::string largest_blocks(std::vector<LedgerBlock> blocks, size_t n) {
   n = std::min(n, blocks.size());
-  std::partial_sort(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(n), blocks.end(),
-                    [](const LedgerBlock& a, const LedgerBlock& b) { return a.bytes > b.bytes; });
+  std::partial_sort(blocks.begin(), blocks.begin() + static_cast<std::ptrdiff_t>(n), blocks.end(), larger);
   std::string out = n ? "  largest blocks (MiB):" : "";
   for (size_t i = 0; i < n; ++i) out += std::string(i ? "," : "") + " " + mib(blocks[i].bytes) + " " + blocks[i].made_by;
   return n ? out + "\n" : out;
@@ -169,7 +171,7 @@ void memory_ledger_snapshot(const std::string& path, Device device) {
   LedgerDevice d{device};
   for (LedgerDevice& x : memory_ledger())
     if (x.device == device) d = std::move(x);
-  std::sort(d.at_peak.begin(), d.at_peak.end(), [](const LedgerBlock& a, const LedgerBlock& b) { return a.bytes > b.bytes; });
+  std::sort(d.at_peak.begin(), d.at_peak.end(), larger);
   std::ofstream f(path);
   KILN_CHECK(f.good(), "memory_snapshot: cannot write ", path);
   f << "{\"device\": \"" << device.str() << "\", \"peak_bytes\": " << d.peak_bytes
