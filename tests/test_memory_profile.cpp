@@ -241,3 +241,35 @@ TEST(MemoryLedger, CompiledOptimizerStepWritesStateInPlace) {
     EXPECT_LT(static_cast<double>(st.graph_bytes), 2.5 * static_cast<double>(state));
   }
 }
+
+// softmax's backward keeps its output alone (PyTorch's SoftmaxBackward): attention's
+// probabilities, which the product with v keeps too, are not kept a second time as exp's result.
+TEST(MemoryLedger, SoftmaxKeepsOnlyItsOutputForBackward) {
+  if (simulated()) GTEST_SKIP() << "the simulated device counts host blocks as its own";
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(13));
+  Tensor x = randn({64, 1024}).to(dev).eval(), v = randn({1024, 8}).to(dev).eval();
+  x.requires_grad_();
+  v.requires_grad_();
+  const int64_t one = 64 * 1024 * 4;
+  const int64_t live = allocator_stats(dev).allocated_bytes;
+  Tensor loss = sum(matmul(softmax(x, 1), v)).eval();
+  const int64_t kept = allocator_stats(dev).allocated_bytes - live;
+  EXPECT_LT(static_cast<double>(kept), 1.5 * static_cast<double>(one)) << "bytes kept for backward: " << kept;
+  loss.backward();
+  // Against the gradient of the decomposition, in float64.
+  Tensor xd = x.detach().to(kFloat64), vd = v.detach().to(kFloat64);
+  xd.requires_grad_();
+  Tensor e = exp(xd - amax(xd, {1}, true).detach());
+  sum(matmul(e / sum(e, {1}, true), vd)).backward();
+  EXPECT_LE(max(abs(x.grad().to(kFloat64) - xd.grad())).item<double>(), 1e-6);
+  // log_softmax: g - exp(y) * sum(g), against the decomposition too.
+  Tensor xl = x.detach();
+  xl.requires_grad_();
+  sum(log_softmax(xl, 1) * (arange(1024) / 1024.0).to(dev).to(kFloat32)).backward();
+  Tensor xe = x.detach().to(kFloat64);
+  xe.requires_grad_();
+  Tensor sh = xe - amax(xe, {1}, true).detach();
+  sum((sh - log(sum(exp(sh), {1}, true))) * (arange(1024) / 1024.0).to(dev).to(kFloat64)).backward();
+  EXPECT_LE(max(abs(xl.grad().to(kFloat64) - xe.grad())).item<double>(), 1e-5);
+}

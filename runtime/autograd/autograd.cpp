@@ -112,18 +112,30 @@ struct OpGradNode final : GradNode, std::enable_shared_from_this<OpGradNode> {
   const char* name() const override { return op_name(op); }
 };
 // The backward node of a composite with its own gradient (detail::attach_custom_grad).
-struct CustomGradNode final : GradNode {
+struct CustomGradNode final : GradNode, std::enable_shared_from_this<CustomGradNode> {
   const char* label = "custom";
   detail::CustomVjp vjp;
+  detail::CustomVjpOfOutput vjp_of_output;  // (instead of vjp: a rule reading the output)
+  NodePtr out;  // the output's value, for vjp_of_output
+  std::vector<TensorImpl::Tangent> out_tangents;  // the output's, for forward-over-reverse
   bool released_ = false;
 
   std::vector<Tensor> apply(const Tensor& g, bool create_graph) override {
     KILN_CHECK(!released_, "backward: trying to backward through the graph a second time (", label,
                "); pass retain_graph=true to the first backward");
-    return vjp(g, create_graph);
+    if (!vjp_of_output) return vjp(g, create_graph);
+    auto impl = TensorImpl::make();  // the output as this node's result (no cycle: made per call)
+    impl->node_ = out;
+    impl->requires_grad = true;
+    impl->grad_fn = shared_from_this();
+    impl->tangents = out_tangents;
+    return vjp_of_output(g, Tensor(impl), create_graph);
   }
   void release() override {
     vjp = nullptr;
+    vjp_of_output = nullptr;
+    out.reset();
+    out_tangents.clear();
     released_ = true;
   }
   bool released() const override { return released_; }
@@ -206,16 +218,35 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   out.impl()->grad_fn = std::move(node);
 }
 
-void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjp vjp) {
-  if (!g_grad_enabled || !is_floating(out.dtype())) return;
+namespace {
+// A custom node for `out` over `inputs`, or null where no gradient is wanted.
+std::shared_ptr<CustomGradNode> custom_node(const Tensor& out, const char* name, const std::vector<Tensor>& inputs) {
+  if (!g_grad_enabled || !is_floating(out.dtype())) return nullptr;
   bool any = false;
   for (const auto& t : inputs) any = any || (t.defined() && t.requires_grad());
-  if (!any) return;
+  if (!any) return nullptr;
   auto node = std::make_shared<CustomGradNode>();
   node->label = name;
-  node->vjp = std::move(vjp);
   for (const auto& t : inputs)
     node->next.push_back(t.defined() && t.requires_grad() && is_floating(t.dtype()) ? grad_edge(t) : Edge{});
+  return node;
+}
+}  // namespace
+
+void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjp vjp) {
+  std::shared_ptr<CustomGradNode> node = custom_node(out, name, inputs);
+  if (!node) return;
+  node->vjp = std::move(vjp);
+  out.impl()->requires_grad = true;
+  out.impl()->grad_fn = std::move(node);
+}
+
+void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjpOfOutput vjp) {
+  std::shared_ptr<CustomGradNode> node = custom_node(out, name, inputs);
+  if (!node) return;
+  node->vjp_of_output = std::move(vjp);
+  node->out = out.node();
+  node->out_tangents = out.impl()->tangents;
   out.impl()->requires_grad = true;
   out.impl()->grad_fn = std::move(node);
 }

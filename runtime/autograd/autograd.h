@@ -95,6 +95,11 @@ using CustomVjp = std::function<std::vector<Tensor>(const Tensor& grad, bool cre
 // grad mode is on and an input requires grad. `vjp` is dropped after a backward without
 // retain_graph (with the tensors it holds).
 void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjp vjp);
+// The same for a backward that reads the composite's output (softmax, log_softmax: what
+// PyTorch keeps): the node keeps `out`'s value and hands `vjp` a handle to it whose gradient
+// flows back into this node (a double backward differentiates through it).
+using CustomVjpOfOutput = std::function<std::vector<Tensor>(const Tensor& grad, const Tensor& out, bool create_graph)>;
+void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>& inputs, CustomVjpOfOutput vjp);
 // A composite with its own backward: value() recorded as it is where no gradient is wanted; else
 // computed without recording gradients, with `vjp` (and only what it captures) as its backward.
 Tensor with_custom_grad(const char* name, const std::vector<Tensor>& inputs, const std::function<Tensor()>& value,

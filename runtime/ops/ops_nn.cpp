@@ -23,18 +23,45 @@ Tensor reduce_loss(const Tensor& l, const std::string& reduction, const char* op
 }
 }  // namespace
 
+namespace {
+// A composite whose backward reads only its output y, as PyTorch's SoftmaxBackward and
+// LogSoftmaxBackward keep only their result: y computed without recording gradients, then
+// `vjp(g, y)` (differentiable in g and y where the gradient graph is itself differentiated).
+// Recorded primitive by primitive, softmax kept exp's [.., n] result beside the y its consumer
+// keeps (attention's probabilities twice) and log_softmax kept exp's result beside nothing.
+template <class Vjp>
+Tensor keeping_output(const char* name, const Tensor& x, const std::function<Tensor()>& value, Vjp vjp) {
+  if (!grad_enabled() || !x.requires_grad()) return value();
+  Tensor y;
+  {
+    NoGradGuard ng;
+    y = value();
+  }
+  detail::attach_custom_grad(y, name, {x},
+                             detail::CustomVjpOfOutput([vjp](const Tensor& g, const Tensor& out, bool) {
+                               return std::vector<Tensor>{vjp(g, out)};
+                             }));
+  return y;
+}
+}  // namespace
+
 Tensor softmax(const Tensor& x_in, int64_t dim) {
   detail::AutocastOp autocast_op(detail::AutocastPolicy::Float32OnCuda, {&x_in});
   const Tensor& xin = autocast_op[0];
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "softmax");
   if (x.dim() == 0) return div(exp(sub(x, x)), 1);
-  // The max shift only guards exp against overflow; its gradient cancels exactly, so it is
-  // taken from a detached x (no backward work for it). Over an empty dim the result is empty.
-  // Normalized by one reciprocal a row, as PyTorch's CPU kernel does (x * (1 / sum)): a
-  // multiply per element instead of a division.
-  Tensor e = exp(sub(x, detail::shift_max(x, {d})));
-  return mul(e, reciprocal(sum(e, {d}, true)));
+  // The max shift only guards exp against overflow (its gradient cancels exactly). Over an
+  // empty dim the result is empty. Normalized by one reciprocal a row, as PyTorch's CPU kernel
+  // does (x * (1 / sum)): a multiply per element instead of a division.
+  // Backward (PyTorch's _softmax_backward_data): dx = y * (g - sum(g * y)).
+  return keeping_output(
+      "softmax", x,
+      [&] {
+        Tensor e = exp(sub(x, detail::shift_max(x, {d})));
+        return mul(e, reciprocal(sum(e, {d}, true)));
+      },
+      [d](const Tensor& g, const Tensor& y) { return mul(y, sub(g, sum(mul(g, y), {d}, true))); });
 }
 
 Tensor log_softmax(const Tensor& x_in, int64_t dim) {
@@ -43,8 +70,14 @@ Tensor log_softmax(const Tensor& x_in, int64_t dim) {
   Tensor x = as_float(xin);
   int64_t d = detail::wrap_dim(dim, x.dim(), "log_softmax");
   if (x.dim() == 0) return sub(x, x);
-  Tensor shifted = sub(x, detail::shift_max(x, {d}));  // shift's gradient cancels: detached
-  return sub(shifted, log(sum(exp(shifted), {d}, true)));
+  // Backward (PyTorch's _log_softmax_backward_data): dx = g - exp(y) * sum(g).
+  return keeping_output(
+      "log_softmax", x,
+      [&] {
+        Tensor shifted = sub(x, detail::shift_max(x, {d}));
+        return sub(shifted, log(sum(exp(shifted), {d}, true)));
+      },
+      [d](const Tensor& g, const Tensor& y) { return sub(g, mul(exp(y), sum(g, {d}, true))); });
 }
 
 namespace {
