@@ -361,6 +361,7 @@ struct Scheduler {
   static constexpr const char* kManyReads = "computed by several kernels, each reading many stored values";
   // (two kernels: storing costs r + 2 accesses, recomputing 2r)
   static constexpr size_t kRecomputeReads = 3;
+  static constexpr int kUnreadTries = 4;  // (each try can undo the last: bounded)
 
   // Values stored only as kReadByReduction that no other step reads, in a kernel that keeps
   // its rows (opts.keeps_rows): dropped from M; returns them.
@@ -396,14 +397,17 @@ struct Scheduler {
   std::vector<Step> run() {
     initial_requirements();
     std::vector<const Node*> dropped;  // by unstore_row_local, tried once
-    bool tried_unstore = !opts.keeps_rows, tried_unread = false;
+    bool tried_unstore = !opts.keeps_rows;
+    int unread_tries = 0;
     for (;;) {
       std::vector<Step> steps = build_steps();
       if (store_widely_recomputed(steps)) continue;
       // Stores that left their value to one kernel after all (kernels merged once values were
-      // stored) are dropped, once; one computed by several kernels again is stored again above.
-      if (!tried_unread) {
-        tried_unread = true;
+      // stored) are dropped; one computed by several kernels again is stored again above. Tried
+      // again after later stores change the kernels (a softmax backward that reads y merges the
+      // row stages only once the expensive values are stored), a bounded number of times.
+      if (unread_tries < kUnreadTries) {
+        ++unread_tries;
         if (!unstore_unread(steps, kManyReads, [](const Group&) { return true; }).empty()) continue;
       }
       // A transcendental op that several kernels would each recompute is computed once and
