@@ -70,6 +70,38 @@ void snapshot(const std::string& path, Device d) {
     cuda::memory_snapshot(path, d.index);
 }
 
+// A chain of `layers` tanh(h @ W) layers over [m, k] activations, W [k, k] leaves: each layer's
+// backward reads its saved output and input, and makes a weight gradient of k x k.
+struct Chain {
+  std::vector<Tensor> ws;
+  Tensor x;
+  Chain(Device dev, int layers, int64_t m, int64_t k) {
+    x = randn({m, k}).to(dev).eval();
+    for (int i = 0; i < layers; ++i) {
+      ws.push_back((randn({k, k}) * 0.2).to(dev).eval());
+      ws.back().requires_grad_();
+    }
+  }
+  // The loss, computed (its forward stored); `keep` receives every layer's output.
+  Tensor loss(std::vector<Tensor>* keep = nullptr) const {
+    Tensor h = x;
+    for (const Tensor& w : ws) {
+      h = tanh(matmul(h, w));
+      if (keep) keep->push_back(h);
+    }
+    return sum(h).eval();
+  }
+  // Backward, then every weight gradient computed at once (one lazy segment); the gradients.
+  std::vector<Tensor> backward(Tensor loss) {
+    for (Tensor& w : ws) w.set_grad(Tensor());
+    loss.backward();
+    std::vector<Tensor> gs;
+    for (const Tensor& w : ws) gs.push_back(w.grad());
+    kiln::eval(gs);
+    return gs;
+  }
+};
+
 struct Mlp : nn::Module {
   std::shared_ptr<nn::Linear> a, b;
   Mlp() {
@@ -272,4 +304,60 @@ TEST(MemoryLedger, SoftmaxKeepsOnlyItsOutputForBackward) {
   Tensor sh = xe - amax(xe, {1}, true).detach();
   sum((sh - log(sum(exp(sh), {1}, true))) * (arange(1024) / 1024.0).to(dev).to(kFloat64)).backward();
   EXPECT_LE(max(abs(xl.grad().to(kFloat64) - xe.grad())).item<double>(), 1e-5);
+}
+
+// A lazy backward is one segment, collected depth-first from the first weight gradient: run in
+// that order it computed every activation gradient before any weight gradient read them, holding
+// all of them (8 blocks over its start here). Its steps run in a memory order instead
+// (jit/exec/plan_order.cpp): each layer's weight gradient right after its activation gradient.
+TEST(MemoryLedger, LazyBackwardReadsEachActivationGradientWhileItIsLive) {
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(17));
+  const int layers = 8;
+  const int64_t m = 8192, k = 64;
+  Chain c(dev, layers, m, k);
+  Tensor loss = c.loss();
+  const double block = static_cast<double>(m * k * 4);
+  const int64_t live = allocator_stats(dev).allocated_bytes;
+  reset_allocator_peak(dev);
+  std::vector<Tensor> gs = c.backward(loss);
+  const double over = static_cast<double>(allocator_stats(dev).peak_allocated_bytes - live) / block;
+  // (the interpreter, and the simulated device, run each kernel op by op: a block per op)
+  if (!simulated() && jit::jit_mode() != jit::JitMode::Interp)
+    EXPECT_LE(over, 3.0) << "blocks of [" << m << ", " << k << "] held at once by the backward over its start";
+  // Against float64, the chain written out with the gradients by hand.
+  Tensor h = c.x.to(kFloat64);
+  std::vector<Tensor> hs{h};
+  for (const Tensor& w : c.ws) hs.push_back(h = tanh(matmul(h, w.detach().to(kFloat64))));
+  Tensor g = ones({m, k}).to(dev).to(kFloat64);
+  for (int i = layers - 1; i >= 0; --i) {
+    Tensor pre = g * (1.0 - hs[i + 1] * hs[i + 1]);
+    const double err = max(abs(gs[i].to(kFloat64) - matmul(hs[i].transpose(0, 1), pre))).item<double>();
+    EXPECT_LE(err, 1e-3 * std::max(1.0, max(abs(gs[i].to(kFloat64))).item<double>())) << "layer " << i;
+    g = matmul(pre, c.ws[i].detach().to(kFloat64).transpose(0, 1));
+  }
+}
+
+// The activations a lazy backward reads were stored by the forward: they are the segment's
+// external inputs, held only by its edges when the user kept no handle. Each is given back after
+// its last reader; one the user holds is never touched.
+TEST(MemoryLedger, LazyBackwardGivesBackSavedActivationsOnlyItHolds) {
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(19));
+  const int layers = 6;
+  Chain c(dev, layers, 2048, 32);
+  const uint64_t before = jit::inputs_released();
+  std::vector<Tensor> free_grads = c.backward(c.loss());
+  if (jit::jit_mode() != jit::JitMode::Interp)
+    EXPECT_GE(jit::inputs_released() - before, static_cast<uint64_t>(layers - 1));
+  // Held by the user: intact after the backward, and the same gradients.
+  std::vector<Tensor> held, copies;
+  Tensor loss = c.loss(&held);
+  for (const Tensor& t : held) copies.push_back(t.clone().eval());
+  std::vector<Tensor> held_grads = c.backward(loss);
+  for (size_t i = 0; i < held.size(); ++i)
+    EXPECT_EQ(max(abs(held[i] - copies[i])).item<double>(), 0.0) << "layer " << i << "'s output, held by the user, changed";
+  for (size_t i = 0; i < held_grads.size(); ++i)
+    EXPECT_LE(max(abs(held_grads[i] - free_grads[i])).item<double>(),
+              1e-5 * std::max(1.0, max(abs(free_grads[i])).item<double>()));
 }

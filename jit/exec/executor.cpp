@@ -78,7 +78,7 @@ class JitExecutor final : public Executor {
       });
       plan = plan_for(seg, sc);
     }
-    execute(*plan, seg, sc);
+    execute(*plan, seg, sc, /*release_inputs=*/true);
   }
   const char* name() const override {
     switch (jit_mode()) {
@@ -128,7 +128,7 @@ void PreparedSegment::run() {
     interpreter()->run(*impl_->seg);
     return;
   }
-  execute(*impl_->plan, *impl_->seg, impl_->sc);
+  execute(*impl_->plan, *impl_->seg, impl_->sc, /*release_inputs=*/false);
 }
 
 std::shared_ptr<Executor> jit_executor() {

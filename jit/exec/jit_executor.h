@@ -25,6 +25,9 @@ uint64_t interpreted_kernel_runs();
 // Kernel outputs written over the storage of the input they replace (donated state: a compiled
 // program's optimizer update, Node::write_over).
 uint64_t outputs_written_over_inputs();
+// External inputs of lazy segments given back after their last reader because the segment held
+// the only references to them (saved activations a lazy backward passes), since start.
+uint64_t inputs_released();
 // Kernels split by their outputs because their arguments exceeded the launch limit, since start.
 uint64_t wide_kernel_splits();
 

@@ -25,6 +25,15 @@ namespace kiln::jit {
 namespace {
 
 std::atomic<uint64_t> g_written_over{0};
+std::atomic<uint64_t> g_inputs_released{0};
+
+// Gives back an external input's storage: the segment held the only references to its node
+// (which dies with the segment's edges), and no step reads it after this one.
+void release_input(Node& n) {
+  if (!n.storage) return;
+  n.storage.reset();
+  g_inputs_released.fetch_add(1, std::memory_order_relaxed);
+}
 
 int64_t eval_index(const Kernel& k, ExprId id, const std::vector<int64_t>& ip) {
   const Expr& e = k.exprs[id];
@@ -500,7 +509,7 @@ bool liveness_enabled() {
 
 }  // namespace
 
-void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
+void execute(const Plan& plan, const Segment& seg, RunScratch& sc, bool release_inputs) {
   const std::vector<Node*>& ext = sc.ext;
   const Device device = seg.nodes.empty() ? cpu() : seg.nodes[0]->device;
   const bool prof = profile_enabled() && device.type == DeviceType::CPU;
@@ -531,7 +540,12 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc) {
     if (release) {
       deferred.insert(deferred.end(), plan.release_after[si].begin(), plan.release_after[si].end());
       if (!epilogue_done) {
-        for (int pos : deferred) seg.nodes[static_cast<size_t>(pos)]->storage.reset();
+        for (int pos : deferred) {
+          if (pos >= 0)
+            seg.nodes[static_cast<size_t>(pos)]->storage.reset();
+          else if (release_inputs && sc.extern_sole[static_cast<size_t>(-pos - 1)])
+            release_input(*sc.externals[static_cast<size_t>(-pos - 1)]);
+        }
         deferred.clear();
       }
     }
@@ -547,5 +561,6 @@ uint64_t gemm_epilogue_runs() { return g_epilogue_runs.load(); }
 uint64_t gemm_epilogue_in_place_runs() { return g_epilogue_in_place_runs.load(); }
 uint64_t interpreted_kernel_runs() { return g_interpreted_runs.load(); }
 uint64_t outputs_written_over_inputs() { return g_written_over.load(); }
+uint64_t inputs_released() { return g_inputs_released.load(); }
 
 }  // namespace kiln::jit

@@ -10,8 +10,10 @@
 namespace kiln::jit {
 
 // Runs `plan` on `seg` (its nodes at the plan's positions in `sc.ext`): every needed node ends
-// materialized.
-void execute(const Plan& plan, const Segment& seg, RunScratch& sc);
+// materialized. With `release_inputs`, external inputs that only the segment held (per the
+// signature just taken) give their storage back after their last reader, as intermediates do;
+// a prepared segment, whose nodes persist across runs, passes false.
+void execute(const Plan& plan, const Segment& seg, RunScratch& sc, bool release_inputs);
 
 // The combine kernels a split kernel's partials need on `device`, compiled now (while the plan
 // is made, not at its first run).

@@ -207,6 +207,7 @@ void schedule_and_compile(Planning& p) {
   for (int attempt = 0;; ++attempt) {
     p.steps = pick_schedule(p, stored, opts);
     split_wide_kernels(p);
+    order_steps_for_memory(p);
     p.kernels.assign(p.steps.size(), nullptr);
     p.deferred = horizontal_candidates(p.steps);
     precompile_device_kernels(p);

@@ -57,7 +57,9 @@ struct Plan {
   std::vector<PlanStep> steps;
   // Per step: the segment positions whose storage is given back once it has run (plan_releases;
   // empty for a one-step plan). Without it a segment (a whole compiled training step) held every
-  // stored value until its end.
+  // stored value until its end. A negative entry -(k + 1) is external input k, given back only
+  // in a run where the segment held the only references to it (RunScratch::extern_sole): the
+  // saved activations a lazy backward reads, freed as it passes them, as PyTorch's engine does.
   std::vector<std::vector<int>> release_after;
 };
 
@@ -81,6 +83,10 @@ struct RunScratch {
   std::vector<Node*> patterned_ext;  // the segment's nodes and the made ones (Plan::patterns)
   Segment patterned;
   std::unordered_map<const Node*, int> extern_ids;  // only for segments with many external inputs
+  // Per external input: whether the segment's own edges were every reference to it when the
+  // signature was taken (no tensor handle nor node outside the segment holds it), and those edges.
+  std::vector<char> extern_sole;
+  std::vector<long> extern_refs, extern_uses;
   Group group;
   Binding binding;
   // Horizontal kernels: each member's binding, and the arguments of the one launch.

@@ -54,16 +54,18 @@ void for_each_read(const Plan& plan, const std::vector<Node*>& ext, AtPos at_pos
   }
 }
 
-// The last step reading each node (a read of a view reads its bases too).
+// The last step reading each node, external inputs included (a read of a view reads its bases
+// too).
 std::unordered_map<const Node*, size_t> last_reads(const Planning& p) {
   const std::vector<Node*>& ext = p.sc.ext;
   std::unordered_map<const Node*, size_t> last;
   auto read = [&](const Node* n, size_t t) {
     for (; n; n = view_base(n)) last[n] = std::max(last[n], t);
   };
-  // (an external input, negative: never released)
-  for_each_read(
-      p.plan, ext, [&](int pos, size_t t) { if (pos >= 0) read(ext[static_cast<size_t>(pos)], t); }, read);
+  auto read_at = [&](int pos, size_t t) {
+    read(pos >= 0 ? ext[static_cast<size_t>(pos)] : p.sc.externals[static_cast<size_t>(-pos - 1)], t);
+  };
+  for_each_read(p.plan, ext, read_at, read);
   return last;
 }
 
@@ -78,6 +80,13 @@ void plan_releases(Planning& p) {
     auto it = last.find(p.seg.nodes[i]);
     if (it == last.end() || keep.count(p.seg.nodes[i])) continue;
     p.plan.release_after[it->second].push_back(static_cast<int>(i));
+  }
+  // External inputs too, as -(k + 1): a run gives them back only where the segment alone held
+  // them (launch.cpp).
+  for (size_t k = 0; k < p.sc.externals.size(); ++k) {
+    auto it = last.find(p.sc.externals[k]);
+    if (it == last.end() || keep.count(p.sc.externals[k])) continue;
+    p.plan.release_after[it->second].push_back(-static_cast<int>(k) - 1);
   }
 }
 

@@ -25,6 +25,10 @@ struct Planning {
   std::vector<bool> deferred;  // pointwise kernel steps compiled last, alone or in horizontal kernels
 };
 
+// The steps reordered for a lower peak of live bytes where a list schedule finds one
+// (plan_order.cpp).
+void order_steps_for_memory(Planning& p);
+
 // Pointwise kernel steps that may run in a horizontal kernel (compiled last), when the schedule
 // has two or more; steps a GEMM or a split reduction may take as its epilogue are not.
 std::vector<bool> horizontal_candidates(const std::vector<Step>& steps);
