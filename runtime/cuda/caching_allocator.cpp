@@ -85,8 +85,10 @@ void* CachingAllocator::allocate(size_t bytes) {
     b = new_segment(segment_size(size), small, bytes);
   }
 
+  // The rest is split off when worth keeping: in the small pool from 512 bytes; in the large
+  // pool over 1 MiB, or over a seventh of the request (a block wastes at most 1/8 of itself).
   const size_t rest = b->size - size;
-  if (small ? rest >= kMinBlock : rest > kSmallRequest) {
+  if (small ? rest >= kMinBlock : rest > kSmallRequest || rest * 7 > size) {
     auto* r = new Block{b->ptr + size, rest, small, 0, b, b->next};
     if (b->next) b->next->prev = r;
     b->next = r;

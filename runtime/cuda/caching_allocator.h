@@ -7,7 +7,8 @@
 // larger ones from a large pool of 20 MiB segments (requests under 10 MiB) or segments of the
 // request's own size rounded up to 2 MiB. A request takes the smallest free block of its pool
 // that fits (then the lowest address), split when the rest is worth keeping (>= 512 B in the
-// small pool, > 1 MiB in the large); a freed block merges with its free neighbours.
+// small pool; in the large, > 1 MiB or > 1/7 of the request, so that no block is more than 1/8
+// larger than its request rounded to 512); a freed block merges with its free neighbours.
 //
 // Stream order: kiln runs all of a device's kernels on one stream, in order, so a freed block may
 // be handed out again at once: its next user's kernels run after every kernel of the last user.
