@@ -5,6 +5,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -157,7 +158,9 @@ TEST(MemoryLedger, BlocksByTheOpThatMadeThemAtThePeak) {
   text << std::ifstream(path).rdbuf();
   EXPECT_NE(text.str().find("\"device\": \"" + (simulated() ? cpu() : dev).str() + "\""), std::string::npos)
       << text.str();
-  EXPECT_NE(text.str().find("{\"bytes\": 1048576, \"made_by\": \"matmul\"}"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("{\"bytes\": 1048576, \"made_by\": \"matmul\", \"role\": \"activations and temporaries\"}"),
+            std::string::npos)
+      << text.str();
   EXPECT_THROW(snapshot(dir.path() + "/no/such/dir/s.json", dev), Error);
 }
 
@@ -360,4 +363,45 @@ TEST(MemoryLedger, LazyBackwardGivesBackSavedActivationsOnlyItHolds) {
   for (size_t i = 0; i < held_grads.size(); ++i)
     EXPECT_LE(max(abs(held_grads[i] - free_grads[i])).item<double>(),
               1e-5 * std::max(1.0, max(abs(free_grads[i])).item<double>()));
+}
+
+// The profile says what the blocks hold: after AdamW steps (lazy eager and compiled), the blocks
+// live hold the parameters, their gradients and the two moments, as the optimizer and backward
+// marked them; the report has a line per role.
+TEST(MemoryLedger, BlocksSayWhatTheyHold) {
+  memory_ledger_enable();
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(23));
+  for (bool compiled : {false, true}) {
+    auto model = std::make_shared<Mlp>();
+    model->to(dev);
+    optim::AdamW opt(model->parameters(), optim::AdamOptions{});
+    double param_bytes = 0;
+    for (const Tensor& p : model->parameters()) param_bytes += static_cast<double>(p.numel() * 4);
+    Tensor x = randn({8, 64}).to(dev).eval();
+    auto step = [&](const Tensor& in) {
+      Tensor loss = sum(model->forward(in));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      return loss;
+    };
+    auto run = compiled ? kiln::compile(step) : std::function<Tensor(const Tensor&)>(step);
+    for (int i = 0; i < 3; ++i) run(x).item<double>();
+    std::vector<Tensor> all;
+    for (const Tensor& p : model->parameters()) all.insert(all.end(), {p, p.grad()});
+    kiln::eval(all);
+    memory_ledger_reset_peaks();  // (the peak's blocks: those live now)
+    std::map<std::string, double> held;
+    for (const LedgerBlock& b : ledger_of(dev).at_peak) held[b.role] += static_cast<double>(b.bytes);
+    std::string roles;
+    for (const auto& [r, b] : held) roles += r + " " + std::to_string(b) + "; ";
+    const std::string mode = compiled ? "compiled: " : "lazy eager: ";
+    EXPECT_GE(held["parameters"], param_bytes) << mode << roles;
+    EXPECT_GE(held["optimizer state"], 2 * param_bytes) << mode << roles;
+    EXPECT_GE(held["gradients"], param_bytes) << mode << roles;
+    const std::string report = memory_ledger_report();
+    for (const char* role : {"parameters", "optimizer state", "gradients"})
+      EXPECT_NE(report.find(std::string("  ") + role + "\n"), std::string::npos) << role << " in\n" << report;
+  }
 }

@@ -19,6 +19,7 @@
 #include "runtime/autograd/autograd.h"
 #include "runtime/autograd/forward_ad.h"
 #include "runtime/exec/executor.h"
+#include "runtime/exec/memory_ledger.h"
 #include "runtime/ops/attention_policy.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/tensor/record.h"
@@ -902,6 +903,7 @@ std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& out
   for (int k : e.cap_written) {
     auto impl = captured(k).impl.lock();
     if (captured(k).grad_of) impl = impl->grad;
+    memory_ledger_inherit(*impl->node_, *outs[o].node());  // (the new value holds the same)
     impl->node_ = outs[o++].node();
     impl->version++;
   }
@@ -910,6 +912,7 @@ std::vector<Value> CompiledCore::land(const Outcome& e, std::vector<Tensor>& out
     Tensor g = outs[o++];
     g.impl()->requires_grad = false;
     impl->grad = g.impl();
+    memory_ledger_mark(*g.node(), MemoryRole::Gradient);
   }
   for (int k : e.cap_grad_cleared) captured(k).impl.lock()->grad = nullptr;
   for (int i : e.arg_written) {

@@ -12,6 +12,7 @@
 
 #include "runtime/autograd/autograd_rules.h"
 #include "runtime/autograd/gradient_sum.h"
+#include "runtime/exec/memory_ledger.h"
 #include "runtime/ops/autocast_policy.h"
 #include "runtime/ops/ops.h"
 #include "runtime/tensor/record.h"
@@ -41,6 +42,7 @@ struct AccumulateGrad final : GradNode {
       gd = add(old, gd);
     }
     impl->grad = Tensor(gd).impl();
+    detail::mark_memory_role(gd, MemoryRole::Gradient);
     // A fresh handle so later in-place on the returned grad does not alias the leaf's.
     if (!create_graph) impl->grad->requires_grad = false;
     for (auto hook : hooks) hook.second(param);  // (a copy: a hook may remove itself)
@@ -200,14 +202,17 @@ void attach_grad(Tensor& out, OpKind op, const Attrs& attrs, const std::vector<T
   std::vector<bool> reads = placed ? std::vector<bool>(inputs.size() + 1, true)
                                    : detail::vjp_reads(op, attrs, inputs, out, view_shape, needs);
   const bool all = std::all_of(reads.begin(), reads.end(), [](bool r) { return r; });
-  if (reads.back())
+  if (reads.back()) {
     node->out = out.node();
-  else
+    mark_memory_role(out, MemoryRole::Saved);
+  } else {
     node->out_meta = meta_of(out);
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (reads[i]) {
       node->inputs.push_back(snapshot(t));
+      mark_memory_role(t, MemoryRole::Saved);
     } else {
       node->inputs.emplace_back();
     }
@@ -246,9 +251,14 @@ void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>
   if (!node) return;
   node->vjp_of_output = std::move(vjp);
   node->out = out.node();
+  mark_memory_role(out, MemoryRole::Saved);
   node->out_tangents = out.impl()->tangents;
   out.impl()->requires_grad = true;
   out.impl()->grad_fn = std::move(node);
+}
+
+void mark_memory_role(const Tensor& t, MemoryRole role) {
+  if (t.defined() && memory_ledger_on()) memory_ledger_mark(*t.node(), role);
 }
 
 Tensor with_custom_grad(const char* name, const std::vector<Tensor>& inputs, const std::function<Tensor()>& value,
@@ -478,6 +488,7 @@ Tensor Tensor::detach() const { return Tensor::from_node(node()); }
 Tensor& Tensor::set_data(const Tensor& value) {
   KILN_CHECK(defined() && value.defined(), "set_data: got an undefined tensor");
   KILN_CHECK(!impl_->base, "set_data: cannot rebind a view");
+  memory_ledger_inherit(*impl_->node_, *value.node());
   impl_->node_ = value.node();
   impl_->version++;
   if (impl_->grad && impl_->grad->node()->device != impl_->node_->device) impl_->grad.reset();

@@ -104,6 +104,10 @@ void attach_custom_grad(Tensor& out, const char* name, const std::vector<Tensor>
 // computed without recording gradients, with `vjp` (and only what it captures) as its backward.
 Tensor with_custom_grad(const char* name, const std::vector<Tensor>& inputs, const std::function<Tensor()>& value,
                         CustomVjp vjp);
+// Marks what `t`'s memory holds, for the memory profile (KILN_PROFILE=memory; a no-op while it
+// is off): the optimizer marks parameters and their state, backward the gradients, recording the
+// values a backward node keeps.
+void mark_memory_role(const Tensor& t, MemoryRole role);
 }  // namespace detail
 
 }  // namespace kiln

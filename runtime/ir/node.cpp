@@ -133,6 +133,7 @@ void Node::set_storage(std::shared_ptr<Storage> s, bool drop_inputs) {
   if (pending) detail::pending_add(-1);
   pending = false;
   storage = std::move(s);
+  if (role != MemoryRole::Other && storage && storage->in_ledger) memory_ledger_mark(*this, role);
   if (drop_inputs) {
     inputs.clear();
     set_ready();

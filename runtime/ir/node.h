@@ -154,6 +154,12 @@ struct Attrs {
   uint64_t seed = 0, counter = 0;
 };
 
+// What a block of memory holds for training, as the memory profile reports it (KILN_PROFILE=
+// memory): set by the optimizer (parameters, their state), backward (gradients) and autograd's
+// recording (values kept for a backward); a block marked twice keeps the later role in this
+// order (a parameter a backward reads stays a parameter).
+enum class MemoryRole : uint8_t { Other = 0, Saved, Gradient, OptimizerState, Parameter };
+
 // A block of memory holding elements, on one device.
 struct KILN_API Storage {
   void* data = nullptr;
@@ -163,6 +169,7 @@ struct KILN_API Storage {
   // The op that made it (an op name: the memory ledger's "made by"); null: not said.
   const char* made_by = nullptr;
   bool in_ledger = false;  // recorded by the memory ledger (KILN_PROFILE=memory)
+  MemoryRole role = MemoryRole::Other;  // (set through memory_ledger_mark, under the ledger's lock)
   ~Storage();
   // Fresh, owned memory of `nbytes` on `device` (64-byte aligned on the CPU; from the device's
   // caching allocator elsewhere), made by `made_by` (an op name, for KILN_PROFILE=memory).
@@ -194,6 +201,8 @@ struct KILN_API Node : std::enable_shared_from_this<Node> {
   std::shared_ptr<Storage> storage;  // set once materialized
   uint64_t id = 0;  // unique, increasing in recording order
   bool pending = true;  // counted in stats().pending until first computed
+  // What its storage will hold (memory_ledger_mark), given to the storage it gets.
+  MemoryRole role = MemoryRole::Other;
   // A scalar operand's constant that a thread's ops share (detail::scalar_operand): only ops
   // read it, so materialize() never stores it unless asked for it.
   bool shared_constant = false;

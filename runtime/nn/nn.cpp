@@ -18,6 +18,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
     t = contiguous(t).clone();  // own dense storage
   }
   if (requires_grad) t.requires_grad_();
+  detail::mark_memory_role(t, MemoryRole::Parameter);
   params_.emplace_back(name, t);
   return params_.back().second;
 }

@@ -99,6 +99,13 @@ void Optimizer::set_lr(size_t group, double lr) {
   groups_[group].set_lr(lr);
 }
 
+void Optimizer::mark_memory(std::initializer_list<const std::vector<Tensor>*> state) const {
+  for (const Tensor& p : params_) detail::mark_memory_role(p, MemoryRole::Parameter);
+  detail::mark_memory_role(step_, MemoryRole::OptimizerState);
+  for (const std::vector<Tensor>* ts : state)
+    for (const Tensor& t : *ts) detail::mark_memory_role(t, MemoryRole::OptimizerState);
+}
+
 void Optimizer::zero_grad() {
   for (auto& p : params_) p.set_grad(Tensor());
 }
@@ -130,6 +137,7 @@ void SGD::add(std::vector<Tensor> params, const SGDGroupOptions& g, const SGDOpt
                                 strict);
   NoGradGuard ng;
   for (const auto& p : group.params()) momentum_.push_back(momentum != 0 ? zeros_like(p) : Tensor());
+  mark_memory({&momentum_});
 }
 
 void SGD::step() {
@@ -161,6 +169,7 @@ void SGD::step() {
       p.sub_(g * lr.to(dt));
     }
   }
+  mark_memory({&momentum_});
 }
 
 // ---- Adam / AdamW ----
@@ -186,6 +195,7 @@ Adam::Adam(std::vector<AdamParamGroup> groups, AdamOptions d, bool decoupled, bo
       v_.push_back(zeros_like(p));
     }
   }
+  mark_memory({&m_, &v_});
 }
 
 void Adam::step() {
@@ -238,6 +248,7 @@ void Adam::step() {
       p.sub_(m / denom * c.step_size);
     }
   }
+  mark_memory({&m_, &v_});
 }
 
 AdamW::AdamW(std::vector<Tensor> params, AdamOptions o) : Adam({AdamParamGroup{std::move(params)}}, o, true, false) {}

@@ -92,6 +92,9 @@ class KILN_API Optimizer {
   // free of duplicates.
   ParamGroup& add_group(const char* who, std::vector<Tensor> params, const std::vector<OptionSpec>& options,
                         bool strict);
+  // Marks, for the memory profile, the parameters and `state` (the update's own tensors, lazy:
+  // each marked before it is computed) with what they hold.
+  void mark_memory(std::initializer_list<const std::vector<Tensor>*> state) const;
   std::vector<ParamGroup> groups_;
   std::vector<Tensor> params_;  // every group's parameters, flattened
   Tensor step_;  // number of step() calls, float64 0-d (on the first group's device)

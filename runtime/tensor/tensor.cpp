@@ -9,6 +9,7 @@
 #include "runtime/tensor/placed_hooks.h"
 #include "runtime/tensor/trace.h"
 #include "runtime/exec/device_runtime.h"
+#include "runtime/exec/memory_ledger.h"
 
 namespace kiln {
 
@@ -181,6 +182,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
     auto& base = impl_->base;
     Tensor old_base(base);
     Tensor nb = detail::record(OpKind::ViewScatter, {old_base, v}, a, old_base.dtype(), old_base.shape());
+    memory_ledger_inherit(*base->node_, *nb.node());
     base->node_ = nb.node();
     detail::copy_tangents(base, *nb.impl());  // the window's tangent written into the base's
     if (tracking)
@@ -193,6 +195,7 @@ Tensor& Tensor::assign_(const Tensor& value) {
     // Nodes are immutable, so aliasing a non-view node is safe; a view is copied so that a
     // non-view tensor always names dense storage.
     Tensor nv = is_view_op(v.node()->op) ? detail::record(OpKind::Contiguous, {v}, Attrs{}, dtype(), target) : v;
+    memory_ledger_inherit(*impl_->node_, *nv.node());
     impl_->node_ = nv.node();
     detail::copy_tangents(impl_, *nv.impl());  // the new value's tangent (none: none)
     if (tracking) {
