@@ -16,6 +16,7 @@
 #include "temp_dir.h"
 #include "test_seed.h"
 #include "training_step.h"
+#include "examples/gpt_model.h"
 
 using namespace kiln;
 
@@ -403,5 +404,47 @@ TEST(MemoryLedger, BlocksSayWhatTheyHold) {
     const std::string report = memory_ledger_report();
     for (const char* role : {"parameters", "optimizer state", "gradients"})
       EXPECT_NE(report.find(std::string("  ") + role + "\n"), std::string::npos) << role << " in\n" << report;
+  }
+}
+
+// A compiled GPT training step (AdamW, no CUDA graph: a replay allocates nothing) peaks within
+// 1.1x of its plan's lower bound: the most bytes its schedule holds live at once, each value
+// from the step that makes it to its last reader (Plan::live_peak_bytes) — the run frees what
+// the plan says when it says, and holds nothing the plan does not know of.
+TEST(MemoryLedger, CompiledStepPeaksAtItsPlansLowerBound) {
+  if (simulated()) GTEST_SKIP() << "the simulated device counts host blocks as its own";
+  if (jit::jit_mode() == jit::JitMode::Interp) GTEST_SKIP() << "no plans without the JIT";
+  memory_ledger_enable();
+  const Device dev = kiln::testing::test_device();
+  manual_seed(kiln::testing::test_seed(29));
+  gpt::GptConfig c = gpt::config_named("S");
+  auto model = std::make_shared<gpt::Gpt>(c, /*manual_attention=*/false, /*tie=*/false);
+  model->to(dev);
+  optim::AdamW opt(model->parameters(), optim::AdamOptions{});
+  Tensor idx = randint(0, c.vocab, {c.batch, c.block_size}).to(dev).eval();
+  Tensor tgt = randint(0, c.vocab, {c.batch, c.block_size}).to(dev).eval();
+  CompileOptions o;
+  o.cuda_graphs = false;
+  auto step = kiln::compile(
+      [&](const Tensor& x, const Tensor& y) {
+        Tensor loss = cross_entropy(model->forward(x).view({-1, c.vocab}), y.view({-1}));
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        return loss;
+      },
+      o);
+  jit::reset_planned_live_peak();
+  step(idx, tgt).item<double>();
+  const double bound = jit::planned_live_peak();
+  ASSERT_GT(bound, 0.0);
+  for (int i = 0; i < 2; ++i) {
+    const double live = static_cast<double>(ledger_of(dev).live_bytes);
+    memory_ledger_reset_peaks();
+    step(idx, tgt).item<double>();
+    const double peak = static_cast<double>(ledger_of(dev).peak_bytes) - live;
+    EXPECT_LE(peak, 1.1 * bound) << "run " << i << ": " << peak / 1048576 << " MiB over its start, the plan's bound "
+                                 << bound / 1048576 << " MiB";
+    EXPECT_GE(peak, 0.5 * bound) << "run " << i << ": the plan's model of its live bytes is far off";
   }
 }

@@ -28,6 +28,10 @@ uint64_t outputs_written_over_inputs();
 // External inputs of lazy segments given back after their last reader because the segment held
 // the only references to them (saved activations a lazy backward passes), since start.
 uint64_t inputs_released();
+// The most bytes any plan made since reset_planned_live_peak() holds live at once over its
+// schedule (Plan::live_peak_bytes): the lower bound of a run's peak over what it was given.
+double planned_live_peak();
+void reset_planned_live_peak();
 // Kernels split by their outputs because their arguments exceeded the launch limit, since start.
 uint64_t wide_kernel_splits();
 

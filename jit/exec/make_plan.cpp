@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "jit/diag/diagnostics.h"
+#include "jit/exec/jit_executor.h"
 #include "jit/exec/launch.h"
 #include "jit/exec/plan_passes.h"
 #include "jit/exec/tiering.h"
@@ -259,6 +260,21 @@ void apply_rewrites(const Plan& plan, Segment& seg, RunScratch& sc) {
     apply_rewrite(plan.rw, base, sc.ext, seg.keep_alive);
 }
 
+namespace {
+std::mutex g_peak_mu;
+double g_planned_peak = 0;
+}  // namespace
+
+double planned_live_peak() {
+  std::lock_guard<std::mutex> lock(g_peak_mu);
+  return g_planned_peak;
+}
+
+void reset_planned_live_peak() {
+  std::lock_guard<std::mutex> lock(g_peak_mu);
+  g_planned_peak = 0;
+}
+
 std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes) {
   auto plan = std::make_shared<Plan>();
   plan->sig = sc.sig;
@@ -270,6 +286,10 @@ std::shared_ptr<const Plan> make_plan(Segment& seg, RunScratch& sc, bool passes)
   for (const auto& fusion : kFusions) fusion.run(p);
   plan_releases(p);
   plan_last_readers(p);
+  {
+    std::lock_guard<std::mutex> lock(g_peak_mu);
+    g_planned_peak = std::max(g_planned_peak, plan->live_peak_bytes);
+  }
   return plan;
 }
 

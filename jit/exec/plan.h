@@ -61,6 +61,10 @@ struct Plan {
   // in a run where the segment held the only references to it (RunScratch::extern_sole): the
   // saved activations a lazy backward reads, freed as it passes them, as PyTorch's engine does.
   std::vector<std::vector<int>> release_after;
+  // The most bytes the steps hold live at once over the schedule: what the steps make and the
+  // external inputs the segment alone held, each from its step to its last reader (plan_order.cpp's
+  // model; the lower bound a run of this order can reach).
+  double live_peak_bytes = 0;
 };
 
 // A kernel's arguments for one launch: buffers (inputs, fresh outputs, scratch) and parameters.

@@ -8,9 +8,12 @@
 // the scheduler's order still follows it (GEMM epilogues, split tails). The new order is kept
 // only where its peak of live bytes, simulated over the steps, is lower.
 #include <algorithm>
+#include <cstdio>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "jit/diag/diagnostics.h"
 #include "jit/exec/plan_passes.h"
 
 namespace kiln::jit {
@@ -34,6 +37,12 @@ struct StepGraph {
   // split reduction, then a kernel): where that next step reads it, it stays next.
   std::vector<char> takes_epilogue;
 };
+
+std::string mib(double bytes) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.1f", bytes / 1048576.0);
+  return s;
+}
 
 double bytes_of(const Node& n) {
   double e = static_cast<double>(itemsize(n.dtype));
@@ -197,12 +206,19 @@ std::vector<int> list_schedule(const StepGraph& g) {
 }  // namespace
 
 void order_steps_for_memory(Planning& p) {
-  if (p.steps.size() < 3) return;
   const StepGraph g = step_graph(p);
   std::vector<int> given(p.steps.size());
   for (size_t i = 0; i < given.size(); ++i) given[i] = static_cast<int>(i);
+  const double given_peak = simulated_peak(g, given);
+  p.plan.live_peak_bytes = given_peak;
+  if (p.steps.size() < 3) return;
   const std::vector<int> order = list_schedule(g);
-  if (order.size() != given.size() || simulated_peak(g, order) >= simulated_peak(g, given)) return;
+  const double peak = order.size() == given.size() ? simulated_peak(g, order) : given_peak;
+  if (log_enabled("memory") && p.steps.size() > 16)
+    log_line("memory", "plan of " + std::to_string(p.steps.size()) + " steps: " + mib(std::min(peak, given_peak)) +
+                           " MiB live at most over its schedule (" + mib(given_peak) + " MiB in the scheduler's order)");
+  if (peak >= given_peak) return;
+  p.plan.live_peak_bytes = peak;
   std::vector<Step> steps;
   steps.reserve(order.size());
   for (int s : order) steps.push_back(std::move(p.steps[static_cast<size_t>(s)]));
