@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -734,6 +736,70 @@ void dtensor_gpt() {
   dist::destroy_process_group();
 }
 
+// fully_shard's memory, as the memory profile names it: after AdamW steps each rank holds its
+// shard of the parameters, of their gradients and of the two moments (1/world of the whole
+// model's, within uneven shards' rounding), not the whole model's.
+void fsdp_memory() {
+  init();
+  const int size = dist::get_world_size();
+  gpt::GptConfig c;
+  c.n_embd = 64, c.n_layer = 2, c.n_head = 4, c.block_size = 16, c.batch = 4, c.vocab = 64, c.mlp = 256;
+  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  manual_seed(7);
+  auto model = std::make_shared<gpt::Gpt>(c, false, false);
+  model->to(device());
+  double whole = 0;
+  for (const Tensor& p : model->parameters()) whole += static_cast<double>(p.numel() * 4);
+  dist::fully_shard(*model, mesh);
+  optim::AdamW opt(model->parameters(), optim::AdamOptions{});
+  manual_seed(11);
+  Tensor x = dist::distribute_tensor(randint(0, c.vocab, {c.batch * size, c.block_size}).to(device()), mesh, {dist::Shard(0)});
+  Tensor y = dist::distribute_tensor(randint(0, c.vocab, {c.batch * size, c.block_size}).to(device()), mesh, {dist::Shard(0)});
+  for (int it = 0; it < 2; ++it) {
+    opt.zero_grad();
+    Tensor loss = cross_entropy(model->forward(x).reshape({-1, c.vocab}), y.reshape({-1}));
+    loss.backward();
+    opt.step();
+    loss.item<double>();
+  }
+  std::vector<Tensor> all;
+  for (const Tensor& p : model->parameters()) all.insert(all.end(), {p, p.grad()});
+  kiln::eval(all);
+  // (KILN_PROFILE=memory: after a peak reset the snapshot lists the blocks live now)
+  const std::string path = "/tmp/kiln-fsdp-memory-" + std::to_string(getpid()) + ".json";
+  if (device().type == DeviceType::CPU) {
+    reset_peak_host_memory_stats();
+    host_memory_snapshot(path);
+  } else {
+    cuda::reset_peak_memory_stats(device().index);
+    cuda::memory_snapshot(path, device().index);
+  }
+  std::map<std::string, double> held;
+  {
+    std::ifstream f(path);
+    std::stringstream text;
+    text << f.rdbuf();
+    const std::string s = text.str();
+    for (size_t at = s.find("{\"bytes\": "); at != std::string::npos; at = s.find("{\"bytes\": ", at + 1)) {
+      const double bytes = std::stod(s.substr(at + 10));
+      const size_t r = s.find("\"role\": \"", at) + 9;
+      held[s.substr(r, s.find('"', r) - r)] += bytes;
+    }
+  }
+  std::remove(path.c_str());
+  const double share = whole / size;
+  for (const auto& [role, times] : std::vector<std::pair<std::string, double>>{
+           {"parameters", 1}, {"gradients", 1}, {"optimizer state", 2}}) {
+    const double got = held[role], want = times * share;
+    EXPECT(got >= 0.9 * want && got <= 1.1 * want + 4096, role, " on rank ", dist::get_rank(), ": ", got,
+           " bytes, 1/", size, " of the model's is ", want);
+  }
+  if (dist::get_rank() == 0)
+    std::cout << "fsdp_memory: each rank holds 1/" << size << " of parameters, gradients and moments ("
+              << held["parameters"] << " of " << whole << " parameter bytes)\n";
+  dist::destroy_process_group();
+}
+
 // Context parallelism: scaled_dot_product_attention on q, k, v cut along the sequence runs ring
 // attention (uneven pieces, causal and not), equal to one process's output and gradients within
 // 1e-5; and an attention module (the GPT's) put through distribute_module with its input cut
@@ -1020,7 +1086,7 @@ int main(int argc, char** argv) {
       {"mismatch", mismatch},       {"never_joins", never_joins}, {"bad_input", bad_input},
       {"ddp_mlp", ddp_mlp},         {"ddp_gpt", ddp_gpt},       {"dtensor", dtensor},
       {"dtensor_programs", dtensor_programs}, {"dtensor_gpt", dtensor_gpt}, {"context_parallel", context_parallel},
-      {"dtensor_edges", dtensor_edges},
+      {"dtensor_edges", dtensor_edges},         {"fsdp_memory", fsdp_memory},
   };
   return kiln::testing::run_scenario("dist_worker", argc, argv, scenarios);
 }

@@ -87,6 +87,12 @@ TEST_P(Dist, TensorSequenceAndFullyShardedGptEqualsOneProcess) {
   expect_all_ok(run_ranks("dist_worker", {"dtensor_gpt"}, GetParam(), GetParam(), base_env()));
 }
 
+TEST_P(Dist, FullyShardedRanksHoldTheirShareOfParametersGradientsAndMoments) {
+  auto env = base_env();
+  env["KILN_PROFILE"] = "memory";
+  expect_all_ok(run_ranks("dist_worker", {"fsdp_memory"}, GetParam(), GetParam(), env));
+}
+
 TEST_P(Dist, ContextParallelRingAttentionEqualsOneProcess) {
   expect_all_ok(run_ranks("dist_worker", {"context_parallel"}, GetParam(), GetParam(), base_env()));
 }

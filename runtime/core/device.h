@@ -61,7 +61,8 @@ struct KILN_API cuda {
   static void synchronize();
   // Device `index`'s caching-allocator counters.
   static MemoryStats memory_stats(int index = 0);
-  // Resets the peak counters of device `index` to the current values.
+  // Resets the peak counters of device `index` to the current values (with KILN_PROFILE=memory,
+  // the profile's too: a snapshot then lists what is live now).
   static void reset_peak_memory_stats(int index = 0);
   // With KILN_PROFILE=memory: writes what was live on device `index` at its peak (each block's
   // bytes and the op that made it, largest first) as JSON to `path`, as PyTorch's

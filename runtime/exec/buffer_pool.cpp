@@ -10,6 +10,7 @@
 
 #include "runtime/core/device.h"
 #include "runtime/core/error.h"
+#include "runtime/exec/memory_ledger.h"
 
 namespace kiln {
 namespace {
@@ -121,7 +122,10 @@ MemoryStats host_memory_stats() {
   return s;
 }
 
-void reset_peak_host_memory_stats() { g_peak.store(g_allocated.load()); }
+void reset_peak_host_memory_stats() {
+  g_peak.store(g_allocated.load());
+  if (memory_ledger_on()) memory_ledger_reset_peak(cpu());
+}
 
 void* pool_allocate(size_t nbytes) {
   KILN_CHECK(nbytes <= (size_t{1} << 47), "allocation of ", nbytes, " bytes is too large");

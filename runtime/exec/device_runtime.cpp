@@ -70,7 +70,10 @@ MemoryStats cuda::memory_stats(int index) { return device_runtime(cuda(index)).m
 void cuda::memory_snapshot(const std::string& path, int index) { memory_ledger_snapshot(path, cuda(index)); }
 void host_memory_snapshot(const std::string& path) { memory_ledger_snapshot(path, cpu()); }
 
-void cuda::reset_peak_memory_stats(int index) { device_runtime(cuda(index)).reset_peak_memory_stats(index); }
+void cuda::reset_peak_memory_stats(int index) {
+  device_runtime(cuda(index)).reset_peak_memory_stats(index);
+  if (memory_ledger_on()) memory_ledger_reset_peak(cuda(index));
+}
 
 void cuda::set_device(int index) {
   DeviceRuntime& rt = device_runtime(cuda(index));  // (checks the index)

@@ -183,6 +183,15 @@ std::vector<LedgerDevice> memory_ledger() {
   return out;
 }
 
+void memory_ledger_reset_peak(Device device) {
+  Ledger& l = ledger();
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = l.devices.find(key(device));
+  if (it == l.devices.end()) return;
+  it->second.peak = it->second.live;
+  capture(l, device, it->second);
+}
+
 void memory_ledger_reset_peaks() {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.mu);

@@ -50,8 +50,9 @@ struct LedgerDevice {
   std::vector<LedgerBlock> at_peak;
 };
 std::vector<LedgerDevice> memory_ledger();
-// Resets the peaks of every device to what is live now.
+// Resets the peaks of every device (of `device`) to what is live now.
 void memory_ledger_reset_peaks();
+void memory_ledger_reset_peak(Device device);
 
 // The report KILN_PROFILE=memory prints: per device, the peak and what made the blocks live at
 // it, by bytes.
