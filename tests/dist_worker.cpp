@@ -32,6 +32,16 @@ namespace {
 
 using kiln::testing::fail;
 Device device() { return kiln::testing::test_device(); }
+// A two-layer GPT of 4 heads over 16 positions, batch 4, of the given width, vocabulary and MLP.
+gpt::GptConfig tiny_gpt(int64_t n_embd, int64_t vocab, int64_t mlp) {
+  gpt::GptConfig c;
+  c.n_embd = n_embd, c.n_layer = 2, c.n_head = 4, c.block_size = 16, c.batch = 4, c.vocab = vocab, c.mlp = mlp;
+  return c;
+}
+// A device mesh of `shape` (dims named `names`) over this run's device type.
+dist::DeviceMesh test_mesh(std::vector<int64_t> shape, std::vector<std::string> names = {}) {
+  return dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", std::move(shape), std::move(names));
+}
 void init() { kiln::testing::init_from_env(); }
 
 // Rank r's input of `n` elements: small integers (sums, products and means of a few ranks are
@@ -201,7 +211,7 @@ void groups() {
   // A 2-d mesh when the world has 4 ranks (2 x 2), else 1-d.
   std::vector<int64_t> shape = size == 4 ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{size};
   std::vector<std::string> names = size == 4 ? std::vector<std::string>{"dp", "tp"} : std::vector<std::string>{"dp"};
-  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", shape, names);
+  dist::DeviceMesh mesh = test_mesh(shape, names);
   for (int64_t d = 0; d < mesh.ndim(); ++d) {
     dist::ProcessGroup pg = mesh.get_group(d);
     EXPECT(pg.size() == shape[d], "mesh group size");
@@ -522,7 +532,7 @@ void dtensor() {
   std::vector<std::vector<int64_t>> mesh_shapes = {{size}};
   if (size == 4) mesh_shapes.push_back({2, 2});
   for (const auto& ms : mesh_shapes) {
-    dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", ms);
+    dist::DeviceMesh mesh = test_mesh(ms);
     // Placements of one mesh dim, and all combinations over the mesh's dims.
     const std::vector<dist::Placement> one = {dist::Replicate(), dist::Shard(0), dist::Shard(1), dist::Partial()};
     std::vector<std::vector<dist::Placement>> all = {{}};
@@ -584,7 +594,7 @@ void dtensor() {
   }
   // Gradients: Shard(0) -> Replicate, a loss every rank computes alike; the shard's gradient is
   // its rows of the weights (not size times them, as a sum over ranks would give).
-  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  dist::DeviceMesh mesh = test_mesh({size});
   Tensor W = (arange(0, 7 * 3).to(kFloat64).reshape({7, 3}) * 0.5).to(device());
   const dist::ChunkRange mine = dist::chunk_range(7, size, rank);
   Tensor local = zeros({mine.length, 3}, kFloat64).to(device()).requires_grad_();
@@ -626,9 +636,8 @@ void dtensor() {
 void dtensor_gpt() {
   init();
   const int size = dist::get_world_size();
-  gpt::GptConfig c;
-  c.n_embd = 32, c.n_layer = 2, c.n_head = 4, c.block_size = 16, c.batch = 4, c.vocab = 65, c.mlp = 64;
-  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  const gpt::GptConfig c = tiny_gpt(32, 65, 64);
+  dist::DeviceMesh mesh = test_mesh({size});
   const std::vector<std::pair<std::string, dist::ParallelStyle>> tp = {
       {"h.*.attn.c_attn", dist::ColwiseParallel()}, {"h.*.attn.c_proj", dist::RowwiseParallel()},
       {"h.*.mlp.c_fc", dist::ColwiseParallel()},    {"h.*.mlp.c_proj", dist::RowwiseParallel()}};
@@ -647,7 +656,7 @@ void dtensor_gpt() {
   std::vector<std::string> modes = {"tensor", "vocab", "sequence", "fully_sharded"};
   if (size == 4) modes.push_back("2d");  // fully sharded over "dp" x tensor parallel over "tp" (2 x 2)
   dist::DeviceMesh mesh2;
-  if (size == 4) mesh2 = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {2, 2}, {"dp", "tp"});
+  if (size == 4) mesh2 = test_mesh({2, 2}, {"dp", "tp"});
   for (const std::string& mode : modes) {
     manual_seed(7);
     auto model = std::make_shared<gpt::Gpt>(c, false, false);
@@ -742,9 +751,8 @@ void dtensor_gpt() {
 void fsdp_memory() {
   init();
   const int size = dist::get_world_size();
-  gpt::GptConfig c;
-  c.n_embd = 64, c.n_layer = 2, c.n_head = 4, c.block_size = 16, c.batch = 4, c.vocab = 64, c.mlp = 256;
-  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  const gpt::GptConfig c = tiny_gpt(64, 64, 256);
+  dist::DeviceMesh mesh = test_mesh({size});
   manual_seed(7);
   auto model = std::make_shared<gpt::Gpt>(c, false, false);
   model->to(device());
@@ -807,7 +815,7 @@ void fsdp_memory() {
 void context_parallel() {
   init();
   const int size = dist::get_world_size();
-  dist::DeviceMesh mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", {size});
+  dist::DeviceMesh mesh = test_mesh({size});
   auto diff = [](const Tensor& a, const Tensor& b) { return (a - b).abs().amax({}).cpu().item<double>(); };
   // Ring attention of q, k, v [2, 2, T, 8] of dtype `dt` against one process: output and
   // gradients, each compared by `measure` (their difference, absolute or relative) within `tol`
@@ -908,7 +916,7 @@ void dtensor_programs() {
   std::vector<std::vector<int64_t>> meshes = {{size}};
   if (size == 4) meshes.push_back({2, 2});
   std::vector<dist::DeviceMesh> mesh_of;
-  for (const auto& ms : meshes) mesh_of.push_back(dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", ms));
+  for (const auto& ms : meshes) mesh_of.push_back(test_mesh(ms));
   size_t pass = 0, total = 0;
   std::vector<std::string> fails;
   for (size_t k = 0; k < n; ++k) {
@@ -1003,7 +1011,7 @@ void dtensor_edges() {
   if (size == 4) meshes.push_back({2, 2});
   const std::vector<DType> dtypes = {kInt32, kInt64, kFloat32, kBool};
   for (const auto& ms : meshes) {
-    auto mesh = dist::init_device_mesh(device().type == DeviceType::CPU ? "cpu" : "cuda", ms);
+    auto mesh = test_mesh(ms);
     std::vector<std::vector<dist::Placement>> placements = {std::vector<dist::Placement>(ms.size(), dist::Shard(1)),
                                                             std::vector<dist::Placement>(ms.size(), dist::Shard(0))};
     if (ms.size() == 2) placements.push_back({dist::Shard(0), dist::Shard(1)});
