@@ -543,7 +543,7 @@ void execute(const Plan& plan, const Segment& seg, RunScratch& sc, bool release_
         for (int pos : deferred) {
           if (pos >= 0)
             seg.nodes[static_cast<size_t>(pos)]->storage.reset();
-          else if (release_inputs && sc.extern_sole[static_cast<size_t>(-pos - 1)])
+          else if (release_inputs && sc.extern_sole(static_cast<size_t>(-pos - 1)))
             release_input(*sc.externals[static_cast<size_t>(-pos - 1)]);
         }
         deferred.clear();

@@ -87,10 +87,10 @@ struct RunScratch {
   std::vector<Node*> patterned_ext;  // the segment's nodes and the made ones (Plan::patterns)
   Segment patterned;
   std::unordered_map<const Node*, int> extern_ids;  // only for segments with many external inputs
-  // Per external input: whether the segment's own edges were every reference to it when the
-  // signature was taken (no tensor handle nor node outside the segment holds it), and those edges.
-  std::vector<char> extern_sole;
-  std::vector<long> extern_refs, extern_uses;
+  // Per external input: its references beyond the segment's own edges when the signature was
+  // taken (0: no tensor handle nor node outside the segment holds it).
+  std::vector<long> extern_held;
+  bool extern_sole(size_t k) const { return extern_held[k] == 0; }
   Group group;
   Binding binding;
   // Horizontal kernels: each member's binding, and the arguments of the one launch.

@@ -8,10 +8,10 @@
 #include "jit/exec/plan_passes.h"
 
 namespace kiln::jit {
-namespace {
 
-// The node a view reads through: its base (a view is materialized from its base's storage).
 const Node* view_base(const Node* n) { return is_view_op(n->op) && !n->inputs.empty() ? n->inputs[0].get() : nullptr; }
+
+namespace {
 
 // The step at which each step's reads happen: its own, or, for a member of a horizontal kernel,
 // the step after which that kernel launches.

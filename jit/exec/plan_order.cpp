@@ -79,8 +79,7 @@ StepGraph step_graph(const Planning& p) {
   std::unordered_set<const Node*> kept;
   for (size_t i = 0; i < seg.nodes.size(); ++i)
     if (seg.needed[i])
-      for (const Node* n = seg.nodes[i]; n && kept.insert(n).second;)
-        n = is_view_op(n->op) && !n->inputs.empty() ? n->inputs[0].get() : nullptr;
+      for (const Node* n = seg.nodes[i]; n && kept.insert(n).second;) n = view_base(n);
   auto buffer_of = [&](const Node* n, bool external) {
     auto [it, fresh] = buffer.emplace(n, static_cast<int>(g.buffers.size()));
     if (fresh) g.buffers.push_back({bytes_of(*n), 0, kept.count(n) > 0 || external});
@@ -93,8 +92,8 @@ StepGraph step_graph(const Planning& p) {
     }
   // An external input the segment alone holds is freed after its last reader (launch.cpp).
   std::unordered_map<const Node*, bool> sole;
-  for (size_t k = 0; k < p.sc.externals.size() && k < p.sc.extern_sole.size(); ++k)
-    sole[p.sc.externals[k]] = p.sc.extern_sole[k];
+  for (size_t k = 0; k < p.sc.externals.size() && k < p.sc.extern_held.size(); ++k)
+    sole[p.sc.externals[k]] = p.sc.extern_sole(k);
   for (size_t si = 0; si < steps.size(); ++si) {
     std::unordered_set<int> deps, reads;
     for (Node* r : step_reads(steps[si])) {
@@ -103,9 +102,8 @@ StepGraph step_graph(const Planning& p) {
       for (;;) {
         auto pr = producer.find(v);
         if (pr != producer.end() && pr->second != static_cast<int>(si)) deps.insert(pr->second);
-        const bool view = is_view_op(v->op) && !v->inputs.empty() && in_seg.count(v);
-        if (!view) break;
-        v = v->inputs[0].get();
+        if (!in_seg.count(v) || !view_base(v)) break;
+        v = view_base(v);
       }
       if (producer.count(v) && steps[static_cast<size_t>(producer.at(v))].kind != Step::Kind::View) {
         reads.insert(buffer.at(v));

@@ -25,6 +25,10 @@ struct Planning {
   std::vector<bool> deferred;  // pointwise kernel steps compiled last, alone or in horizontal kernels
 };
 
+// The node a view reads through: its base (a view is materialized from its base's storage);
+// null for a node that is no view.
+const Node* view_base(const Node* n);
+
 // The steps reordered for a lower peak of live bytes where a list schedule finds one
 // (plan_order.cpp).
 void order_steps_for_memory(Planning& p);

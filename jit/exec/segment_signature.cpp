@@ -12,9 +12,7 @@ void signature(const Segment& seg, RunScratch& sc) {
   s.clear();
   externals.clear();
   sc.extern_ids.clear();
-  sc.extern_sole.clear();
-  sc.extern_refs.clear();
-  sc.extern_uses.clear();
+  sc.extern_held.clear();
   const size_t N = seg.nodes.size();
   s.push_back(static_cast<int64_t>(patterns_generation()));  // (registered rewrites change plans)
   s.push_back(detail::sdpa_backend_key());  // (the attention rewrite follows kiln::sdpa_kernel)
@@ -50,13 +48,11 @@ void signature(const Segment& seg, RunScratch& sc) {
       }
       if (id) {
         s.push_back(-id);
-        sc.extern_refs[static_cast<size_t>(id - 1)]++;
+        sc.extern_held[static_cast<size_t>(id - 1)]--;
         continue;
       }
       externals.push_back(in);
-      sc.extern_refs.push_back(1);
-      sc.extern_uses.push_back(inp.use_count());  // (a plain load off the edge: the nodes are claimed)
-      sc.extern_sole.push_back(0);
+      sc.extern_held.push_back(inp.use_count() - 1);  // (a plain load off the edge: the nodes are claimed)
       if (!sc.extern_ids.empty()) sc.extern_ids.emplace(in, static_cast<int>(externals.size()));
       s.push_back(-static_cast<int64_t>(externals.size()));
       s.push_back(static_cast<int64_t>(in->dtype) << 8 | static_cast<int64_t>(in->shape.size()) << 1 |
@@ -70,8 +66,6 @@ void signature(const Segment& seg, RunScratch& sc) {
       }
     }
   }
-  // An external is the segment's alone when its references are the segment's edges to it.
-  for (size_t k = 0; k < externals.size(); ++k) sc.extern_sole[k] = sc.extern_uses[k] == sc.extern_refs[k];
 }
 
 uint64_t hash_sig(const std::vector<int64_t>& s) {

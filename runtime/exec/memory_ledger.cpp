@@ -69,6 +69,12 @@ void capture(const Ledger& l, Device d, Account& a) {
   a.reserved = m.reserved_bytes;
 }
 
+// The peak of `d` starts again from what is live now.
+void restart_peak(const Ledger& l, Device d, Account& a) {
+  a.peak = a.live;
+  capture(l, d, a);
+}
+
 // capture() when the peak passes the last recorded one by 1 MiB or 0.5 % (a copy of the live list
 // per recorded peak, not per allocation).
 void record_peak(const Ledger& l, Device d, Account& a) {
@@ -179,7 +185,8 @@ std::vector<LedgerDevice> memory_ledger() {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.mu);
   std::vector<LedgerDevice> out;
-  for (const auto& [k, a] : l.devices) out.push_back({device_of(k), a.live, a.peak, a.recorded, a.at_peak});
+  for (const auto& [k, a] : l.devices)
+    out.push_back({device_of(k), a.live, a.peak, a.recorded, a.at_peak, a.allocated, a.reserved});
   return out;
 }
 
@@ -187,18 +194,13 @@ void memory_ledger_reset_peak(Device device) {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.mu);
   auto it = l.devices.find(key(device));
-  if (it == l.devices.end()) return;
-  it->second.peak = it->second.live;
-  capture(l, device, it->second);
+  if (it != l.devices.end()) restart_peak(l, device, it->second);
 }
 
 void memory_ledger_reset_peaks() {
   Ledger& l = ledger();
   std::lock_guard<std::mutex> lock(l.mu);
-  for (auto& [k, a] : l.devices) {
-    a.peak = a.live;
-    capture(l, device_of(k), a);
-  }
+  for (auto& [k, a] : l.devices) restart_peak(l, device_of(k), a);
 }
 
 namespace {
@@ -229,7 +231,8 @@ std::string table(const std::vector<LedgerBlock>& blocks, const char* LedgerBloc
 
 // What the allocator held at the recorded peak beyond the tensors' blocks: its rounding, memory
 // handed out outside tensors (CUDA-graph pools, library handles), and its cache.
-std::string allocator_line(const LedgerDevice& d, int64_t allocated, int64_t reserved) {
+std::string allocator_line(const LedgerDevice& d) {
+  const int64_t allocated = d.allocated, reserved = d.reserved;
   if (allocated < 0) return "";
   const auto over = [](int64_t a, size_t b) { return a > static_cast<int64_t>(b) ? static_cast<size_t>(a) - b : 0; };
   return "  the allocator then: " + mib(static_cast<size_t>(allocated)) + " MiB handed out (" +
@@ -243,12 +246,6 @@ std::string allocator_line(const LedgerDevice& d, int64_t allocated, int64_t res
 
 std::string memory_ledger_report() {
   std::string out;
-  std::map<std::pair<int, int>, std::pair<int64_t, int64_t>> counters;
-  {
-    Ledger& l = ledger();
-    std::lock_guard<std::mutex> lock(l.mu);
-    for (const auto& [k, a] : l.devices) counters[k] = {a.allocated, a.reserved};
-  }
   for (const LedgerDevice& d : memory_ledger()) {
     out += "[kiln:profile] memory on " + d.device.str() + ": peak " + mib(d.peak_bytes) + " MiB (live now " +
            mib(d.live_bytes) + " MiB); the blocks live at " + mib(d.recorded_peak_bytes) +
@@ -256,8 +253,7 @@ std::string memory_ledger_report() {
     out += table(d.at_peak, &LedgerBlock::role, "holds", d.recorded_peak_bytes);
     out += table(d.at_peak, &LedgerBlock::made_by, "made by", d.recorded_peak_bytes);
     out += largest_blocks(d.at_peak, 8);
-    const auto& [allocated, reserved] = counters[key(d.device)];
-    out += allocator_line(d, allocated, reserved);
+    out += allocator_line(d);
   }
   return out;
 }

@@ -48,6 +48,7 @@ struct LedgerDevice {
   Device device;
   size_t live_bytes = 0, peak_bytes = 0, recorded_peak_bytes = 0;
   std::vector<LedgerBlock> at_peak;
+  int64_t allocated = -1, reserved = -1;  // the allocator's counters at the recorded peak (-1: none)
 };
 std::vector<LedgerDevice> memory_ledger();
 // Resets the peaks of every device (of `device`) to what is live now.
